@@ -1,0 +1,26 @@
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test reproduce venv bench clean
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+reproduce: $(STAMP)
+	$(BIN)/sfxlin run c1 --profile paper --out datasets
+
+bench: $(STAMP)
+	$(BIN)/sfxlin bench c1
+
+clean:
+	rm -rf $(VENV) build *.egg-info

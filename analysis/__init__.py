@@ -1,0 +1,1 @@
+"""sfxlin.analysis: fits, verdicts and figures that read results files only."""

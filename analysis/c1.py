@@ -1,0 +1,122 @@
+"""C1 analysis: fits, verdicts and the figure, from a ``c1_limit`` results file alone.
+
+Reads only the documented schema (datasets/README.md): ``mse(law, d, U_norm, L, seed)``,
+``mse_asymptotic``, ``bias_exact``, ``mse_query``, ``Uq_sq``, ``mse_scaled_U``,
+``quadrature_error`` and the ``criteria`` / ``config`` attrs.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import xarray as xr
+
+from .fits import loglog_slope, paper_form_fit
+from .verdicts import Criterion, evaluate
+
+__all__ = ["slopes", "measures", "verdicts", "fit_table", "figure", "criteria_from_attrs"]
+
+
+def criteria_from_attrs(ds: xr.Dataset) -> list[Criterion]:
+    """The predeclared criteria stored with the results (JSON list in ``attrs['criteria']``)."""
+    raw = ds.attrs.get("criteria")
+    if raw is None:
+        raise ValueError("results file carries no 'criteria' attribute")
+    return [Criterion(**{**c, "threshold": tuple(c["threshold"]) if isinstance(c["threshold"], list) else c["threshold"]})
+            for c in json.loads(raw)]
+
+
+def slopes(ds: xr.Dataset) -> xr.Dataset:
+    """Log-log slope (OLS, SE, 95% CI) of the seed-mean Gaussian error in L, per (d, U_norm)."""
+    return loglog_slope(ds.mse.sel(law="gaussian").mean("seed"), "L", test_exponent=-1.0)
+
+
+def _growth(da):
+    return float((da.isel(L=-1) / da.isel(L=0)).max())
+
+
+def measures(ds: xr.Dataset) -> dict:
+    """Measured figure of every C1 criterion."""
+    gauss = ds.mse.sel(law="gaussian").mean("seed")
+    monotone = (gauss.diff("L") < 0).all("L")
+    ratio = (ds.mse.sel(law="gaussian") / ds.mse_asymptotic).isel(L=-1).mean("seed")
+    top = ds.U_norm.max()
+    bounded = ds.mse.sel(law=["rademacher", "uniform"], U_norm=top).isel(L=-1)
+    predicted = ds.bias_exact.sel(law=["rademacher", "uniform"], U_norm=top) + ds.mse_asymptotic.sel(U_norm=top).isel(L=-1)
+    return {
+        "C1-quadrature": float(ds.quadrature_error.max()),
+        "C1-slopes": slopes(ds).slope.values.ravel(),
+        "C1-monotone": float(monotone.mean()),
+        "C1-sharp-constant": ratio.values.ravel(),
+        "C1-student-t-grows": _growth(ds.mse.sel(law="student_t", U_norm=top).mean("seed")),
+        "C1-sqrtL-grows": _growth(ds.mse_scaled_U.sel(U_norm=top).mean("seed")),
+        "C1-plateau": (bounded.mean("seed") / predicted.mean("seed")).values.ravel(),
+    }
+
+
+def verdicts(ds: xr.Dataset):
+    """PASS / FAIL / INCONCLUSIVE rows of the predeclared criteria."""
+    return evaluate(criteria_from_attrs(ds), measures(ds))
+
+
+def paper_form(ds: xr.Dataset) -> xr.Dataset:
+    """Paper-form fit ``L mse_q = c1 exp(c2 sigma^2 ||Uq||^2)`` at the largest L, pooled."""
+    sigma = json.loads(ds.attrs["config"])["sigma"]
+    L_max = ds.L.values[-1]
+    L_mse = L_max * ds.mse_query.isel(L=-1)
+    return paper_form_fit(L_mse, sigma**2 * ds.Uq_sq)
+
+
+def fit_table(ds: xr.Dataset) -> str:
+    """Plain-text table of the slopes with SE and the paper-form fit."""
+    fit = slopes(ds)
+    lines = [f"{'d':>3} {'U_norm':>7} {'slope':>8} {'SE':>7} {'95% CI':>18} {'r2':>7}  mse/asympt(L_max)"]
+    ratio = (ds.mse.sel(law="gaussian") / ds.mse_asymptotic).isel(L=-1).mean("seed")
+    for d in fit.d.values:
+        for u in fit.U_norm.values:
+            f = fit.sel(d=d, U_norm=u)
+            ci = f"[{float(f.slope_ci_low):.3f}, {float(f.slope_ci_high):.3f}]"
+            lines.append(f"{d:>3} {u:>7.2f} {float(f.slope):>8.3f} {float(f.slope_se):>7.3f} {ci:>18} "
+                         f"{float(f.r2):>7.4f}  {float(ratio.sel(d=d, U_norm=u)):.3f}")
+    pf = paper_form(ds)
+    lines.append(f"paper form L*mse = c1 exp(c2 sigma^2 ||Uq||^2) at L = {int(ds.L.values[-1])}: "
+                 f"c2 = {float(pf.c2):.3f} +- {float(pf.c2_se):.3f} (SE), c1 = {float(pf.c1):.3g}, "
+                 f"n = {int(pf.n)}")
+    return "\n".join(lines)
+
+
+def figure(ds: xr.Dataset, path):
+    """Two panels: Gaussian error vs L per (d, U_norm) with the sharp asymptotic line;
+    negative controls (Student-t, U ~ sqrt(L), bounded laws with their exact bias)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
+    L = ds.L.values
+    colors = plt.cm.viridis(np.linspace(0, 0.9, ds.sizes["d"] * ds.sizes["U_norm"]))
+    k = 0
+    for d in ds.d.values:
+        for u in ds.U_norm.values:
+            y = ds.mse.sel(law="gaussian", d=d, U_norm=u).mean("seed")
+            ax1.loglog(L, y, "o", ms=3, color=colors[k], label=f"d={d}, |U|={u:g}")
+            ax1.loglog(L, ds.mse_asymptotic.sel(d=d, U_norm=u).mean("seed"), "-", lw=0.8, color=colors[k])
+            k += 1
+    ax1.set(xlabel="prompt length L", ylabel=r"$E\|f_L(q) - f_\infty(q)\|^2$",
+            title="C1: Gaussian tokens (dots) vs sharp asymptotics (lines)")
+    ax1.legend(fontsize=6, ncol=2)
+    top, d_max = ds.U_norm.values[-1], ds.d.values[-1]
+    sel = dict(d=d_max, U_norm=top)
+    for law, style in [("gaussian", "k-o"), ("rademacher", "b-s"), ("uniform", "g-^"), ("student_t", "r-v")]:
+        ax2.loglog(L, ds.mse.sel(law=law, **sel).mean("seed"), style, ms=3, label=f"{law} tokens")
+    for law, c in [("rademacher", "b"), ("uniform", "g")]:
+        ax2.axhline(float(ds.bias_exact.sel(law=law, **sel).mean("seed")), color=c, ls=":", lw=1,
+                    label=f"{law}: exact bias")
+    ax2.loglog(L, ds.mse_scaled_U.sel(**sel).mean("seed"), "m--", label=r"Gaussian, $U \propto \sqrt{L}$")
+    ax2.set(xlabel="prompt length L", title=f"controls (d={d_max}, |U|={top:g}), error to the Gaussian limit")
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

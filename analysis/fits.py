@@ -1,0 +1,768 @@
+"""Statistical fits of results files: log-log slopes, power laws, the paper-form fit, threshold regression.
+
+Layout (the xskillscore habit):
+
+* pure-numpy kernels (``ols_line_np``, ``hinge_ssr_np``): 1-D arrays in, floats out, no labels;
+* thin labelled wrappers (``loglog_slope``, ``power_law_fit``, ``paper_form_fit``,
+  ``threshold_regression``) that only handle dims and call ``xr.apply_ufunc(...,
+  dask="parallelized")``, so numpy- and dask-backed DataArrays both work, the fit loops over
+  every dimension other than the fitted one, and dask input stays lazy until computed;
+* the settings of every statsmodels call (method, ``cov_type``, ``alpha``, tested exponent)
+  travel with the result as scalar coordinates (the xskillscore ``stattests`` habit).
+
+A non-finite or non-positive input to a logarithm is an error naming the offending
+coordinate, never a silent NaN. This module reads results only: it imports numpy, xarray and
+statsmodels, never the simulation code.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import statsmodels.api as sm
+import xarray as xr
+
+__all__ = [
+    "COV_TYPES",
+    "OLS_LINE_FIELDS",
+    "ThresholdFit",
+    "hansen_lr_crit",
+    "hinge_ssr_np",
+    "loglog_slope",
+    "ols_line_np",
+    "paper_form_fit",
+    "power_law_fit",
+    "threshold_regression",
+]
+
+#: covariance estimators accepted by the fits (statsmodels names).
+COV_TYPES = ("nonrobust", "HC0", "HC1", "HC2", "HC3")
+
+#: names (in order) of the floats returned by :func:`ols_line_np`.
+OLS_LINE_FIELDS = (
+    "slope",
+    "slope_se",
+    "slope_ci_low",
+    "slope_ci_high",
+    "intercept",
+    "intercept_se",
+    "intercept_ci_low",
+    "intercept_ci_high",
+    "r2",
+    "n",
+    "pvalue_slope",
+    "t_test_pvalue",
+)
+
+_LOGLOG_ATTRS = {
+    "slope": ("log-log slope", "OLS slope of log(y) on log(x)"),
+    "slope_se": ("standard error of the log-log slope", "from the covariance estimator cov_type"),
+    "slope_ci_low": ("lower confidence limit of the log-log slope", "Student-t interval, level 1 - alpha"),
+    "slope_ci_high": ("upper confidence limit of the log-log slope", "Student-t interval, level 1 - alpha"),
+    "intercept": ("log-log intercept", "OLS intercept of log(y) on log(x), i.e. log(y) at x = 1"),
+    "intercept_se": ("standard error of the log-log intercept", "from the covariance estimator cov_type"),
+    "intercept_ci_low": ("lower confidence limit of the intercept", "Student-t interval, level 1 - alpha"),
+    "intercept_ci_high": ("upper confidence limit of the intercept", "Student-t interval, level 1 - alpha"),
+    "r2": ("coefficient of determination", "R^2 of the log-log OLS fit (NaN when log(y) is constant)"),
+    "n": ("number of points in the fit", "points along the fitted dimension"),
+    "pvalue_slope": ("p-value of slope == 0", "two-sided Student-t test, df = n - 2"),
+    "t_test_pvalue": ("p-value of slope == test_exponent", "two-sided Student-t test (statsmodels t_test), df = n - 2"),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# validation helpers
+# ---------------------------------------------------------------------------------------------
+def _check_cov_type(cov_type: str) -> None:
+    if cov_type not in COV_TYPES:
+        raise ValueError(f"cov_type must be one of {COV_TYPES}, got {cov_type!r}")
+
+
+def _check_alpha(alpha: float) -> float:
+    alpha = float(alpha)
+    if not (0.0 < alpha < 1.0):
+        raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
+    return alpha
+
+
+def _format_coord(value) -> str:
+    """Readable form of one coordinate value (numpy scalars unwrapped)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    return repr(value) if isinstance(value, str) else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _locate(da: xr.DataArray, index: tuple[int, ...]) -> str:
+    """``'d=5, U_norm=0.3'``: the labels of one position of ``da`` (index if a dim has no coordinate)."""
+    parts = []
+    for dim, i in zip(da.dims, index):
+        if dim in da.coords:
+            parts.append(f"{dim}={_format_coord(da[dim].values[i])}")
+        else:
+            parts.append(f"{dim}[{i}]")
+    return ", ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# numpy kernels
+# ---------------------------------------------------------------------------------------------
+def ols_line_np(
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    cov_type: str = "nonrobust",
+    alpha: float = 0.05,
+    test_slope: float | None = None,
+) -> tuple[float, ...]:
+    """OLS of ``y`` on ``[1, x]`` with statsmodels; 1-D arrays in, a tuple of floats out.
+
+    Model: ``y_i = intercept + slope * x_i + e_i``, fitted by
+    ``sm.OLS(y, [1, x]).fit(cov_type=cov_type, use_t=True)``. Standard errors come from the
+    chosen covariance estimator (``"nonrobust"``: ``s^2 (X'X)^-1`` with ``s^2 = SSR/(n-2)``;
+    ``"HC3"``: ``(X'X)^-1 X' diag(e_i^2 / (1-h_ii)^2) X (X'X)^-1``), confidence intervals and
+    p-values use the Student-t distribution with ``n - 2`` degrees of freedom.
+
+    Parameters
+    ----------
+    x, y : 1-D arrays of the same length n >= 3, finite, x with at least two distinct values.
+    cov_type : one of :data:`COV_TYPES`.
+    alpha : the intervals have level ``1 - alpha``.
+    test_slope : if given, ``t_test_pvalue`` is the two-sided p-value of H0 ``slope == test_slope``
+        (``res.t_test``); NaN otherwise.
+
+    Returns
+    -------
+    tuple of floats in the order of :data:`OLS_LINE_FIELDS`: slope, slope_se, slope_ci_low,
+    slope_ci_high, intercept, intercept_se, intercept_ci_low, intercept_ci_high, r2, n,
+    pvalue_slope, t_test_pvalue. ``r2`` is NaN when y is constant (R^2 undefined); with an
+    exact fit the SEs are 0 and p-values 0.
+    """
+    _check_cov_type(cov_type)
+    alpha = _check_alpha(alpha)
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if x.ndim != 1 or y.shape != x.shape:
+        raise ValueError(f"x and y must be 1-D of the same length, got shapes {x.shape} and {y.shape}")
+    n = x.size
+    if n < 3:
+        raise ValueError(f"a line fit with standard errors needs at least 3 points, got {n}")
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+        raise ValueError("x and y must be finite")
+    if np.ptp(x) == 0:
+        raise ValueError("x must take at least two distinct values to fit a slope")
+    X = np.column_stack([np.ones(n), x])
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        res = sm.OLS(y, X).fit(cov_type=cov_type, use_t=True)
+        ci = np.asarray(res.conf_int(alpha=alpha))
+        if test_slope is None:
+            t_p = math.nan
+        else:
+            tt = res.t_test((np.array([[0.0, 1.0]]), np.array([float(test_slope)])))
+            t_p = float(np.squeeze(tt.pvalue))
+        params = np.asarray(res.params)
+        bse = np.asarray(res.bse)
+        pvals = np.asarray(res.pvalues)
+        tss = float(np.sum((y - y.mean()) ** 2))
+        r2 = math.nan if tss == 0.0 else 1.0 - float(res.ssr) / tss
+    return (
+        float(params[1]),
+        float(bse[1]),
+        float(ci[1, 0]),
+        float(ci[1, 1]),
+        float(params[0]),
+        float(bse[0]),
+        float(ci[0, 0]),
+        float(ci[0, 1]),
+        r2,
+        float(n),
+        float(pvals[1]),
+        t_p,
+    )
+
+
+def hinge_design_np(x: np.ndarray, c: float) -> np.ndarray:
+    """Hinge basis ``[1, x, max(0, x - c)]`` (n x 3) of the continuous threshold model."""
+    x = np.asarray(x, dtype=np.float64)
+    return np.column_stack([np.ones(x.size), x, np.maximum(0.0, x - c)])
+
+
+def hinge_ssr_np(y: np.ndarray, x: np.ndarray, c: float, weights: np.ndarray | None = None) -> float:
+    """(Weighted) SSR of the hinge fit ``y = b0 + b1 x + b2 max(0, x - c)`` at breakpoint ``c``.
+
+    Fitted with statsmodels WLS (OLS when ``weights`` is None); the SSR is
+    ``sum_i w_i (y_i - yhat_i)^2``. Returns ``inf`` when the hinge design restricted to the
+    positive-weight points is rank deficient (``c`` leaves fewer than the points needed on one
+    side), so such a ``c`` can never be the minimiser.
+    """
+    Z = hinge_design_np(x, c)
+    w = np.ones(len(y)) if weights is None else np.asarray(weights, dtype=np.float64)
+    if np.linalg.matrix_rank(Z[w > 0]) < 3:
+        return math.inf
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        res = sm.OLS(y, Z).fit() if weights is None else sm.WLS(y, Z, weights=w).fit()
+    return float(res.ssr)
+
+
+def hansen_lr_crit(alpha: float = 0.05) -> float:
+    """Hansen (2000) asymptotic critical value of the threshold LR statistic.
+
+    Under homoskedasticity the LR statistic at the true threshold converges to a law with
+    distribution function ``P(xi <= z) = (1 - exp(-z/2))^2``; inverting it gives
+    ``crit(alpha) = -2 log(1 - sqrt(1 - alpha))`` (5.94 for alpha = 0.10, 7.35 for 0.05,
+    10.59 for 0.01).
+    """
+    alpha = _check_alpha(alpha)
+    return -2.0 * math.log(1.0 - math.sqrt(1.0 - alpha))
+
+
+# ---------------------------------------------------------------------------------------------
+# labelled wrappers
+# ---------------------------------------------------------------------------------------------
+def loglog_slope(
+    da: xr.DataArray,
+    dim: str = "L",
+    *,
+    cov_type: str = "nonrobust",
+    alpha: float = 0.05,
+    test_exponent: float | None = None,
+) -> xr.Dataset:
+    """Log-log slope of ``da`` against its coordinate ``dim``, for every cell of the other dims.
+
+    Maths: for each cell, OLS of ``log y_i`` on ``[1, log x_i]`` where ``x`` is the coordinate
+    ``dim`` and ``y`` the values along it (:func:`ols_line_np`; ``use_t=True``). The slope is
+    the exponent ``p`` of ``y ~ x^p``.
+
+    Works on numpy- and dask-backed DataArrays: the fit is an ``xr.apply_ufunc(...,
+    vectorize=True, dask="parallelized")``, so dask input gives a lazy Dataset (one task per
+    chunk of the other dims; ``dim`` is rechunked to a single chunk).
+
+    Parameters
+    ----------
+    da : DataArray with dimension ``dim``; values must be positive and finite.
+    dim : the fitted dimension; its coordinate values must be positive and finite (n >= 3).
+    cov_type : ``"nonrobust"`` or a heteroscedasticity-robust ``"HC0".."HC3"`` (statsmodels).
+    alpha : intervals have level ``1 - alpha`` (95% by default).
+    test_exponent : if given, also returns ``t_test_pvalue``: two-sided p-value of
+        H0 ``slope == test_exponent`` (statsmodels ``res.t_test``).
+
+    Returns
+    -------
+    xr.Dataset over the remaining dims with variables ``slope``, ``slope_se``,
+    ``slope_ci_low``, ``slope_ci_high``, ``intercept``, ``intercept_se``,
+    ``intercept_ci_low``, ``intercept_ci_high``, ``r2``, ``n`` (int64), ``pvalue_slope`` and,
+    with ``test_exponent``, ``t_test_pvalue``. Scalar coordinates ``method``, ``cov_type``,
+    ``alpha`` (and ``test_exponent``) record the settings.
+
+    Raises
+    ------
+    ValueError
+        ``dim`` missing, fewer than 3 points, a non-positive or non-finite x coordinate, or a
+        non-positive / non-finite value (the message names its coordinates; for dask input it
+        is raised at compute time).
+    """
+    _check_cov_type(cov_type)
+    alpha = _check_alpha(alpha)
+    if not isinstance(da, xr.DataArray):
+        raise TypeError(f"loglog_slope expects an xr.DataArray, got {type(da).__name__}")
+    if dim not in da.dims:
+        raise ValueError(f"dimension {dim!r} not in the DataArray's dims {da.dims}")
+    n = da.sizes[dim]
+    if n < 3:
+        raise ValueError(f"loglog_slope needs at least 3 points along {dim!r}, got {n}")
+    if dim in da.coords:
+        xvals = np.asarray(da[dim].values, dtype=np.float64)
+    else:
+        raise ValueError(f"dimension {dim!r} has no coordinate: the fit needs its real values")
+    bad_x = ~(np.isfinite(xvals) & (xvals > 0))
+    if bad_x.any():
+        i = int(np.argmax(bad_x))
+        raise ValueError(
+            f"loglog_slope: the coordinate {dim!r} must be positive and finite to take its log; "
+            f"found {dim}={_format_coord(da[dim].values[i])} at position {i}"
+        )
+    if np.ptp(np.log(xvals)) == 0:
+        raise ValueError(f"loglog_slope: the coordinate {dim!r} must take at least two distinct values")
+    logx = np.log(xvals)
+    test = None if test_exponent is None else float(test_exponent)
+    name = da.name if da.name is not None else "y"
+
+    other = [d for d in da.dims if d != dim]
+    shape = tuple(da.sizes[d] for d in other)
+    cell = xr.DataArray(np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.int64).reshape(shape), dims=other)
+    labels = xr.DataArray(np.empty(shape), dims=other, coords={d: da[d] for d in other if d in da.coords})
+    if da.chunks is not None:
+        da = da.chunk({dim: -1})
+        cell = cell.chunk({d: da.chunksizes[d] for d in other})
+
+    def kernel(y: np.ndarray, cell_id: np.ndarray) -> tuple[float, ...]:
+        bad = ~(np.isfinite(y) & (y > 0))
+        if bad.any():
+            i = int(np.argmax(bad))
+            where = _locate(labels, np.unravel_index(int(cell_id), shape)) if shape else ""
+            where = f"{dim}={_format_coord(xvals[i])}" + (f", {where}" if where else "")
+            raise ValueError(
+                f"loglog_slope: {name} must be positive and finite to take its log; "
+                f"found {name}={float(y[i]):g} at {where}"
+            )
+        return ols_line_np(logx, np.log(y), cov_type=cov_type, alpha=alpha, test_slope=test)
+
+    k = len(OLS_LINE_FIELDS)
+    outs = xr.apply_ufunc(
+        kernel,
+        da,
+        cell,
+        input_core_dims=[[dim], []],
+        output_core_dims=[[]] * k,
+        vectorize=True,
+        dask="parallelized",
+        output_dtypes=[np.float64] * k,
+    )
+    ds = xr.Dataset({field: out for field, out in zip(OLS_LINE_FIELDS, outs)})
+    ds["n"] = ds["n"].astype(np.int64)
+    if test is None:
+        ds = ds.drop_vars("t_test_pvalue")
+    for var in ds.data_vars:
+        long_name, description = _LOGLOG_ATTRS[var]
+        ds[var].attrs = {"long_name": long_name, "description": description}
+    coords = {"method": "OLS log-log", "cov_type": cov_type, "alpha": alpha}
+    if test is not None:
+        coords["test_exponent"] = test
+    ds = ds.assign_coords(coords)
+    ds.attrs = {
+        "fit": f"OLS of log({name}) on log({dim}) over {dim}; statsmodels, use_t=True",
+        "fitted_dim": dim,
+        "source_variable": str(name),
+    }
+    return ds
+
+
+def power_law_fit(
+    da: xr.DataArray,
+    dim: str = "L",
+    *,
+    cov_type: str = "nonrobust",
+    alpha: float = 0.05,
+) -> xr.Dataset:
+    """Power law ``y = c * x^p`` fitted along ``dim`` (x = the coordinate ``dim``).
+
+    Maths: built on :func:`loglog_slope`: ``p`` is the log-log slope and ``c = exp(intercept)``.
+    The standard error of ``c`` is the delta method ``se(c) = c * se(intercept)``; its
+    confidence interval is the exact transform ``exp`` of the intercept's interval (so it is
+    asymmetric and always positive).
+
+    Returns
+    -------
+    xr.Dataset over the remaining dims with ``p``, ``p_se``, ``p_ci_low``, ``p_ci_high``,
+    ``c``, ``c_se``, ``c_ci_low``, ``c_ci_high``, ``log_c``, ``log_c_se``, ``r2``, ``n``; lazy
+    for dask input; same scalar coordinates as :func:`loglog_slope`.
+    """
+    fit = loglog_slope(da, dim, cov_type=cov_type, alpha=alpha)
+    c = np.exp(fit["intercept"])
+    out = xr.Dataset(
+        {
+            "p": fit["slope"],
+            "p_se": fit["slope_se"],
+            "p_ci_low": fit["slope_ci_low"],
+            "p_ci_high": fit["slope_ci_high"],
+            "c": c,
+            "c_se": c * fit["intercept_se"],
+            "c_ci_low": np.exp(fit["intercept_ci_low"]),
+            "c_ci_high": np.exp(fit["intercept_ci_high"]),
+            "log_c": fit["intercept"],
+            "log_c_se": fit["intercept_se"],
+            "r2": fit["r2"],
+            "n": fit["n"],
+        }
+    )
+    attrs = {
+        "p": ("power-law exponent", "log-log OLS slope"),
+        "p_se": ("standard error of the exponent", "from the covariance estimator cov_type"),
+        "p_ci_low": ("lower confidence limit of the exponent", "Student-t interval, level 1 - alpha"),
+        "p_ci_high": ("upper confidence limit of the exponent", "Student-t interval, level 1 - alpha"),
+        "c": ("power-law prefactor", "exp(log-log intercept)"),
+        "c_se": ("standard error of the prefactor", "delta method: c * se(intercept)"),
+        "c_ci_low": ("lower confidence limit of the prefactor", "exp of the intercept's lower limit"),
+        "c_ci_high": ("upper confidence limit of the prefactor", "exp of the intercept's upper limit"),
+        "log_c": ("log of the prefactor", "log-log OLS intercept"),
+        "log_c_se": ("standard error of log c", "from the covariance estimator cov_type"),
+        "r2": ("coefficient of determination", "R^2 of the log-log OLS fit"),
+        "n": ("number of points in the fit", "points along the fitted dimension"),
+    }
+    for var, (long_name, description) in attrs.items():
+        out[var].attrs = {"long_name": long_name, "description": description}
+    out = out.assign_coords(method="power law via OLS log-log")
+    out.attrs = dict(fit.attrs, fit=f"y = c * {dim}^p by OLS of log y on log {dim}; c_se by the delta method")
+    return out
+
+
+def _as_flat(values, name: str) -> tuple[np.ndarray, object]:
+    """Float64 flattened values and a locator ``flat index -> str`` for error messages."""
+    if isinstance(values, xr.DataArray):
+        arr = np.asarray(values.values, dtype=np.float64)
+        shape = arr.shape
+
+        def locate(i: int) -> str:
+            return _locate(values, np.unravel_index(i, shape)) if shape else "(scalar)"
+
+    else:
+        arr = np.asarray(values, dtype=np.float64)
+        shape = arr.shape
+
+        def locate(i: int) -> str:
+            return f"index {tuple(int(j) for j in np.unravel_index(i, shape))}" if shape else "(scalar)"
+
+    return arr.ravel(), locate
+
+
+def paper_form_fit(
+    L_mse,
+    x,
+    *,
+    cov_type: str = "nonrobust",
+    alpha: float = 0.05,
+) -> xr.Dataset:
+    """Paper-form fit of SPEC C1: ``L * E||f_L - f_inf||^2 = c1 * exp(c2 * x)``, pooled OLS.
+
+    Maths: OLS of ``log(L_mse)`` on ``[1, x]`` over every point pooled, where ``L_mse`` is
+    ``L * E||f_L - f_inf||^2`` and ``x = sigma^2 ||U q||^2``; then ``log c1`` is the intercept,
+    ``c2`` the slope, ``c1 = exp(log c1)`` with delta-method SE ``c1 * se(log c1)``. The paper
+    only asserts ``c2 > 0``: ``pvalue_c2_positive`` is the one-sided Student-t p-value of
+    H0 ``c2 <= 0``.
+
+    Parameters
+    ----------
+    L_mse, x : arrays of the same shape (numpy or DataArray; DataArrays are aligned exactly and
+        broadcast). ``L_mse`` positive and finite, ``x`` finite; at least 3 points.
+    cov_type, alpha : as in :func:`loglog_slope`.
+
+    Returns
+    -------
+    xr.Dataset of scalars ``c1``, ``c1_se``, ``c1_ci_low``, ``c1_ci_high``, ``log_c1``,
+    ``log_c1_se``, ``c2``, ``c2_se``, ``c2_ci_low``, ``c2_ci_high``, ``pvalue_c2_positive``,
+    ``r2``, ``n``; scalar coordinates ``method``, ``cov_type``, ``alpha``.
+    """
+    _check_cov_type(cov_type)
+    alpha = _check_alpha(alpha)
+    if isinstance(L_mse, xr.DataArray) and isinstance(x, xr.DataArray):
+        try:
+            L_mse, x = xr.align(L_mse, x, join="exact")
+        except ValueError as err:
+            raise ValueError(f"paper_form_fit: L_mse and x have different coordinates: {err}") from err
+        L_mse, x = xr.broadcast(L_mse, x)
+        x = x.transpose(*L_mse.dims)
+    elif np.shape(L_mse) != np.shape(x):
+        raise ValueError(f"paper_form_fit: L_mse and x must have the same shape, got {np.shape(L_mse)} and {np.shape(x)}")
+    yv, locate_y = _as_flat(L_mse, "L_mse")
+    xv, locate_x = _as_flat(x, "x")
+    if yv.size < 3:
+        raise ValueError(f"paper_form_fit needs at least 3 points, got {yv.size}")
+    bad = ~(np.isfinite(yv) & (yv > 0))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(
+            f"paper_form_fit: L_mse must be positive and finite to take its log; found {yv[i]:g} at {locate_y(i)}"
+        )
+    bad = ~np.isfinite(xv)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"paper_form_fit: x must be finite; found {xv[i]:g} at {locate_x(i)}")
+    fit = dict(zip(OLS_LINE_FIELDS, ols_line_np(xv, np.log(yv), cov_type=cov_type, alpha=alpha)))
+    c2, c2_se = fit["slope"], fit["slope_se"]
+    p2 = fit["pvalue_slope"]
+    p_pos = p2 / 2.0 if c2 > 0 else 1.0 - p2 / 2.0
+    c1 = math.exp(fit["intercept"])
+    values = {
+        "c1": (c1, "prefactor c1", "exp(intercept) of log(L * mse) on x"),
+        "c1_se": (c1 * fit["intercept_se"], "standard error of c1", "delta method: c1 * se(log c1)"),
+        "c1_ci_low": (math.exp(fit["intercept_ci_low"]), "lower confidence limit of c1", "exp of the intercept's limit"),
+        "c1_ci_high": (math.exp(fit["intercept_ci_high"]), "upper confidence limit of c1", "exp of the intercept's limit"),
+        "log_c1": (fit["intercept"], "log c1", "OLS intercept"),
+        "log_c1_se": (fit["intercept_se"], "standard error of log c1", "from the covariance estimator cov_type"),
+        "c2": (c2, "exponential rate c2", "OLS slope of log(L * mse) on sigma^2 ||U q||^2"),
+        "c2_se": (c2_se, "standard error of c2", "from the covariance estimator cov_type"),
+        "c2_ci_low": (fit["slope_ci_low"], "lower confidence limit of c2", "Student-t interval, level 1 - alpha"),
+        "c2_ci_high": (fit["slope_ci_high"], "upper confidence limit of c2", "Student-t interval, level 1 - alpha"),
+        "pvalue_c2_positive": (p_pos, "p-value of H0 c2 <= 0", "one-sided Student-t test, df = n - 2"),
+        "r2": (fit["r2"], "coefficient of determination", "R^2 of the pooled OLS fit"),
+        "n": (int(fit["n"]), "number of points in the fit", "all points pooled"),
+    }
+    ds = xr.Dataset(
+        {k: xr.DataArray(v, attrs={"long_name": ln, "description": desc}) for k, (v, ln, desc) in values.items()}
+    )
+    ds = ds.assign_coords(method="OLS log(L*mse) on x, pooled", cov_type=cov_type, alpha=alpha)
+    ds.attrs = {"fit": "L * E||f_L - f_inf||^2 = c1 * exp(c2 * sigma^2 ||U q||^2), OLS on the log, pooled"}
+    return ds
+
+
+# ---------------------------------------------------------------------------------------------
+# threshold (hinge) regression
+# ---------------------------------------------------------------------------------------------
+_THRESHOLD_NOTE = (
+    "slope SEs (b0, b1, b2, slope_left, slope_right) are computed at the chosen breakpoint c_hat "
+    "as if it were known: they ignore its uncertainty. The CI of c is the grid set "
+    "{c : LR(c) <= crit}, LR(c) = n (SSR(c) - SSR(c_hat)) / SSR(c_hat), reported as its hull, "
+    "with Hansen's (2000) asymptotic critical value (derived for homoskedastic errors and a "
+    "discontinuous threshold; for a continuous kink it is conservative); its resolution is the grid's."
+)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class ThresholdFit:
+    """Result of :func:`threshold_regression` (hinge model ``y = b0 + b1 x + b2 max(0, x - c)``).
+
+    Attributes
+    ----------
+    c_hat : the breakpoint minimising the (weighted) SSR over the grid.
+    c_ci_low, c_ci_high : hull of ``{c in grid : LR(c) <= lr_crit}`` (LR inversion, Hansen 2000).
+    ci_truncated : True when that set reaches an end of the trimmed grid (the true CI may be wider).
+    alpha, lr_crit : the level and the LR critical value used.
+    b0, b1, b2 and ``*_se`` : coefficients at ``c_hat`` with their SEs.
+    slope_left, slope_left_se : ``b1`` (slope below ``c_hat``).
+    slope_right, slope_right_se : ``b1 + b2`` (slope above), SE ``sqrt(V11 + V22 + 2 V12)``.
+    ssr, r2, n : fit at ``c_hat`` (weighted SSR and R^2 when weighted; n = points with w > 0).
+    cov_type, weighted, trim : settings.
+    grid, ssr_profile, lr_profile : the profiled candidate breakpoints, SSR(c) and LR(c)
+        (``inf`` where the hinge design is singular).
+    note : caveat on the SEs and the CI.
+    """
+
+    c_hat: float
+    c_ci_low: float
+    c_ci_high: float
+    ci_truncated: bool
+    alpha: float
+    lr_crit: float
+    b0: float
+    b0_se: float
+    b1: float
+    b1_se: float
+    b2: float
+    b2_se: float
+    slope_left: float
+    slope_left_se: float
+    slope_right: float
+    slope_right_se: float
+    ssr: float
+    r2: float
+    n: int
+    cov_type: str
+    weighted: bool
+    trim: float
+    grid: np.ndarray
+    ssr_profile: np.ndarray
+    lr_profile: np.ndarray
+    note: str = _THRESHOLD_NOTE
+
+    _SCALARS = (
+        "c_hat", "c_ci_low", "c_ci_high", "ci_truncated", "alpha", "lr_crit",
+        "b0", "b0_se", "b1", "b1_se", "b2", "b2_se",
+        "slope_left", "slope_left_se", "slope_right", "slope_right_se",
+        "ssr", "r2", "n", "cov_type", "weighted", "trim", "note",
+    )  # fmt: skip
+
+    def __repr__(self) -> str:
+        level = f"{100 * (1 - self.alpha):g}%"
+        trunc = " (truncated at the grid's end)" if self.ci_truncated else ""
+        return (
+            f"ThresholdFit(y = b0 + b1 x + b2 max(0, x - c); {'WLS' if self.weighted else 'OLS'}, "
+            f"n={self.n}, cov_type={self.cov_type!r})\n"
+            f"  c_hat       = {self.c_hat:.6g}   {level} CI [{self.c_ci_low:.6g}, {self.c_ci_high:.6g}]{trunc}"
+            f" (LR inversion, crit {self.lr_crit:.3g})\n"
+            f"  slope_left  = {self.slope_left:.6g} +- {self.slope_left_se:.3g}\n"
+            f"  slope_right = {self.slope_right:.6g} +- {self.slope_right_se:.3g}\n"
+            f"  b0 = {self.b0:.6g} +- {self.b0_se:.3g}, b1 = {self.b1:.6g} +- {self.b1_se:.3g}, "
+            f"b2 = {self.b2:.6g} +- {self.b2_se:.3g}\n"
+            f"  SSR = {self.ssr:.6g}, R2 = {self.r2:.6g}, grid of {self.grid.size} breakpoints, trim {self.trim:g}\n"
+            f"  note: {self.note}"
+        )
+
+    def to_dict(self, include_profile: bool = False) -> dict:
+        """Scalars (and, with ``include_profile``, the grid and profiles as lists) in a plain dict."""
+        out = {k: getattr(self, k) for k in self._SCALARS}
+        if include_profile:
+            out.update(
+                grid=self.grid.tolist(), ssr_profile=self.ssr_profile.tolist(), lr_profile=self.lr_profile.tolist()
+            )
+        return out
+
+    def to_dataset(self) -> xr.Dataset:
+        """xr.Dataset: scalars as 0-d variables, ``ssr_profile`` and ``lr_profile`` over dim ``c_grid``.
+
+        Settings (``alpha``, ``lr_crit``, ``cov_type``, ``trim``, ``weighted``) are scalar
+        coordinates; ``note`` is an attribute.
+        """
+        settings = {"alpha", "lr_crit", "cov_type", "trim", "weighted", "note"}
+        data = {
+            k: xr.DataArray(int(v) if isinstance(v, bool) else v)
+            for k, v in self.to_dict().items()
+            if k not in settings
+        }
+        data["ssr_profile"] = xr.DataArray(
+            self.ssr_profile, dims="c_grid", attrs={"long_name": "SSR(c)", "description": "profiled (weighted) SSR"}
+        )
+        data["lr_profile"] = xr.DataArray(
+            self.lr_profile,
+            dims="c_grid",
+            attrs={"long_name": "LR(c)", "description": "n (SSR(c) - SSR(c_hat)) / SSR(c_hat)"},
+        )
+        ds = xr.Dataset(data, coords={"c_grid": self.grid})
+        ds = ds.assign_coords(
+            method="hinge threshold regression",
+            alpha=self.alpha,
+            lr_crit=self.lr_crit,
+            cov_type=self.cov_type,
+            trim=self.trim,
+            weighted=int(self.weighted),
+        )
+        ds.attrs = {"note": self.note, "model": "y = b0 + b1 x + b2 max(0, x - c)"}
+        return ds
+
+
+def threshold_regression(
+    y,
+    x,
+    weights=None,
+    *,
+    trim: float = 0.15,
+    n_grid: int = 200,
+    alpha: float = 0.05,
+    cov_type: str = "nonrobust",
+    lr_crit: float | None = None,
+) -> ThresholdFit:
+    """Continuous threshold (hinge) regression with an unknown breakpoint.
+
+    Model: ``y_i = b0 + b1 x_i + b2 max(0, x_i - c) + e_i``: slope ``b1`` left of ``c``,
+    ``b1 + b2`` right of it, continuous at ``c``. statsmodels has no threshold regression, so
+    ``c`` is found by profiling: for each candidate ``c`` on a grid, the hinge basis
+    ``[1, x, max(0, x - c)]`` is fitted by statsmodels WLS (OLS when ``weights`` is None) and
+    its (weighted) SSR recorded; ``c_hat = argmin SSR(c)``. The grid is ``n_grid`` equally
+    spaced points between the ``trim`` and ``1 - trim`` quantiles of ``x``, together with the
+    observed ``x`` values inside that range.
+
+    Confidence set for ``c`` by likelihood-ratio inversion (Hansen 2000):
+    ``LR(c) = n (SSR(c) - SSR(c_hat)) / SSR(c_hat)`` and ``CI = {c : LR(c) <= crit}`` with
+    ``crit = -2 log(1 - sqrt(1 - alpha))`` (7.35 for alpha = 0.05; :func:`hansen_lr_crit`),
+    unless ``lr_crit`` is given. The coefficients and their SEs are those of the fit at
+    ``c_hat`` (``cov_type`` as in statsmodels); they ignore the uncertainty of ``c_hat``.
+
+    Parameters
+    ----------
+    y, x : 1-D arrays of the same length (>= 6), finite.
+    weights : optional 1-D non-negative finite weights (e.g. 1 / se^2); at least 6 positive.
+        Zero-weight points are dropped before fitting.
+    trim : fraction of x trimmed at each end of the breakpoint grid, in (0, 0.5).
+    n_grid : number of equally spaced grid points (>= 2).
+    alpha : level of the CI of c.
+    cov_type : covariance estimator of the coefficient SEs at ``c_hat``.
+    lr_crit : override of the LR critical value (e.g. 3.84 = chi2_1 for a continuous kink).
+
+    Returns
+    -------
+    ThresholdFit: ``c_hat``, ``c_ci_low``, ``c_ci_high``, coefficients and SEs, ``slope_left``,
+    ``slope_right`` (SE from the covariance of b1 + b2), profiles and a ``note``.
+    """
+    _check_cov_type(cov_type)
+    alpha = _check_alpha(alpha)
+    y = np.asarray(y, dtype=np.float64)
+    x = np.asarray(x, dtype=np.float64)
+    if y.ndim != 1 or x.ndim != 1:
+        raise ValueError(f"threshold_regression: y and x must be 1-D, got shapes {y.shape} and {x.shape}")
+    if y.shape != x.shape:
+        raise ValueError(f"threshold_regression: y and x must have the same shape, got {y.shape} and {x.shape}")
+    for name, arr in (("y", y), ("x", x)):
+        bad = ~np.isfinite(arr)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(f"threshold_regression: {name} must be finite; found {arr[i]:g} at index {i}")
+    if weights is None:
+        w = np.ones_like(y)
+    else:
+        w = np.asarray(weights, dtype=np.float64)
+        if w.shape != y.shape:
+            raise ValueError(f"threshold_regression: weights must have the shape of y {y.shape}, got {w.shape}")
+        bad = ~np.isfinite(w)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(f"threshold_regression: weights must be finite; found {w[i]:g} at index {i}")
+        if (w < 0).any():
+            i = int(np.argmax(w < 0))
+            raise ValueError(f"threshold_regression: weights must be non-negative; found {w[i]:g} at index {i}")
+    n = int(np.count_nonzero(w > 0))
+    if n < 6:
+        raise ValueError(
+            f"threshold_regression needs at least 6 points (with positive weight) for a 3-parameter hinge "
+            f"and a breakpoint, got {n}"
+        )
+    if not (0.0 < trim < 0.5):
+        raise ValueError(f"threshold_regression: trim must be in (0, 0.5), got {trim!r}")
+    if int(n_grid) < 2:
+        raise ValueError(f"threshold_regression: n_grid must be >= 2, got {n_grid!r}")
+    crit = hansen_lr_crit(alpha) if lr_crit is None else float(lr_crit)
+    if not (math.isfinite(crit) and crit > 0):
+        raise ValueError(f"threshold_regression: lr_crit must be positive and finite, got {lr_crit!r}")
+
+    keep = w > 0  # zero-weight points drop out (so they do not count in the residual df either)
+    y, x, w = y[keep], x[keep], w[keep]
+    lo, hi = np.quantile(x, trim), np.quantile(x, 1.0 - trim)
+    grid = np.unique(np.concatenate([np.linspace(lo, hi, int(n_grid)), x[(x >= lo) & (x <= hi)]]))
+    wts = None if weights is None else w
+    ssr = np.array([hinge_ssr_np(y, x, c, wts) for c in grid])
+    if not np.isfinite(ssr).any():
+        raise ValueError(
+            "threshold_regression: the hinge design is singular at every candidate breakpoint "
+            "(too few distinct x values on one side of the trimmed grid)"
+        )
+    j = int(np.argmin(ssr))
+    c_hat = float(grid[j])
+    ssr_hat = float(ssr[j])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if ssr_hat > 0:
+            lr = n * (ssr - ssr_hat) / ssr_hat
+        else:
+            lr = np.where(ssr <= 0, 0.0, np.inf)
+    inside = np.flatnonzero(lr <= crit)
+    ci_low, ci_high = float(grid[inside.min()]), float(grid[inside.max()])
+    truncated = bool(inside.min() == 0 or inside.max() == grid.size - 1)
+
+    Z = hinge_design_np(x, c_hat)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        model = sm.OLS(y, Z) if weights is None else sm.WLS(y, Z, weights=w)
+        res = model.fit(cov_type=cov_type)
+        params = np.asarray(res.params)
+        bse = np.asarray(res.bse)
+        V = np.asarray(res.cov_params())
+        r2 = float(res.rsquared)
+    right = float(params[1] + params[2])
+    right_se = math.sqrt(max(V[1, 1] + V[2, 2] + 2.0 * V[1, 2], 0.0))
+    return ThresholdFit(
+        c_hat=c_hat,
+        c_ci_low=ci_low,
+        c_ci_high=ci_high,
+        ci_truncated=truncated,
+        alpha=alpha,
+        lr_crit=crit,
+        b0=float(params[0]),
+        b0_se=float(bse[0]),
+        b1=float(params[1]),
+        b1_se=float(bse[1]),
+        b2=float(params[2]),
+        b2_se=float(bse[2]),
+        slope_left=float(params[1]),
+        slope_left_se=float(bse[1]),
+        slope_right=right,
+        slope_right_se=right_se,
+        ssr=ssr_hat,
+        r2=r2,
+        n=n,
+        cov_type=cov_type,
+        weighted=weights is not None,
+        trim=float(trim),
+        grid=grid,
+        ssr_profile=ssr,
+        lr_profile=lr,
+    )

@@ -1,0 +1,1 @@
+"""sfxlin.pipelines: one module per experiment."""

@@ -1,0 +1,153 @@
+"""Attention operators at finite prompt length and their exact infinite-prompt limits.
+
+Notation (SPEC section 1): tokens ``Z`` of shape ``(..., L, D)``, query ``q`` of shape
+``(..., D)``, ``U`` (D x D), read-out ``V`` (D_out x D). Logits are raw: ``s_k = z_k^T U q``.
+All functions broadcast over leading axes and are pure numpy.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = [
+    "softmax_attention",
+    "softmax_attention_prefix",
+    "linear_attention",
+    "limit_attention",
+    "asymptotic_mse",
+    "check_prompt_lengths",
+]
+
+
+def _check_operands(Z, U, V, q):
+    Z = np.asarray(Z, dtype=float)
+    U = np.asarray(U, dtype=float)
+    V = np.asarray(V, dtype=float)
+    q = np.asarray(q, dtype=float)
+    if Z.ndim < 2:
+        raise ValueError(f"Z must have shape (..., L, D), got {Z.shape}")
+    D = Z.shape[-1]
+    if U.shape != (D, D):
+        raise ValueError(f"U must be {D}x{D} to match the token dimension D = {D}, got {U.shape}")
+    if V.ndim != 2 or V.shape[1] != D:
+        raise ValueError(f"V must be (D_out, {D}), got {V.shape}")
+    if q.shape[-1:] != (D,):
+        raise ValueError(f"q must have trailing dimension D = {D}, got {q.shape}")
+    if Z.shape[-2] < 1:
+        raise ValueError("Z holds no tokens (L = 0)")
+    return Z, U, V, q
+
+
+def _logits(Z, U, q):
+    """``s[..., k] = z_k^T U q``, shape ``(..., L)``."""
+    a = q @ U.T  # (..., D)
+    return np.einsum("...kd,...d->...k", Z, a)
+
+
+def softmax_attention(Z, U, V, q):
+    """``V sum_k softmax(s)_k z_k`` with raw logits ``s_k = z_k^T U q``.
+
+    Stable for logits thousands apart: the maximum is subtracted before exponentiating,
+    so the largest weight is exactly 1 and the normaliser lies in ``[1, L]``.
+    Returns shape ``(..., D_out)``.
+    """
+    Z, U, V, q = _check_operands(Z, U, V, q)
+    s = _logits(Z, U, q)
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    mean = np.einsum("...k,...kd->...d", e, Z) / e.sum(axis=-1)[..., None]
+    return mean @ V.T
+
+
+def check_prompt_lengths(Ls, L_max=None):
+    """Validate a list of prompt lengths: integers >= 1, strictly increasing, <= L_max."""
+    Ls = np.asarray(Ls)
+    if Ls.ndim != 1 or Ls.size == 0:
+        raise ValueError(f"Ls must be a non-empty 1-D list of prompt lengths, got {Ls!r}")
+    if not np.issubdtype(Ls.dtype, np.integer):
+        if not np.all(np.asarray(Ls, dtype=float) == np.round(np.asarray(Ls, dtype=float))):
+            raise ValueError(f"prompt lengths must be integers, got {Ls.tolist()}")
+        Ls = Ls.astype(np.int64)
+    if Ls.min() < 1:
+        raise ValueError(f"prompt lengths must be >= 1, got {Ls.tolist()}")
+    if np.any(np.diff(Ls) <= 0):
+        raise ValueError(f"prompt lengths must be strictly increasing, got {Ls.tolist()}")
+    if L_max is not None and Ls[-1] > L_max:
+        raise ValueError(f"largest prompt length {Ls[-1]} exceeds the {L_max} tokens available")
+    return Ls.astype(np.int64)
+
+
+def softmax_attention_prefix(Z, U, V, q, Ls):
+    """Softmax attention at every nested prompt length ``L in Ls`` in one pass over the tokens.
+
+    The length-L prompt is ``Z[..., :L, :]``. Tokens are split into the blocks
+    ``[0, L_1), [L_1, L_2), ...``; each block contributes its own maximum and its sums
+    ``sum e^{s-m_b}``, ``sum e^{s-m_b} z`` (``np.maximum.reduceat`` / ``np.add.reduceat``),
+    which are merged with a running maximum (online softmax). Cost O(L_max), not O(sum L),
+    and exactly as stable as :func:`softmax_attention`.
+
+    ``Z (..., L_max, D)``, ``q (..., D)`` -> ``(..., len(Ls), D_out)``.
+    """
+    Z, U, V, q = _check_operands(Z, U, V, q)
+    Ls = check_prompt_lengths(Ls, Z.shape[-2])
+    Z = Z[..., : Ls[-1], :]
+    s = _logits(Z, U, q)  # (..., L_max)
+    starts = np.concatenate([[0], Ls[:-1]])
+    m_block = np.maximum.reduceat(s, starts, axis=-1)  # (..., nL)
+    block_of_token = np.repeat(np.arange(len(Ls)), np.diff(np.concatenate([[0], Ls])))
+    e = np.exp(s - m_block[..., block_of_token])
+    sum0 = np.add.reduceat(e, starts, axis=-1)  # (..., nL)
+    sum1 = np.add.reduceat(e[..., None] * Z, starts, axis=-2)  # (..., nL, D)
+    m_run = np.maximum.accumulate(m_block, axis=-1)  # running max over blocks <= j
+    # block b enters the prefix sums of every L_j >= b with weight exp(m_b - m_run_j):
+    # fold it into cumulative sums by rescaling to the running maximum at each block.
+    scale = np.exp(m_block - m_run)  # <= 1
+    shift = np.exp(-np.diff(m_run, axis=-1))  # exp(m_run_{j-1} - m_run_j) <= 1
+    out0 = np.empty_like(sum0)
+    out1 = np.empty_like(sum1)
+    acc0 = sum0[..., 0] * scale[..., 0]
+    acc1 = sum1[..., 0, :] * scale[..., :1]
+    out0[..., 0], out1[..., 0, :] = acc0, acc1
+    for j in range(1, len(Ls)):
+        acc0 = acc0 * shift[..., j - 1] + sum0[..., j] * scale[..., j]
+        acc1 = acc1 * shift[..., j - 1, None] + sum1[..., j, :] * scale[..., j, None]
+        out0[..., j], out1[..., j, :] = acc0, acc1
+    return (out1 / out0[..., None]) @ V.T
+
+
+def linear_attention(Z, U, V, q):
+    """``V Ghat_L U q`` with ``Ghat_L = (1/L) sum_k z_k z_k^T``; shape ``(..., D_out)``."""
+    Z, U, V, q = _check_operands(Z, U, V, q)
+    s = _logits(Z, U, q)
+    return (np.einsum("...k,...kd->...d", s, Z) / Z.shape[-2]) @ V.T
+
+
+def limit_attention(law, U, V, q):
+    """Infinite-prompt limit ``V grad K_mu(U q)`` (the tilted mean of the token law)."""
+    U = np.asarray(U, dtype=float)
+    V = np.asarray(V, dtype=float)
+    q = np.asarray(q, dtype=float)
+    if U.shape != (law.D, law.D):
+        raise ValueError(f"U must be {law.D}x{law.D} to match the law, got {U.shape}")
+    if V.ndim != 2 or V.shape[1] != law.D:
+        raise ValueError(f"V must be (D_out, {law.D}), got {V.shape}")
+    return law.tilted_mean(q @ U.T) @ V.T
+
+
+def asymptotic_mse(law, U, V, q, L=1):
+    """Sharp prediction of ``E||f_L(q) - f_inf(q)||^2`` for a Gaussian law (delta method).
+
+    With ``a = U q``, Gaussian ``N(m, Sigma)`` tokens and self-normalised importance sampling,
+    ``L E||f_L - f_inf||^2 -> exp(a^T Sigma a) (tr(V Sigma V^T) + ||V Sigma a||^2)``; returns
+    that constant divided by ``L`` (broadcast over leading axes of ``q`` and over ``L``).
+    """
+    if getattr(law, "name", None) != "gaussian":
+        raise ValueError(f"asymptotic_mse is the Gaussian delta-method constant; got law {law!r}")
+    U = np.asarray(U, dtype=float)
+    V = np.asarray(V, dtype=float)
+    a = np.asarray(q, dtype=float) @ U.T
+    Sa = a @ law.cov
+    quad = np.einsum("...d,...d->...", a, Sa)
+    const = np.exp(quad) * (np.trace(V @ law.cov @ V.T) + np.sum((Sa @ V.T) ** 2, axis=-1))
+    L = np.asarray(L)
+    if np.any(L < 1):
+        raise ValueError(f"L must be >= 1, got {L}")
+    return const / L

@@ -1,0 +1,378 @@
+"""In-context linear regression (SPEC section 2, paper Sec. 5, Eq. 7): tasks, the three models
+and their analytic gradients.
+
+Tasks: ``w ~ N(0, I_d)``, covariates ``x ~ x_law`` on ``R^d``, labels ``y = w^T x`` (no noise),
+tokens ``z = (x, y)`` in ``R^D``, ``D = d + 1``, masked queries ``z_q = (x_q, 0)`` with target
+``y_q = w^T x_q``. Tasks come in antithetic pairs ``(w, -w)`` sharing their covariates (prompt
+tokens and query points): task ``2i`` has ``w_i`` and task ``2i + 1`` has ``-w_i``. Prompts are
+nested: the length-``L`` prompt is the first ``L`` tokens.
+
+Models, all read out by ``v`` in ``R^D`` with ``U`` a ``D x D`` matrix (raw logits, SPEC section 1):
+
+* ``softmax(L)``: ``pred = v^T sum_k softmax_k(z_k^T U z_q) z_k``;
+* ``linear(L)``: ``pred = v^T Ghat_L U z_q`` with ``Ghat_L = (1/L) sum_k z_k z_k^T``;
+* ``linear(inf)``: ``pred = v^T Gamma_w U z_q`` (Lemma 2.1 limit of both as ``L -> inf``).
+
+The risk is the mean over tasks and queries of ``1/2 (pred - y_q)^2``. Gradients are analytic:
+with ``a = U z_q``, ``p = softmax(Z a)``, ``mbar = sum p_k z_k`` and
+``C = sum p_k z_k z_k^T - mbar mbar^T``: ``d pred/dv = mbar`` and ``d pred/dU = (C v) z_q^T``;
+for a linear model with matrix ``G``: ``d pred/dv = G U z_q`` and ``d pred/dU = (G^T v) z_q^T``.
+
+Parameter arrays may carry leading axes (``U`` of shape ``(..., D, D)``, ``v`` of shape
+``(..., D)``), evaluated independently: one call evaluates many checkpoints or prompt lengths.
+Pure numpy, float64.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "Tasks", "make_tasks", "covariate_law", "Ghat", "Gamma_w", "init_alpha", "init_theta",
+    "bayes_optimum", "off_block_mass", "theta_distance", "ridge_risk",
+    "softmax_predict", "linear_predict", "softmax_risk_grad", "linear_risk_grad",
+    "model_matrix", "risk", "risk_grad", "MODELS",
+]
+
+MODELS = ("softmax", "linear", "linear_inf")
+
+
+@dataclass(frozen=True, eq=False)
+class Tasks:
+    """A set of regression tasks (float64 arrays; ``n`` tasks, ``D = d + 1``).
+
+    ``Z (n, L_max, D)`` prompt tokens ``(x, y)``; ``w (n, d)``; ``x_q (n, n_queries, d)``;
+    ``y_q (n, n_queries)``; ``Sigma (d, d)`` the covariate covariance. Tasks ``2i`` and
+    ``2i + 1`` form an antithetic pair (``paired`` is True when they do).
+    """
+
+    Z: np.ndarray
+    w: np.ndarray
+    x_q: np.ndarray
+    y_q: np.ndarray
+    Sigma: np.ndarray
+    paired: bool = True
+
+    @property
+    def n_tasks(self):
+        return self.Z.shape[0]
+
+    @property
+    def L_max(self):
+        return self.Z.shape[1]
+
+    @property
+    def D(self):
+        return self.Z.shape[2]
+
+    @property
+    def d(self):
+        return self.Z.shape[2] - 1
+
+    @property
+    def n_queries(self):
+        return self.x_q.shape[1]
+
+    @property
+    def z_q(self):
+        """Masked query tokens ``(x_q, 0)``, shape ``(n, n_queries, D)``."""
+        return np.concatenate([self.x_q, np.zeros(self.x_q.shape[:-1] + (1,))], axis=-1)
+
+    def prompt(self, L):
+        """The first ``L`` tokens, ``(n, L, D)`` (a view)."""
+        return self.Z[:, :_check_L(L, self.L_max), :]
+
+    def subset(self, idx):
+        """Tasks ``idx`` (e.g. a slice); ``paired`` only if whole pairs are kept in order."""
+        Z, w, x_q, y_q = self.Z[idx], self.w[idx], self.x_q[idx], self.y_q[idx]
+        paired = self.paired and isinstance(idx, slice) and _slice_keeps_pairs(idx, self.n_tasks)
+        return Tasks(Z=Z, w=w, x_q=x_q, y_q=y_q, Sigma=self.Sigma, paired=paired)
+
+
+def _slice_keeps_pairs(s, n):
+    start, stop, step = s.indices(n)
+    return step == 1 and start % 2 == 0 and (stop - start) % 2 == 0
+
+
+def _check_L(L, L_max):
+    if isinstance(L, (bool, np.bool_)) or not isinstance(L, (int, np.integer)):
+        raise TypeError(f"L must be an integer, got {L!r}")
+    if not 1 <= L <= L_max:
+        raise ValueError(f"L must be in [1, {L_max}], got {L}")
+    return int(L)
+
+
+def _positive_int(value, name):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def covariate_law(name, Sigma):
+    """Covariate law on ``R^d`` with covariance ``Sigma``: ``"gaussian"`` (``N(0, Sigma)``) or
+    ``"rademacher"`` (``Sigma^{1/2} r``, ``r_i = +-1``, symmetric square root)."""
+    from .laws import Gaussian, Rademacher
+
+    Sigma = _as_sigma(Sigma)
+    if name == "gaussian":
+        return Gaussian(cov=Sigma)
+    if name == "rademacher":
+        lam, Q = np.linalg.eigh(Sigma)
+        return Rademacher(scale=(Q * np.sqrt(np.clip(lam, 0.0, None))) @ Q.T)
+    raise ValueError(f"unknown covariate law {name!r}; expected 'gaussian' or 'rademacher'")
+
+
+def _as_sigma(Sigma, d=None):
+    S = np.asarray(Sigma, dtype=float)
+    if S.ndim == 1:
+        S = np.diag(S)
+    if S.ndim != 2 or S.shape[0] != S.shape[1] or (d is not None and S.shape[0] != d):
+        raise ValueError(f"Sigma must be a square {d or 'd'} x {d or 'd'} matrix or a diagonal, got shape {S.shape}")
+    if not np.all(np.isfinite(S)) or not np.allclose(S, S.T):
+        raise ValueError("Sigma must be finite and symmetric")
+    return S
+
+
+def make_tasks(rng, d, n_pairs, n_queries, L_max, x_law):
+    """Draw ``2 n_pairs`` tasks in antithetic pairs.
+
+    Draw order from ``rng`` (a ``np.random.Generator``): ``w (n_pairs, d)``, then the prompt
+    covariates ``(n_pairs, L_max)`` from ``x_law``, then the query covariates
+    ``(n_pairs, n_queries)``. Task ``2i`` has ``w_i``, task ``2i + 1`` has ``-w_i``, both with the
+    same covariates; the labels of the second are the exact negatives of the first.
+    ``x_law`` is a token law of :mod:`sfxlin.laws` on ``R^d`` (``Sigma = x_law.cov``).
+    """
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy Generator, got {type(rng).__name__}")
+    d = _positive_int(d, "d")
+    n_pairs = _positive_int(n_pairs, "n_pairs")
+    n_queries = _positive_int(n_queries, "n_queries")
+    L_max = _positive_int(L_max, "L_max")
+    if getattr(x_law, "D", None) != d:
+        raise ValueError(f"x_law must be a law on R^{d}, got {x_law!r}")
+    Sigma = _as_sigma(x_law.cov, d)
+    w = rng.standard_normal((n_pairs, d))
+    x = np.asarray(x_law.sample(rng, (n_pairs, L_max)), dtype=float)
+    xq = np.asarray(x_law.sample(rng, (n_pairs, n_queries)), dtype=float)
+    y = np.einsum("pli,pi->pl", x, w)
+    yq = np.einsum("pqi,pi->pq", xq, w)
+    n = 2 * n_pairs
+    Z = np.empty((n_pairs, 2, L_max, d + 1))
+    Z[:, :, :, :d] = x[:, None]
+    Z[:, 0, :, d] = y
+    Z[:, 1, :, d] = -y
+    W = np.stack([w, -w], axis=1).reshape(n, d)
+    XQ = np.broadcast_to(xq[:, None], (n_pairs, 2, n_queries, d)).reshape(n, n_queries, d).copy()
+    YQ = np.stack([yq, -yq], axis=1).reshape(n, n_queries)
+    return Tasks(Z=Z.reshape(n, L_max, d + 1), w=W, x_q=XQ, y_q=YQ, Sigma=Sigma, paired=True)
+
+
+# --------------------------------------------------------------------------- matrices, init
+
+
+def Ghat(Z, L=None):
+    """Empirical second moment ``(1/L) sum_{k<L} z_k z_k^T`` of the first ``L`` tokens.
+
+    ``Z (..., L_max, D)`` -> ``(..., D, D)``; ``L=None`` uses all tokens.
+    """
+    Z = np.asarray(Z, dtype=float)
+    if L is not None:
+        Z = Z[..., : _check_L(L, Z.shape[-2]), :]
+    return np.swapaxes(Z, -1, -2) @ Z / Z.shape[-2]
+
+
+def Gamma_w(Sigma, w):
+    """``E[z z^T]`` for ``z = (x, w^T x)``, ``x ~ (0, Sigma)``:
+    ``[[Sigma, Sigma w], [w^T Sigma, w^T Sigma w]]``. ``w (..., d)`` -> ``(..., D, D)``."""
+    Sigma = np.asarray(Sigma, dtype=float)
+    w = np.asarray(w, dtype=float)
+    d = Sigma.shape[0]
+    if w.shape[-1] != d:
+        raise ValueError(f"w must have trailing dimension d = {d}, got shape {w.shape}")
+    Sw = w @ Sigma  # Sigma symmetric: (Sigma w)^T
+    out = np.empty(w.shape[:-1] + (d + 1, d + 1))
+    out[..., :d, :d] = Sigma
+    out[..., :d, d] = Sw
+    out[..., d, :d] = Sw
+    out[..., d, d] = np.einsum("...i,...i->...", Sw, w)
+    return out
+
+
+def init_alpha(d, Sigma):
+    """Eq. 9 scale ``alpha = 0.5 sqrt(2) / (d^{1/4} ||Sigma||_op)`` (midpoint of the admissible
+    interval)."""
+    Sigma = _as_sigma(Sigma, d)
+    return 0.5 * np.sqrt(2.0) / (d**0.25 * np.linalg.norm(Sigma, 2))
+
+
+def init_theta(d, Sigma):
+    """Eq. 9 initialisation ``(U0, v0)``: ``U0 = alpha blockdiag(I_d / sqrt(d), 0)``,
+    ``v0 = alpha e_{d+1}`` (so ``Theta Theta^T = I_d / sqrt(d)`` and ``||U0||_F = ||v0||``)."""
+    alpha = init_alpha(d, Sigma)
+    U0 = np.zeros((d + 1, d + 1))
+    U0[:d, :d] = alpha * np.eye(d) / np.sqrt(d)
+    v0 = np.zeros(d + 1)
+    v0[d] = alpha
+    return U0, v0
+
+
+def bayes_optimum(Sigma):
+    """Remark 5.2: the Bayes optimum on the balanced manifold, ``(U*, v*)`` with
+    ``c = ||Sigma^{-1}||_F^{1/2}``, ``U* = blockdiag(Sigma^{-1} / c, 0)``, ``v* = c e_{d+1}``."""
+    Sigma = _as_sigma(Sigma)
+    d = Sigma.shape[0]
+    Sinv = np.linalg.inv(Sigma)
+    c = np.sqrt(np.linalg.norm(Sinv, "fro"))
+    U = np.zeros((d + 1, d + 1))
+    U[:d, :d] = Sinv / c
+    v = np.zeros(d + 1)
+    v[d] = c
+    return U, v
+
+
+def off_block_mass(U, v):
+    """Norm of ``U`` outside its top-left ``d x d`` block together with ``v[:d]``:
+    ``sqrt(||U_{d+1,:}||^2 + ||U_{:d,d+1}||^2 + ||v_{:d}||^2)``. Leading axes are kept."""
+    U = np.asarray(U, dtype=float)
+    v = np.asarray(v, dtype=float)
+    d = U.shape[-1] - 1
+    s = (np.sum(U[..., d, :] ** 2, axis=-1) + np.sum(U[..., :d, d] ** 2, axis=-1)
+         + np.sum(v[..., :d] ** 2, axis=-1))
+    return np.sqrt(s)
+
+
+def theta_distance(U1, v1, U2, v2):
+    """``sqrt(||U1 - U2||_F^2 + ||v1 - v2||^2)``, broadcast over leading axes."""
+    dU = np.asarray(U1, dtype=float) - np.asarray(U2, dtype=float)
+    dv = np.asarray(v1, dtype=float) - np.asarray(v2, dtype=float)
+    return np.sqrt(np.sum(dU**2, axis=(-2, -1)) + np.sum(dv**2, axis=-1))
+
+
+def ridge_risk(tasks, L, lam=0.0):
+    """Baseline: per task, ridge regression on the length-``L`` prompt,
+    ``w_hat = argmin (1/L) ||y - X w||^2 + lam ||w||^2`` (``lam = 0``: minimum-norm least squares),
+    then the risk ``mean over tasks and queries of 1/2 (x_q^T w_hat - y_q)^2``."""
+    Zl = tasks.prompt(L)
+    lam = float(lam)
+    if lam < 0 or not np.isfinite(lam):
+        raise ValueError(f"lam must be a finite non-negative number, got {lam}")
+    d = tasks.d
+    X, y = Zl[..., :d], Zl[..., d]
+    if lam == 0.0:
+        w_hat = np.stack([np.linalg.lstsq(Xi, yi, rcond=None)[0] for Xi, yi in zip(X, y)])
+    else:
+        A = np.swapaxes(X, -1, -2) @ X / L + lam * np.eye(d)
+        b = np.einsum("nli,nl->ni", X, y) / L
+        w_hat = np.linalg.solve(A, b[..., None])[..., 0]
+    r = np.einsum("nqi,ni->nq", tasks.x_q, w_hat) - tasks.y_q
+    return 0.5 * float(np.mean(r**2))
+
+
+# --------------------------------------------------------------------------- models
+
+
+def _params(U, v):
+    U = np.asarray(U, dtype=float)
+    v = np.asarray(v, dtype=float)
+    D = U.shape[-1]
+    if U.ndim < 2 or U.shape[-2] != D or v.shape[-1:] != (D,):
+        raise ValueError(f"U must be (..., D, D) and v (..., D), got {U.shape} and {v.shape}")
+    return U, v
+
+
+def _softmax_moments(U, Z, z_q):
+    """``p = softmax(Z U z_q)`` over tokens (max-subtracted) -> ``(P (..., n, q, L), mbar)``."""
+    a = np.einsum("...ij,nqj->...nqi", U, z_q)
+    S = a @ np.swapaxes(Z, -1, -2)  # (..., n, q, L)
+    S -= S.max(axis=-1, keepdims=True)
+    P = np.exp(S)
+    P /= P.sum(axis=-1, keepdims=True)
+    return P, P @ Z
+
+
+def softmax_predict(U, v, Z, z_q):
+    """Softmax attention read-out ``v^T sum_k p_k z_k``: ``Z (n, L, D)``, ``z_q (n, q, D)``,
+    ``U (..., D, D)``, ``v (..., D)`` -> ``(..., n, q)``."""
+    U, v = _params(U, v)
+    _, mbar = _softmax_moments(U, Z, z_q)
+    return np.einsum("...nqi,...i->...nq", mbar, v)
+
+
+def linear_predict(U, v, G, z_q):
+    """Linear attention read-out ``v^T G U z_q``: ``G (..., n, D, D)`` (``Ghat_L`` or
+    ``Gamma_w``), ``z_q (n, q, D)`` -> ``(..., n, q)``."""
+    U, v = _params(U, v)
+    h = np.einsum("...nij,...jk,nqk->...nqi", G, U, z_q)
+    return np.einsum("...nqi,...i->...nq", h, v)
+
+
+def softmax_risk_grad(U, v, Z, z_q, y_q):
+    """Risk of ``softmax(L)`` on the prompts ``Z (n, L, D)`` and its analytic gradient.
+
+    Returns ``(risk (...,), grad_U (..., D, D), grad_v (..., D))``.
+    """
+    U, v = _params(U, v)
+    P, mbar = _softmax_moments(U, Z, z_q)
+    pred = np.einsum("...nqi,...i->...nq", mbar, v)
+    r = pred - y_q
+    n_items = r.shape[-1] * r.shape[-2]
+    # C v = sum_k p_k z_k (z_k . v) - mbar (mbar . v)
+    zv = np.einsum("nli,...i->...nl", Z, v)
+    Cv = P @ (Z * zv[..., None]) - mbar * pred[..., None]
+    risk = 0.5 * np.mean(r**2, axis=(-2, -1))
+    g_v = np.einsum("...nq,...nqi->...i", r, mbar) / n_items
+    g_U = np.einsum("...nq,...nqi,nqj->...ij", r, Cv, z_q) / n_items
+    return risk, g_U, g_v
+
+
+def linear_risk_grad(U, v, G, z_q, y_q):
+    """Risk of a linear model ``v^T G U z_q`` (``G = Ghat_L`` or ``Gamma_w``, ``(..., n, D, D)``)
+    and its analytic gradient. Returns ``(risk (...,), grad_U (..., D, D), grad_v (..., D))``."""
+    U, v = _params(U, v)
+    G = np.asarray(G, dtype=float)
+    Uzq = np.einsum("...ij,nqj->...nqi", U, z_q)
+    h = np.einsum("...nij,...nqj->...nqi", G, Uzq)
+    r = np.einsum("...nqi,...i->...nq", h, v) - y_q
+    n_items = r.shape[-1] * r.shape[-2]
+    Gtv = np.einsum("...nji,...j->...ni", G, v)
+    risk = 0.5 * np.mean(r**2, axis=(-2, -1))
+    g_v = np.einsum("...nq,...nqi->...i", r, h) / n_items
+    g_U = np.einsum("...nq,...ni,nqj->...ij", r, Gtv, z_q) / n_items
+    return risk, g_U, g_v
+
+
+def model_matrix(model, tasks, L=None):
+    """The fixed matrix of a linear model: ``Ghat_L`` for ``"linear"``, ``Gamma_w`` for
+    ``"linear_inf"`` (``(n, D, D)``)."""
+    if model == "linear":
+        return Ghat(tasks.Z, L)
+    if model == "linear_inf":
+        return Gamma_w(tasks.Sigma, tasks.w)
+    raise ValueError(f"model {model!r} has no fixed matrix; expected 'linear' or 'linear_inf'")
+
+
+def _check_model(model, L):
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; expected one of {MODELS}")
+    if model != "linear_inf" and L is None:
+        raise ValueError(f"model {model!r} needs a prompt length L")
+
+
+def risk_grad(model, U, v, tasks, L=None):
+    """Risk and analytic gradient of ``model`` (``"softmax"``, ``"linear"``, ``"linear_inf"``)
+    at prompt length ``L`` (ignored for ``linear_inf``) on ``tasks``: ``(risk, grad_U, grad_v)``."""
+    _check_model(model, L)
+    if model == "softmax":
+        return softmax_risk_grad(U, v, tasks.prompt(L), tasks.z_q, tasks.y_q)
+    return linear_risk_grad(U, v, model_matrix(model, tasks, L), tasks.z_q, tasks.y_q)
+
+
+def risk(model, U, v, tasks, L=None):
+    """Risk ``mean 1/2 (pred - y_q)^2`` of ``model`` on ``tasks`` (leading parameter axes kept)."""
+    _check_model(model, L)
+    if model == "softmax":
+        pred = softmax_predict(U, v, tasks.prompt(L), tasks.z_q)
+    else:
+        pred = linear_predict(U, v, model_matrix(model, tasks, L), tasks.z_q)
+    return 0.5 * np.mean((pred - tasks.y_q) ** 2, axis=(-2, -1))

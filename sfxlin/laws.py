@@ -1,0 +1,258 @@
+"""Token laws: samplers and exact tilted means (gradients of cumulant generating functions).
+
+Every law ``mu`` on ``R^D`` exposes
+
+* ``sample(rng, shape)`` -> array of shape ``shape + (D,)``;
+* ``tilted_mean(a)`` = ``E_mu[e^{a.z} z] / E_mu[e^{a.z}]`` = ``grad K_mu(a)``, vectorised over
+  the leading axes of ``a`` (shape ``(..., D)``). This is the exact infinite-prompt read-out
+  of softmax attention with logit vector ``a = U q`` (SPEC section 1);
+* ``cov`` (D x D), the covariance of the law, used to define the matching Gaussian.
+
+Validation errors are ``ValueError`` naming the offending argument (``TypeError`` for
+non-numeric input).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["Gaussian", "Rademacher", "Uniform", "StudentT", "NoLimitError", "law_from_name"]
+
+SQRT3 = np.sqrt(3.0)
+
+
+class NoLimitError(ValueError):
+    """The infinite-prompt limit does not exist (no exponential moments)."""
+
+
+def _as_float_array(x, name):
+    try:
+        arr = np.asarray(x, dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be numeric, got {type(x).__name__}") from exc
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must be finite, got {x!r}")
+    return arr
+
+
+def _check_D(D):
+    if isinstance(D, bool) or not isinstance(D, (int, np.integer)) or D < 1:
+        raise ValueError(f"D must be an integer >= 1, got {D!r}")
+    return int(D)
+
+
+def _scale_matrix(scale, D, name="scale"):
+    """Scalar, vector (diagonal) or square matrix -> D x D matrix ``S``."""
+    S = _as_float_array(scale, name)
+    if S.ndim == 0:
+        return S * np.eye(D)
+    if S.ndim == 1:
+        if S.shape[0] != D:
+            raise ValueError(f"{name} has length {S.shape[0]}, expected D = {D}")
+        return np.diag(S)
+    if S.ndim == 2 and S.shape == (D, D):
+        return S
+    raise ValueError(f"{name} must be a scalar, a length-{D} vector or a {D}x{D} matrix, got shape {S.shape}")
+
+
+def _check_a(a, D):
+    a = _as_float_array(a, "a")
+    if a.ndim == 0 or a.shape[-1] != D:
+        raise ValueError(f"a must have trailing dimension D = {D}, got shape {a.shape}")
+    return a
+
+
+def _check_shape(shape):
+    shape = (shape,) if np.isscalar(shape) else tuple(shape)
+    if any((not isinstance(s, (int, np.integer))) or s < 0 for s in shape):
+        raise ValueError(f"shape must be non-negative integers, got {shape}")
+    return shape
+
+
+class _Law:
+    D: int
+
+    def __repr__(self):
+        return f"{type(self).__name__}(D={self.D})"
+
+    def tilted_mean(self, a):  # pragma: no cover - every concrete law overrides
+        raise NotImplementedError
+
+
+class Gaussian(_Law):
+    """``N(mean, cov)`` on ``R^D``; Lemma 2.1: ``tilted_mean(a) = mean + cov a``.
+
+    ``cov`` may be a scalar (times identity, needs ``D``), a vector (diagonal) or a symmetric
+    positive semi-definite matrix.
+    """
+
+    name = "gaussian"
+
+    def __init__(self, mean=None, cov=1.0, D=None):
+        if mean is None:
+            if D is None:
+                c = np.asarray(cov)
+                if c.ndim == 0:
+                    raise ValueError("Gaussian needs mean, D, or a vector/matrix cov to know D")
+                D = c.shape[0]
+            mean = np.zeros(D)
+        self.mean = _as_float_array(mean, "mean")
+        if self.mean.ndim != 1 or self.mean.shape[0] < 1:
+            raise ValueError(f"mean must be a non-empty vector, got shape {self.mean.shape}")
+        self.D = self.mean.shape[0]
+        if D is not None and D != self.D:
+            raise ValueError(f"D = {D} does not match len(mean) = {self.D}")
+        cov = _as_float_array(cov, "cov")
+        if cov.ndim == 0:
+            cov = cov * np.eye(self.D)
+        elif cov.ndim == 1:
+            if cov.shape[0] != self.D:
+                raise ValueError(f"cov has length {cov.shape[0]}, expected D = {self.D}")
+            cov = np.diag(cov)
+        if cov.shape != (self.D, self.D):
+            raise ValueError(f"cov must be {self.D}x{self.D}, got shape {cov.shape}")
+        if not np.allclose(cov, cov.T, rtol=1e-12, atol=1e-12 * max(1.0, np.abs(cov).max())):
+            raise ValueError("cov must be symmetric")
+        cov = 0.5 * (cov + cov.T)
+        eigval, eigvec = np.linalg.eigh(cov)
+        if eigval.min() < -1e-10 * max(1.0, eigval.max()):
+            raise ValueError(f"cov must be positive semi-definite (smallest eigenvalue {eigval.min():.3g})")
+        self.cov = cov
+        # eigenvalues at rounding level are zero: samples stay exactly in the range of cov
+        eigval = np.where(eigval <= self.D * np.finfo(float).eps * max(eigval.max(), 0.0), 0.0, eigval)
+        self._root = eigvec * np.sqrt(eigval)  # cov = root @ root.T
+
+    def __repr__(self):
+        return f"Gaussian(D={self.D}, trace(cov)={np.trace(self.cov):.4g})"
+
+    def sample(self, rng, shape=()):
+        shape = _check_shape(shape)
+        return self.mean + rng.standard_normal(shape + (self.D,)) @ self._root.T
+
+    def tilted_mean(self, a):
+        a = _check_a(a, self.D)
+        return self.mean + a @ self.cov
+
+
+class Rademacher(_Law):
+    """``z = S r`` with ``r_i = +-1`` i.i.d.; ``tilted_mean(a) = S tanh(S^T a)``.
+
+    Bounded and sub-Gaussian but not Gaussian; covariance ``S S^T``.
+    """
+
+    name = "rademacher"
+
+    def __init__(self, scale=1.0, D=None):
+        s = np.asarray(scale)
+        if D is None:
+            if s.ndim == 0:
+                raise ValueError("Rademacher with a scalar scale needs D")
+            D = s.shape[0]
+        self.D = _check_D(D)
+        self.S = _scale_matrix(scale, self.D)
+        self.cov = self.S @ self.S.T
+
+    def sample(self, rng, shape=()):
+        shape = _check_shape(shape)
+        r = rng.integers(0, 2, size=shape + (self.D,)) * 2.0 - 1.0
+        return r @ self.S.T
+
+    def tilted_mean(self, a):
+        a = _check_a(a, self.D)
+        return np.tanh(a @ self.S) @ self.S.T
+
+
+def langevin(t):
+    """``coth(t) - 1/t`` (0 at t = 0), relative error ~1e-16 everywhere.
+
+    Below |t| = 2 the continued fraction ``t/(3 + t^2/(5 + t^2/(7 + ...)))`` (11 levels,
+    evaluated from the inside out) avoids the cancellation of ``coth(t) - 1/t``; beyond, the
+    direct formula is exact to rounding.
+    """
+    t = np.asarray(t, dtype=float)
+    small = np.abs(t) < 2.0
+    ts = np.where(small, t, 0.0)
+    t2 = ts * ts
+    frac = np.full_like(ts, 2.0 * 12 + 1)
+    for k in range(11, 0, -1):
+        frac = (2.0 * k + 1) + t2 / frac
+    tl = np.where(small, 1.0, t)
+    return np.where(small, ts / frac, 1.0 / np.tanh(tl) - 1.0 / tl)
+
+
+class Uniform(_Law):
+    """``z = S u`` with ``u_i`` uniform on ``[-sqrt3, sqrt3]`` (unit variance).
+
+    ``tilted_mean(a) = S m(S^T a)`` with ``m(b)_i = sqrt3 coth(sqrt3 b_i) - 1/b_i`` (0 at 0).
+    """
+
+    name = "uniform"
+
+    def __init__(self, scale=1.0, D=None):
+        s = np.asarray(scale)
+        if D is None:
+            if s.ndim == 0:
+                raise ValueError("Uniform with a scalar scale needs D")
+            D = s.shape[0]
+        self.D = _check_D(D)
+        self.S = _scale_matrix(scale, self.D)
+        self.cov = self.S @ self.S.T
+
+    def sample(self, rng, shape=()):
+        shape = _check_shape(shape)
+        return rng.uniform(-SQRT3, SQRT3, size=shape + (self.D,)) @ self.S.T
+
+    def tilted_mean(self, a):
+        a = _check_a(a, self.D)
+        return (SQRT3 * langevin(SQRT3 * (a @ self.S))) @ self.S.T
+
+
+class StudentT(_Law):
+    """``z = S t`` with ``t_i`` i.i.d. Student-t with ``df`` degrees of freedom.
+
+    Negative control: ``E e^{a.z} = inf`` for every ``a != 0``, so ``tilted_mean`` raises
+    :class:`NoLimitError`. Covariance ``df/(df-2) S S^T`` (defined for df > 2).
+    """
+
+    name = "student_t"
+
+    def __init__(self, df=3.0, scale=1.0, D=None):
+        df = float(_as_float_array(df, "df"))
+        if not df > 0:
+            raise ValueError(f"df must be > 0, got {df}")
+        self.df = df
+        s = np.asarray(scale)
+        if D is None:
+            if s.ndim == 0:
+                raise ValueError("StudentT with a scalar scale needs D")
+            D = s.shape[0]
+        self.D = _check_D(D)
+        self.S = _scale_matrix(scale, self.D)
+
+    def __repr__(self):
+        return f"StudentT(df={self.df:g}, D={self.D})"
+
+    @property
+    def cov(self):
+        if self.df <= 2:
+            raise ValueError(f"StudentT(df={self.df:g}) has infinite variance (needs df > 2)")
+        return self.df / (self.df - 2) * self.S @ self.S.T
+
+    def sample(self, rng, shape=()):
+        shape = _check_shape(shape)
+        return rng.standard_t(self.df, size=shape + (self.D,)) @ self.S.T
+
+    def tilted_mean(self, a):
+        raise NoLimitError(
+            f"StudentT(df={self.df:g}) has no exponential moments: E exp(a.z) = inf for every a != 0, "
+            "so softmax attention has no infinite-prompt limit"
+        )
+
+
+def law_from_name(name, D, **kwargs):
+    """Build a standard law on ``R^D`` from its name (``gaussian``, ``rademacher``, ``uniform``,
+    ``student_t``); keyword arguments go to the constructor. Unknown names raise ValueError."""
+    table = {"gaussian": lambda: Gaussian(D=D, **kwargs), "rademacher": lambda: Rademacher(D=D, **kwargs),
+             "uniform": lambda: Uniform(D=D, **kwargs), "student_t": lambda: StudentT(D=D, **kwargs)}
+    if name not in table:
+        raise ValueError(f"unknown law name {name!r}; expected one of {sorted(table)}")
+    return table[name]()

@@ -1,0 +1,119 @@
+"""netCDF storage: atomic writes with provenance, and opening results by name or path."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+from ._version import __version__
+from .schema import SCHEMA_VERSION
+
+__all__ = ["save", "open_results", "provenance", "default_results_dir", "ResultsError"]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class ResultsError(ValueError):
+    """A results file is missing, unreadable, or of another schema."""
+
+
+def _git_revision():
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                               capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if rev.returncode != 0:
+        return "unknown"
+    return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def _library_versions():
+    import dask
+    import netCDF4
+
+    return {"python": sys.version.split()[0], "numpy": np.__version__, "xarray": xr.__version__,
+            "dask": dask.__version__, "netCDF4": netCDF4.__version__}
+
+
+def provenance(experiment, profile, config, wall_seconds, scheduler, call=None):
+    """Provenance attrs of DESIGN.md: enough to rerun the file from its attrs alone."""
+    created = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+    call = call or " ".join(["sfxlin"] + sys.argv[1:])
+    attrs = {
+        "experiment": experiment,
+        "profile": profile,
+        "config": json.dumps(config, sort_keys=True),
+        "sfxlin_version": __version__,
+        "sfxlin_schema_version": SCHEMA_VERSION,
+        "git_revision": _git_revision(),
+        "library_versions": json.dumps(_library_versions(), sort_keys=True),
+        "created": created,
+        "wall_seconds": float(wall_seconds),
+        "scheduler": scheduler,
+        "history": f"{created}: {call} (sfxlin {__version__})",
+    }
+    return attrs
+
+
+def save(ds: xr.Dataset, path) -> Path:
+    """Write ``ds`` to ``path`` (netCDF4 engine) atomically: a temporary file in the same
+    folder, flushed, then renamed. An interrupted write never leaves a file under ``path``."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ResultsError(f"cannot create output folder {path.parent}: {exc.strerror}") from exc
+    if not os.access(path.parent, os.W_OK):
+        raise ResultsError(f"output folder {path.parent} is not writable")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        ds.to_netcdf(tmp, engine="netcdf4")
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise ResultsError(f"could not write {path}: {exc.strerror or exc}") from exc
+        raise
+    return path
+
+
+def default_results_dir() -> Path:
+    """``$SFXLIN_RESULTS`` if set, else ``datasets/`` of the source tree."""
+    return Path(os.environ.get("SFXLIN_RESULTS", REPO_ROOT / "datasets"))
+
+
+def open_results(name_or_path=None, results_dir=None):
+    """Open a results file by path, or by experiment name in the results folder.
+
+    With no argument, returns the sorted list of experiment names available there.
+    Raises :class:`ResultsError` for a missing, unreadable or other-schema file.
+    """
+    folder = Path(results_dir) if results_dir is not None else default_results_dir()
+    if name_or_path is None:
+        return sorted(p.stem for p in folder.glob("*.nc"))
+    path = Path(name_or_path)
+    if not path.exists():
+        candidate = folder / f"{name_or_path}.nc"
+        if not candidate.exists():
+            available = sorted(p.stem for p in folder.glob("*.nc"))
+            raise ResultsError(f"no results file {name_or_path!r} (looked in {folder}; available: {available})")
+        path = candidate
+    try:
+        ds = xr.open_dataset(path, engine="netcdf4")
+    except Exception as exc:  # netCDF4/HDF5 raise OSError, ValueError, KeyError for damaged files
+        raise ResultsError(f"{path} is not a readable netCDF file ({type(exc).__name__}: {exc})") from exc
+    version = ds.attrs.get("sfxlin_schema_version")
+    if version is None or int(version) != SCHEMA_VERSION:
+        ds.close()
+        raise ResultsError(f"{path} has schema version {version!r}; this sfxlin reads version {SCHEMA_VERSION}")
+    return ds

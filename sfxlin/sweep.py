@@ -1,0 +1,213 @@
+"""The sweep engine: an experiment's grid -> a lazy, dask-backed, labelled ``xr.Dataset``.
+
+An :class:`Experiment` declares once
+
+* its outer grid (``grid(config) -> {dim: coordinate values}``): one cell per combination;
+* its inner coordinates (``inner_coords(config)``): dims a cell's kernel returns whole
+  (``L``, ``query``, ``law``, ...), vectorised numpy inside the cell;
+* its output :class:`Variable` s (dims, ``long_name``, ``units``, ``description``);
+* its kernel ``kernel(cell, rng, config) -> {name: ndarray}`` (``cell`` maps every grid dim
+  to the cell's coordinate value);
+* optionally a ``global_kernel(config) -> {name: ndarray}`` for variables over no grid dim
+  (checks that do not depend on the cell, e.g. a quadrature check), run as one more task.
+
+:func:`build` turns that into a Dataset whose variables are dask arrays: one dask task per
+block of cells (one cell per block by default), nothing computed until asked. Each cell
+draws from ``np.random.default_rng([*cell indices, experiment tag, root_seed])``, so results
+are bit-identical whatever the chunking, scheduler, worker count or execution order.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import zlib
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import dask
+import dask.array as da
+import numpy as np
+import xarray as xr
+
+from .schema import coord_attrs
+
+__all__ = ["Variable", "Experiment", "CellError", "build", "cell_rng", "run_cell"]
+
+
+class CellError(RuntimeError):
+    """A cell produced an invalid result (non-finite, wrong shape); names the cell."""
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One output variable, declared once and copied onto the stored array."""
+
+    name: str
+    dims: tuple[str, ...]
+    long_name: str
+    description: str
+    units: str | None = None
+    allow_nonfinite: bool = False
+
+    def attrs(self):
+        out = {"long_name": self.long_name, "description": self.description}
+        if self.units is not None:
+            out["units"] = self.units
+        return out
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """Declarative description of one experiment (see module docstring)."""
+
+    name: str
+    grid: Callable[[Mapping], dict]
+    inner_coords: Callable[[Mapping], dict]
+    variables: tuple[Variable, ...]
+    kernel: Callable
+    description: str = ""
+    global_kernel: Callable[[Mapping], dict] | None = None
+
+    def cell_variables(self, config):
+        grid = self.grid(config)
+        return [v for v in self.variables if any(d in grid for d in v.dims)]
+
+    def global_variables(self, config):
+        grid = self.grid(config)
+        return [v for v in self.variables if not any(d in grid for d in v.dims)]
+
+    @property
+    def tag(self) -> int:
+        """Integer stream tag of this experiment for the per-cell RNG."""
+        return zlib.crc32(self.name.encode())
+
+
+def cell_rng(experiment_name: str, cell_index, root_seed: int) -> np.random.Generator:
+    """The generator of one cell: ``default_rng([*cell indices, tag, root_seed])``."""
+    tag = zlib.crc32(experiment_name.encode())
+    return np.random.default_rng([*map(int, cell_index), tag, int(root_seed)])
+
+
+def _cell_label(experiment, grid, index):
+    coords = ", ".join(f"{dim}={values[i]!r}" for (dim, values), i in zip(grid.items(), index))
+    return f"{experiment.name}[{coords}]"
+
+
+def run_cell(experiment: Experiment, config: Mapping, index) -> dict:
+    """Compute one cell (by its integer grid index) and validate its outputs."""
+    grid = experiment.grid(config)
+    inner = experiment.inner_coords(config)
+    cell = {dim: values[i] for (dim, values), i in zip(grid.items(), index)}
+    rng = cell_rng(experiment.name, index, config["root_seed"])
+    label = _cell_label(experiment, grid, index)
+    try:
+        out = experiment.kernel(cell, rng, config)
+    except (FloatingPointError, ArithmeticError) as exc:
+        raise CellError(f"{label}: {exc}") from exc
+    return _checked(out, experiment.cell_variables(config), inner, grid, label)
+
+
+def _checked(out, variables, inner, grid, label):
+    """Validate kernel outputs against their declarations: present, shaped, finite."""
+    checked = {}
+    for var in variables:
+        if var.name not in out:
+            raise CellError(f"{label}: kernel did not return variable {var.name!r}")
+        arr = np.asarray(out[var.name], dtype=float)
+        shape = tuple(len(inner[d]) for d in var.dims if d not in grid)
+        if arr.shape != shape:
+            raise CellError(f"{label}: {var.name} has shape {arr.shape}, declared {shape}")
+        if not var.allow_nonfinite and not np.all(np.isfinite(arr)):
+            raise CellError(f"{label}: non-finite values in {var.name}")
+        checked[var.name] = arr
+    return checked
+
+
+def _run_global(experiment, config):
+    """Compute the variables over no grid dim (one task)."""
+    inner = experiment.inner_coords(config)
+    out = experiment.global_kernel(config)
+    return _checked(out, experiment.global_variables(config), inner, {}, f"{experiment.name}[global]")
+
+
+def _run_block(experiment, config, ranges):
+    """Compute a block of cells; returns ``{name: array(block shape + inner shape)}``."""
+    shape = tuple(len(r) for r in ranges)
+    results = [run_cell(experiment, config, idx) for idx in itertools.product(*ranges)]
+    out = {}
+    for var in experiment.cell_variables(config):
+        stacked = np.stack([r[var.name] for r in results])
+        out[var.name] = stacked.reshape(shape + stacked.shape[1:])
+    return out
+
+
+def _chunk_ranges(n, size):
+    return [range(start, min(start + size, n)) for start in range(0, n, size)]
+
+
+def build(experiment: Experiment, config: Mapping, chunks: Mapping | None = None) -> xr.Dataset:
+    """Lazy Dataset of ``experiment`` under ``config``; computes nothing.
+
+    ``chunks`` maps grid dims to cells per task (default 1: one task per cell). Variables
+    carry their declared attrs; dims are ordered as declared; every dim has its coordinate.
+    """
+    grid = experiment.grid(config)
+    inner = experiment.inner_coords(config)
+    chunks = dict(chunks or {})
+    unknown = set(chunks) - set(grid)
+    if unknown:
+        raise ValueError(f"chunks names dims {sorted(unknown)} that are not grid dims {list(grid)}")
+    for dim, size in chunks.items():
+        if not isinstance(size, (int, np.integer)) or size < 1:
+            raise ValueError(f"chunk size for {dim!r} must be a positive integer, got {size!r}")
+    per_dim = [_chunk_ranges(len(values), chunks.get(dim, 1)) for dim, values in grid.items()]
+    blocks = {}
+    for combo in itertools.product(*[range(len(p)) for p in per_dim]):
+        ranges = tuple(per_dim[k][c] for k, c in enumerate(combo))
+        key = f"{experiment.name}-block-{dask.base.tokenize(experiment.name, config, ranges)}"
+        blocks[combo] = dask.delayed(_run_block, pure=True)(experiment, config, ranges, dask_key_name=key)
+
+    data_vars = {}
+    grid_dims = list(grid)
+    global_vars = experiment.global_variables(config)
+    if global_vars:
+        if experiment.global_kernel is None:
+            raise ValueError(f"{experiment.name}: {[v.name for v in global_vars]} have no grid dim but no global_kernel")
+        key = f"{experiment.name}-global-{dask.base.tokenize(experiment.name, config)}"
+        global_task = dask.delayed(_run_global, pure=True)(experiment, config, dask_key_name=key)
+        for var in global_vars:
+            shape = tuple(len(inner[d]) for d in var.dims)
+            arr = da.from_delayed(global_task[var.name], shape=shape, dtype=float)
+            data_vars[var.name] = xr.Variable(var.dims, arr, attrs=var.attrs())
+    for var in experiment.cell_variables(config):
+        inner_dims = [d for d in var.dims if d not in grid]
+        missing = [d for d in inner_dims if d not in inner]
+        if missing:
+            raise ValueError(f"{experiment.name}.{var.name}: dims {missing} have no coordinates")
+        inner_shape = tuple(len(inner[d]) for d in inner_dims)
+
+        def piece(combo, var=var, inner_shape=inner_shape):
+            shape = tuple(len(per_dim[k][c]) for k, c in enumerate(combo)) + inner_shape
+            return da.from_delayed(blocks[combo][var.name], shape=shape, dtype=float)
+
+        arr = _assemble([piece(c) for c in blocks], [len(p) for p in per_dim])
+        if not all(d in var.dims for d in grid_dims):
+            raise ValueError(f"{experiment.name}.{var.name}: dims {var.dims} must include every grid dim {grid_dims}")
+        stored_dims = grid_dims + inner_dims
+        data_vars[var.name] = xr.Variable(stored_dims, arr, attrs=var.attrs()).transpose(*var.dims)
+
+    coords = {dim: xr.Variable(dim, np.asarray(values), attrs=coord_attrs(dim)) for dim, values in {**grid, **inner}.items()}
+    ds = xr.Dataset(data_vars, coords=coords)
+    ds.attrs["experiment"] = experiment.name
+    ds.attrs["description"] = experiment.description
+    ds.attrs["n_cells"] = int(math.prod(len(v) for v in grid.values()))
+    return ds
+
+
+def _assemble(flat, sizes, axis=0):
+    """Concatenate a row-major list of blocks over a grid of ``sizes`` blocks (leading axes)."""
+    if len(sizes) == 1:
+        return da.concatenate(flat, axis=axis)
+    step = math.prod(sizes[1:])
+    parts = [_assemble(flat[i * step:(i + 1) * step], sizes[1:], axis + 1) for i in range(sizes[0])]
+    return da.concatenate(parts, axis=axis)

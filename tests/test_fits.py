@@ -1,0 +1,484 @@
+"""Tests of sfxlin.analysis.fits against independent numpy/scipy computations."""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import dask
+import numpy as np
+import pytest
+import scipy.stats
+import xarray as xr
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sfxlin.analysis import fits
+from sfxlin.analysis.fits import (
+    ThresholdFit,
+    hansen_lr_crit,
+    loglog_slope,
+    ols_line_np,
+    paper_form_fit,
+    power_law_fit,
+    threshold_regression,
+)
+
+L = np.array([8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096], dtype=float)
+D = np.array([2, 5, 10])
+UN = np.array([0.1, 0.3, 0.5])
+
+
+def raise_if_dask_computes():
+    """dask config under which any compute fails (the flox habit)."""
+
+    def scheduler(dsk, keys, **kwargs):
+        raise RuntimeError("dask computed although the function should be lazy")
+
+    return dask.config.set(scheduler=scheduler)
+
+
+def power_law_da(noise: float = 0.0, seed: int = 0) -> xr.DataArray:
+    """y = c(d, U) L^p(d, U) * exp(noise * eps), dims (d, U_norm, L)."""
+    rng = np.random.default_rng([seed, 7])
+    p = -1.0 + 0.05 * np.arange(9).reshape(3, 3) / 8  # -1 .. -0.95
+    c = np.exp(np.linspace(-3, 1, 9)).reshape(3, 3)
+    y = c[..., None] * L ** p[..., None]
+    y = y * np.exp(noise * rng.standard_normal(y.shape))
+    return xr.DataArray(
+        y, dims=("d", "U_norm", "L"), coords={"d": D, "U_norm": UN, "L": L}, name="mse"
+    ), p, c
+
+
+def ols_by_hand(x, y, hc3=False):
+    """Closed-form OLS of y on [1, x]: beta, cov (nonrobust s^2 (X'X)^-1 or HC3 sandwich)."""
+    X = np.column_stack([np.ones_like(x), x])
+    XtX_inv = np.linalg.inv(X.T @ X)
+    beta = XtX_inv @ X.T @ y
+    e = y - X @ beta
+    n = len(y)
+    if hc3:
+        h = np.einsum("ij,jk,ik->i", X, XtX_inv, X)
+        meat = X.T @ (X * (e**2 / (1 - h) ** 2)[:, None])
+        cov = XtX_inv @ meat @ XtX_inv
+    else:
+        cov = (e @ e) / (n - 2) * XtX_inv
+    return beta, cov, e
+
+
+# ------------------------------------------------------------------------------------------
+# loglog_slope
+# ------------------------------------------------------------------------------------------
+def test_loglog_exact_power_law():
+    da, p, c = power_law_da()
+    ds = loglog_slope(da, "L")
+    assert set(ds.dims) == {"d", "U_norm"}
+    np.testing.assert_allclose(ds.slope.transpose("d", "U_norm").values, p, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(ds.intercept.transpose("d", "U_norm").values, np.log(c), rtol=0, atol=1e-11)
+    np.testing.assert_allclose(ds.r2.values, 1.0, atol=1e-12)
+    assert (ds.n.values == L.size).all() and ds.n.dtype == np.int64
+    assert (ds.slope_se.values < 1e-12).all()
+    for v in ("slope", "slope_se", "slope_ci_low", "slope_ci_high", "intercept", "intercept_se", "r2", "n", "pvalue_slope"):
+        assert v in ds and "long_name" in ds[v].attrs
+    assert "t_test_pvalue" not in ds
+    # labels kept
+    np.testing.assert_array_equal(ds.d.values, D)
+    np.testing.assert_array_equal(ds.U_norm.values, UN)
+
+
+def test_loglog_settings_travel_as_scalar_coords():
+    da, _, _ = power_law_da(noise=0.1)
+    ds = loglog_slope(da, cov_type="HC3", alpha=0.1, test_exponent=-1.0)
+    assert ds.coords["cov_type"].item() == "HC3"
+    assert ds.coords["alpha"].item() == 0.1
+    assert ds.coords["test_exponent"].item() == -1.0
+    assert "OLS" in ds.coords["method"].item()
+    assert ds.coords["cov_type"].ndim == 0
+
+
+def test_loglog_noisy_matches_closed_form_ols():
+    da, _, _ = power_law_da(noise=0.2, seed=3)
+    ds = loglog_slope(da, "L", alpha=0.05)
+    x = np.log(L)
+    tq = scipy.stats.t.ppf(0.975, L.size - 2)
+    for i in range(3):
+        for j in range(3):
+            y = np.log(da.values[i, j])
+            beta, cov, e = ols_by_hand(x, y)
+            cell = ds.isel(d=i, U_norm=j)
+            se = np.sqrt(np.diag(cov))
+            np.testing.assert_allclose(cell.slope.item(), beta[1], rtol=1e-10)
+            np.testing.assert_allclose(cell.slope_se.item(), se[1], rtol=1e-10)
+            np.testing.assert_allclose(cell.intercept.item(), beta[0], rtol=1e-10)
+            np.testing.assert_allclose(cell.intercept_se.item(), se[0], rtol=1e-10)
+            np.testing.assert_allclose(cell.slope_ci_low.item(), beta[1] - tq * se[1], rtol=1e-9)
+            np.testing.assert_allclose(cell.slope_ci_high.item(), beta[1] + tq * se[1], rtol=1e-9)
+            r2 = 1 - (e @ e) / np.sum((y - y.mean()) ** 2)
+            np.testing.assert_allclose(cell.r2.item(), r2, rtol=1e-10)
+            pv = 2 * scipy.stats.t.sf(abs(beta[1] / se[1]), L.size - 2)
+            np.testing.assert_allclose(cell.pvalue_slope.item(), pv, rtol=1e-6, atol=1e-300)
+
+
+def test_loglog_alpha_changes_ci_width():
+    da, _, _ = power_law_da(noise=0.2, seed=3)
+    w95 = loglog_slope(da, alpha=0.05)
+    w80 = loglog_slope(da, alpha=0.20)
+    ratio = (w95.slope_ci_high - w95.slope_ci_low) / (w80.slope_ci_high - w80.slope_ci_low)
+    expected = scipy.stats.t.ppf(0.975, 8) / scipy.stats.t.ppf(0.9, 8)
+    np.testing.assert_allclose(ratio.values, expected, rtol=1e-9)
+
+
+def test_loglog_hc3_matches_sandwich_and_differs_from_nonrobust():
+    rng = np.random.default_rng(11)
+    x = np.log(L)
+    # heteroscedastic: noise grows strongly with L
+    y = np.exp(0.5 - 0.8 * x + 0.05 * np.exp(0.45 * x) * rng.standard_normal(L.size) / 10)
+    da = xr.DataArray(y, dims="L", coords={"L": L})
+    hc3 = loglog_slope(da, cov_type="HC3")
+    plain = loglog_slope(da)
+    beta, cov_hc3, _ = ols_by_hand(x, np.log(y), hc3=True)
+    _, cov_plain, _ = ols_by_hand(x, np.log(y))
+    np.testing.assert_allclose(hc3.slope.item(), beta[1], rtol=1e-10)
+    np.testing.assert_allclose(hc3.slope_se.item(), np.sqrt(cov_hc3[1, 1]), rtol=1e-9)
+    np.testing.assert_allclose(hc3.intercept_se.item(), np.sqrt(cov_hc3[0, 0]), rtol=1e-9)
+    np.testing.assert_allclose(plain.slope_se.item(), np.sqrt(cov_plain[1, 1]), rtol=1e-9)
+    assert abs(hc3.slope_se.item() / plain.slope_se.item() - 1) > 0.2
+    assert hc3.slope.item() == pytest.approx(plain.slope.item(), rel=1e-12)
+    # robust fits keep Student-t intervals (use_t=True)
+    tq = scipy.stats.t.ppf(0.975, L.size - 2)
+    np.testing.assert_allclose(hc3.slope_ci_high.item() - hc3.slope.item(), tq * np.sqrt(cov_hc3[1, 1]), rtol=1e-9)
+
+
+def test_loglog_t_test_exponent_matches_hand():
+    da, _, _ = power_law_da(noise=0.2, seed=5)
+    ds = loglog_slope(da, test_exponent=-1.0)
+    x = np.log(L)
+    y = np.log(da.values[1, 2])
+    beta, cov, _ = ols_by_hand(x, y)
+    t = (beta[1] + 1.0) / np.sqrt(cov[1, 1])
+    p = 2 * scipy.stats.t.sf(abs(t), L.size - 2)
+    np.testing.assert_allclose(ds.t_test_pvalue.isel(d=1, U_norm=2).item(), p, rtol=1e-8)
+
+
+def test_loglog_dask_equals_numpy_and_is_lazy():
+    da, _, _ = power_law_da(noise=0.1, seed=1)
+    ref = loglog_slope(da, test_exponent=-1.0)
+    lazy_in = da.chunk({"d": 1, "U_norm": 2, "L": 3})  # L split over chunks on purpose
+    with raise_if_dask_computes():
+        lazy = loglog_slope(lazy_in, test_exponent=-1.0)
+        pw = power_law_fit(lazy_in)
+    assert lazy.slope.chunks is not None and pw.c.chunks is not None
+    with pytest.raises(RuntimeError, match="should be lazy"):
+        with raise_if_dask_computes():
+            lazy.slope.compute()
+    got = lazy.compute()
+    xr.testing.assert_allclose(got, ref, rtol=1e-14, atol=0)
+    assert got.n.dtype == np.int64
+
+
+def test_loglog_dims_order_and_scalar_input():
+    da, p, _ = power_law_da()
+    ds = loglog_slope(da.transpose("L", "U_norm", "d"))
+    np.testing.assert_allclose(ds.slope.transpose("d", "U_norm").values, p, atol=1e-12)
+    one = loglog_slope(da.isel(d=0, U_norm=0))
+    assert one.slope.ndim == 0
+    assert one.slope.item() == pytest.approx(p[0, 0], abs=1e-12)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    p=st.floats(-3, 3, allow_nan=False),
+    logc=st.floats(-5, 5, allow_nan=False),
+    chunk=st.integers(1, 3),
+)
+def test_loglog_property_exact_numpy_and_dask(p, logc, chunk):
+    y = np.exp(logc) * L[None, :] ** (p * np.array([1.0, 0.5, 0.25])[:, None])
+    da = xr.DataArray(y, dims=("seed", "L"), coords={"seed": [0, 1, 2], "L": L})
+    a = loglog_slope(da)
+    b = loglog_slope(da.chunk({"seed": chunk})).compute()
+    np.testing.assert_allclose(a.slope.values, p * np.array([1.0, 0.5, 0.25]), atol=1e-11)
+    np.testing.assert_allclose(a.intercept.values, logc, atol=1e-9)
+    xr.testing.assert_allclose(a, b, rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize("bad", [-1e-3, 0.0, np.nan, np.inf])
+def test_loglog_bad_value_names_coordinate(bad):
+    da, _, _ = power_law_da()
+    da = da.copy()
+    da.loc[dict(d=5, U_norm=0.3, L=64)] = bad
+    with pytest.raises(ValueError, match=r"L=64.*d=5.*U_norm=0\.3"):
+        loglog_slope(da)
+    lazy = loglog_slope(da.chunk({"d": 1}))  # dask: raised at compute, same message
+    with pytest.raises(ValueError, match=r"L=64.*d=5.*U_norm=0\.3"):
+        lazy.compute()
+
+
+def test_loglog_input_errors():
+    da, _, _ = power_law_da()
+    with pytest.raises(ValueError, match="at least 3 points"):
+        loglog_slope(da.isel(L=slice(0, 2)))
+    with pytest.raises(ValueError, match="'t' not in"):
+        loglog_slope(da, "t")
+    with pytest.raises(ValueError, match="coordinate 'L' must be positive"):
+        loglog_slope(da.assign_coords(L=L - 8))
+    with pytest.raises(ValueError, match="no coordinate"):
+        loglog_slope(da.drop_vars("L"))
+    with pytest.raises(ValueError, match="cov_type"):
+        loglog_slope(da, cov_type="HC9")
+    with pytest.raises(ValueError, match="alpha"):
+        loglog_slope(da, alpha=1.5)
+    with pytest.raises(TypeError):
+        loglog_slope(da.values)
+
+
+def test_ols_line_np_errors():
+    with pytest.raises(ValueError, match="at least 3"):
+        ols_line_np([1.0, 2.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="two distinct"):
+        ols_line_np([1.0, 1.0, 1.0], [1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="finite"):
+        ols_line_np([1.0, 2.0, 3.0], [1.0, np.nan, 3.0])
+
+
+# ------------------------------------------------------------------------------------------
+# power_law_fit, paper_form_fit
+# ------------------------------------------------------------------------------------------
+def test_power_law_fit_exact_and_delta_method():
+    da, p, c = power_law_da()
+    pw = power_law_fit(da, "L")
+    np.testing.assert_allclose(pw.p.transpose("d", "U_norm").values, p, atol=1e-12)
+    np.testing.assert_allclose(pw.c.transpose("d", "U_norm").values, c, rtol=1e-10)
+    noisy, _, _ = power_law_da(noise=0.2, seed=9)
+    pw = power_law_fit(noisy)
+    ll = loglog_slope(noisy)
+    np.testing.assert_allclose(pw.c_se.values, np.exp(ll.intercept.values) * ll.intercept_se.values, rtol=1e-12)
+    np.testing.assert_allclose(pw.c_ci_low.values, np.exp(ll.intercept_ci_low.values), rtol=1e-12)
+    assert (pw.c_ci_low < pw.c).all() and (pw.c < pw.c_ci_high).all()
+    np.testing.assert_allclose(pw.p_se.values, ll.slope_se.values)
+
+
+def _paper_form_data(noise, seed=0):
+    rng = np.random.default_rng([seed, 3])
+    x = xr.DataArray(
+        rng.uniform(0.0, 1.5, size=(3, 3, 10)),
+        dims=("d", "U_norm", "L"),
+        coords={"d": D, "U_norm": UN, "L": L},
+    )
+    y = 0.8 * np.exp(1.17 * x) * np.exp(noise * rng.standard_normal(x.shape))
+    return y, x
+
+
+def test_paper_form_fit_exact_and_vs_lstsq():
+    y, x = _paper_form_data(0.0)
+    fit = paper_form_fit(y, x)
+    assert fit.c1.item() == pytest.approx(0.8, rel=1e-12)
+    assert fit.c2.item() == pytest.approx(1.17, rel=1e-12)
+    assert fit.n.item() == 90
+    y, x = _paper_form_data(0.1, seed=2)
+    fit = paper_form_fit(y.values, x.values)  # plain numpy works too
+    beta, cov, _ = ols_by_hand(x.values.ravel(), np.log(y.values.ravel()))
+    assert fit.c2.item() == pytest.approx(beta[1], rel=1e-10)
+    assert fit.c2_se.item() == pytest.approx(np.sqrt(cov[1, 1]), rel=1e-9)
+    assert fit.c1.item() == pytest.approx(np.exp(beta[0]), rel=1e-10)
+    assert fit.c1_se.item() == pytest.approx(np.exp(beta[0]) * np.sqrt(cov[0, 0]), rel=1e-9)
+    tq = scipy.stats.t.ppf(0.975, 88)
+    assert fit.c2_ci_low.item() == pytest.approx(beta[1] - tq * np.sqrt(cov[1, 1]), rel=1e-9)
+    t = beta[1] / np.sqrt(cov[1, 1])
+    assert fit.pvalue_c2_positive.item() == pytest.approx(scipy.stats.t.sf(t, 88), rel=1e-6, abs=1e-300)
+    assert fit.coords["cov_type"].item() == "nonrobust"
+
+
+def test_paper_form_fit_errors():
+    y, x = _paper_form_data(0.0)
+    bad = y.copy()
+    bad.loc[dict(d=10, U_norm=0.1, L=256)] = 0.0
+    with pytest.raises(ValueError, match=r"d=10, U_norm=0\.1, L=256"):
+        paper_form_fit(bad, x)
+    badx = x.copy()
+    badx.loc[dict(d=2, U_norm=0.5, L=8)] = np.nan
+    with pytest.raises(ValueError, match=r"x must be finite.*d=2, U_norm=0\.5, L=8"):
+        paper_form_fit(y, badx)
+    with pytest.raises(ValueError, match="same shape"):
+        paper_form_fit(np.ones(5), np.ones(4))
+    with pytest.raises(ValueError, match="index \\(1,\\)"):
+        paper_form_fit(np.array([1.0, -1.0, 2.0]), np.array([0.0, 1.0, 2.0]))
+    with pytest.raises(ValueError, match="different coordinates"):
+        paper_form_fit(y, x.assign_coords(L=L * 2))
+    with pytest.raises(ValueError, match="at least 3"):
+        paper_form_fit(np.ones(2), np.arange(2.0))
+
+
+# ------------------------------------------------------------------------------------------
+# threshold_regression
+# ------------------------------------------------------------------------------------------
+def hinge_data(noise, seed=0, n=40, c=4.0):
+    rng = np.random.default_rng([seed, 11])
+    x = np.linspace(0.75, 15.0, n)
+    y = 0.01 + 0.0 * x - 0.035 * np.maximum(0.0, x - c) + noise * rng.standard_normal(n)
+    return y, x
+
+
+def test_hansen_crit():
+    assert hansen_lr_crit(0.05) == pytest.approx(7.352, abs=1e-3)
+    assert hansen_lr_crit(0.10) == pytest.approx(5.94, abs=1e-2)
+    assert hansen_lr_crit(0.01) == pytest.approx(10.59, abs=1e-2)
+
+
+def test_threshold_recovers_break_with_covering_ci():
+    y, x = hinge_data(0.003)
+    fit = threshold_regression(y, x)
+    assert isinstance(fit, ThresholdFit)
+    assert abs(fit.c_hat - 4.0) < 0.4
+    assert fit.c_ci_low <= 4.0 <= fit.c_ci_high
+    assert fit.lr_crit == pytest.approx(7.352, abs=1e-3)
+    assert fit.slope_left == pytest.approx(0.0, abs=3e-3)
+    assert fit.slope_right == pytest.approx(-0.035, abs=3e-3)
+    assert fit.n == 40 and not fit.weighted and not fit.ci_truncated
+    assert "ignore" in fit.note and "uncertainty" in fit.note
+
+
+def test_threshold_ci_width_grows_with_noise():
+    widths = {}
+    for noise in (0.001, 0.02):
+        y, x = hinge_data(noise, seed=4)
+        fit = threshold_regression(y, x)
+        widths[noise] = fit.c_ci_high - fit.c_ci_low
+    assert widths[0.001] < 0.5
+    assert widths[0.02] > 3 * widths[0.001]
+
+
+def test_threshold_profile_matches_bruteforce_lstsq():
+    y, x = hinge_data(0.01, seed=2)
+    fit = threshold_regression(y, x)
+    j = int(np.argmin(fit.ssr_profile))
+    assert fit.grid[j] == fit.c_hat
+    Z = np.column_stack([np.ones_like(x), x, np.maximum(0, x - fit.c_hat)])
+    beta, *_ = np.linalg.lstsq(Z, y, rcond=None)
+    ssr = np.sum((y - Z @ beta) ** 2)
+    assert fit.ssr_profile[j] == pytest.approx(ssr, rel=1e-10)
+    assert fit.ssr == pytest.approx(ssr, rel=1e-10)
+    np.testing.assert_allclose([fit.b0, fit.b1, fit.b2], beta, rtol=1e-8, atol=1e-12)
+    # brute force over the same grid: same minimiser
+    brute = [np.sum((y - Zc @ np.linalg.lstsq(Zc, y, rcond=None)[0]) ** 2)
+             for Zc in (np.column_stack([np.ones_like(x), x, np.maximum(0, x - c)]) for c in fit.grid)]
+    np.testing.assert_allclose(fit.ssr_profile, brute, rtol=1e-9)
+    # SEs at c_hat, and slope_right SE from the covariance of b1 + b2
+    e = y - Z @ beta
+    cov = (e @ e) / (len(y) - 3) * np.linalg.inv(Z.T @ Z)
+    assert fit.b2_se == pytest.approx(np.sqrt(cov[2, 2]), rel=1e-8)
+    assert fit.slope_left_se == pytest.approx(np.sqrt(cov[1, 1]), rel=1e-8)
+    assert fit.slope_right_se == pytest.approx(np.sqrt(cov[1, 1] + cov[2, 2] + 2 * cov[1, 2]), rel=1e-8)
+    # LR profile and CI by inversion
+    lr = len(y) * (fit.ssr_profile - ssr) / ssr
+    np.testing.assert_allclose(fit.lr_profile, lr, rtol=1e-8, atol=1e-10)
+    inside = fit.grid[lr <= hansen_lr_crit(0.05)]
+    assert fit.c_ci_low == inside.min() and fit.c_ci_high == inside.max()
+
+
+def test_threshold_grid_is_trimmed_and_contains_observed_x():
+    y, x = hinge_data(0.01)
+    fit = threshold_regression(y, x, trim=0.2, n_grid=50)
+    lo, hi = np.quantile(x, 0.2), np.quantile(x, 0.8)
+    assert fit.grid.min() == pytest.approx(lo) and fit.grid.max() == pytest.approx(hi)
+    assert np.isin(x[(x >= lo) & (x <= hi)], fit.grid).all()
+    assert np.all(np.diff(fit.grid) > 0)
+
+
+def test_threshold_weights_equal_row_scaling():
+    y, x = hinge_data(0.01, seed=6)
+    w = np.linspace(0.5, 2.0, y.size)
+    fit = threshold_regression(y, x, weights=w)
+    assert fit.weighted
+    sw = np.sqrt(w)
+    Z = np.column_stack([np.ones_like(x), x, np.maximum(0, x - fit.c_hat)])
+    beta, *_ = np.linalg.lstsq(Z * sw[:, None], y * sw, rcond=None)
+    np.testing.assert_allclose([fit.b0, fit.b1, fit.b2], beta, rtol=1e-8, atol=1e-12)
+    assert fit.ssr == pytest.approx(np.sum(w * (y - Z @ beta) ** 2), rel=1e-10)
+    # zero weight on an outlier = dropping it (coefficients, SEs, breakpoint, CI)
+    y2 = y.copy()
+    y2[5] += 10.0
+    w0 = np.ones_like(y)
+    w0[5] = 0.0
+    a = threshold_regression(y2, x, weights=w0)
+    b = threshold_regression(np.delete(y, 5), np.delete(x, 5))
+    assert a.n == 39 == b.n
+    assert (a.c_hat, a.c_ci_low, a.c_ci_high) == (b.c_hat, b.c_ci_low, b.c_ci_high)
+    np.testing.assert_allclose([a.b0, a.b1, a.b2, a.slope_right_se], [b.b0, b.b1, b.b2, b.slope_right_se], rtol=1e-9)
+    # the weights matter: strongly different weights move the fit
+    c = threshold_regression(y, x, weights=np.exp(np.linspace(0.0, 8.0, y.size)))
+    assert abs(c.b0 - fit.b0) > 1e-6
+
+
+def test_threshold_result_export_and_repr():
+    y, x = hinge_data(0.003)
+    fit = threshold_regression(y, x)
+    text = repr(fit)
+    assert "c_hat" in text and "95% CI" in text and "slope_right" in text and "note" in text
+    assert len(text) < 2000  # no arrays dumped
+    d = fit.to_dict()
+    assert d["c_hat"] == fit.c_hat and "grid" not in d
+    assert len(fit.to_dict(include_profile=True)["grid"]) == fit.grid.size
+    ds = fit.to_dataset()
+    assert ds.c_hat.item() == fit.c_hat
+    assert ds.ssr_profile.dims == ("c_grid",) and ds.sizes["c_grid"] == fit.grid.size
+    assert ds.coords["lr_crit"].item() == fit.lr_crit
+    assert "ignore" in ds.attrs["note"]
+    with pytest.raises(AttributeError):
+        fit.c_hat = 1.0  # frozen
+
+
+def test_threshold_lr_crit_override_narrows_ci():
+    y, x = hinge_data(0.01, seed=8)
+    wide = threshold_regression(y, x)
+    narrow = threshold_regression(y, x, lr_crit=3.84)
+    assert narrow.c_ci_low >= wide.c_ci_low and narrow.c_ci_high <= wide.c_ci_high
+    assert narrow.c_hat == wide.c_hat
+
+
+def test_threshold_errors():
+    y, x = hinge_data(0.01)
+    with pytest.raises(ValueError, match="at least 6 points"):
+        threshold_regression(y[:5], x[:5])
+    with pytest.raises(ValueError, match="same shape"):
+        threshold_regression(y, x[:-1])
+    with pytest.raises(ValueError, match="1-D"):
+        threshold_regression(y.reshape(4, 10), x.reshape(4, 10))
+    yb = y.copy()
+    yb[7] = np.nan
+    with pytest.raises(ValueError, match="y must be finite.*index 7"):
+        threshold_regression(yb, x)
+    xb = x.copy()
+    xb[3] = np.inf
+    with pytest.raises(ValueError, match="x must be finite.*index 3"):
+        threshold_regression(y, xb)
+    w = np.ones_like(y)
+    w[2] = -1.0
+    with pytest.raises(ValueError, match="non-negative.*index 2"):
+        threshold_regression(y, x, weights=w)
+    with pytest.raises(ValueError, match="weights must have the shape"):
+        threshold_regression(y, x, weights=np.ones(3))
+    w = np.zeros_like(y)
+    w[:5] = 1.0
+    with pytest.raises(ValueError, match="at least 6 points"):
+        threshold_regression(y, x, weights=w)
+    with pytest.raises(ValueError, match="trim"):
+        threshold_regression(y, x, trim=0.6)
+    with pytest.raises(ValueError, match="singular"):
+        threshold_regression(np.arange(8.0), np.array([0, 0, 0, 0, 1, 1, 1, 1.0]))
+
+
+# ------------------------------------------------------------------------------------------
+# layering
+# ------------------------------------------------------------------------------------------
+def test_analysis_modules_import_no_simulation_code():
+    allowed = {"__future__", "math", "warnings", "dataclasses", "collections", "numpy", "xarray", "statsmodels", "matplotlib"}
+    root = pathlib.Path(fits.__file__).parent
+    for name in ("fits.py", "verdicts.py"):
+        tree = ast.parse((root / name).read_text())
+        mods = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                mods |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                assert node.level == 0, f"{name}: relative import"
+                mods.add(node.module.split(".")[0])
+        assert mods <= allowed, f"{name} imports {mods - allowed}"
