@@ -38,9 +38,14 @@ def _check_operands(Z, U, V, q):
 
 
 def _logits(Z, U, q):
-    """``s[..., k] = z_k^T U q``, shape ``(..., L)``."""
+    """``s[..., k] = z_k^T U q``, shape ``(..., L)`` (a batched matrix-vector product)."""
     a = q @ U.T  # (..., D)
-    return np.einsum("...kd,...d->...k", Z, a)
+    return (Z @ a[..., None])[..., 0]
+
+
+def _weighted_sum(e, Z):
+    """``sum_k e_k z_k`` as a batched matmul, shape ``(..., D)``."""
+    return (e[..., None, :] @ Z)[..., 0, :]
 
 
 def softmax_attention(Z, U, V, q):
@@ -53,7 +58,7 @@ def softmax_attention(Z, U, V, q):
     Z, U, V, q = _check_operands(Z, U, V, q)
     s = _logits(Z, U, q)
     e = np.exp(s - s.max(axis=-1, keepdims=True))
-    mean = np.einsum("...k,...kd->...d", e, Z) / e.sum(axis=-1)[..., None]
+    mean = _weighted_sum(e, Z) / e.sum(axis=-1)[..., None]
     return mean @ V.T
 
 
@@ -78,46 +83,39 @@ def check_prompt_lengths(Ls, L_max=None):
 def softmax_attention_prefix(Z, U, V, q, Ls):
     """Softmax attention at every nested prompt length ``L in Ls`` in one pass over the tokens.
 
-    The length-L prompt is ``Z[..., :L, :]``. Tokens are split into the blocks
-    ``[0, L_1), [L_1, L_2), ...``; each block contributes its own maximum and its sums
-    ``sum e^{s-m_b}``, ``sum e^{s-m_b} z`` (``np.maximum.reduceat`` / ``np.add.reduceat``),
-    which are merged with a running maximum (online softmax). Cost O(L_max), not O(sum L),
-    and exactly as stable as :func:`softmax_attention`.
+    The length-L prompt is ``Z[..., :L, :]``. The logits are computed once; tokens are split
+    into the blocks ``[0, L_1), [L_1, L_2), ...``; each block contributes its own maximum
+    ``m_b`` and its sums ``sum e^{s-m_b}``, ``sum e^{s-m_b} z``, merged into running sums with
+    a running maximum (online softmax). Cost O(L_max), not O(sum L), and exactly as stable as
+    :func:`softmax_attention` (every exponent is <= 0).
 
     ``Z (..., L_max, D)``, ``q (..., D)`` -> ``(..., len(Ls), D_out)``.
     """
     Z, U, V, q = _check_operands(Z, U, V, q)
     Ls = check_prompt_lengths(Ls, Z.shape[-2])
-    Z = Z[..., : Ls[-1], :]
-    s = _logits(Z, U, q)  # (..., L_max)
-    starts = np.concatenate([[0], Ls[:-1]])
-    m_block = np.maximum.reduceat(s, starts, axis=-1)  # (..., nL)
-    block_of_token = np.repeat(np.arange(len(Ls)), np.diff(np.concatenate([[0], Ls])))
-    e = np.exp(s - m_block[..., block_of_token])
-    sum0 = np.add.reduceat(e, starts, axis=-1)  # (..., nL)
-    sum1 = np.add.reduceat(e[..., None] * Z, starts, axis=-2)  # (..., nL, D)
-    m_run = np.maximum.accumulate(m_block, axis=-1)  # running max over blocks <= j
-    # block b enters the prefix sums of every L_j >= b with weight exp(m_b - m_run_j):
-    # fold it into cumulative sums by rescaling to the running maximum at each block.
-    scale = np.exp(m_block - m_run)  # <= 1
-    shift = np.exp(-np.diff(m_run, axis=-1))  # exp(m_run_{j-1} - m_run_j) <= 1
-    out0 = np.empty_like(sum0)
-    out1 = np.empty_like(sum1)
-    acc0 = sum0[..., 0] * scale[..., 0]
-    acc1 = sum1[..., 0, :] * scale[..., :1]
-    out0[..., 0], out1[..., 0, :] = acc0, acc1
-    for j in range(1, len(Ls)):
-        acc0 = acc0 * shift[..., j - 1] + sum0[..., j] * scale[..., j]
-        acc1 = acc1 * shift[..., j - 1, None] + sum1[..., j, :] * scale[..., j, None]
-        out0[..., j], out1[..., j, :] = acc0, acc1
-    return (out1 / out0[..., None]) @ V.T
+    s = _logits(Z[..., : Ls[-1], :], U, q)  # (..., L_max): logits once for every L
+    out = None
+    for lo, hi in zip(np.concatenate([[0], Ls[:-1]]), Ls):
+        block = s[..., lo:hi]
+        m = block.max(axis=-1)
+        e = np.exp(block - m[..., None])
+        sum0, sum1 = e.sum(axis=-1), _weighted_sum(e, Z[..., lo:hi, :])
+        if out is None:
+            run_max, acc0, acc1, out = m, sum0, sum1, []
+        else:  # online softmax: rescale both to the larger maximum
+            new_max = np.maximum(run_max, m)
+            old, new = np.exp(run_max - new_max), np.exp(m - new_max)
+            acc0 = acc0 * old + sum0 * new
+            acc1 = acc1 * old[..., None] + sum1 * new[..., None]
+            run_max = new_max
+        out.append(acc1 / acc0[..., None])
+    return np.stack(out, axis=-2) @ V.T
 
 
 def linear_attention(Z, U, V, q):
     """``V Ghat_L U q`` with ``Ghat_L = (1/L) sum_k z_k z_k^T``; shape ``(..., D_out)``."""
     Z, U, V, q = _check_operands(Z, U, V, q)
-    s = _logits(Z, U, q)
-    return (np.einsum("...k,...kd->...d", s, Z) / Z.shape[-2]) @ V.T
+    return (_weighted_sum(_logits(Z, U, q), Z) / Z.shape[-2]) @ V.T
 
 
 def limit_attention(law, U, V, q):
@@ -133,21 +131,23 @@ def limit_attention(law, U, V, q):
 
 
 def asymptotic_mse(law, U, V, q, L=1):
-    """Sharp prediction of ``E||f_L(q) - f_inf(q)||^2`` for a Gaussian law (delta method).
+    """Sharp prediction of ``E||f_L(q) - f_inf(q)||^2`` from the law's SNIS constant.
 
-    With ``a = U q``, Gaussian ``N(m, Sigma)`` tokens and self-normalised importance sampling,
-    ``L E||f_L - f_inf||^2 -> exp(a^T Sigma a) (tr(V Sigma V^T) + ||V Sigma a||^2)``; returns
-    that constant divided by ``L`` (broadcast over leading axes of ``q`` and over ``L``).
+    With ``a = U q`` and ``C = law.snis_covariance(a)`` (delta method for self-normalised
+    importance sampling), ``L E||f_L - f_inf||^2 -> tr(V C V^T)``; for Gaussian tokens
+    ``exp(a^T Sigma a) (tr(V Sigma V^T) + ||V Sigma a||^2)``. Returns that constant divided by
+    ``L`` (broadcast over leading axes of ``q`` and over ``L``). Raises
+    :class:`~sfxlin.laws.NoLimitError` for laws without exponential moments.
     """
-    if getattr(law, "name", None) != "gaussian":
-        raise ValueError(f"asymptotic_mse is the Gaussian delta-method constant; got law {law!r}")
     U = np.asarray(U, dtype=float)
     V = np.asarray(V, dtype=float)
-    a = np.asarray(q, dtype=float) @ U.T
-    Sa = a @ law.cov
-    quad = np.einsum("...d,...d->...", a, Sa)
-    const = np.exp(quad) * (np.trace(V @ law.cov @ V.T) + np.sum((Sa @ V.T) ** 2, axis=-1))
+    if U.shape != (law.D, law.D):
+        raise ValueError(f"U must be {law.D}x{law.D} to match the law, got {U.shape}")
+    if V.ndim != 2 or V.shape[1] != law.D:
+        raise ValueError(f"V must be (D_out, {law.D}), got {V.shape}")
     L = np.asarray(L)
     if np.any(L < 1):
         raise ValueError(f"L must be >= 1, got {L}")
+    C = law.snis_covariance(np.asarray(q, dtype=float) @ U.T)
+    const = np.einsum("ij,...jk,ik->...", V, C, V)
     return const / L

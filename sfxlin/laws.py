@@ -6,7 +6,8 @@ Every law ``mu`` on ``R^D`` exposes
 * ``tilted_mean(a)`` = ``E_mu[e^{a.z} z] / E_mu[e^{a.z}]`` = ``grad K_mu(a)``, vectorised over
   the leading axes of ``a`` (shape ``(..., D)``). This is the exact infinite-prompt read-out
   of softmax attention with logit vector ``a = U q`` (SPEC section 1);
-* ``cov`` (D x D), the covariance of the law, used to define the matching Gaussian.
+* ``cov`` (D x D), the covariance of the law, used to define the matching Gaussian;
+* ``snis_covariance(a)``: ``lim_L L Cov(f_L)`` (the sharp finite-L constant, delta method).
 
 Validation errors are ``ValueError`` naming the offending argument (``TypeError`` for
 non-numeric input).
@@ -52,6 +53,13 @@ def _scale_matrix(scale, D, name="scale"):
     if S.ndim == 2 and S.shape == (D, D):
         return S
     raise ValueError(f"{name} must be a scalar, a length-{D} vector or a {D}x{D} matrix, got shape {S.shape}")
+
+
+def _apply_scale(r, S):
+    """``r @ S.T``, by broadcasting when ``S`` is diagonal."""
+    if np.array_equal(S, np.diag(np.diag(S))):
+        return r * np.diag(S)
+    return r @ S.T
 
 
 def _check_a(a, D):
@@ -120,20 +128,84 @@ class Gaussian(_Law):
         # eigenvalues at rounding level are zero: samples stay exactly in the range of cov
         eigval = np.where(eigval <= self.D * np.finfo(float).eps * max(eigval.max(), 0.0), 0.0, eigval)
         self._root = eigvec * np.sqrt(eigval)  # cov = root @ root.T
+        self._std = np.sqrt(np.diag(cov)) if np.array_equal(cov, np.diag(np.diag(cov))) else None
 
     def __repr__(self):
         return f"Gaussian(D={self.D}, trace(cov)={np.trace(self.cov):.4g})"
 
     def sample(self, rng, shape=()):
         shape = _check_shape(shape)
-        return self.mean + rng.standard_normal(shape + (self.D,)) @ self._root.T
+        g = rng.standard_normal(shape + (self.D,))
+        if self._std is not None:  # diagonal covariance: no matmul
+            return self.mean + g * self._std
+        return self.mean + g @ self._root.T
 
     def tilted_mean(self, a):
         a = _check_a(a, self.D)
         return self.mean + a @ self.cov
 
+    def snis_covariance(self, a):
+        """``lim_L L Cov(f_L(q))`` for ``V = I``: self-normalised importance sampling, delta method.
 
-class Rademacher(_Law):
+        ``f_L`` is a ratio of empirical means of ``w z`` and ``w``, ``w = e^{a.z}``; the delta
+        method gives ``E[w^2 (z - m_a)(z - m_a)^T] / (E w)^2``, which for ``N(m, Sigma)`` is
+        ``exp(a^T Sigma a) (Sigma + Sigma a a^T Sigma)`` (SPEC section 1).
+        """
+        a = _check_a(a, self.D)
+        Sa = a @ self.cov
+        rho = np.exp(np.sum(a * Sa, axis=-1))
+        return rho[..., None, None] * (self.cov + Sa[..., :, None] * Sa[..., None, :])
+
+
+class _ProductLaw(_Law):
+    """``z = S r`` with i.i.d. coordinates ``r_i`` of a one-dimensional law of unit variance.
+
+    Subclasses give per-coordinate ``_log_mgf(b) = log E e^{b r}``, ``_mean(b)`` (its
+    derivative, the tilted mean) and ``_var(b)`` (the tilted variance); everything else follows:
+    ``tilted_mean(a) = S mean(S^T a)`` and the SNIS constant :meth:`snis_covariance`.
+    """
+
+    def __init__(self, scale=1.0, D=None):
+        s = np.asarray(scale)
+        if D is None:
+            if s.ndim == 0:
+                raise ValueError(f"{type(self).__name__} with a scalar scale needs D")
+            D = s.shape[0]
+        self.D = _check_D(D)
+        self.S = _scale_matrix(scale, self.D)
+        self.cov = self.S @ self.S.T
+
+    def tilted_mean(self, a):
+        a = _check_a(a, self.D)
+        return self._mean(a @ self.S) @ self.S.T
+
+    def snis_covariance(self, a):
+        """``lim L Cov(f_L)`` for the law's own limit (see :meth:`Gaussian.snis_covariance`).
+
+        With ``b = S^T a``, coordinates independent: ``rho = prod_k E e^{2 b_k r} / (E e^{b_k r})^2``,
+        ``c = mean(2b) - mean(b)``, ``C = rho S (diag(var(2b)) + c c^T) S^T``.
+        """
+        a = _check_a(a, self.D)
+        b = a @ self.S
+        rho = np.exp(np.sum(self._log_mgf(2 * b) - 2 * self._log_mgf(b), axis=-1))
+        c = self._mean(2 * b) - self._mean(b)
+        inner = c[..., :, None] * c[..., None, :] + _diag_embed(self._var(2 * b))
+        return rho[..., None, None] * (self.S @ inner @ self.S.T)
+
+
+def _diag_embed(v):
+    out = np.zeros(v.shape + (v.shape[-1],))
+    idx = np.arange(v.shape[-1])
+    out[..., idx, idx] = v
+    return out
+
+
+def _log_cosh(b):
+    b = np.abs(b)
+    return b + np.log1p(np.exp(-2 * b)) - np.log(2.0)
+
+
+class Rademacher(_ProductLaw):
     """``z = S r`` with ``r_i = +-1`` i.i.d.; ``tilted_mean(a) = S tanh(S^T a)``.
 
     Bounded and sub-Gaussian but not Gaussian; covariance ``S S^T``.
@@ -141,24 +213,19 @@ class Rademacher(_Law):
 
     name = "rademacher"
 
-    def __init__(self, scale=1.0, D=None):
-        s = np.asarray(scale)
-        if D is None:
-            if s.ndim == 0:
-                raise ValueError("Rademacher with a scalar scale needs D")
-            D = s.shape[0]
-        self.D = _check_D(D)
-        self.S = _scale_matrix(scale, self.D)
-        self.cov = self.S @ self.S.T
-
     def sample(self, rng, shape=()):
         shape = _check_shape(shape)
-        r = rng.integers(0, 2, size=shape + (self.D,)) * 2.0 - 1.0
-        return r @ self.S.T
+        n = int(np.prod(shape, dtype=np.int64)) * self.D
+        bits = np.unpackbits(rng.integers(0, 256, size=(n + 7) // 8, dtype=np.uint8), count=n)
+        r = (bits.astype(float) * 2.0 - 1.0).reshape(shape + (self.D,))
+        return _apply_scale(r, self.S)
 
-    def tilted_mean(self, a):
-        a = _check_a(a, self.D)
-        return np.tanh(a @ self.S) @ self.S.T
+    _log_mgf = staticmethod(_log_cosh)
+    _mean = staticmethod(np.tanh)
+
+    @staticmethod
+    def _var(b):
+        return 1.0 / np.cosh(b) ** 2
 
 
 def langevin(t):
@@ -179,7 +246,30 @@ def langevin(t):
     return np.where(small, ts / frac, 1.0 / np.tanh(tl) - 1.0 / tl)
 
 
-class Uniform(_Law):
+def langevin_derivative(t):
+    """``1/t^2 - 1/sinh(t)^2`` (1/3 at 0): a series below |t| = 0.1, the direct formula above."""
+    t = np.asarray(t, dtype=float)
+    small = np.abs(t) < 0.1
+    ts = np.where(small, t, 0.0)
+    t2 = ts * ts
+    series = 1 / 3 - t2 * (1 / 15 - t2 * (2 / 189 - t2 * (1 / 675)))
+    tl = np.where(small, 1.0, np.abs(t))
+    direct = 1.0 / tl**2 - np.where(tl > 350, 0.0, 1.0 / np.sinh(np.minimum(tl, 350)) ** 2)
+    return np.where(small, series, direct)
+
+
+def _log_sinhc(t):
+    """``log(sinh(t) / t)``, stable at 0 (series) and for large |t|."""
+    t = np.abs(np.asarray(t, dtype=float))
+    small = t < 0.2
+    ts = np.where(small, t, 0.0)
+    t2 = ts * ts
+    series = t2 * (1 / 6 - t2 * (1 / 180 - t2 * (1 / 2835 - t2 * (1 / 37800))))
+    tl = np.where(small, 1.0, t)
+    return np.where(small, series, tl + np.log1p(-np.exp(-2 * tl)) - np.log(2 * tl))
+
+
+class Uniform(_ProductLaw):
     """``z = S u`` with ``u_i`` uniform on ``[-sqrt3, sqrt3]`` (unit variance).
 
     ``tilted_mean(a) = S m(S^T a)`` with ``m(b)_i = sqrt3 coth(sqrt3 b_i) - 1/b_i`` (0 at 0).
@@ -187,27 +277,26 @@ class Uniform(_Law):
 
     name = "uniform"
 
-    def __init__(self, scale=1.0, D=None):
-        s = np.asarray(scale)
-        if D is None:
-            if s.ndim == 0:
-                raise ValueError("Uniform with a scalar scale needs D")
-            D = s.shape[0]
-        self.D = _check_D(D)
-        self.S = _scale_matrix(scale, self.D)
-        self.cov = self.S @ self.S.T
-
     def sample(self, rng, shape=()):
         shape = _check_shape(shape)
-        return rng.uniform(-SQRT3, SQRT3, size=shape + (self.D,)) @ self.S.T
+        return _apply_scale(rng.uniform(-SQRT3, SQRT3, size=shape + (self.D,)), self.S)
 
-    def tilted_mean(self, a):
-        a = _check_a(a, self.D)
-        return (SQRT3 * langevin(SQRT3 * (a @ self.S))) @ self.S.T
+    @staticmethod
+    def _log_mgf(b):
+        return _log_sinhc(SQRT3 * b)
+
+    @staticmethod
+    def _mean(b):
+        return SQRT3 * langevin(SQRT3 * b)
+
+    @staticmethod
+    def _var(b):
+        return 3.0 * langevin_derivative(SQRT3 * b)
 
 
 class StudentT(_Law):
-    """``z = S t`` with ``t_i`` i.i.d. Student-t with ``df`` degrees of freedom.
+    """Multivariate Student-t: ``z = S g / sqrt(W / df)``, ``g ~ N(0, I_D)``, ``W ~ chi2(df)``
+    (one ``W`` per token), ``df`` degrees of freedom.
 
     Negative control: ``E e^{a.z} = inf`` for every ``a != 0``, so ``tilted_mean`` raises
     :class:`NoLimitError`. Covariance ``df/(df-2) S S^T`` (defined for df > 2).
@@ -239,13 +328,17 @@ class StudentT(_Law):
 
     def sample(self, rng, shape=()):
         shape = _check_shape(shape)
-        return rng.standard_t(self.df, size=shape + (self.D,)) @ self.S.T
+        g = rng.standard_normal(shape + (self.D,))
+        w = rng.chisquare(self.df, size=shape + (1,)) / self.df
+        return _apply_scale(g / np.sqrt(w), self.S)
 
     def tilted_mean(self, a):
         raise NoLimitError(
             f"StudentT(df={self.df:g}) has no exponential moments: E exp(a.z) = inf for every a != 0, "
             "so softmax attention has no infinite-prompt limit"
         )
+
+    snis_covariance = tilted_mean
 
 
 def law_from_name(name, D, **kwargs):

@@ -14,7 +14,7 @@ import xarray as xr
 from ._version import __version__
 from .schema import SCHEMA_VERSION
 
-__all__ = ["save", "open_results", "provenance", "default_results_dir", "ResultsError"]
+__all__ = ["save", "ensure_writable", "open_results", "provenance", "default_results_dir", "ResultsError"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,16 +63,23 @@ def provenance(experiment, profile, config, wall_seconds, scheduler, call=None):
     return attrs
 
 
+def ensure_writable(folder) -> Path:
+    """Create ``folder`` if needed and check it is writable (before, not after, a long run)."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ResultsError(f"cannot create output folder {folder}: {exc.strerror}") from exc
+    if not os.access(folder, os.W_OK):
+        raise ResultsError(f"output folder {folder} is not writable")
+    return folder
+
+
 def save(ds: xr.Dataset, path) -> Path:
     """Write ``ds`` to ``path`` (netCDF4 engine) atomically: a temporary file in the same
     folder, flushed, then renamed. An interrupted write never leaves a file under ``path``."""
     path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ResultsError(f"cannot create output folder {path.parent}: {exc.strerror}") from exc
-    if not os.access(path.parent, os.W_OK):
-        raise ResultsError(f"output folder {path.parent} is not writable")
+    ensure_writable(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
         ds.to_netcdf(tmp, engine="netcdf4")
@@ -113,7 +120,11 @@ def open_results(name_or_path=None, results_dir=None):
     except Exception as exc:  # netCDF4/HDF5 raise OSError, ValueError, KeyError for damaged files
         raise ResultsError(f"{path} is not a readable netCDF file ({type(exc).__name__}: {exc})") from exc
     version = ds.attrs.get("sfxlin_schema_version")
-    if version is None or int(version) != SCHEMA_VERSION:
+    try:
+        known = version is not None and int(version) == SCHEMA_VERSION
+    except (TypeError, ValueError):  # e.g. a non-numeric attribute written by another tool
+        known = False
+    if not known:
         ds.close()
         raise ResultsError(f"{path} has schema version {version!r}; this sfxlin reads version {SCHEMA_VERSION}")
     return ds

@@ -1,0 +1,167 @@
+"""The ``sfxlin`` command: run experiments, benchmark the engines, inspect results files.
+
+    sfxlin run c1 [--profile quick|paper] [--out DIR] [--workers N | --scheduler ADDR]
+    sfxlin bench c1
+    sfxlin list
+    sfxlin info FILE
+
+Errors (bad input, unreadable files, a cell that failed) print one line ``sfxlin: error: ...``
+and exit with status 2, without a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+from .storage import ResultsError, ensure_writable, open_results, provenance, save
+
+__all__ = ["main"]
+
+EXPERIMENTS = {"c1": "c1_limit"}
+ANALYSES = {"c1_limit": "c1"}
+BENCHES = {"c1": "sfxlin.bench:bench_c1"}
+
+
+def pipeline(name):
+    """The pipeline module of an experiment (short name ``c1`` or full name ``c1_limit``)."""
+    full = EXPERIMENTS.get(name, name)
+    if full not in EXPERIMENTS.values():
+        raise ValueError(f"unknown experiment {name!r}; expected one of {sorted(EXPERIMENTS)}")
+    return importlib.import_module(f"sfxlin.pipelines.{full}")
+
+
+def analysis_for(ds):
+    """The analysis module of a results Dataset, by its ``experiment`` attr."""
+    name = ds.attrs.get("experiment")
+    if name not in ANALYSES:
+        raise ResultsError(f"no analysis for experiment {name!r}")
+    return importlib.import_module(f"sfxlin.analysis.{ANALYSES[name]}")
+
+
+def config_for(module, profile):
+    if profile not in module.PROFILES:
+        raise ValueError(f"unknown profile {profile!r} for {module.NAME}; expected one of {sorted(module.PROFILES)}")
+    config = json.loads(json.dumps(module.PROFILES[profile]))  # a deep, JSON-clean copy
+    module.validate(config)
+    return config
+
+
+def _parse_chunks(items):
+    chunks = {}
+    for item in items or []:
+        dim, _, size = item.partition("=")
+        if not size.isdigit():
+            raise ValueError(f"--chunks expects DIM=N with N a positive integer, got {item!r}")
+        chunks[dim] = int(size)
+    return chunks
+
+
+def report(ds, out_dir, quiet=False):
+    """Print the fit and verdict tables of a results Dataset and save its figure beside it."""
+    from .analysis.verdicts import format_table
+
+    module = analysis_for(ds)
+    figure = module.figure(ds, Path(out_dir) / f"{ds.attrs['experiment']}.png")
+    if not quiet:
+        print(module.fit_table(ds))
+        print()
+        print(format_table(module.verdicts(ds)))
+        print(f"\nfigure: {figure}")
+
+
+def cmd_run(args):
+    from .execution import compute
+    from .sweep import build
+
+    module = pipeline(args.experiment)
+    config = config_for(module, args.profile)
+    out_dir = ensure_writable(args.out)
+    lazy = build(module.EXPERIMENT, config, chunks=_parse_chunks(args.chunks))
+    if not args.quiet:
+        print(f"{module.NAME}: profile {args.profile}, {lazy.attrs['n_cells']} cells", flush=True)
+    ds, wall, label = compute(lazy, scheduler=args.local_scheduler, workers=args.workers,
+                              address=args.scheduler, progress=not args.quiet)
+    ds.attrs.update(provenance(module.NAME, args.profile, config, wall, label))
+    ds.attrs["criteria"] = json.dumps(module.CRITERIA)
+    path = save(ds, out_dir / f"{module.NAME}.nc")
+    if not args.quiet:
+        print(f"wrote {path} in {wall:.1f} s ({label})\n")
+    report(ds, out_dir, quiet=args.quiet)
+
+
+def cmd_bench(args):
+    target = BENCHES.get(args.experiment)
+    if target is None:
+        raise ValueError(f"no benchmark {args.experiment!r}; expected one of {sorted(BENCHES)}")
+    mod, _, fn = target.partition(":")
+    getattr(importlib.import_module(mod), fn)()
+
+
+def cmd_list(args):
+    for short, full in EXPERIMENTS.items():
+        module = pipeline(full)
+        print(f"{short} ({full}): {module.EXPERIMENT.description}")
+        print(f"  profiles: {', '.join(module.PROFILES)}")
+        for key, doc in module.PARAMETERS.items():
+            values = {p: module.PROFILES[p][key] for p in module.PROFILES}
+            print(f"  {key:12s} {doc}; " + "; ".join(f"{p}: {v}" for p, v in values.items()))
+
+
+def cmd_info(args):
+    ds = open_results(args.file)
+    print(f"{args.file}: experiment {ds.attrs.get('experiment')!r}, profile {ds.attrs.get('profile')!r}")
+    print("dims: " + ", ".join(f"{k}={v}" for k, v in ds.sizes.items()))
+    for name, coord in ds.coords.items():
+        values = coord.values.tolist()
+        shown = values if len(values) <= 12 else values[:6] + ["..."] + values[-3:]
+        print(f"  coord {name}: {shown}")
+    for name, var in ds.data_vars.items():
+        print(f"  {name}{tuple(var.dims)}: {var.attrs.get('long_name', '')}")
+    for key in ("created", "wall_seconds", "scheduler", "git_revision", "sfxlin_version", "history", "config"):
+        print(f"  {key}: {ds.attrs.get(key)}")
+
+
+def parser():
+    p = argparse.ArgumentParser(prog="sfxlin", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="compute an experiment, save it as netCDF, print fits and verdicts")
+    run.add_argument("experiment", help=f"one of {sorted(EXPERIMENTS)}")
+    run.add_argument("--profile", default="quick", help="quick (seconds) or paper (the reference protocol)")
+    run.add_argument("--out", default="datasets", help="output folder (default: datasets)")
+    where = run.add_mutually_exclusive_group()
+    where.add_argument("--workers", type=int, help="start a dask.distributed LocalCluster with N workers")
+    where.add_argument("--scheduler", help="address of an existing dask.distributed scheduler (tcp://host:8786)")
+    where.add_argument("--local-scheduler", choices=["threads", "synchronous", "processes"],
+                       help="a local dask scheduler (default: threads on all cores)")
+    run.add_argument("--chunks", action="append", metavar="DIM=N", help="cells per dask task along a grid dim")
+    run.add_argument("--quiet", action="store_true", help="no progress bar or tables")
+    run.set_defaults(func=cmd_run)
+    bench = sub.add_parser("bench", help="benchmark an engine against its reference, ratio in one run")
+    bench.add_argument("experiment", help=f"one of {sorted(BENCHES)}")
+    bench.set_defaults(func=cmd_bench)
+    lst = sub.add_parser("list", help="experiments, their parameters and profiles")
+    lst.set_defaults(func=cmd_list)
+    info = sub.add_parser("info", help="dims, coordinates, variables and provenance of a results file")
+    info.add_argument("file")
+    info.set_defaults(func=cmd_info)
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    try:
+        args.func(args)
+    except KeyboardInterrupt:
+        print("sfxlin: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, TypeError, ResultsError, RuntimeError, OSError) as exc:
+        print(f"sfxlin: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""End to end: the C1 quick profile through the CLI, the file it writes, and its analysis."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from sfxlin.analysis import c1 as c1_analysis
+from sfxlin.attention import asymptotic_mse, softmax_attention
+from sfxlin.cli import main
+from sfxlin.laws import Gaussian, NoLimitError, Rademacher, StudentT, Uniform
+from sfxlin.pipelines import c1_limit
+from sfxlin.sweep import build, run_cell
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("c1")
+    assert main(["run", "c1", "--profile", "quick", "--out", str(out), "--quiet"]) == 0
+    return out
+
+
+def test_quick_run_writes_a_self_describing_file(quick_run):
+    # opened by plain xarray in a fresh interpreter: no sfxlin import needed
+    code = (
+        "import xarray as xr, json; ds = xr.open_dataset(r'%s');"
+        "print(json.dumps({'dims': dict(ds.sizes), 'L': ds.L.values.tolist(), 'attrs': sorted(ds.attrs),"
+        "'var_attrs': {k: sorted(v.attrs) for k, v in ds.data_vars.items()}}))" % (quick_run / "c1_limit.nc")
+    )
+    info = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    cfg = c1_limit.PROFILES["quick"]
+    assert info["L"] == cfg["L"]
+    assert info["dims"]["d"] == len(cfg["d"]) and info["dims"]["seed"] == cfg["n_seeds"]
+    for key in ("experiment", "profile", "config", "sfxlin_version", "git_revision", "created", "wall_seconds",
+                "scheduler", "history", "criteria", "library_versions"):
+        assert key in info["attrs"]
+    for name, attrs in info["var_attrs"].items():
+        assert {"long_name", "description"} <= set(attrs), name
+    assert (quick_run / "c1_limit.png").stat().st_size > 10_000
+
+
+def test_quick_run_config_reruns_the_file(quick_run):
+    ds = xr.open_dataset(quick_run / "c1_limit.nc")
+    config = json.loads(ds.attrs["config"])
+    again = build(c1_limit.EXPERIMENT, config).isel(d=[0], U_norm=[1], seed=[1]).compute()
+    xr.testing.assert_equal(again.mse, ds.mse.isel(d=[0], U_norm=[1], seed=[1]))
+
+
+def test_cell_matches_an_independent_recomputation():
+    """One cell recomputed with plain loops over queries and laws from the same draws."""
+    config = c1_limit.PROFILES["quick"]
+    index = (1, 0, 1)
+    out = run_cell(c1_limit.EXPERIMENT, config, index)
+    from sfxlin.sweep import cell_rng
+
+    rng = cell_rng(c1_limit.NAME, index, config["root_seed"])
+    d, Ls = config["d"][1], np.array(config["L"])
+    U = rng.standard_normal((d, d))
+    U *= config["U_norm"][0] / np.linalg.norm(U)
+    gauss = Gaussian(cov=1.0, D=d)
+    q = gauss.sample(rng, config["n_queries"])
+    laws = c1_limit.laws(d, 1.0, config["student_df"])
+    # the kernel samples per query chunk and law in this order
+    errors = {name: [] for name in c1_limit.LAWS}
+    for start in range(0, config["n_queries"], config["query_chunk"]):
+        stop = min(start + config["query_chunk"], config["n_queries"])
+        for name in c1_limit.LAWS:
+            Z = laws[name].sample(rng, (stop - start, config["n_prompts"], Ls[-1]))
+            for j in range(stop - start):
+                for L in Ls:
+                    f = softmax_attention(Z[j, :, :L, :], U, np.eye(d), q[start + j])
+                    errors[name].append(np.sum((f - U @ q[start + j]) ** 2, axis=-1).mean())
+    for i, name in enumerate(c1_limit.LAWS):
+        ref = np.array(errors[name]).reshape(config["n_queries"], len(Ls)).mean(axis=0)
+        np.testing.assert_allclose(out["mse"][i], ref, rtol=1e-10)
+    np.testing.assert_allclose(out["mse_asymptotic"], asymptotic_mse(gauss, U, np.eye(d), q[:, None], Ls).mean(0))
+    assert np.isnan(out["bias_exact"][3]) and np.all(np.isfinite(out["bias_exact"][:3]))
+    assert out["bias_exact"][0] == pytest.approx(0.0, abs=1e-30)
+
+
+def test_analysis_reports_every_criterion(quick_run):
+    ds = xr.open_dataset(quick_run / "c1_limit.nc")
+    rows = c1_analysis.verdicts(ds)
+    assert [r.id for r in rows] == [c["id"] for c in c1_limit.CRITERIA]
+    by_id = {r.id: r for r in rows}
+    # robust even at quick size: exact checks and the 1/L rate
+    for key in ("C1-quadrature", "C1-slopes", "C1-student-t-grows", "C1-sqrtL-grows"):
+        assert by_id[key].verdict == "PASS", by_id[key]
+    table = c1_analysis.fit_table(ds)
+    assert "paper form" in table and "slope" in table
+
+
+def test_gaussian_slopes_recover_one_over_L(quick_run):
+    fit = c1_analysis.slopes(xr.open_dataset(quick_run / "c1_limit.nc"))
+    assert np.all(np.abs(fit.slope - (-1.0)) < 4 * fit.slope_se + 0.03)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"L": [16, 8]}, "strictly increasing"),
+    ({"L": [0, 8]}, ">= 1"),
+    ({"d": [0]}, "d must be"),
+    ({"U_norm": [-0.1]}, "U_norm"),
+    ({"student_df": 2.0}, "student_df"),
+])
+def test_bad_configuration_is_refused(bad, message):
+    with pytest.raises(ValueError, match=message):
+        c1_limit.validate({**c1_limit.PROFILES["quick"], **bad})
+
+
+def test_student_t_has_no_limit_and_bounded_laws_have_exact_snis_constants():
+    """Monte-Carlo check of the exact SNIS constants used by mse_predicted (CLT tolerance)."""
+    rng = np.random.default_rng(7)
+    U = np.array([[0.6, 0.2], [-0.3, 0.5]])
+    q = np.array([1.0, -0.7])
+    L, P = 1000, 6000
+    for law in (Gaussian(cov=1.0, D=2), Rademacher(1.0, D=2), Uniform(1.0, D=2)):
+        Z = law.sample(rng, (P, L))
+        e = L * np.sum((softmax_attention(Z, U, np.eye(2), q) - law.tilted_mean(U @ q)) ** 2, axis=-1)
+        predicted = asymptotic_mse(law, U, np.eye(2), q, 1)
+        # 5 standard errors plus an O(1/L) allowance for the delta method's remainder
+        assert abs(e.mean() - predicted) < 5 * e.std() / np.sqrt(P) + 5 * predicted / L, law
+    with pytest.raises(NoLimitError, match="no exponential moments"):
+        asymptotic_mse(StudentT(3.0, D=2), U, np.eye(2), q)

@@ -1,0 +1,54 @@
+"""The command line: clear one-line errors with a non-zero exit, list and info."""
+import subprocess
+import sys
+
+import pytest
+
+from sfxlin.cli import main
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "sfxlin.cli", *args], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "c9"], "unknown experiment 'c9'"),
+    (["run", "c1", "--profile", "huge"], "unknown profile 'huge'"),
+    (["run", "c1", "--chunks", "seed=x"], "--chunks expects DIM=N"),
+    (["run", "c1", "--chunks", "zeta=2"], "not grid dims"),
+    (["bench", "c7"], "no benchmark 'c7'"),
+    (["info", "/nonexistent/file.nc"], "no results file"),
+])
+def test_bad_input_gives_one_clear_line_and_exit_2(args, message):
+    res = run_cli(*args)
+    assert res.returncode == 2
+    assert message in res.stderr
+    assert "Traceback" not in res.stderr
+    assert res.stderr.count("\n") == 1
+
+
+def test_unknown_option_exits_non_zero_without_traceback():
+    res = run_cli("run", "c1", "--frobnicate")
+    assert res.returncode != 0 and "Traceback" not in res.stderr and "unrecognized arguments" in res.stderr
+
+
+def test_unwritable_output_folder(tmp_path):
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("not a folder")
+    res = run_cli("run", "c1", "--quiet", "--out", str(blocker / "sub"))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "sub" in res.stderr
+
+
+def test_list_shows_experiments_parameters_and_profiles(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "c1 (c1_limit)" in out and "profiles: quick, paper" in out and "U_norm" in out
+
+
+def test_info_prints_dims_coordinates_and_provenance(tmp_path, capsys):
+    assert main(["run", "c1", "--quiet", "--out", str(tmp_path)]) == 0
+    assert main(["info", str(tmp_path / "c1_limit.nc")]) == 0
+    out = capsys.readouterr().out
+    assert "coord L: [16, 32, 64, 128, 256, 512, 1024]" in out
+    assert "git_revision" in out and "mse('law', 'd', 'U_norm', 'L', 'seed')" in out
