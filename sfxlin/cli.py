@@ -1,6 +1,6 @@
 """The ``sfxlin`` command: run experiments, benchmark the engines, inspect results files.
 
-    sfxlin run c1 [--profile quick|paper] [--out DIR] [--workers N | --scheduler ADDR]
+    sfxlin run c1 [--profile quick|paper] [--set KEY=VALUE ...] [--out DIR] [--workers N | --scheduler ADDR]
     sfxlin bench c1
     sfxlin list
     sfxlin info FILE
@@ -41,10 +41,37 @@ def analysis_for(ds):
     return importlib.import_module(f"sfxlin.analysis.{ANALYSES[name]}")
 
 
-def config_for(module, profile):
+def _parse_value(text, like, key):
+    """Parse ``text`` as the type of the profile's default ``like`` (lists: comma-separated)."""
+    if isinstance(like, list):
+        return [_parse_value(item, like[0] if like else 0.0, key) for item in text.split(",") if item != ""]
+    kind = type(like)
+    try:
+        if kind is bool:
+            if text.lower() not in ("true", "false", "1", "0"):
+                raise ValueError
+            return text.lower() in ("true", "1")
+        if kind is int:
+            return int(text)
+        if kind is float:
+            return float(text)
+        return text
+    except ValueError:
+        raise ValueError(f"--set {key}: {text!r} is not a valid {kind.__name__}") from None
+
+
+def config_for(module, profile, overrides=()):
+    """The profile's configuration with ``--set KEY=VALUE`` overrides, validated."""
     if profile not in module.PROFILES:
         raise ValueError(f"unknown profile {profile!r} for {module.NAME}; expected one of {sorted(module.PROFILES)}")
     config = json.loads(json.dumps(module.PROFILES[profile]))  # a deep, JSON-clean copy
+    for item in overrides or ():
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        if key not in module.PARAMETERS:
+            raise ValueError(f"--set {key}: unknown parameter of {module.NAME}; known: {sorted(module.PARAMETERS)}")
+        config[key] = _parse_value(text, config[key], key)
     module.validate(config)
     return config
 
@@ -73,20 +100,26 @@ def report(ds, out_dir, quiet=False):
 
 
 def cmd_run(args):
+    from .cellstore import CellStore
     from .execution import compute
     from .sweep import build
 
     module = pipeline(args.experiment)
-    config = config_for(module, args.profile)
+    config = config_for(module, args.profile, args.set)
     out_dir = ensure_writable(args.out)
-    lazy = build(module.EXPERIMENT, config, chunks=_parse_chunks(args.chunks))
+    store = CellStore(out_dir / f".{module.NAME}.cells", module.NAME, config, fresh=args.fresh)
+    lazy = build(module.EXPERIMENT, config, chunks=_parse_chunks(args.chunks), store=store)
     if not args.quiet:
-        print(f"{module.NAME}: profile {args.profile}, {lazy.attrs['n_cells']} cells", flush=True)
+        kept = store.count()
+        print(f"{module.NAME}: profile {args.profile}, {lazy.attrs['n_cells']} cells"
+              + (f" ({kept} kept from an interrupted run, in {store.folder})" if kept else ""), flush=True)
     ds, wall, label = compute(lazy, scheduler=args.local_scheduler, workers=args.workers,
                               address=args.scheduler, progress=not args.quiet)
     ds.attrs.update(provenance(module.NAME, args.profile, config, wall, label))
+    ds.attrs["overrides"] = json.dumps(args.set or [])
     ds.attrs["criteria"] = json.dumps(module.CRITERIA)
     path = save(ds, out_dir / f"{module.NAME}.nc")
+    store.discard()
     if not args.quiet:
         print(f"wrote {path} in {wall:.1f} s ({label})\n")
     report(ds, out_dir, quiet=args.quiet)
@@ -136,7 +169,10 @@ def parser():
     where.add_argument("--scheduler", help="address of an existing dask.distributed scheduler (tcp://host:8786)")
     where.add_argument("--local-scheduler", choices=["threads", "synchronous", "processes"],
                        help="a local dask scheduler (default: threads on all cores)")
+    run.add_argument("--set", action="append", metavar="KEY=VALUE",
+                     help="override a parameter of the profile (lists comma-separated), e.g. --set d=2,3")
     run.add_argument("--chunks", action="append", metavar="DIM=N", help="cells per dask task along a grid dim")
+    run.add_argument("--fresh", action="store_true", help="discard cells kept from an interrupted run")
     run.add_argument("--quiet", action="store_true", help="no progress bar or tables")
     run.set_defaults(func=cmd_run)
     bench = sub.add_parser("bench", help="benchmark an engine against its reference, ratio in one run")
@@ -154,6 +190,8 @@ def main(argv=None):
     args = parser().parse_args(argv)
     try:
         args.func(args)
+    except BrokenPipeError:  # output piped into head & co.
+        return 0
     except KeyboardInterrupt:
         print("sfxlin: interrupted", file=sys.stderr)
         return 130

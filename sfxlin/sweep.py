@@ -130,10 +130,18 @@ def _run_global(experiment, config):
     return _checked(out, experiment.global_variables(config), inner, {}, f"{experiment.name}[global]")
 
 
-def _run_block(experiment, config, ranges):
-    """Compute a block of cells; returns ``{name: array(block shape + inner shape)}``."""
+def _run_block(experiment, config, ranges, store=None):
+    """Compute a block of cells (or load the ones ``store`` kept, keeping each new one there);
+    returns ``{name: array(block shape + inner shape)}``."""
     shape = tuple(len(r) for r in ranges)
-    results = [run_cell(experiment, config, idx) for idx in itertools.product(*ranges)]
+    results = []
+    for idx in itertools.product(*ranges):
+        out = store.load(idx) if store is not None else None
+        if out is None:
+            out = run_cell(experiment, config, idx)
+            if store is not None:
+                store.save(idx, out)
+        results.append(out)
     out = {}
     for var in experiment.cell_variables(config):
         stacked = np.stack([r[var.name] for r in results])
@@ -145,11 +153,13 @@ def _chunk_ranges(n, size):
     return [range(start, min(start + size, n)) for start in range(0, n, size)]
 
 
-def build(experiment: Experiment, config: Mapping, chunks: Mapping | None = None) -> xr.Dataset:
+def build(experiment: Experiment, config: Mapping, chunks: Mapping | None = None, store=None) -> xr.Dataset:
     """Lazy Dataset of ``experiment`` under ``config``; computes nothing.
 
     ``chunks`` maps grid dims to cells per task (default 1: one task per cell). Variables
     carry their declared attrs; dims are ordered as declared; every dim has its coordinate.
+    ``store`` (a :class:`~sfxlin.cellstore.CellStore`) keeps every finished cell on disk and
+    serves kept cells instead of recomputing them (resume after an interruption).
     """
     grid = experiment.grid(config)
     inner = experiment.inner_coords(config)
@@ -165,7 +175,7 @@ def build(experiment: Experiment, config: Mapping, chunks: Mapping | None = None
     for combo in itertools.product(*[range(len(p)) for p in per_dim]):
         ranges = tuple(per_dim[k][c] for k, c in enumerate(combo))
         key = f"{experiment.name}-block-{dask.base.tokenize(experiment.name, config, ranges)}"
-        blocks[combo] = dask.delayed(_run_block, pure=True)(experiment, config, ranges, dask_key_name=key)
+        blocks[combo] = dask.delayed(_run_block, pure=True)(experiment, config, ranges, store, dask_key_name=key)
 
     data_vars = {}
     grid_dims = list(grid)
