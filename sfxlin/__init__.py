@@ -1,2 +1,16 @@
-"""sfxlin: softmax attention as linear attention in the large-prompt regime."""
+"""sfxlin: softmax attention as linear attention in the large-prompt regime.
+
+Public API re-exported here; see the modules for the details.
+"""
 from ._version import __version__
+from .attention import (asymptotic_mse, limit_attention, linear_attention, softmax_attention,
+                        softmax_attention_prefix)
+from .laws import Gaussian, NoLimitError, Rademacher, StudentT, Uniform
+from .storage import open_results, save
+from .sweep import Experiment, Variable, build
+
+__all__ = [
+    "__version__", "asymptotic_mse", "limit_attention", "linear_attention", "softmax_attention",
+    "softmax_attention_prefix", "Gaussian", "NoLimitError", "Rademacher", "StudentT", "Uniform",
+    "open_results", "save", "Experiment", "Variable", "build",
+]

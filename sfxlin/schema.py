@@ -16,6 +16,7 @@ COORDS = {
     "setting": {"long_name": "covariate setting", "description": "covariance / law of the covariates x"},
     "model": {"long_name": "attention model", "description": "softmax(L) or linear(L) attention"},
     "query": {"long_name": "query index", "description": "index of the query token within a cell"},
+    "D_quad": {"long_name": "quadrature dimension", "description": "dimension D of the Gaussian in a quadrature check"},
     "row": {"long_name": "row index", "description": "row of a parameter matrix"},
     "col": {"long_name": "column index", "description": "column of a parameter matrix"},
 }

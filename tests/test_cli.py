@@ -52,3 +52,12 @@ def test_info_prints_dims_coordinates_and_provenance(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "coord L: [16, 32, 64, 128, 256, 512, 1024]" in out
     assert "git_revision" in out and "mse('law', 'd', 'U_norm', 'L', 'seed')" in out
+
+
+def test_datasets_readme_documents_the_current_schema():
+    from pathlib import Path
+
+    from sfxlin.cli import schema_markdown
+
+    readme = Path(__file__).resolve().parent.parent / "datasets" / "README.md"
+    assert readme.read_text() == schema_markdown(), "regenerate with: sfxlin schema > datasets/README.md"
