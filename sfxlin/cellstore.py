@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -33,9 +34,10 @@ class CellStore:
     def __init__(self, folder, experiment_name: str, config, fresh: bool = False):
         self.folder = Path(folder)
         self.hash = config_hash(experiment_name, config)
+        self._stamp_text = json.dumps({"hash": self.hash, "experiment": experiment_name, "config": config},
+                                      sort_keys=True, default=str)
         if fresh and self.folder.exists():
             shutil.rmtree(self.folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
         stamp = self.folder / "config.json"
         if stamp.exists():
             kept = json.loads(stamp.read_text())
@@ -44,15 +46,12 @@ class CellStore:
                     f"the kept cells in {self.folder} belong to another configuration "
                     f"(hash {kept.get('hash')}, this run {self.hash}); rerun with --fresh to discard them"
                 )
-        else:
-            _atomic_write_text(stamp, json.dumps({"hash": self.hash, "experiment": experiment_name,
-                                                  "config": config}, sort_keys=True, default=str))
 
     def __repr__(self):
         return f"CellStore({str(self.folder)!r}, {self.count()} cells kept)"
 
     def __reduce__(self):  # workers rebuild a light handle, without re-checking the stamp
-        return (_reopen, (str(self.folder), self.hash))
+        return (_reopen, (str(self.folder), self.hash, self._stamp_text))
 
     def _path(self, index):
         return self.folder / ("cell_" + "_".join(str(int(i)) for i in index) + ".npz")
@@ -74,25 +73,30 @@ class CellStore:
             return None
 
     def save(self, index, outputs):
+        """Keep one finished cell (the folder and its stamp are made by the first save)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        stamp = self.folder / "config.json"
+        if not stamp.exists():
+            _atomic_write_text(stamp, self._stamp_text)
         path = self._path(index)
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.{id(outputs)}.partial.npz")
+        tmp = path.with_name(f".{path.stem}.{os.getpid()}.{threading.get_ident()}.partial.npz")
         np.savez(tmp, __config_hash__=np.array(self.hash), **outputs)
         os.replace(tmp, path)
 
     def count(self):
-        return sum(1 for _ in self.folder.glob("cell_*.npz"))
+        return sum(1 for _ in self.folder.glob("cell_*.npz")) if self.folder.exists() else 0
 
     def discard(self):
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _reopen(folder, hash_):
+def _reopen(folder, hash_, stamp_text):
     store = CellStore.__new__(CellStore)
-    store.folder, store.hash = Path(folder), hash_
+    store.folder, store.hash, store._stamp_text = Path(folder), hash_, stamp_text
     return store
 
 
 def _atomic_write_text(path, text):
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
     tmp.write_text(text)
     os.replace(tmp, path)

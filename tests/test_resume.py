@@ -69,7 +69,7 @@ def test_kept_cells_are_served_instead_of_recomputed(tmp_path):
 
 def test_a_store_of_another_configuration_is_refused(tmp_path):
     config = c1_limit.PROFILES["quick"]
-    CellStore(tmp_path / "cells", c1_limit.NAME, config)
+    CellStore(tmp_path / "cells", c1_limit.NAME, config).save((0, 0, 0), {"x": np.zeros(2)})
     with pytest.raises(ValueError, match="another configuration.*--fresh"):
         CellStore(tmp_path / "cells", c1_limit.NAME, {**config, "n_prompts": 9})
     fresh = CellStore(tmp_path / "cells", c1_limit.NAME, {**config, "n_prompts": 9}, fresh=True)
@@ -79,13 +79,20 @@ def test_a_store_of_another_configuration_is_refused(tmp_path):
 def test_a_damaged_cell_file_is_recomputed(tmp_path):
     config = c1_limit.PROFILES["quick"]
     store = CellStore(tmp_path / "cells", c1_limit.NAME, config)
+    store.save((0, 0, 1), {"x": np.zeros(2)})
     store._path((0, 0, 0)).write_bytes(b"truncated")
     assert store.load((0, 0, 0)) is None and not store._path((0, 0, 0)).exists()
 
 
+def test_a_run_that_fails_before_any_cell_leaves_no_store(tmp_path):
+    res = subprocess.run(sfxlin("run", "c1", "--quiet", "--out", str(tmp_path), "--chunks", "zeta=2"),
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and not (tmp_path / ".c1_limit.cells").exists()
+
+
 def test_cli_refuses_a_mismatched_store_with_one_line(tmp_path):
     subprocess.run(sfxlin("run", "c1", "--quiet", "--out", str(tmp_path), "--set", "n_seeds=1"), check=True)
-    CellStore(tmp_path / ".c1_limit.cells", c1_limit.NAME, {"other": 1})
+    CellStore(tmp_path / ".c1_limit.cells", c1_limit.NAME, {"other": 1}).save((9, 9, 9), {})
     res = subprocess.run(sfxlin("run", "c1", "--quiet", "--out", str(tmp_path)), capture_output=True, text=True)
     assert res.returncode == 2 and "another configuration" in res.stderr and "Traceback" not in res.stderr
     ok = subprocess.run(sfxlin("run", "c1", "--quiet", "--fresh", "--out", str(tmp_path)), capture_output=True, text=True)

@@ -1,0 +1,80 @@
+"""Execution: local schedulers and a LocalCluster give the same numbers; the label says which."""
+from __future__ import annotations
+
+import os
+
+import dask
+import pytest
+import xarray as xr
+
+from conftest import raise_if_dask_computes
+from sfxlin.execution import compute, scheduler_label
+from sfxlin.sweep import CellError, build
+
+
+def _assert_bitwise_identical(a, b):
+    xr.testing.assert_identical(a, b)
+
+
+@pytest.mark.parametrize("scheduler", [None, "threads", "synchronous", "processes"])
+def test_local_schedulers(toy, toy_config, toy_computed, scheduler):
+    ds = build(toy.EXPERIMENT, toy_config)
+    before = toy.CALLS[0]
+    result, wall, label = compute(ds, scheduler=scheduler, progress=False)
+    _assert_bitwise_identical(result, toy_computed)
+    for name in result.data_vars:
+        assert not isinstance(result[name].data, dask.array.Array), name
+    assert wall > 0
+    assert label == (scheduler or f"threads({os.cpu_count()})")
+    ran_here = toy.CALLS[0] - before
+    assert ran_here == (0 if scheduler == "processes" else ds.attrs["n_cells"])
+    assert isinstance(ds["value"].data, dask.array.Array)  # the input stays lazy
+
+
+def test_progress_bar(toy, toy_config, capsys):
+    ds = build(toy.EXPERIMENT, toy_config, chunks={"seed": 4})
+    compute(ds, scheduler="synchronous", progress=True)
+    assert "100%" in capsys.readouterr().out
+
+
+def test_compute_propagates_cell_errors(toy):
+    config = toy.make_config(fault="nan", fault_cell={"d": 2, "U_norm": 1.0, "seed": 3})
+    with pytest.raises(CellError, match=r"toy\[d=2, U_norm=1.0, seed=3\]"):
+        compute(build(toy.EXPERIMENT, config), scheduler="threads", progress=False)
+
+
+@pytest.mark.slow
+def test_local_cluster_matches_threads(toy, toy_config, toy_computed):
+    ds = build(toy.EXPERIMENT, toy_config, chunks={"seed": 2})
+    threads, _, _ = compute(ds, scheduler="threads", progress=False)
+    before = toy.CALLS[0]
+    cluster, wall, label = compute(ds, workers=2, progress=False)
+    assert toy.CALLS[0] == before  # the cells ran in the worker processes, not here
+    _assert_bitwise_identical(cluster, threads)
+    _assert_bitwise_identical(cluster, toy_computed)
+    assert label == "distributed:LocalCluster(n_workers=2)"
+    assert wall > 0
+    # the cluster is closed again: later computes use the local scheduler
+    from distributed import default_client
+
+    with pytest.raises(ValueError):
+        default_client()
+
+
+def test_scheduler_labels():
+    assert scheduler_label() == f"threads({os.cpu_count()})"
+    assert scheduler_label("synchronous") == "synchronous"
+    assert scheduler_label(workers=4) == "distributed:LocalCluster(n_workers=4)"
+    assert scheduler_label(address="tcp://node1:8786") == "distributed:tcp://node1:8786"
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"scheduler": "thread"}, "unknown scheduler 'thread'"),
+    ({"scheduler": "distributed"}, "unknown scheduler"),
+    ({"workers": 0}, "workers must be >= 1"),
+    ({"workers": -2}, "workers must be >= 1"),
+])
+def test_bad_arguments(toy, toy_config, kwargs, match):
+    ds = build(toy.EXPERIMENT, toy_config)
+    with raise_if_dask_computes(), pytest.raises(ValueError, match=match):
+        compute(ds, progress=False, **kwargs)

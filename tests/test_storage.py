@@ -1,0 +1,288 @@
+"""netCDF storage: a file readable without sfxlin, provenance, atomic writes, opening results."""
+from __future__ import annotations
+
+import datetime as dt
+import errno
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import sfxlin
+from sfxlin.schema import SCHEMA_VERSION
+from sfxlin.storage import ResultsError, open_results, provenance, save
+
+PROVENANCE_KEYS = ("experiment", "profile", "config", "sfxlin_version", "sfxlin_schema_version", "git_revision",
+                   "library_versions", "created", "wall_seconds", "scheduler", "history")
+
+
+@pytest.fixture
+def results(toy, toy_computed):
+    """The computed toy dataset with its provenance attached."""
+    ds = toy_computed.copy()
+    ds.attrs.update(provenance("toy", "quick", toy.make_config(), 1.25, "synchronous", call="sfxlin run toy"))
+    return ds
+
+
+@pytest.fixture(autouse=True)
+def _elsewhere(tmp_path, monkeypatch):
+    """Run from an empty folder: name lookups must not depend on the working directory."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+
+
+def _listing(folder):
+    return sorted(p.name for p in Path(folder).iterdir())
+
+
+# --------------------------------------------------------------------------------------------
+# provenance and the file format
+# --------------------------------------------------------------------------------------------
+def test_provenance_attrs(toy):
+    config = toy.make_config()
+    attrs = provenance("toy", "quick", config, 3, "threads(4)", call="sfxlin run toy --profile quick")
+    assert set(PROVENANCE_KEYS) <= set(attrs)
+    assert json.loads(attrs["config"]) == config
+    assert attrs["sfxlin_version"] == sfxlin.__version__
+    assert attrs["sfxlin_schema_version"] == SCHEMA_VERSION
+    assert attrs["wall_seconds"] == 3.0 and isinstance(attrs["wall_seconds"], float)
+    assert attrs["scheduler"] == "threads(4)"
+    created = dt.datetime.fromisoformat(attrs["created"])
+    assert created.tzinfo is not None
+    assert abs((dt.datetime.now(dt.timezone.utc) - created).total_seconds()) < 60
+    assert attrs["history"].startswith(attrs["created"])
+    assert "sfxlin run toy --profile quick" in attrs["history"] and sfxlin.__version__ in attrs["history"]
+    assert attrs["git_revision"]
+    versions = json.loads(attrs["library_versions"])
+    assert {"numpy", "xarray", "dask", "netCDF4", "python"} <= set(versions)
+    for value in attrs.values():  # every attr is netCDF-storable
+        assert isinstance(value, (str, int, float)), value
+
+
+READER = r"""
+import json, sys
+sys.modules["sfxlin"] = None  # any import of sfxlin now fails
+import xarray as xr
+ds = xr.open_dataset(sys.argv[1])
+out = {
+    "sizes": dict(ds.sizes),
+    "coords": {k: ds[k].values.tolist() for k in ds.coords},
+    "coord_attrs": {k: dict(ds[k].attrs) for k in ds.coords},
+    "var_dims": {k: list(v.dims) for k, v in ds.data_vars.items()},
+    "var_attrs": {k: dict(v.attrs) for k, v in ds.data_vars.items()},
+    "attrs": {k: (v.item() if hasattr(v, "item") else v) for k, v in ds.attrs.items()},
+    "value_sum": float(ds["value"].sum()),
+    "flagged_nan": int(ds["flagged"].isnull().sum()),
+    "sfxlin_loaded": any(m.startswith("sfxlin") and sys.modules[m] is not None for m in sys.modules),
+}
+print(json.dumps(out, default=str))
+"""
+
+
+def test_saved_file_is_readable_without_sfxlin(results, toy, tmp_path):
+    path = save(results, tmp_path / "out" / "toy.nc")
+    assert path == tmp_path / "out" / "toy.nc" and path.is_file()
+    proc = subprocess.run([sys.executable, "-c", READER, str(path)], capture_output=True, text=True,
+                          cwd=tmp_path, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert not got["sfxlin_loaded"]
+    assert got["sizes"] == {"d": 2, "U_norm": 3, "seed": 4, "L": 3, "query": 5}
+    assert got["coords"] == {"d": [2, 3], "U_norm": [0.25, 0.5, 1.0], "seed": [0, 1, 2, 3], "L": [8, 16, 32],
+                             "query": [0, 1, 2, 3, 4]}
+    assert got["coord_attrs"]["L"]["units"] == "tokens"
+    for var in toy.VARIABLES:
+        assert got["var_dims"][var.name] == list(var.dims)
+        assert got["var_attrs"][var.name]["long_name"] == var.long_name
+        assert got["var_attrs"][var.name]["description"] == var.description
+    assert got["var_attrs"]["value"]["units"] == "1"
+    attrs = got["attrs"]
+    for key in PROVENANCE_KEYS:
+        assert key in attrs, key
+        assert str(attrs[key]) == str(results.attrs[key]), key
+    assert json.loads(attrs["config"]) == toy.make_config()
+    assert attrs["experiment"] == "toy" and attrs["profile"] == "quick" and attrs["scheduler"] == "synchronous"
+    assert attrs["wall_seconds"] == 1.25
+    assert attrs["sfxlin_version"] == sfxlin.__version__
+    assert got["value_sum"] == pytest.approx(float(results["value"].sum()), rel=1e-15)
+    assert got["flagged_nan"] == 2 * 3 * 3  # seed-0 cells, by design
+
+
+def test_round_trip_is_exact(results, tmp_path):
+    path = save(results, tmp_path / "toy.nc")
+    with open_results(path) as back:
+        xr.testing.assert_identical(back.load(), results)
+        for name in results.data_vars:
+            assert back[name].dtype == np.float64
+            assert np.array_equal(back[name].values, results[name].values, equal_nan=True)
+
+
+def test_save_computes_a_lazy_dataset(toy, tmp_path, toy_computed):
+    from sfxlin.sweep import build
+
+    save(build(toy.EXPERIMENT, toy.make_config()), tmp_path / "lazy.nc")
+    with xr.open_dataset(tmp_path / "lazy.nc") as back:
+        xr.testing.assert_identical(back.load(), toy_computed)
+
+
+# --------------------------------------------------------------------------------------------
+# atomic writes
+# --------------------------------------------------------------------------------------------
+def _failing_to_netcdf(exc):
+    def to_netcdf(self, path=None, *args, **kwargs):
+        Path(path).write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 100)  # a partial file
+        raise exc
+
+    return to_netcdf
+
+
+@pytest.mark.parametrize("exc, expected", [
+    (RuntimeError("simulated crash"), RuntimeError),
+    (KeyboardInterrupt(), KeyboardInterrupt),
+    (OSError(errno.ENOSPC, "No space left on device"), ResultsError),
+])
+def test_failed_write_leaves_nothing(results, tmp_path, monkeypatch, exc, expected):
+    folder = tmp_path / "res"
+    folder.mkdir()
+    monkeypatch.setattr(xr.Dataset, "to_netcdf", _failing_to_netcdf(exc))
+    with pytest.raises(expected) as info:
+        save(results, folder / "toy.nc")
+    assert _listing(folder) == []  # no final file, no leftover temporary file
+    if expected is ResultsError:
+        assert str(folder / "toy.nc") in str(info.value) and "No space left" in str(info.value)
+
+
+def test_failed_write_does_not_clobber_a_good_file(results, tmp_path, monkeypatch):
+    path = save(results, tmp_path / "toy.nc")
+    good = path.read_bytes()
+    monkeypatch.setattr(xr.Dataset, "to_netcdf", _failing_to_netcdf(RuntimeError("crash")))
+    with pytest.raises(RuntimeError):
+        save(results.isel(seed=[0]), path)
+    monkeypatch.undo()
+    assert path.read_bytes() == good
+    assert _listing(tmp_path) == ["cwd", "toy.nc"]
+    with open_results(path) as back:
+        assert back.sizes["seed"] == 4
+
+
+def test_the_temporary_file_is_in_the_target_folder(results, tmp_path, monkeypatch):
+    """Same folder, so the final rename is atomic (no cross-device move)."""
+    seen = []
+    real = xr.Dataset.to_netcdf
+
+    def spy(self, path=None, *args, **kwargs):
+        seen.append(Path(path))
+        return real(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(xr.Dataset, "to_netcdf", spy)
+    path = save(results, tmp_path / "toy.nc")
+    assert len(seen) == 1 and seen[0].parent == path.parent and seen[0] != path
+    assert not seen[0].exists() and path.exists()
+
+
+def test_save_overwrites_atomically(results, tmp_path):
+    path = save(results, tmp_path / "toy.nc")
+    save(results.isel(seed=[1, 2]), path)
+    with open_results(path) as back:
+        assert back["seed"].values.tolist() == [1, 2]
+    assert _listing(tmp_path) == ["cwd", "toy.nc"]
+
+
+def test_unwritable_folder_names_the_folder(results, tmp_path):
+    blocker = tmp_path / "x" / "file.txt"
+    blocker.parent.mkdir()
+    blocker.write_text("a regular file, not a folder")
+    for target in (blocker / "sub" / "toy.nc", blocker / "toy.nc"):
+        with pytest.raises(ResultsError) as info:
+            save(results, target)
+        assert str(target.parent) in str(info.value)
+    assert blocker.read_text() == "a regular file, not a folder"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores folder permissions")
+def test_read_only_folder_names_the_folder(results, tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        with pytest.raises(ResultsError, match=str(folder)):
+            save(results, folder / "toy.nc")
+    finally:
+        folder.chmod(0o700)
+
+
+# --------------------------------------------------------------------------------------------
+# opening results
+# --------------------------------------------------------------------------------------------
+@pytest.fixture
+def results_dir(results, tmp_path):
+    folder = tmp_path / "datasets"
+    save(results, folder / "toy.nc")
+    other = results.isel(seed=[0])
+    other.attrs = {**results.attrs, "experiment": "c9_other"}  # a new dict: isel shares attrs
+    save(other, folder / "c9_other.nc")
+    (folder / "README.md").write_text("schema notes")
+    (folder / ".toy.nc.1234.partial").write_bytes(b"left over")
+    return folder
+
+
+def test_open_by_name_path_and_listing(results_dir, results):
+    assert open_results(results_dir=results_dir) == ["c9_other", "toy"]
+    with open_results("toy", results_dir=results_dir) as ds:
+        xr.testing.assert_identical(ds.load(), results)
+    for path in (results_dir / "c9_other.nc", str(results_dir / "c9_other.nc")):
+        with open_results(path) as ds:
+            assert ds.attrs["experiment"] == "c9_other" and ds.sizes["seed"] == 1
+
+
+def test_default_results_dir_from_environment(results_dir, monkeypatch):
+    monkeypatch.setenv("SFXLIN_RESULTS", str(results_dir))
+    assert open_results() == ["c9_other", "toy"]
+    with open_results("toy") as ds:
+        assert ds.attrs["experiment"] == "toy"
+
+
+def test_missing_results_name_lists_what_exists(results_dir):
+    with pytest.raises(ResultsError) as info:
+        open_results("c1_limit", results_dir=results_dir)
+    message = str(info.value)
+    assert "c1_limit" in message and str(results_dir) in message
+    assert "c9_other" in message and "toy" in message
+
+
+@pytest.mark.parametrize("fraction", [0.5, 0.9, 0.02])
+def test_truncated_file(results, tmp_path, fraction):
+    path = save(results, tmp_path / "toy.nc")
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * fraction)])
+    with pytest.raises(ResultsError, match="toy.nc"):
+        open_results(path)
+
+
+def test_not_a_netcdf_file(tmp_path):
+    path = tmp_path / "junk.nc"
+    path.write_text("this is not netCDF")
+    with pytest.raises(ResultsError, match="junk.nc"):
+        open_results(path)
+
+
+@pytest.mark.parametrize("version", [None, 2, 0, "banana"])
+def test_other_schema_version(results, tmp_path, version):
+    ds = results.copy()
+    if version is None:
+        del ds.attrs["sfxlin_schema_version"]
+    else:
+        ds.attrs["sfxlin_schema_version"] = version
+    path = tmp_path / "other.nc"
+    ds.to_netcdf(path)
+    with pytest.raises(ResultsError) as info:
+        open_results(path)
+    message = str(info.value)
+    assert "schema version" in message and repr(version) in message and str(SCHEMA_VERSION) in message
+    path.unlink()  # the file was closed: it can be removed and rewritten

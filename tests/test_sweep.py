@@ -1,0 +1,313 @@
+"""The sweep engine: laziness, one task per cell, labels, determinism across chunkings and
+schedulers, single-cell reruns, validation of kernel outputs."""
+from __future__ import annotations
+
+import itertools
+import zlib
+
+import dask
+import numpy as np
+import pytest
+import xarray as xr
+
+from conftest import DaskComputed, raise_if_dask_computes
+from sfxlin.pipelines import c1_limit
+from sfxlin.sweep import CellError, Experiment, Variable, build, cell_rng, run_cell
+
+GRID_DIMS = ("d", "U_norm", "seed")
+
+
+def _block_keys(ds, name):
+    keys = set()
+    for key in ds.__dask_graph__():
+        k = key[0] if isinstance(key, tuple) else key
+        if isinstance(k, str) and k.startswith(f"{name}-block-"):
+            keys.add(k)
+    return keys
+
+
+def _assert_bitwise_identical(a, b):
+    xr.testing.assert_identical(a, b)
+    for name in a.data_vars:
+        assert np.array_equal(a[name].values, b[name].values, equal_nan=True), name
+
+
+# --------------------------------------------------------------------------------------------
+# laziness and the task graph
+# --------------------------------------------------------------------------------------------
+def test_raise_if_dask_computes_guard_works(toy, toy_config):
+    ds = build(toy.EXPERIMENT, toy_config)
+    with pytest.raises(DaskComputed), raise_if_dask_computes():
+        ds.compute()
+
+
+def test_build_computes_nothing(toy, toy_config):
+    before = toy.CALLS[0]
+    with raise_if_dask_computes():
+        ds = build(toy.EXPERIMENT, toy_config)
+        ds = build(toy.EXPERIMENT, toy_config, chunks={"seed": 2})
+        ds = build(c1_limit.EXPERIMENT, c1_limit.PROFILES["quick"])
+    assert toy.CALLS[0] == before
+    for name in ds.data_vars:
+        assert isinstance(ds[name].data, dask.array.Array), name
+
+
+@pytest.mark.parametrize("chunks, n_blocks", [
+    (None, 2 * 3 * 4),
+    ({}, 2 * 3 * 4),
+    ({"seed": 2}, 2 * 3 * 2),
+    ({"U_norm": 2}, 2 * 2 * 4),  # uneven: blocks of 2 and 1
+    ({"d": 2, "U_norm": 3, "seed": 4}, 1),
+])
+def test_one_task_per_block_of_cells(toy, toy_config, chunks, n_blocks):
+    ds = build(toy.EXPERIMENT, toy_config, chunks=chunks)
+    assert len(_block_keys(ds, toy.NAME)) == n_blocks
+    for name in ds.data_vars:  # every cell variable reads every block
+        if name != "log_L":
+            assert len(_block_keys(ds[[name]], toy.NAME)) == n_blocks, name
+
+
+def test_each_cell_runs_once_for_all_variables(toy, toy_config):
+    ds = build(toy.EXPERIMENT, toy_config)
+    before = toy.CALLS[0]
+    ds.compute(scheduler="synchronous")
+    assert toy.CALLS[0] - before == ds.attrs["n_cells"] == 24
+
+
+def test_c1_quick_has_one_task_per_cell():
+    config = c1_limit.PROFILES["quick"]
+    ds = build(c1_limit.EXPERIMENT, config)
+    n_cells = len(config["d"]) * len(config["U_norm"]) * config["n_seeds"]
+    assert ds.attrs["n_cells"] == n_cells
+    assert len(_block_keys(ds, c1_limit.NAME)) == n_cells
+
+
+# --------------------------------------------------------------------------------------------
+# labels
+# --------------------------------------------------------------------------------------------
+def test_dims_and_coords_carry_real_values(toy, toy_config):
+    ds = build(toy.EXPERIMENT, toy_config)
+    assert dict(ds.sizes) == {"d": 2, "U_norm": 3, "seed": 4, "L": 3, "query": 5}
+    assert ds["d"].values.tolist() == [2, 3]
+    assert ds["U_norm"].values.tolist() == [0.25, 0.5, 1.0]
+    assert ds["seed"].values.tolist() == [0, 1, 2, 3]
+    assert ds["L"].values.tolist() == [8, 16, 32]
+    assert ds["query"].values.tolist() == [0, 1, 2, 3, 4]
+    for var in toy.VARIABLES:  # dims ordered as declared
+        assert ds[var.name].dims == var.dims
+    assert ds["L"].attrs["long_name"] == "prompt length" and ds["L"].attrs["units"] == "tokens"
+    assert ds.attrs["experiment"] == "toy"
+    assert ds.attrs["description"] == toy.EXPERIMENT.description
+
+
+@pytest.mark.parametrize("experiment, config", [
+    (c1_limit.EXPERIMENT, c1_limit.PROFILES["quick"]),
+    (c1_limit.EXPERIMENT, c1_limit.PROFILES["paper"]),
+    ("toy", None),
+])
+def test_every_variable_and_dim_is_labelled(toy, experiment, config):
+    if experiment == "toy":
+        experiment, config = toy.EXPERIMENT, toy.make_config()
+    ds = build(experiment, config)
+    assert set(ds.data_vars) == {v.name for v in experiment.variables}
+    for name, arr in ds.data_vars.items():
+        assert arr.attrs.get("long_name"), name
+        assert arr.attrs.get("description"), name
+        assert arr.dtype == np.float64, name
+    for dim in ds.dims:
+        assert dim in ds.coords, dim
+        assert ds[dim].size == ds.sizes[dim]
+    grid = experiment.grid(config)
+    inner = experiment.inner_coords(config)
+    for dim, values in {**grid, **inner}.items():
+        assert ds[dim].values.tolist() == list(values), dim
+    for dim in {"d", "U_norm", "L", "seed", "law", "query"} & set(ds.dims):
+        assert ds[dim].attrs.get("long_name"), dim
+
+
+# --------------------------------------------------------------------------------------------
+# determinism
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("chunks", [{"seed": 2}, {"U_norm": 2, "seed": 3}, {"d": 2, "U_norm": 3, "seed": 4}])
+def test_values_do_not_depend_on_chunking(toy, toy_config, toy_computed, chunks):
+    other = build(toy.EXPERIMENT, toy_config, chunks=chunks).compute(scheduler="synchronous")
+    _assert_bitwise_identical(toy_computed, other)
+
+
+def test_values_do_not_depend_on_scheduler(toy, toy_config, toy_computed):
+    ds = build(toy.EXPERIMENT, toy_config)
+    for scheduler in ("threads", "processes"):
+        _assert_bitwise_identical(toy_computed, ds.compute(scheduler=scheduler))
+
+
+def test_c1_quick_does_not_depend_on_chunking_or_scheduler():
+    config = c1_limit.PROFILES["quick"]
+    one = build(c1_limit.EXPERIMENT, config).compute(scheduler="synchronous")
+    blocked = build(c1_limit.EXPERIMENT, config, chunks={"U_norm": 2, "seed": 2}).compute(scheduler="threads")
+    _assert_bitwise_identical(one, blocked)
+    # non-finite values only in variables flagged for them (never a silent NaN)
+    for var in c1_limit.EXPERIMENT.variables:
+        if not var.allow_nonfinite:
+            assert np.isfinite(one[var.name]).all(), var.name
+
+
+def test_values_do_not_depend_on_execution_order(toy, toy_config, toy_computed):
+    """Computing cells one at a time, in reverse order, gives the same numbers."""
+    ds = build(toy.EXPERIMENT, toy_config)
+    cells = list(itertools.product(range(2), range(3), range(4)))
+    for i, j, k in reversed(cells):
+        part = ds.isel(d=i, U_norm=j, seed=k).compute(scheduler="synchronous")
+        _assert_bitwise_identical(toy_computed.isel(d=i, U_norm=j, seed=k), part)
+
+
+def test_cells_draw_from_their_own_generator(toy, toy_config, toy_computed):
+    """Independent recomputation of the seeding rule and of the kernel's arithmetic."""
+    grid = toy.grid(toy_config)
+    Ls = np.asarray(toy_config["L"])
+    tag = zlib.crc32(b"toy")
+    for index in itertools.product(*(range(len(v)) for v in grid.values())):
+        rng = np.random.default_rng([*index, tag, toy_config["root_seed"]])
+        noise, shift = toy.draws(rng, toy_config)
+        d, U_norm = grid["d"][index[0]], grid["U_norm"][index[1]]
+        value = U_norm * np.cumsum(noise, axis=1)[:, Ls - 1] / Ls + d * shift[:, None]
+        got = toy_computed["value"].isel(d=index[0], U_norm=index[1], seed=index[2])
+        assert got.dims == ("L", "query")
+        assert np.array_equal(got.values, value.T)
+        assert np.array_equal(toy_computed["first"].isel(d=index[0], U_norm=index[1], seed=index[2]).values,
+                              value[:, 0])
+    a = cell_rng("toy", (1, 2, 3), 1234).standard_normal(5)
+    b = np.random.default_rng([1, 2, 3, tag, 1234]).standard_normal(5)
+    assert np.array_equal(a, b)
+    # distinct cells, distinct root seeds and distinct experiments give distinct streams
+    draws = {cell_rng(n, i, r).standard_normal() for n in ("toy", "other") for i in [(0, 0), (0, 1), (1, 0)]
+             for r in (1, 2)}
+    assert len(draws) == 12
+
+
+@pytest.mark.parametrize("index", [(0, 0, 0), (1, 2, 3), (0, 1, 2), (1, 0, 1)])
+def test_run_cell_reproduces_the_slice(toy, toy_config, toy_computed, index):
+    out = run_cell(toy.EXPERIMENT, toy_config, index)
+    assert set(out) == {"value", "first", "grid_sum", "flagged"}
+    cell = toy_computed.isel(dict(zip(GRID_DIMS, index)))
+    for var in toy.EXPERIMENT.cell_variables(toy_config):
+        inner_dims = [d for d in var.dims if d not in GRID_DIMS]
+        expected = cell[var.name].transpose(*inner_dims).values
+        assert np.array_equal(out[var.name], expected, equal_nan=True), var.name
+    assert out["grid_sum"] == toy_config["d"][index[0]] + toy_config["U_norm"][index[1]] + index[2]
+
+
+def test_run_cell_reproduces_a_c1_cell():
+    config = c1_limit.PROFILES["quick"]
+    full = build(c1_limit.EXPERIMENT, config).compute(scheduler="threads")
+    out = run_cell(c1_limit.EXPERIMENT, config, (1, 0, 1))
+    cell = full.isel(d=1, U_norm=0, seed=1)
+    for var in c1_limit.EXPERIMENT.cell_variables(config):
+        inner_dims = [d for d in var.dims if d not in ("d", "U_norm", "seed")]
+        assert np.array_equal(out[var.name], cell[var.name].transpose(*inner_dims).values, equal_nan=True)
+
+
+# --------------------------------------------------------------------------------------------
+# validation of kernel outputs
+# --------------------------------------------------------------------------------------------
+FAULT_CELL = {"d": 3, "U_norm": 0.5, "seed": 2}
+FAULT_INDEX = (1, 1, 2)
+
+
+def _names_the_cell(message):
+    return "toy[" in message and "d=3" in message and "U_norm=0.5" in message and "seed=2" in message
+
+
+@pytest.mark.parametrize("fault, match", [
+    ("nan", "non-finite values in value"),
+    ("inf", "non-finite values in first"),
+    ("shape", r"value has shape \(5, 3\), declared \(3, 5\)"),
+    ("missing", "did not return variable 'first'"),
+    ("fperror", "divide by zero"),
+])
+def test_invalid_cell_raises_cell_error(toy, fault, match):
+    config = toy.make_config(fault=fault, fault_cell=FAULT_CELL)
+    with pytest.raises(CellError, match=match) as info:
+        run_cell(toy.EXPERIMENT, config, FAULT_INDEX)
+    assert _names_the_cell(str(info.value)), str(info.value)
+    run_cell(toy.EXPERIMENT, config, (1, 1, 1))  # the neighbour cell is fine
+    ds = build(toy.EXPERIMENT, config)  # building stays lazy and silent
+    for scheduler in ("synchronous", "threads"):
+        with pytest.raises(CellError, match=match) as info:
+            ds.compute(scheduler=scheduler)
+        assert _names_the_cell(str(info.value)), str(info.value)
+
+
+def test_cell_error_crosses_process_boundaries(toy):
+    config = toy.make_config(fault="nan", fault_cell=FAULT_CELL)
+    with pytest.raises(CellError) as info:
+        build(toy.EXPERIMENT, config).compute(scheduler="processes")
+    assert _names_the_cell(str(info.value))
+
+
+def test_allow_nonfinite_variables_keep_their_nan(toy_computed):
+    flagged = toy_computed["flagged"]
+    assert np.isnan(flagged.sel(seed=0)).all()
+    assert np.isfinite(flagged.sel(seed=[1, 2, 3])).all()
+    for name in ("value", "first", "grid_sum", "log_L"):
+        assert np.isfinite(toy_computed[name]).all(), name
+
+
+def test_global_variables(toy, toy_config, toy_computed):
+    ds = build(toy.EXPERIMENT, toy_config)
+    assert [v.name for v in toy.EXPERIMENT.global_variables(toy_config)] == ["log_L"]
+    assert ds["log_L"].dims == ("L",)
+    assert ds["log_L"].attrs["long_name"] == "log prompt length"
+    np.testing.assert_array_equal(toy_computed["log_L"].values, np.log([8.0, 16.0, 32.0]))
+    # one task for the global kernel
+    globals_ = {k[0] if isinstance(k, tuple) else k for k in ds.__dask_graph__()}
+    assert len({k for k in globals_ if isinstance(k, str) and k.startswith("toy-global-")}) == 1
+
+
+def test_global_kernel_output_is_validated(toy):
+    config = toy.make_config(fault="global_nan")
+    with pytest.raises(CellError, match=r"toy\[global\]: non-finite values in log_L"):
+        build(toy.EXPERIMENT, config).compute(scheduler="synchronous")
+
+
+def test_c1_global_quadrature_check():
+    ds = build(c1_limit.EXPERIMENT, c1_limit.PROFILES["quick"])
+    err = ds["quadrature_error"].compute(scheduler="synchronous")
+    assert err.dims == ("D_quad",) and err.sizes["D_quad"] == 4
+    assert float(err.max()) < 1e-8
+
+
+# --------------------------------------------------------------------------------------------
+# declaration errors
+# --------------------------------------------------------------------------------------------
+def _experiment(toy, **kw):
+    fields = dict(name="toy", grid=toy.grid, inner_coords=toy.inner_coords, variables=toy.VARIABLES,
+                  kernel=toy.kernel, global_kernel=toy.global_kernel)
+    fields.update(kw)
+    return Experiment(**fields)
+
+
+def test_global_variable_without_global_kernel(toy, toy_config):
+    with pytest.raises(ValueError, match="global_kernel"):
+        build(_experiment(toy, global_kernel=None), toy_config)
+
+
+def test_variable_missing_a_grid_dim(toy, toy_config):
+    bad = toy.VARIABLES + (Variable("partial", ("d", "L"), "partial", "misses U_norm and seed"),)
+    with pytest.raises(ValueError, match="partial"):
+        build(_experiment(toy, variables=bad), toy_config)
+
+
+def test_variable_with_unknown_inner_dim(toy, toy_config):
+    bad = toy.VARIABLES + (Variable("odd", ("d", "U_norm", "seed", "row"), "odd", "row has no coordinate"),)
+    with pytest.raises(ValueError, match="row"):
+        build(_experiment(toy, variables=bad), toy_config)
+
+
+@pytest.mark.parametrize("chunks, match", [
+    ({"L": 2}, "not grid dims"),
+    ({"seed": 0}, "positive integer"),
+    ({"seed": 1.5}, "positive integer"),
+])
+def test_bad_chunks(toy, toy_config, chunks, match):
+    with pytest.raises(ValueError, match=match):
+        build(toy.EXPERIMENT, toy_config, chunks=chunks)
