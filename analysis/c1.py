@@ -12,18 +12,9 @@ import numpy as np
 import xarray as xr
 
 from .fits import loglog_slope, paper_form_fit
-from .verdicts import Criterion, evaluate
+from .verdicts import criteria_from_attrs, evaluate
 
-__all__ = ["slopes", "measures", "verdicts", "fit_table", "figure", "criteria_from_attrs"]
-
-
-def criteria_from_attrs(ds: xr.Dataset) -> list[Criterion]:
-    """The predeclared criteria stored with the results (JSON list in ``attrs['criteria']``)."""
-    raw = ds.attrs.get("criteria")
-    if raw is None:
-        raise ValueError("results file carries no 'criteria' attribute")
-    return [Criterion(**{**c, "threshold": tuple(c["threshold"]) if isinstance(c["threshold"], list) else c["threshold"]})
-            for c in json.loads(raw)]
+__all__ = ["slopes", "measures", "verdicts", "fit_table", "figure", "paper_form"]
 
 
 def slopes(ds: xr.Dataset) -> xr.Dataset:

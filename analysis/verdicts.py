@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
+    "criteria_from_attrs",
     "FAIL",
     "INCONCLUSIVE",
     "KINDS",
@@ -301,3 +302,14 @@ def to_markdown(rows: Sequence[VerdictRow]) -> str:
         return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
     return "\n".join([line(header), "|" + "|".join("---" for _ in header) + "|", *(line(c) for c in body)])
+
+
+def criteria_from_attrs(ds) -> list[Criterion]:
+    """The predeclared criteria stored with a results file (JSON list in ``attrs['criteria']``)."""
+    import json
+
+    raw = ds.attrs.get("criteria")
+    if raw is None:
+        raise ValueError("results file carries no 'criteria' attribute")
+    return [Criterion(**{**c, "threshold": tuple(c["threshold"]) if isinstance(c["threshold"], list) else c["threshold"]})
+            for c in json.loads(raw)]
