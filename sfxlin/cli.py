@@ -114,7 +114,7 @@ def cmd_run(args):
         print(f"{module.NAME}: profile {args.profile}, {lazy.attrs['n_cells']} cells"
               + (f" ({kept} kept from an interrupted run, in {store.folder})" if kept else ""), flush=True)
     ds, wall, label = compute(lazy, scheduler=args.local_scheduler, workers=args.workers,
-                              address=args.scheduler, progress=not args.quiet)
+                              address=args.scheduler, progress=not args.quiet, verbose=args.verbose)
     ds.attrs.update(provenance(module.NAME, args.profile, config, wall, label))
     ds.attrs["overrides"] = json.dumps(args.set or [])
     ds.attrs["criteria"] = json.dumps(module.CRITERIA)
@@ -206,7 +206,9 @@ def parser():
                      help="override a parameter of the profile (lists comma-separated), e.g. --set d=2,3")
     run.add_argument("--chunks", action="append", metavar="DIM=N", help="cells per dask task along a grid dim")
     run.add_argument("--fresh", action="store_true", help="discard cells kept from an interrupted run")
-    run.add_argument("--quiet", action="store_true", help="no progress bar or tables")
+    talk = run.add_mutually_exclusive_group()
+    talk.add_argument("--quiet", action="store_true", help="no progress bar or tables")
+    talk.add_argument("--verbose", action="store_true", help="also one line per finished block of cells")
     run.set_defaults(func=cmd_run)
     bench = sub.add_parser("bench", help="benchmark an engine against its reference, ratio in one run")
     bench.add_argument("experiment", help=f"one of {sorted(BENCHES)}")

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 
 import dask
 import xarray as xr
+from dask.callbacks import Callback
 
-__all__ = ["compute", "scheduler_label"]
+__all__ = ["compute", "scheduler_label", "CellProgress"]
 
 LOCAL_SCHEDULERS = ("threads", "synchronous", "processes")
 
@@ -42,11 +44,58 @@ def _client(workers=None, address=None):
         yield client
 
 
-def compute(ds: xr.Dataset, scheduler=None, workers=None, address=None, progress=True):
+class CellProgress(Callback):
+    """Progress of a sweep in cells (not dask tasks), with elapsed time and ETA.
+
+    Counts the tasks whose key starts with ``prefix`` (the engine names every block of cells
+    ``<experiment>-block-<token>``). ``verbose`` prints one line per finished block.
+    """
+
+    def __init__(self, prefix, total, stream=None, verbose=False, width=30):
+        super().__init__()
+        self.prefix, self.total, self.verbose, self.width = prefix, total, verbose, width
+        self.stream = stream or sys.stderr
+        self.done, self.start = 0, None
+
+    def _start(self, dsk):
+        self.start = time.perf_counter()
+        self._draw()
+
+    def _posttask(self, key, result, dsk, state, worker_id):
+        name = key if isinstance(key, str) else str(key[0]) if isinstance(key, tuple) else str(key)
+        if not name.startswith(self.prefix):
+            return
+        self.done += 1
+        if self.verbose:
+            cells = name[len(self.prefix):].rsplit("-", 1)[0]
+            self.stream.write(f"\r  finished cells {cells} at {time.perf_counter() - self.start:.1f} s" + " " * 30 + "\n")
+        self._draw()
+
+    def _finish(self, dsk, state, errored):
+        self.stream.write("\n")
+        self.stream.flush()
+
+    def _draw(self):
+        elapsed = time.perf_counter() - (self.start or time.perf_counter())
+        frac = self.done / self.total if self.total else 1.0
+        eta = f"ETA {elapsed / frac * (1 - frac):5.0f} s" if 0 < frac < 1 else " " * 9
+        bar = "#" * int(round(self.width * frac))
+        self.stream.write(f"\r[{bar:<{self.width}}] {self.done}/{self.total} tasks of cells, "
+                          f"{elapsed:5.0f} s elapsed, {eta}")
+        self.stream.flush()
+
+
+def _n_block_tasks(ds, prefix):
+    keys = ds.__dask_graph__().keys()
+    return sum(1 for k in keys if (k if isinstance(k, str) else str(k)).startswith(prefix))
+
+
+def compute(ds: xr.Dataset, scheduler=None, workers=None, address=None, progress=True, verbose=False):
     """Compute ``ds`` and return ``(computed_ds, wall_seconds, scheduler_label)``.
 
-    Shows a progress bar of tasks (``dask.diagnostics.ProgressBar`` locally, the
-    distributed progress bar under a Client) unless ``progress`` is False.
+    Shows a progress bar counting blocks of cells with an ETA locally (:class:`CellProgress`),
+    the distributed progress bar (one bar per task kind, ``*-block`` being the cells) under a
+    Client, unless ``progress`` is False.
     """
     if scheduler is not None and scheduler not in LOCAL_SCHEDULERS:
         raise ValueError(f"unknown scheduler {scheduler!r}; expected one of {LOCAL_SCHEDULERS}")
@@ -66,9 +115,8 @@ def compute(ds: xr.Dataset, scheduler=None, workers=None, address=None, progress
         else:
             bar = contextlib.nullcontext()
             if progress:
-                from dask.diagnostics import ProgressBar
-
-                bar = ProgressBar(dt=1.0)
+                prefix = f"{ds.attrs.get('experiment', '')}-block-"
+                bar = CellProgress(prefix, _n_block_tasks(ds, prefix), verbose=verbose)
             with bar, dask.config.set(scheduler=scheduler or "threads"):
                 result = ds.compute()
     return result, time.perf_counter() - start, label

@@ -174,7 +174,8 @@ def build(experiment: Experiment, config: Mapping, chunks: Mapping | None = None
     blocks = {}
     for combo in itertools.product(*[range(len(p)) for p in per_dim]):
         ranges = tuple(per_dim[k][c] for k, c in enumerate(combo))
-        key = f"{experiment.name}-block-{dask.base.tokenize(experiment.name, config, ranges)}"
+        where = ",".join(f"{dim}[{r.start}:{r.stop}]" for dim, r in zip(grid, ranges))
+        key = f"{experiment.name}-block-{where}-{dask.base.tokenize(experiment.name, config, ranges)}"
         blocks[combo] = dask.delayed(_run_block, pure=True)(experiment, config, ranges, store, dask_key_name=key)
 
     data_vars = {}

@@ -31,10 +31,21 @@ def test_local_schedulers(toy, toy_config, toy_computed, scheduler):
     assert isinstance(ds["value"].data, dask.array.Array)  # the input stays lazy
 
 
-def test_progress_bar(toy, toy_config, capsys):
+def test_progress_bar_counts_blocks_of_cells(toy, toy_config, capsys):
     ds = build(toy.EXPERIMENT, toy_config, chunks={"seed": 4})
+    n_blocks = ds.attrs["n_cells"] // 4
     compute(ds, scheduler="synchronous", progress=True)
-    assert "100%" in capsys.readouterr().out
+    err = capsys.readouterr().err
+    assert f"0/{n_blocks} tasks of cells" in err and f"{n_blocks}/{n_blocks} tasks of cells" in err
+    assert "ETA" in err
+
+
+def test_verbose_progress_names_the_finished_cells(toy, toy_config, capsys):
+    ds = build(toy.EXPERIMENT, toy_config)
+    compute(ds, scheduler="synchronous", progress=True, verbose=True)
+    err = capsys.readouterr().err
+    assert err.count("finished cells") == ds.attrs["n_cells"]
+    assert "seed[0:1]" in err
 
 
 def test_compute_propagates_cell_errors(toy):
