@@ -1,0 +1,106 @@
+"""Benchmark of the C3 training engine against the plain per-L reference, on the same workload.
+
+``bench_c3()`` builds the paper's C3 tasks (d = 3, 48 antithetic pairs x 2 queries, prompts up
+to 4096 tokens, L = 8, 16, ..., 4096, lr 0.01), trains softmax(L), linear(L) for every L and
+linear(inf) for ``n_steps`` steps with the fast engine (:func:`sfxlin.training.train_all_arrays`)
+and with the per-L, per-step reference (:mod:`sfxlin.reference_c3`), checks that every
+checkpoint agrees, and reports both timings (ms per gradient step, all models and all L
+together) and their ratio. Timings are the best of ``repeats`` runs (wall clock, one process;
+the reference, being slow, runs once).
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from . import icl, laws, reference_c3, training
+
+__all__ = ["bench_c3", "c3_bench_tasks", "max_rel_diff"]
+
+PAPER_LS = tuple(8 * 2**k for k in range(10))
+
+
+def c3_bench_tasks(seed=0, setting="isotropic", n_pairs=48, n_queries=2, L_max=4096, d=3):
+    """The C3 training tasks of the benchmark (``setting``: ``isotropic`` = I_d or
+    ``anisotropic`` = diag(2, 1, 0.5))."""
+    Sigma = {"isotropic": np.eye(d), "anisotropic": np.diag([2.0, 1.0, 0.5])}[setting]
+    rng = np.random.default_rng([seed, 3])
+    return icl.make_tasks(rng, d, n_pairs, n_queries, L_max, laws.Gaussian(cov=Sigma))
+
+
+def max_rel_diff(fast, ref, models=icl.MODELS):
+    """Largest ``max|a - b| / max|b|`` over models and the arrays U, v, risk of two training
+    results (:func:`~sfxlin.training.train_all_arrays` layout)."""
+    worst = 0.0
+    for m in models:
+        for k in ("U", "v", "risk"):
+            a, b = np.asarray(fast[m][k]), np.asarray(ref[m][k])
+            worst = max(worst, float(np.max(np.abs(a - b)) / np.max(np.abs(b))))
+    return worst
+
+
+def bench_c3(n_steps=100, *, repeats=3, seed=0, setting="isotropic", Ls=PAPER_LS, ckpt_every=20,
+             lr=0.01, pair_first=(False, True), verbose=True):
+    """Time the fast engine and the per-L reference on the same C3 workload.
+
+    Returns a dict: ``ms_per_step_reference``, ``ms_per_step_fast`` (for ``pair_first=False``;
+    wall time of the whole run, set-up included, over ``n_steps + 1`` evaluations),
+    ``ratio`` (reference / fast), ``ms_per_step_fast_pair_first`` and ``ratio_pair_first`` when
+    requested, ``ms_setup_fast[_pair_first]`` (a 0-step run: set-up and one evaluation),
+    ``max_rel_diff`` (worst over all checkpoints, models and arrays, per engine mode), and the
+    workload. Raises AssertionError if the trajectories disagree beyond 1e-10.
+
+    The machine matters: with glibc's default allocator the reference's large temporaries
+    (6 MB at L = 4096) are returned to the OS and page-faulted back every step, which about
+    doubles its time; ``MALLOC_MMAP_THRESHOLD_=1000000000 MALLOC_TRIM_THRESHOLD_=2000000000``
+    removes that (the fast engine preallocates its buffers and is unaffected).
+    """
+    tasks = c3_bench_tasks(seed, setting)
+    ckpt_every = math.gcd(n_steps, ckpt_every) or 1
+    U0, v0 = icl.init_theta(tasks.d, tasks.Sigma)
+    kw = dict(lr=lr, n_steps=n_steps, ckpt_every=ckpt_every, U0=U0, v0=v0)
+    modes = (pair_first,) if isinstance(pair_first, bool) else tuple(pair_first)
+    out = dict(n_steps=n_steps, Ls=list(Ls), n_tasks=tasks.n_tasks, n_queries=tasks.n_queries,
+               setting=setting, models=list(icl.MODELS))
+
+    t0 = time.perf_counter()
+    ref = reference_c3.train_reference_all(tasks, Ls, **kw)
+    t_ref = time.perf_counter() - t0
+    out["ms_per_step_reference"] = 1e3 * t_ref / (n_steps + 1)
+
+    for mode in modes:
+        best = np.inf
+        for _ in range(max(1, repeats)):
+            t0 = time.perf_counter()
+            fast = training.train_all_arrays(tasks, Ls, pair_first=mode, label="bench_c3", **kw)
+            best = min(best, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        training.train_all_arrays(tasks, Ls, pair_first=mode, **dict(kw, n_steps=0, ckpt_every=1))
+        setup = time.perf_counter() - t0          # set-up plus one evaluation
+        diff = max_rel_diff(fast, ref)
+        suffix = "_pair_first" if mode else ""
+        out["ms_per_step_fast" + suffix] = 1e3 * best / (n_steps + 1)
+        out["ms_setup_fast" + suffix] = 1e3 * setup
+        out["ratio" + suffix] = out["ms_per_step_reference"] / out["ms_per_step_fast" + suffix]
+        out["max_rel_diff" + suffix] = diff
+        out["n_exact_shift_steps" + suffix] = fast["n_exact_shift_steps"]
+        if not diff <= 1e-10:
+            raise AssertionError(f"fast engine (pair_first={mode}) disagrees with the reference: "
+                                 f"max relative difference {diff:.3g}")
+    if verbose:
+        print(f"C3 benchmark: {setting}, {tasks.n_tasks} tasks x {tasks.n_queries} queries, "
+              f"L = {list(Ls)}, {n_steps} steps, models {list(icl.MODELS)}")
+        print(f"  reference (per-L loop)  {out['ms_per_step_reference']:8.2f} ms/step")
+        for mode in modes:
+            sfx = "_pair_first" if mode else ""
+            name = "fast, pair_first" if mode else "fast"
+            print(f"  {name:<22} {out['ms_per_step_fast' + sfx]:8.2f} ms/step   "
+                  f"ratio {out['ratio' + sfx]:5.1f}x   max rel diff {out['max_rel_diff' + sfx]:.1e}   "
+                  f"(set-up + first step {out['ms_setup_fast' + sfx]:.0f} ms, included)")
+    return out
+
+
+if __name__ == "__main__":  # pragma: no cover
+    bench_c3()

@@ -1,0 +1,603 @@
+"""Gradient-descent training of the C3 models (SPEC section 2): ``softmax(L)``, ``linear(L)``,
+``linear(inf)``.
+
+Two paths:
+
+* :func:`train` -- one model at one prompt length, simple and readable (calls the analytic
+  gradients of :mod:`sfxlin.icl`); returns an ``xr.Dataset`` over checkpoints ``t``.
+* :func:`train_all` / :func:`train_all_arrays` -- the fast engine: every prompt length of a
+  strictly increasing list and every model in one vectorised loop. It is exact (same maths,
+  float64), only organised differently:
+
+  - the tokens are fixed during training, so for each group of tasks sharing covariates (an
+    antithetic pair) the feature matrix ``Phi = [1, x, x_i x_j (i <= j)]`` of every token is
+    computed once. Because ``y = w^T x``, a logit is ``z.a = x.(a_x + a_y w)`` and every softmax
+    moment (``sum p``, ``sum p z``, ``sum p z z^T``) is a linear image of the ``x``-moments, so
+    one batched matmul ``exp(S) @ Phi`` per block gives them all (and pred and both gradients).
+    While ``v[:d] == 0`` exactly, ``z . v = v_y y`` and ``C v`` only needs ``sum p x y``: the
+    smaller features ``[x y, 1, x]`` replace the quadratic ones;
+  - nested prompts: tokens are split into blocks ``[L_{b-1}, L_b)``; block ``b`` is shared by
+    every ``L_j >= L_b`` and processed once for all of them, so a step costs ``sum_L L`` token
+    evaluations per (task, query), nothing wasted;
+  - the softmax shift is the previous step's log-sum-exp of each column (``>= max``, within
+    ``log L`` of it; parameters move little per step), folded into the logit matmul as an extra
+    coordinate, so a block costs one matmul, one in-place ``exp`` and one matmul. Every step
+    checks that the normaliser is finite and far from under/overflow (``[1e-200, 1e200]``);
+    otherwise it recomputes the step with the exact running maximum (always safe);
+  - large blocks are processed in chunks of groups so that the features and logits stay in
+    cache;
+  - antithetic partners (tasks ``2i``, ``2i + 1``) share their covariates, hence their logits
+    whenever ``U[d, :d] == 0`` exactly: the softmax is then evaluated once per pair
+    (``pair_first``, exact; gradient contributions of partners are added first).
+
+The off-block part (``U`` outside the top-left block, ``v[:d]``) is computed, never imposed.
+From a block-structured init on antithetic tasks the partners' off-block contributions are exact
+opposites, so it stays exactly 0 (with ``pair_first`` by construction; the plain pairwise sums
+cancelled them exactly too in our runs); perturb ``(U0, v0)`` (e.g. by 1e-12 off-block) to study
+the stability of the block structure.
+
+Non-finite or exploding risk/parameters raise :class:`TrainingDiverged` (a
+``FloatingPointError``) naming the cell label, the model, ``L`` and the step: never a silent NaN.
+"""
+from __future__ import annotations
+
+import numpy as np
+import xarray as xr
+
+from . import icl
+from ._version import __version__
+
+__all__ = ["TrainingDiverged", "train", "train_all", "train_all_arrays", "validate_Ls",
+           "checkpoint_steps", "SoftmaxPrefixEngine", "LinearEngine"]
+
+FINITE_MODELS = ("softmax", "linear")
+_TINY, _HUGE = 1e-200, 1e200
+
+
+class TrainingDiverged(FloatingPointError):
+    """Training produced a non-finite or exploding risk or parameter.
+
+    Attributes: ``label`` (the caller's cell label), ``model``, ``L`` (None for linear_inf),
+    ``step``.
+    """
+
+    def __init__(self, message, *, label="", model=None, L=None, step=None):
+        super().__init__(message)
+        self.label, self.model, self.L, self.step = label, model, L, step
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def validate_Ls(Ls, L_max=None):
+    """A strictly increasing list of positive integer prompt lengths (``<= L_max``) -> tuple."""
+    try:
+        seq = list(Ls)
+    except TypeError as exc:
+        raise TypeError(f"Ls must be a sequence of integers, got {Ls!r}") from exc
+    if not seq:
+        raise ValueError("Ls must not be empty")
+    out = []
+    for L in seq:
+        if isinstance(L, (bool, np.bool_)) or not isinstance(L, (int, np.integer)) or L < 1:
+            raise ValueError(f"every L must be a positive integer, got {L!r} in {seq}")
+        out.append(int(L))
+    if any(b <= a for a, b in zip(out, out[1:])):
+        raise ValueError(f"Ls must be strictly increasing, got {out}")
+    if L_max is not None and out[-1] > L_max:
+        raise ValueError(f"largest L = {out[-1]} exceeds the prompt length L_max = {L_max} of the tasks")
+    return tuple(out)
+
+
+def checkpoint_steps(n_steps, ckpt_every):
+    """Checkpoint steps ``0, k, 2k, ..., n_steps`` (``n_steps`` must be a multiple of ``k``)."""
+    for name, val in (("n_steps", n_steps), ("ckpt_every", ckpt_every)):
+        if isinstance(val, (bool, np.bool_)) or not isinstance(val, (int, np.integer)):
+            raise TypeError(f"{name} must be an integer, got {val!r}")
+    if n_steps < 0 or ckpt_every < 1:
+        raise ValueError(f"need n_steps >= 0 and ckpt_every >= 1, got {n_steps}, {ckpt_every}")
+    if n_steps % ckpt_every:
+        raise ValueError(f"n_steps = {n_steps} must be a multiple of ckpt_every = {ckpt_every}")
+    return np.arange(0, n_steps + 1, ckpt_every)
+
+
+def _check_lr(lr):
+    lr = float(lr)
+    if not (np.isfinite(lr) and lr > 0):
+        raise ValueError(f"lr must be a positive finite number, got {lr}")
+    return lr
+
+
+def _init(tasks, U0, v0):
+    if U0 is None and v0 is None:
+        return icl.init_theta(tasks.d, tasks.Sigma)
+    if U0 is None or v0 is None:
+        raise ValueError("give both U0 and v0, or neither (Eq. 9 initialisation)")
+    U0 = np.array(U0, dtype=float)
+    v0 = np.array(v0, dtype=float)
+    D = tasks.D
+    if U0.shape != (D, D) or v0.shape != (D,):
+        raise ValueError(f"U0 must be ({D}, {D}) and v0 ({D},), got {U0.shape} and {v0.shape}")
+    if not (np.all(np.isfinite(U0)) and np.all(np.isfinite(v0))):
+        raise ValueError("U0 and v0 must be finite")
+    return U0, v0
+
+
+def _cell(label, model, L):
+    where = f"{model}(L={L})" if L is not None else f"{model}"
+    return f"[{label}] {where}" if label else where
+
+
+def _check_finite(risk, U, v, *, step, max_abs, label, model, Ls=None):
+    """Raise TrainingDiverged for the first (model, L) whose risk or parameters are non-finite
+    or exceed ``max_abs`` in absolute value. ``risk (...,)``, ``U (..., D, D)``, ``v (..., D)``."""
+    if np.isfinite(risk).all() and np.abs(U).max() <= max_abs and np.abs(v).max() <= max_abs:
+        return   # (a NaN parameter fails the comparisons)
+    risk = np.atleast_1d(risk)
+    U = U.reshape((-1,) + U.shape[-2:])
+    v = v.reshape((-1, v.shape[-1]))
+    with np.errstate(invalid="ignore"):
+        big = np.maximum(np.abs(U).max(axis=(-2, -1)), np.abs(v).max(axis=-1))
+        bad = ~np.isfinite(risk) | ~(big <= max_abs)
+    i = int(np.flatnonzero(bad)[0])
+    L = None if Ls is None else Ls[i]
+    raise TrainingDiverged(
+        f"{_cell(label, model, L)} diverged at step {step}: risk = {risk[i]!r}, max |theta| = {big[i]!r} "
+        f"(limit {max_abs:g}); the learning rate is probably too large",
+        label=label, model=model, L=L, step=step)
+
+
+# --------------------------------------------------------------------------- simple path
+
+
+def train(model, tasks, L=None, *, lr=0.01, n_steps=2500, ckpt_every=20, U0=None, v0=None,
+          label="", max_abs=1e6):
+    """Gradient descent on one ``model`` (``"softmax"``, ``"linear"``, ``"linear_inf"``) at prompt
+    length ``L`` (ignored for ``linear_inf``), from ``(U0, v0)`` (default: Eq. 9 init).
+
+    Returns an ``xr.Dataset`` with ``U (t, row, col)``, ``v (t, row)``, ``risk (t)`` at the
+    checkpoints ``t = 0, ckpt_every, ..., n_steps`` (risk evaluated at the checkpoint parameters).
+    Raises :class:`TrainingDiverged` naming ``label`` and the step on a non-finite or exploding
+    risk or parameter.
+    """
+    icl._check_model(model, L)
+    if model == "linear_inf":
+        L = None
+    else:
+        L = icl._check_L(L, tasks.L_max)
+    lr = _check_lr(lr)
+    steps = checkpoint_steps(n_steps, ckpt_every)
+    U, v = _init(tasks, U0, v0)
+    D = tasks.D
+    Us = np.empty((len(steps), D, D))
+    vs = np.empty((len(steps), D))
+    risks = np.empty(len(steps))
+    if model == "softmax":
+        Z, zq, yq = tasks.prompt(L), tasks.z_q, tasks.y_q
+        step_fn = lambda U, v: icl.softmax_risk_grad(U, v, Z, zq, yq)  # noqa: E731
+    else:
+        G, zq, yq = icl.model_matrix(model, tasks, L), tasks.z_q, tasks.y_q
+        step_fn = lambda U, v: icl.linear_risk_grad(U, v, G, zq, yq)  # noqa: E731
+    j = 0
+    with np.errstate(all="ignore"):
+        for t in range(n_steps + 1):
+            risk, gU, gv = step_fn(U, v)
+            _check_finite(risk, U, v, step=t, max_abs=max_abs, label=label, model=model,
+                          Ls=None if L is None else (L,))
+            if t == steps[j]:
+                Us[j], vs[j], risks[j] = U, v, risk
+                j += 1
+            if t < n_steps:
+                U = U - lr * gU
+                v = v - lr * gv
+    ds = xr.Dataset(
+        {"U": (("t", "row", "col"), Us), "v": (("t", "row"), vs), "risk": ("t", risks)},
+        coords={"t": steps, "row": np.arange(D), "col": np.arange(D)},
+        attrs={"model": model, "L": -1 if L is None else L, "lr": lr, "label": label,
+               "sfxlin_version": __version__})
+    _annotate(ds)
+    return ds
+
+
+def _annotate(ds):
+    meta = {
+        "U": ("attention matrix U = K^T Q", "gradient-descent iterate at the checkpoint"),
+        "v": ("read-out vector v", "gradient-descent iterate at the checkpoint"),
+        "risk": ("training risk", "mean over tasks and queries of 1/2 (pred - y_q)^2 at the checkpoint parameters"),
+        "U_inf": ("attention matrix U of linear(inf)", "gradient descent with Gamma_w (Lemma 2.1 limit)"),
+        "v_inf": ("read-out vector v of linear(inf)", "gradient descent with Gamma_w (Lemma 2.1 limit)"),
+        "risk_inf": ("training risk of linear(inf)", "mean over tasks and queries of 1/2 (pred - y_q)^2"),
+    }
+    for name, (long_name, desc) in meta.items():
+        if name in ds:
+            ds[name].attrs.update(long_name=long_name, description=desc)
+    ds["t"].attrs.update(long_name="gradient-descent step")
+    if "L" in ds.coords:
+        ds["L"].attrs.update(long_name="prompt length")
+    return ds
+
+
+# --------------------------------------------------------------------------- fast engine
+
+
+def _pair_structure(tasks):
+    """Group size: 2 if tasks ``2i, 2i+1`` are exact antithetic pairs (same covariates and query
+    points, opposite ``w``, labels and query targets), else 1."""
+    if not tasks.paired or tasks.n_tasks % 2:
+        return 1
+    d = tasks.d
+    Z, w = tasks.Z, tasks.w
+    pairs = (np.array_equal(Z[0::2, :, :d], Z[1::2, :, :d]) and np.array_equal(Z[1::2, :, d], -Z[0::2, :, d])
+             and np.array_equal(w[1::2], -w[0::2]) and np.array_equal(tasks.x_q[0::2], tasks.x_q[1::2])
+             and np.array_equal(tasks.y_q[1::2], -tasks.y_q[0::2]))
+    return 2 if pairs else 1
+
+
+class _ItemSum:
+    """Sums over the items ``(task, query)`` of arrays with items on the last axis (task-major,
+    ``N = n_tasks * n_queries``): plain, or antithetic partners first (tasks ``2i`` and
+    ``2i + 1``), which makes the sum of exactly opposite contributions exactly zero.
+
+    ``total(T (..., N)) -> (...)``; ``outer(T (..., N), X (N, m)) = sum_n T[..., n] X[n] ->
+    (..., m)`` for an item array ``X`` equal across antithetic partners (e.g. query points).
+    """
+
+    def __init__(self, n_tasks, n_queries, pair_first):
+        self.n, self.q, self.pair_first = n_tasks, n_queries, pair_first
+
+    def _fold(self, T):
+        if not self.pair_first:
+            return T
+        T = T.reshape(T.shape[:-1] + (self.n // 2, 2 * self.q))
+        return (T[..., : self.q] + T[..., self.q:]).reshape(T.shape[:-2] + (-1,))
+
+    def total(self, T):
+        return self._fold(T).sum(axis=-1)
+
+    def outer(self, T, X):
+        if self.pair_first:
+            X = X.reshape((self.n // 2, 2 * self.q) + X.shape[1:])[:, : self.q].reshape((-1,) + X.shape[1:])
+        return self._fold(T) @ X
+
+
+class SoftmaxPrefixEngine:
+    """Risk and gradient of ``softmax(L)`` for all ``L`` in ``Ls`` at once (see module doc).
+
+    ``step(U (nL, D, D), v (nL, D)) -> (risk (nL,), grad_U (nL, D, D), grad_v (nL, D))``.
+    Requires noiseless labels ``y = w^T x`` (checked). ``cache_bytes`` bounds the bytes of the
+    features and logits of a chunk of groups (cache blocking).
+
+    Token features per group of tasks sharing covariates (rows, tokens last): ``x_i y`` (``y``
+    the label of the group's first task), ``1``, ``x_i``, ``x_i x_j (i <= j)``. The moments of
+    ``[1, x, x x^T]`` ("quad") give ``E_p x`` and ``E_p x (x . u)`` for ``z . v = x . u``,
+    ``u = v_x + v_y w``; when ``v[:, :d] == 0`` exactly, ``u = v_y w`` and the moments of
+    ``[x y, 1, x]`` ("xy", fewer rows) suffice. With ``pair_first`` the gradient sums add
+    antithetic partners first, and whenever ``U[:, d, :d] == 0`` exactly the partners have
+    bitwise identical logits and are evaluated once.
+    """
+
+    def __init__(self, tasks, Ls, *, cache_bytes=1 << 19, pair_first=False, _group=None):
+        Ls = validate_Ls(Ls, tasks.L_max)
+        d, n, q = tasks.d, tasks.n_tasks, tasks.n_queries
+        x = tasks.Z[:, :, :d]
+        y_model = np.einsum("nli,ni->nl", x, tasks.w)
+        scale = np.max(np.abs(tasks.Z[:, :, d])) + 1.0
+        if not np.allclose(tasks.Z[:, :, d], y_model, rtol=0, atol=1e-12 * scale):
+            raise ValueError("the fast engine needs noiseless labels y = w^T x in tasks.Z")
+        g = _pair_structure(tasks) if _group is None else _group
+        if pair_first and g != 2:
+            raise ValueError("pair_first needs tasks in exact antithetic pairs sharing covariates")
+        ng = n // g
+        self.Ls, self.nL, self.d, self.D, self.g, self.ng, self.q = Ls, len(Ls), d, d + 1, g, ng, q
+        self.N = n * q
+        self.cache_bytes = int(cache_bytes)
+        X = tasks.Z[::g, :, :d]                                 # (ng, L_max, d)
+        Y = tasks.Z[::g, :, d]                                  # labels of each group's first task
+        self.w = tasks.w.reshape(ng, g, d)
+        self.xq = np.ascontiguousarray(tasks.x_q[::g])          # (ng, q, d), shared in a group
+        self.WT = np.ascontiguousarray(np.repeat(tasks.w, q, axis=0).T)   # (d, N) per item
+        self.sign = np.tile(np.repeat([1.0, -1.0][:g], q), ng)  # y_item = sign * y_group
+        self.XQ = tasks.x_q.reshape(self.N, d)                  # (N, d)
+        self.YQ = tasks.y_q.reshape(self.N)
+        self.sum_items = _ItemSum(n, q, pair_first)
+        iu = np.triu_indices(d)
+        nquad = len(iu[0])
+        # feature rows: [x_i y (d) | 1 | x_i (d) | x_i x_j (nquad)]
+        self.rows = {"xy": slice(0, 2 * d + 1), "quad": slice(d, 2 * d + 1 + nquad)}
+        self.logit_rows = slice(d, 2 * d + 1)
+        full = np.zeros((d, d), dtype=int)                      # index of x_i x_j among quad
+        full[iu] = np.arange(nquad)
+        full = full + full.T - np.diag(np.diag(full))
+        self._m2_index = 1 + d + full                           # within the "quad" rows
+        edges = (0,) + Ls
+        self.PhiT = []
+        for b in range(self.nL):
+            lo, hi = edges[b], edges[b + 1]
+            xb = X[:, lo:hi, :].transpose(0, 2, 1)               # (ng, d, tokens)
+            PhiT = np.empty((ng, 2 * d + 1 + nquad, hi - lo))
+            PhiT[:, :d, :] = xb * Y[:, None, lo:hi]
+            PhiT[:, d, :] = 1.0
+            PhiT[:, d + 1:2 * d + 1, :] = xb
+            PhiT[:, 2 * d + 1:, :] = xb[:, iu[0], :] * xb[:, iu[1], :]
+            self.PhiT.append(PhiT)
+        self._plans = {}
+        self.shift = None                                       # (ng, nL, g, q)
+        self.n_exact = 0                                        # steps needing the exact max
+        self.n_shared = 0                                       # steps with shared pair logits
+
+    def _plan(self, ge, feats):
+        """Buffers for ``ge`` logit columns per (group, L, query) and feature set ``feats``:
+        B, per-block chunks, S and M. A chunk of groups is sized so that its features and
+        logits fit in ``cache_bytes``."""
+        key = (ge, feats)
+        if key not in self._plans:
+            ng, nL, q, d = self.ng, self.nL, self.q, self.d
+            rows = self.rows[feats]
+            nf = rows.stop - rows.start
+            blocks = []
+            for b in range(nL):
+                tok = self.PhiT[b].shape[-1]
+                cols = (nL - b) * ge * q
+                gc = int(max(1, min(ng, self.cache_bytes // (8 * tok * (cols + nf)))))
+                chunks = [(s, min(ng, s + gc)) for s in range(0, ng, gc)]
+                blocks.append(dict(b=b, cols=cols, chunks=chunks, S=np.empty((gc, cols, tok)),
+                                   M=np.empty((ng, cols, nf))))
+            i0 = self.logit_rows.start - rows.start             # where sum p sits
+            self._plans[key] = dict(B=np.zeros((ng, nL, ge, q, d + 1)), blocks=blocks, ge=ge,
+                                    feats=feats, rows=rows, nf=nf, i0=i0)
+        return self._plans[key]
+
+    # -- the passes over the tokens -----------------------------------------------------
+    def _moments(self, plan):
+        B, ge, rows, nf = plan["B"], plan["ge"], plan["rows"], plan["nf"]
+        ng, nL, q, D, lr = self.ng, self.nL, self.q, self.D, self.logit_rows
+        Mom = np.zeros((ng, nL, ge, q, nf))
+        for blk in plan["blocks"]:
+            b, S, M, cols = blk["b"], blk["S"], blk["M"], blk["cols"]
+            PhiT = self.PhiT[b]
+            for lo, hi in blk["chunks"]:
+                Sc = S[: hi - lo]
+                P = PhiT[lo:hi]
+                # logits - shift = [-shift, b] . [1, x]
+                np.matmul(B[lo:hi, b:].reshape(hi - lo, cols, D), P[:, lr, :], out=Sc)
+                np.exp(Sc, out=Sc)
+                np.matmul(Sc, P[:, rows, :].transpose(0, 2, 1), out=M[lo:hi])
+            Mom[:, b:] += M.reshape(ng, nL - b, ge, q, nf)
+        return Mom
+
+    def _exact_max(self, plan):
+        B, ge = plan["B"], plan["ge"]
+        ng, nL, q, D, lr = self.ng, self.nL, self.q, self.D, self.logit_rows
+        B[..., 0] = 0.0
+        cmax = np.full((ng, nL, ge, q), -np.inf)
+        for blk in plan["blocks"]:
+            b, S, cols = blk["b"], blk["S"], blk["cols"]
+            bm = np.empty((ng, cols))
+            for lo, hi in blk["chunks"]:
+                Sc = S[: hi - lo]
+                np.matmul(B[lo:hi, b:].reshape(hi - lo, cols, D), self.PhiT[b][lo:hi, lr, :], out=Sc)
+                np.max(Sc, axis=-1, out=bm[lo:hi])
+            np.maximum(cmax[:, b:], bm.reshape(ng, nL - b, ge, q), out=cmax[:, b:])
+        return cmax
+
+    @staticmethod
+    def _ok(Mom, i0):
+        M0 = Mom[..., i0]
+        return bool(np.all(np.isfinite(Mom)) and M0.min() > _TINY and M0.max() < _HUGE)
+
+    def moments(self, U, v):
+        """Un-normalised moments ``(ng, nL, g, q, nf)`` of the softmax weights and the plan used
+        (``None`` if they cannot be made finite); updates the shift to the log-sum-exp."""
+        d, g = self.d, self.g
+        a = (self.xq.reshape(-1, d) @ np.swapaxes(U[:, :, :d], -1, -2))   # (nL, ng*q, D)
+        a = a.reshape(self.nL, self.ng, self.q, self.D).transpose(1, 0, 2, 3)
+        shared = self.sum_items.pair_first and not np.any(U[:, d, :d])
+        plan = self._plan(1 if shared else g, "quad" if np.any(v[:, :d]) else "xy")
+        B, i0 = plan["B"], plan["i0"]
+        if shared:   # a_y == 0 exactly: both partners have the logits x . a_x
+            B[:, :, 0, :, 1:] = a[..., :d]
+        else:
+            B[..., 1:] = a[:, :, None, :, :d] + a[:, :, None, :, d:] * self.w[:, None, :, None, :]
+        shift = None if self.shift is None else self.shift[:, :, : plan["ge"]]
+        Mom = None
+        if shift is not None:
+            B[..., 0] = -shift
+            Mom = self._moments(plan)
+        if Mom is None or not self._ok(Mom, i0):
+            self.n_exact += 1
+            shift = self._exact_max(plan)
+            if not np.all(np.isfinite(shift)):
+                self.shift = None
+                return None, plan
+            B[..., 0] = -shift
+            Mom = self._moments(plan)
+            if not self._ok(Mom, i0):
+                self.shift = None
+                return None, plan
+        if shared:
+            self.n_shared += 1
+            Mom = np.broadcast_to(Mom, (self.ng, self.nL, g, self.q, plan["nf"]))
+            shift = np.broadcast_to(shift, (self.ng, self.nL, g, self.q))
+        self.shift = shift + np.log(Mom[..., i0])               # log-sum-exp: next step's shift
+        return Mom, plan
+
+    def step(self, U, v):
+        d, D, nL, N = self.d, self.D, self.nL, self.N
+        with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+            Mom, plan = self.moments(U, v)
+        if Mom is None:
+            return np.full(nL, np.nan), np.full((nL, D, D), np.nan), np.full((nL, D), np.nan)
+        i0 = plan["i0"]
+        M = Mom.transpose(4, 1, 0, 2, 3).reshape(plan["nf"], nL, N)   # items (task, query) last
+        inv = 1.0 / M[i0]
+        m1 = M[i0 + 1:i0 + 1 + d] * inv                            # E_p x   (d, nL, N)
+        WT = self.WT                                               # (d, N): w of each item
+        u = v.T[:d, :, None] + v[:, d, None] * WT[:, None, :]      # z . v = x . u   (d, nL, N)
+        if plan["feats"] == "quad":                                # E_p x (x . u)
+            m2u = (M[self._m2_index] * u).sum(axis=1) * inv
+        else:                                                      # u = v_y w: v_y E_p x y
+            m2u = M[:d] * (v[:, d, None] * self.sign * inv)
+        pred = (m1 * u).sum(axis=0)                                # v . mbar_z = u . E_p x
+        r = pred - self.YQ                                         # (nL, N)
+        rc = r * (m2u - m1 * pred)                                 # r (C v), x-part; y-part w . rc
+        rm1 = r * m1                                               # r mbar, x-part; y-part w . rm1
+        s = self.sum_items
+        risk = 0.5 * s.total(r * r) / N
+        gv = np.empty((nL, D))
+        gv[:, :d] = s.total(rm1).T / N
+        gv[:, d] = s.total((rm1 * WT[:, None, :]).sum(axis=0)) / N
+        gU = np.zeros((nL, D, D))                                  # z_q = (x_q, 0): last column 0
+        gU[:, :d, :d] = s.outer(rc, self.XQ).transpose(1, 0, 2) / N
+        gU[:, d, :d] = s.outer((rc * WT[:, None, :]).sum(axis=0), self.XQ) / N
+        return risk, gU, gv
+
+
+class LinearEngine:
+    """Risk and gradient of ``v^T G U z_q`` for a stack of models, ``G (nL, n, D, D)`` (one
+    matrix per model and task: ``Ghat_L`` for all L, or ``Gamma_w`` with nL = 1).
+    ``step(U (nL, D, D), v (nL, D)) -> (risk (nL,), grad_U (nL, D, D), grad_v (nL, D))``."""
+
+    def __init__(self, tasks, G, *, pair_first=False, _group=None):
+        n, q, D = tasks.n_tasks, tasks.n_queries, tasks.D
+        G = np.asarray(G, dtype=float)
+        if G.ndim != 4 or G.shape[1:] != (n, D, D):
+            raise ValueError(f"G must be (nL, {n}, {D}, {D}), got {G.shape}")
+        self.GT = np.ascontiguousarray(G.transpose(0, 2, 3, 1))  # (nL, D, D, n): tasks last
+        self.n, self.q, self.D, self.N = n, q, D, n * q
+        self.zq = tasks.z_q.reshape(self.N, D)                  # items (task, query)
+        self.zqT = np.ascontiguousarray(tasks.z_q.transpose(2, 1, 0)).reshape(D, q * n)  # (q, task) order
+        self.YQ = np.ascontiguousarray(tasks.y_q.T)             # (q, n)
+        if pair_first and (_pair_structure(tasks) if _group is None else _group) != 2:
+            raise ValueError("pair_first needs tasks in exact antithetic pairs sharing covariates")
+        self.sum_items = _ItemSum(n, q, pair_first)
+
+    def step(self, U, v):
+        nL, n, q, D, N = U.shape[0], self.n, self.q, self.D, self.N
+        GT = self.GT
+        # inner loops run over tasks (contiguous): layout (q, n), then items (n, q) for the sums
+        Uz = (U @ self.zqT).reshape(nL, 1, D, q, n)             # U z_q
+        h = (GT[:, :, :, None, :] * Uz).sum(axis=2)             # G U z_q      (nL, D, q, n)
+        r = (v[:, :, None, None] * h).sum(axis=1) - self.YQ     # (nL, q, n)
+        Gtv = (GT * v[:, :, None, None]).sum(axis=1)            # G^T v        (nL, D, n)
+        rGtv = Gtv[:, :, None, :] * r[:, None]                  # (nL, D, q, n)
+        r = r.transpose(0, 2, 1).reshape(nL, N)
+        h = h.transpose(0, 1, 3, 2).reshape(nL, D, N)
+        rGtv = rGtv.transpose(0, 1, 3, 2).reshape(nL, D, N)
+        s = self.sum_items
+        risk = 0.5 * s.total(r * r) / N
+        gv = s.total(r[:, None, :] * h) / N
+        gU = s.outer(rGtv, self.zq) / N
+        return risk, gU, gv
+
+
+def train_all_arrays(tasks, Ls, *, models=icl.MODELS, lr=0.01, n_steps=2500, ckpt_every=20,
+                     U0=None, v0=None, label="", max_abs=1e6, pair_first=None,
+                     cache_bytes=1 << 19):
+    """Fast engine: train every model in ``models`` (``"softmax"``, ``"linear"``,
+    ``"linear_inf"``) and, for the finite-L models, every ``L`` in ``Ls`` (strictly increasing),
+    from the same ``(U0, v0)`` (default Eq. 9) on the same ``tasks``, by gradient descent with
+    step ``lr``.
+
+    ``pair_first``: add the gradient contributions of antithetic partners (tasks ``2i``,
+    ``2i + 1``) first, and evaluate the softmax of both partners once while ``U[:, d, :d]`` is
+    exactly zero (then their logits are bitwise identical): about 1.5x faster, exact. ``None``
+    (default): True when the tasks are antithetic pairs sharing covariates, else False.
+    Either way the off-block part is computed, never imposed: from a block-structured init on
+    antithetic tasks it stays exactly 0 (the partners' contributions are exact opposites and
+    cancel; the plain pairwise sums did too in our runs), and any off-block perturbation in
+    ``(U0, v0)`` evolves freely.
+
+    Returns a dict: ``t (n_ckpt,)``, ``L (nL,)``, and per model a dict with ``U``, ``v``,
+    ``risk``: shapes ``(nL, n_ckpt, D, D)``, ``(nL, n_ckpt, D)``, ``(nL, n_ckpt)`` for softmax and
+    linear, ``(n_ckpt, D, D)``, ``(n_ckpt, D)``, ``(n_ckpt,)`` for linear_inf; plus
+    ``n_exact_shift_steps`` and ``n_shared_steps`` (softmax steps that needed the exact max
+    shift, and that evaluated antithetic partners once).
+    Raises :class:`TrainingDiverged` naming ``label``, the model, ``L`` and the step.
+    """
+    models = tuple(models)
+    for m in models:
+        if m not in icl.MODELS:
+            raise ValueError(f"unknown model {m!r}; expected one of {icl.MODELS}")
+    if len(set(models)) != len(models) or not models:
+        raise ValueError(f"models must be a non-empty list without repeats, got {models}")
+    has_finite = any(m in FINITE_MODELS for m in models)
+    Ls = () if Ls is None else tuple(Ls)
+    Ls = validate_Ls(Ls, tasks.L_max) if has_finite or Ls else ()
+    lr = _check_lr(lr)
+    steps = checkpoint_steps(n_steps, ckpt_every)
+    U0, v0 = _init(tasks, U0, v0)
+    group = _pair_structure(tasks)
+    if pair_first is None:
+        pair_first = group == 2
+    nL, D, nc = len(Ls), tasks.D, len(steps)
+    state, rec, engines = {}, {}, {}
+    for m in models:
+        k = 1 if m == "linear_inf" else nL
+        state[m] = [np.repeat(U0[None], k, axis=0), np.repeat(v0[None], k, axis=0)]
+        rec[m] = dict(U=np.empty((k, nc, D, D)), v=np.empty((k, nc, D)), risk=np.empty((k, nc)))
+        if m == "softmax":
+            engines[m] = SoftmaxPrefixEngine(tasks, Ls, cache_bytes=cache_bytes, pair_first=pair_first,
+                                             _group=group)
+        elif m == "linear":
+            G = np.stack([icl.Ghat(tasks.Z, L) for L in Ls])
+            engines[m] = LinearEngine(tasks, G, pair_first=pair_first, _group=group)
+        else:
+            engines[m] = LinearEngine(tasks, icl.Gamma_w(tasks.Sigma, tasks.w)[None], pair_first=pair_first,
+                                      _group=group)
+    j = 0
+    with np.errstate(all="ignore"):
+        for t in range(n_steps + 1):
+            ck = t == steps[j]
+            for m in models:
+                U, v = state[m]
+                risk, gU, gv = engines[m].step(U, v)
+                _check_finite(risk, U, v, step=t, max_abs=max_abs, label=label, model=m,
+                              Ls=(None,) if m == "linear_inf" else Ls)
+                if ck:
+                    r = rec[m]
+                    r["U"][:, j], r["v"][:, j], r["risk"][:, j] = U, v, risk
+                if t < n_steps:
+                    state[m] = [U - lr * gU, v - lr * gv]
+            if ck:
+                j += 1
+    out = {"t": steps, "L": np.array(Ls, dtype=int)}
+    for m in models:
+        out[m] = {k: (a[0] if m == "linear_inf" else a) for k, a in rec[m].items()}
+    sm = engines.get("softmax")
+    out["n_exact_shift_steps"] = sm.n_exact if sm else 0
+    out["n_shared_steps"] = sm.n_shared if sm else 0
+    out["pair_first"] = bool(pair_first)
+    return out
+
+
+def train_all(tasks, Ls, *, models=icl.MODELS, lr=0.01, n_steps=2500, ckpt_every=20, U0=None,
+              v0=None, label="", max_abs=1e6, pair_first=None, cache_bytes=1 << 19):
+    """:func:`train_all_arrays` as an ``xr.Dataset``.
+
+    Finite-L models: ``U (model, L, t, row, col)``, ``v (model, L, t, row)``,
+    ``risk (model, L, t)`` with ``model`` in (``softmax``, ``linear``) as requested;
+    ``linear_inf``: ``U_inf (t, row, col)``, ``v_inf (t, row)``, ``risk_inf (t)``.
+    """
+    res = train_all_arrays(tasks, Ls, models=models, lr=lr, n_steps=n_steps, ckpt_every=ckpt_every,
+                           U0=U0, v0=v0, label=label, max_abs=max_abs, pair_first=pair_first,
+                           cache_bytes=cache_bytes)
+    D = tasks.D
+    coords = {"t": res["t"], "row": np.arange(D), "col": np.arange(D)}
+    data = {}
+    finite = [m for m in FINITE_MODELS if m in res]
+    if finite:
+        coords.update(model=list(finite), L=res["L"])
+        data["U"] = (("model", "L", "t", "row", "col"), np.stack([res[m]["U"] for m in finite]))
+        data["v"] = (("model", "L", "t", "row"), np.stack([res[m]["v"] for m in finite]))
+        data["risk"] = (("model", "L", "t"), np.stack([res[m]["risk"] for m in finite]))
+    if "linear_inf" in res:
+        r = res["linear_inf"]
+        data["U_inf"] = (("t", "row", "col"), r["U"])
+        data["v_inf"] = (("t", "row"), r["v"])
+        data["risk_inf"] = ("t", r["risk"])
+    ds = xr.Dataset(data, coords=coords,
+                    attrs={"lr": float(lr), "label": label, "pair_first": int(res["pair_first"]),
+                           "n_exact_shift_steps": int(res["n_exact_shift_steps"]),
+                           "n_shared_steps": int(res["n_shared_steps"]),
+                           "sfxlin_version": __version__})
+    return _annotate(ds)

@@ -1,0 +1,324 @@
+"""Training: the fast all-L engine against the plain per-L reference, the simple path, the
+divergence errors, the conservation law of the linear flows, convergence to the Bayes optimum."""
+import numpy as np
+import pytest
+import xarray as xr
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from reference_c3 import linear_step, softmax_step, train_reference, train_reference_all
+from sfxlin import icl, training
+from sfxlin.training import SoftmaxPrefixEngine, TrainingDiverged, train, train_all, train_all_arrays
+
+ANISO = np.diag([2.0, 1.0, 0.5])
+LS = (4, 8, 16, 32, 64)
+
+
+def _rng(*ids):
+    return np.random.default_rng([*ids, 9101])
+
+
+def _tasks(d=3, n_pairs=4, n_queries=2, L_max=64, Sigma=None, law="gaussian", seed=0):
+    Sigma = np.eye(d) if Sigma is None else Sigma
+    return icl.make_tasks(_rng(seed), d, n_pairs, n_queries, L_max, icl.covariate_law(law, Sigma))
+
+
+def _rel(a, b):
+    return float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / np.max(np.abs(b)))
+
+
+def _assert_same_run(fast, ref, models=icl.MODELS, tol=1e-10):
+    for m in models:
+        for k in ("U", "v", "risk"):
+            assert fast[m][k].shape == ref[m][k].shape, (m, k)
+            assert _rel(fast[m][k], ref[m][k]) <= tol, (m, k, _rel(fast[m][k], ref[m][k]))
+
+
+def _perturbed_init(d, Sigma, eps, seed, parts=("U", "v")):
+    """Eq. 9 init plus an off-block perturbation of size eps (the block structure broken) in
+    ``U[d, :d]`` and/or ``v[:d]``."""
+    U0, v0 = icl.init_theta(d, Sigma)
+    rng = _rng(seed, 1)
+    U0, v0 = U0.copy(), v0.copy()
+    if "U" in parts:
+        U0[d, :d] += eps * rng.standard_normal(d)
+    if "v" in parts:
+        v0[:d] += eps * rng.standard_normal(d)
+    return U0, v0
+
+
+# --------------------------------------------------------------------------- fast vs reference
+
+
+@pytest.mark.parametrize("pair_first", [False, True])
+@pytest.mark.parametrize("setting", ["isotropic", "anisotropic", "rademacher", "perturbed", "perturbed_U",
+                                     "perturbed_v"])
+def test_fast_engine_reproduces_the_per_L_reference(setting, pair_first):
+    """Every feature path: block-structured ("xy" features, partners shared with pair_first),
+    U[d, :d] != 0 (partners evaluated apart), v[:d] != 0 (quadratic features)."""
+    Sigma = np.eye(3) if setting == "isotropic" else ANISO
+    law = "rademacher" if setting == "rademacher" else "gaussian"
+    tasks = _tasks(Sigma=Sigma, law=law, seed=1)
+    if setting.startswith("perturbed"):   # off-block present
+        U0, v0 = _perturbed_init(3, Sigma, 1e-3, 2, parts=setting[10:] or ("U", "v"))
+    else:
+        U0, v0 = icl.init_theta(3, Sigma)
+    kw = dict(lr=0.05, n_steps=60, ckpt_every=10, U0=U0, v0=v0)
+    fast = train_all_arrays(tasks, LS, pair_first=pair_first, **kw)
+    ref = train_reference_all(tasks, LS, **kw)
+    np.testing.assert_array_equal(fast["t"], ref["softmax"]["t"])
+    np.testing.assert_array_equal(fast["L"], LS)
+    _assert_same_run(fast, ref)
+    # the risk decreased: training did something
+    assert np.all(fast["softmax"]["risk"][:, -1] < fast["softmax"]["risk"][:, 0])
+    # partners share logits while U[d, :d] == 0 exactly: always from a block init; only at
+    # step 0 when v[:d] != 0 (which then feeds U[d, :d]); never when U[d, :d] != 0
+    expected = {"perturbed": 0, "perturbed_U": 0, "perturbed_v": 1}.get(setting, 61)
+    assert fast["n_shared_steps"] == (expected if pair_first else 0)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(d=st.integers(1, 3), n_pairs=st.integers(1, 3), n_queries=st.integers(1, 3),
+       Ls=st.lists(st.integers(1, 40), min_size=1, max_size=5, unique=True).map(sorted),
+       lr=st.floats(0.005, 0.05), pair_first=st.booleans(), perturb=st.booleans(), seed=st.integers(0, 10**6))
+def test_fast_engine_property(d, n_pairs, n_queries, Ls, lr, pair_first, perturb, seed):
+    tasks = _tasks(d, n_pairs, n_queries, max(Ls), seed=seed)
+    U0, v0 = _perturbed_init(d, tasks.Sigma, 0.1, seed) if perturb else icl.init_theta(d, tasks.Sigma)
+    kw = dict(lr=lr, n_steps=4, ckpt_every=2, U0=U0, v0=v0)
+    try:
+        fast = train_all_arrays(tasks, Ls, pair_first=pair_first, **kw)
+    except TrainingDiverged as err:   # a genuine divergence (e.g. L = 1): the replay agrees
+        L = err.L if err.L is not None else Ls[0]
+        assert _first_bad_step(err.model, tasks, L, lr, 1e6, 4, U0, v0) == err.step
+        return
+    _assert_same_run(fast, train_reference_all(tasks, Ls, **kw))
+
+
+def test_fast_engine_on_tasks_that_are_not_pairs():
+    """Independent tasks (no shared covariates): one task per group, plain sums."""
+    t = _tasks(n_pairs=3, seed=3)
+    keep = [0, 3, 4]                          # no two partners
+    tasks = icl.Tasks(Z=t.Z[keep], w=t.w[keep], x_q=t.x_q[keep], y_q=t.y_q[keep], Sigma=t.Sigma, paired=False)
+    assert training._pair_structure(tasks) == 1
+    kw = dict(lr=0.05, n_steps=20, ckpt_every=5)
+    fast = train_all_arrays(tasks, (3, 9, 64), **kw)
+    U0, v0 = icl.init_theta(3, tasks.Sigma)
+    _assert_same_run(fast, train_reference_all(tasks, (3, 9, 64), U0=U0, v0=v0, **kw))
+    assert not fast["pair_first"]
+    with pytest.raises(ValueError, match="antithetic pairs"):
+        train_all_arrays(tasks, (3, 9), pair_first=True, **kw)
+
+
+def test_models_subset_and_linear_inf_alone():
+    tasks = _tasks(seed=4)
+    U0, v0 = icl.init_theta(3, tasks.Sigma)
+    kw = dict(lr=0.05, n_steps=10, ckpt_every=5)
+    ref = train_reference_all(tasks, LS, U0=U0, v0=v0, **kw)
+    only_sm = train_all_arrays(tasks, LS, models=("softmax",), **kw)
+    assert set(only_sm) >= {"softmax"} and "linear" not in only_sm
+    _assert_same_run(only_sm, ref, models=("softmax",))
+    only_inf = train_all_arrays(tasks, [], models=("linear_inf",), **kw)
+    _assert_same_run(only_inf, ref, models=("linear_inf",))
+    assert only_inf["linear_inf"]["U"].shape == (3, 4, 4)
+
+
+def test_pair_first_keeps_the_block_structure_exactly_and_plain_sums_to_rounding():
+    tasks = _tasks(Sigma=ANISO, seed=5)
+    kw = dict(lr=0.05, n_steps=100, ckpt_every=20)
+    for pair_first, tol in ((True, 0.0), (False, 1e-15)):
+        res = train_all_arrays(tasks, LS, pair_first=pair_first, **kw)
+        for m in icl.MODELS:
+            assert np.max(icl.off_block_mass(res[m]["U"], res[m]["v"])) <= tol
+
+
+def test_wrong_softmax_shift_falls_back_to_the_exact_maximum():
+    tasks = _tasks(seed=6)
+    U0, v0 = _perturbed_init(3, tasks.Sigma, 0.05, 6)
+    U, v = np.repeat(U0[None], len(LS), 0), np.repeat(v0[None], len(LS), 0)
+    eng = SoftmaxPrefixEngine(tasks, LS)
+    first = eng.step(U, v)
+    assert eng.n_exact == 1                    # no shift yet: exact maximum
+    again = eng.step(U, v)
+    assert eng.n_exact == 1                    # previous log-sum-exp reused
+    for bad in (+2000.0, -2000.0):             # underflow / overflow of every exponential
+        eng.shift = eng.shift + bad
+        redo = eng.step(U, v)
+        for a, b in zip(first + again, redo + redo):
+            np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-16)
+    assert eng.n_exact == 3
+
+
+def test_engine_rejects_noisy_labels():
+    t = _tasks(seed=7)
+    Z = t.Z.copy()
+    Z[0, 0, 3] += 0.1
+    noisy = icl.Tasks(Z=Z, w=t.w, x_q=t.x_q, y_q=t.y_q, Sigma=t.Sigma)
+    with pytest.raises(ValueError, match="noiseless"):
+        SoftmaxPrefixEngine(noisy, LS)
+
+
+# --------------------------------------------------------------------------- simple path, datasets
+
+
+@pytest.mark.parametrize("model", icl.MODELS)
+def test_simple_train_matches_reference_and_returns_a_dataset(model):
+    tasks = _tasks(Sigma=ANISO, seed=8)
+    U0, v0 = icl.init_theta(3, tasks.Sigma)
+    L = None if model == "linear_inf" else 16
+    ds = train(model, tasks, L, lr=0.05, n_steps=40, ckpt_every=10, label="cell-x")
+    ref = train_reference(model, tasks, L, lr=0.05, n_steps=40, ckpt_every=10, U0=U0, v0=v0)
+    assert isinstance(ds, xr.Dataset)
+    assert ds["U"].dims == ("t", "row", "col") and ds["v"].dims == ("t", "row") and ds["risk"].dims == ("t",)
+    np.testing.assert_array_equal(ds["t"], [0, 10, 20, 30, 40])
+    assert ds.attrs["model"] == model and ds.attrs["label"] == "cell-x"
+    assert ds["risk"].attrs["long_name"]
+    for k in ("U", "v", "risk"):
+        assert _rel(ds[k].values, ref[k]) <= 1e-10
+
+
+def test_train_all_dataset_schema():
+    tasks = _tasks(seed=9)
+    ds = train_all(tasks, LS, lr=0.05, n_steps=20, ckpt_every=10, label="c3/iso/seed0")
+    assert ds["U"].dims == ("model", "L", "t", "row", "col")
+    assert ds["risk"].dims == ("model", "L", "t")
+    assert ds["U_inf"].dims == ("t", "row", "col") and ds["risk_inf"].dims == ("t",)
+    assert list(ds["model"].values) == ["softmax", "linear"]
+    np.testing.assert_array_equal(ds["L"], LS)
+    np.testing.assert_array_equal(ds["t"], [0, 10, 20])
+    assert ds.attrs["label"] == "c3/iso/seed0" and ds.attrs["pair_first"] == 1
+    arr = train_all_arrays(tasks, LS, lr=0.05, n_steps=20, ckpt_every=10)
+    np.testing.assert_array_equal(ds["U"].sel(model="linear").values, arr["linear"]["U"])
+    np.testing.assert_array_equal(ds["v_inf"].values, arr["linear_inf"]["v"])
+    for name in ("U", "v", "risk", "U_inf", "v_inf", "risk_inf"):
+        assert ds[name].attrs["long_name"] and ds[name].attrs["description"]
+
+
+def test_validation_errors():
+    tasks = _tasks(seed=10)
+    with pytest.raises(ValueError, match="strictly increasing"):
+        train_all_arrays(tasks, (8, 8, 16), n_steps=2, ckpt_every=1)
+    with pytest.raises(ValueError, match="exceeds"):
+        train_all_arrays(tasks, (8, 128), n_steps=2, ckpt_every=1)
+    with pytest.raises(ValueError, match="positive integer"):
+        training.validate_Ls([8, 16.5])
+    with pytest.raises(ValueError, match="must not be empty"):
+        train_all_arrays(tasks, [], n_steps=2, ckpt_every=1)
+    with pytest.raises(ValueError, match="multiple of ckpt_every"):
+        train_all_arrays(tasks, LS, n_steps=25, ckpt_every=10)
+    with pytest.raises(ValueError, match="unknown model"):
+        train_all_arrays(tasks, LS, models=("softmax", "relu"), n_steps=2, ckpt_every=1)
+    with pytest.raises(ValueError, match="both U0 and v0"):
+        train("linear", tasks, 8, U0=np.eye(4), n_steps=2, ckpt_every=1)
+    with pytest.raises(ValueError, match="lr"):
+        train("linear", tasks, 8, lr=-1.0, n_steps=2, ckpt_every=1)
+
+
+# --------------------------------------------------------------------------- divergence
+
+
+def _first_bad_step(model, tasks, L, lr, max_abs, n_steps, U0=None, v0=None):
+    """Independent replay with the reference step: first t where risk(theta_t) or theta_t is
+    non-finite or |theta_t| > max_abs."""
+    U, v = icl.init_theta(tasks.d, tasks.Sigma) if U0 is None else (U0, v0)
+    zq, yq = tasks.z_q, tasks.y_q
+    if model == "softmax":
+        fn = lambda U, v: softmax_step(U, v, np.ascontiguousarray(tasks.Z[:, :L]), zq, yq)  # noqa: E731
+    else:
+        G = icl.Ghat(tasks.Z, L) if model == "linear" else icl.Gamma_w(tasks.Sigma, tasks.w)
+        fn = lambda U, v: linear_step(U, v, G, zq, yq)  # noqa: E731
+    with np.errstate(all="ignore"):
+        for t in range(n_steps + 1):
+            risk, gU, gv = fn(U, v)
+            big = max(np.max(np.abs(U)), np.max(np.abs(v)))
+            if not (np.isfinite(risk) and big <= max_abs):
+                return t
+            U, v = U - lr * gU, v - lr * gv
+    return None
+
+
+@pytest.mark.parametrize("model", icl.MODELS)
+def test_too_large_lr_raises_naming_the_step(model):
+    tasks = _tasks(seed=11)
+    lr, max_abs, n_steps = 30.0, 1e6, 200
+    Ls = (8, 64)
+    expected = [_first_bad_step(model, tasks, L, lr, max_abs, n_steps) for L in Ls]
+    if model == "linear_inf":
+        expected = expected[:1]
+    step = min(s for s in expected if s is not None)
+    L = None if model == "linear_inf" else Ls[expected.index(step)]
+    with pytest.raises(TrainingDiverged) as info:
+        train_all_arrays(tasks, Ls, models=(model,), lr=lr, n_steps=n_steps, ckpt_every=1,
+                         max_abs=max_abs, label="c3/test-cell")
+    err = info.value
+    assert isinstance(err, FloatingPointError)
+    assert (err.step, err.model, err.L, err.label) == (step, model, L, "c3/test-cell")
+    assert f"step {step}" in str(err) and "c3/test-cell" in str(err) and model in str(err)
+    # the simple path says the same
+    with pytest.raises(TrainingDiverged, match=f"diverged at step {expected[0]}"):
+        train(model, tasks, Ls[0], lr=lr, n_steps=n_steps, ckpt_every=1, max_abs=max_abs)
+
+
+def test_softmax_training_with_huge_logits_stays_finite():
+    tasks = _tasks(seed=12)
+    U0, v0 = icl.init_theta(3, tasks.Sigma)
+    U0 = 1e3 * U0 + 1e2 * _rng(12, 2).standard_normal((4, 4))   # logits of order 1e3
+    kw = dict(lr=1e-4, n_steps=20, ckpt_every=5, U0=U0, v0=v0)
+    fast = train_all_arrays(tasks, LS, models=("softmax",), **kw)
+    ref = train_reference_all(tasks, LS, models=("softmax",), **kw)
+    for k in ("U", "v", "risk"):
+        assert np.all(np.isfinite(fast["softmax"][k]))
+    # near one-hot weights: C = E zz^T - mbar mbar^T cancels, so agreement is to ~1e-9 only
+    _assert_same_run(fast, ref, models=("softmax",), tol=1e-8)
+    ds = train("softmax", tasks, 64, **kw)
+    assert np.all(np.isfinite(ds["U"].values))
+
+
+# --------------------------------------------------------------------------- dynamics
+
+
+@pytest.mark.parametrize("model", ["linear_inf", "linear"])
+def test_balance_drift_of_the_linear_flows_is_exactly_second_order(model):
+    """For bilinear predictions <U, grad_U R> = <v, grad_v R>, so one GD step changes
+    ||U||_F^2 - ||v||^2 by exactly lr^2 (||grad_U||^2 - ||grad_v||^2): conserved by the flow,
+    drift O(lr^2 T) for GD."""
+    tasks = _tasks(Sigma=ANISO, seed=13)
+    L = None if model == "linear_inf" else 32
+    lr, T = 0.02, 300
+    ds = train(model, tasks, L, lr=lr, n_steps=T, ckpt_every=1)
+    U, v = ds["U"].values, ds["v"].values
+    balance = np.sum(U**2, axis=(1, 2)) - np.sum(v**2, axis=1)
+    _, gU, gv = icl.risk_grad(model, U, v, tasks, L)        # gradients at every iterate
+    predicted = balance[0] + lr**2 * np.concatenate([[0.0], np.cumsum(np.sum(gU**2, (1, 2)) - np.sum(gv**2, 1))[:-1]])
+    scale = np.sum(U[0] ** 2) + np.sum(v[0] ** 2)
+    np.testing.assert_allclose(balance, predicted, rtol=0, atol=1e-12 * scale)
+    assert abs(balance[0]) < 1e-15 * scale                 # Eq. 9 init is balanced
+    # conserved by the flow: at a fixed horizon lr * T the drift is O(lr), halving with lr
+    half = train(model, tasks, L, lr=lr / 2, n_steps=2 * T, ckpt_every=2 * T)
+    drift_half = np.sum(half["U"].values[-1] ** 2) - np.sum(half["v"].values[-1] ** 2)
+    assert 1.8 < balance[-1] / drift_half < 2.2
+
+
+def test_linear_inf_reaches_the_bayes_optimum():
+    """d = 2: GD on linear(inf) from the balanced init converges to the balanced minimiser of
+    Remark 5.2, up to the O(lr^2) drift of the balance (which shifts the limit by about
+    |drift| / (4c) in v and U)."""
+    Sigma = np.diag([1.5, 0.7])
+    tasks = _tasks(d=2, n_pairs=16, n_queries=2, L_max=2, Sigma=Sigma, seed=14)
+    lr = 0.05
+    ds = train("linear_inf", tasks, lr=lr, n_steps=4000, ckpt_every=4000)
+    U, v = ds["U"].values[-1], ds["v"].values[-1]
+    Us, vs = icl.bayes_optimum(Sigma)
+    c = vs[-1]
+    drift = abs(np.sum(U**2) - np.sum(v**2))
+    assert ds["risk"].values[-1] < 1e-20
+    assert icl.theta_distance(U, v, Us, vs) < 2 * drift / c + 1e-8
+    assert icl.off_block_mass(U, v) < 1e-15
+
+
+def test_bench_c3_smoke():
+    from sfxlin.bench_c3 import bench_c3
+
+    out = bench_c3(n_steps=2, repeats=1, verbose=False)
+    assert out["max_rel_diff"] <= 1e-10 and out["max_rel_diff_pair_first"] <= 1e-10
+    assert out["ms_per_step_reference"] > 0 and out["ratio"] > 0 and out["ratio_pair_first"] > 0
+    assert out["Ls"] == [8 * 2**k for k in range(10)] and out["n_tasks"] == 96
