@@ -23,7 +23,6 @@ from .storage import ResultsError, ensure_writable, open_results, provenance, sa
 __all__ = ["main"]
 
 EXPERIMENTS = {"c1": "c1_limit"}
-ANALYSES = {"c1_limit": "c1"}
 BENCHES = {"c1": "sfxlin.bench:bench_c1", "c3": "sfxlin.bench_c3:bench_c3"}
 
 
@@ -33,14 +32,6 @@ def pipeline(name):
     if full not in EXPERIMENTS.values():
         raise ValueError(f"unknown experiment {name!r}; expected one of {sorted(EXPERIMENTS)}")
     return importlib.import_module(f"sfxlin.pipelines.{full}")
-
-
-def analysis_for(ds):
-    """The analysis module of a results Dataset, by its ``experiment`` attr."""
-    name = ds.attrs.get("experiment")
-    if name not in ANALYSES:
-        raise ResultsError(f"no analysis for experiment {name!r}")
-    return importlib.import_module(f"sfxlin.analysis.{ANALYSES[name]}")
 
 
 def _parse_value(text, like, key):
@@ -90,6 +81,7 @@ def _parse_chunks(items):
 
 def report(ds, out_dir, quiet=False):
     """Print the fit and verdict tables of a results Dataset and save its figure beside it."""
+    from .analysis.report import analysis_for
     from .analysis.verdicts import format_table
 
     module = analysis_for(ds)
@@ -143,6 +135,13 @@ def cmd_bench(args):
     print("(allocator: " + ", ".join(f"{k}={v}" for k, v in BENCH_MALLOC.items()) + ", for both arms)")
     mod, _, fn = target.partition(":")
     getattr(importlib.import_module(mod), fn)()
+
+
+def cmd_report(args):
+    from .analysis.report import write_report
+
+    html_path, md_path = write_report(args.results, args.out)
+    print(f"wrote {html_path} and {md_path}")
 
 
 def cmd_list(args):
@@ -227,6 +226,10 @@ def parser():
     bench.set_defaults(func=cmd_bench)
     lst = sub.add_parser("list", help="experiments, their parameters and profiles")
     lst.set_defaults(func=cmd_list)
+    rep = sub.add_parser("report", help="one self-contained HTML page (and Markdown) of every claim")
+    rep.add_argument("--results", default="datasets", help="folder of results files (default: datasets)")
+    rep.add_argument("--out", default="datasets/report.html", help="HTML file; the Markdown goes beside it")
+    rep.set_defaults(func=cmd_report)
     schema = sub.add_parser("schema", help="markdown schema of every results file (datasets/README.md)")
     schema.set_defaults(func=cmd_schema)
     info = sub.add_parser("info", help="dims, coordinates, variables and provenance of a results file")

@@ -1,0 +1,71 @@
+"""The offline report: every claim's verdicts, fits, figures (embedded) and provenance."""
+import base64
+import re
+import shutil
+import subprocess
+
+import pytest
+import xarray as xr
+
+from sfxlin.analysis.report import build_report, write_report
+from sfxlin.cli import main
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("results")
+    assert main(["run", "c1", "--quiet", "--out", str(out)]) == 0
+    return out
+
+
+def test_html_is_self_contained_with_every_verdict_and_figure(results):
+    page, md = build_report(results)
+    ds = xr.open_dataset(results / "c1_limit.nc")
+    for crit in ("C1-quadrature", "C1-slopes", "C1-plateau"):
+        assert crit in page and crit in md
+    assert "http://" not in page and "https://" not in page  # nothing to fetch
+    images = re.findall(r"src='data:image/png;base64,([^']+)'", page)
+    assert len(images) == 1
+    assert base64.b64decode(images[0])[:8] == b"\x89PNG\r\n\x1a\n"
+    assert ds.attrs["git_revision"] in page and ds.attrs["created"] in page
+    assert "paper form" in page  # the fit table
+
+
+def test_report_figures_are_drawn_from_the_current_file(results, tmp_path):
+    """Change the data: the embedded figure changes with it (no stale picture)."""
+    first = re.findall(r"base64,([^']+)'", build_report(results)[0])[0]
+    moved = tmp_path / "r"
+    shutil.copytree(results, moved)
+    with xr.open_dataset(moved / "c1_limit.nc") as ds:
+        changed = ds.load()
+    changed["mse"] = changed.mse * 2
+    (moved / "c1_limit.nc").unlink()
+    changed.to_netcdf(moved / "c1_limit.nc")
+    second = re.findall(r"base64,([^']+)'", build_report(moved)[0])[0]
+    assert first != second
+
+
+def test_cli_writes_html_and_markdown(results, tmp_path, capsys):
+    assert main(["report", "--results", str(results), "--out", str(tmp_path / "report.html")]) == 0
+    assert (tmp_path / "report.html").read_text().startswith("<!doctype html>")
+    assert (tmp_path / "report.md").read_text().startswith("# sfxlin report")
+
+
+def test_empty_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="no results files"):
+        build_report(tmp_path)
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="headless Chromium not installed")
+def test_every_figure_loads_in_headless_chromium(results, tmp_path):
+    html_path, _ = write_report(results, tmp_path / "report.html")
+    probe = tmp_path / "probe.html"
+    probe.write_text(html_path.read_text().replace(
+        "</body>", "<script>window.onload=()=>{const i=[...document.images];"
+        "document.title=i.length+':'+i.filter(x=>x.complete&&x.naturalWidth>0).length}</script></body>"))
+    dom = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                          "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", probe.as_uri()],
+                         capture_output=True, text=True, timeout=120).stdout
+    title = re.search(r"<title>(\d+):(\d+)</title>", dom)
+    assert title, dom[:500]
+    assert title.group(1) == title.group(2) != "0"
