@@ -8,6 +8,7 @@ from .attention import (asymptotic_mse, limit_attention, linear_attention, softm
 from .laws import Gaussian, NoLimitError, Rademacher, StudentT, Uniform
 from .storage import open_results, save
 from .sweep import Experiment, Variable, build
+from .analysis import accessor as _accessor  # registers the ``.sfx`` accessors  # noqa: F401
 
 __all__ = [
     "__version__", "asymptotic_mse", "limit_attention", "linear_attention", "softmax_attention",

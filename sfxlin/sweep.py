@@ -76,6 +76,10 @@ class Experiment:
         grid = self.grid(config)
         return [v for v in self.variables if not any(d in grid for d in v.dims)]
 
+    def __repr__(self):
+        return (f"Experiment({self.name!r}: {', '.join(v.name for v in self.variables)}; "
+                f"{self.description})")
+
     @property
     def tag(self) -> int:
         """Integer stream tag of this experiment for the per-cell RNG."""

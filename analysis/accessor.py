@@ -1,0 +1,84 @@
+"""``.sfx`` accessors: the fits, verdicts and figures of sfxlin, one attribute away in IPython.
+
+    ds = sfxlin.open_results("c1_limit")
+    ds.mse.sel(law="gaussian").mean("seed").sfx.loglog_slope("L")
+    ds.sfx.verdicts()            # PASS / FAIL / INCONCLUSIVE table
+    ds.sfx.figure("c1.png")
+
+Registered when ``sfxlin`` is imported. Statsmodels and matplotlib load on first use only.
+"""
+from __future__ import annotations
+
+import json
+
+import xarray as xr
+
+__all__ = ["SfxDataArrayAccessor", "SfxDatasetAccessor"]
+
+
+@xr.register_dataarray_accessor("sfx")
+class SfxDataArrayAccessor:
+    """Fits of one variable along a dim (see :mod:`sfxlin.analysis.fits`)."""
+
+    def __init__(self, da):
+        self._da = da
+
+    def loglog_slope(self, dim="L", **kwargs):
+        """OLS slope of log(value) on log(coordinate ``dim``), with SE and CI, per other coordinate."""
+        from .fits import loglog_slope
+
+        return loglog_slope(self._da, dim, **kwargs)
+
+    def power_law(self, dim="L", **kwargs):
+        """Fit ``value = c * dim^p``: ``c``, ``p`` with standard errors."""
+        from .fits import power_law_fit
+
+        return power_law_fit(self._da, dim, **kwargs)
+
+
+@xr.register_dataset_accessor("sfx")
+class SfxDatasetAccessor:
+    """The analysis of a results file: verdicts, fit table, figure, provenance."""
+
+    def __init__(self, ds):
+        self._ds = ds
+
+    def _module(self):
+        from .report import analysis_for
+
+        return analysis_for(self._ds)
+
+    @property
+    def experiment(self):
+        return self._ds.attrs.get("experiment")
+
+    @property
+    def config(self) -> dict:
+        """Every parameter the file was computed with."""
+        return json.loads(self._ds.attrs.get("config", "{}"))
+
+    @property
+    def provenance(self) -> dict:
+        keys = ("experiment", "profile", "created", "wall_seconds", "scheduler", "git_revision", "sfxlin_version")
+        return {k: self._ds.attrs.get(k) for k in keys}
+
+    def verdicts(self):
+        """Rows of the predeclared criteria (``print`` them, or ``str(...)`` via :meth:`verdict_table`)."""
+        return self._module().verdicts(self._ds)
+
+    def verdict_table(self) -> str:
+        from .verdicts import format_table
+
+        return format_table(self.verdicts())
+
+    def fit_table(self) -> str:
+        return self._module().fit_table(self._ds)
+
+    def figure(self, path):
+        """Draw the experiment's standard figure into ``path`` (a file name or a binary buffer)."""
+        return self._module().figure(self._ds, path)
+
+    def __repr__(self):
+        p = self.provenance
+        return (f"<sfx {p['experiment']} ({p['profile']} profile, {p['created']}, {p['wall_seconds']} s on "
+                f"{p['scheduler']}): .verdicts() .verdict_table() .fit_table() .figure(path) .config .provenance>")

@@ -1,0 +1,46 @@
+"""The ``.sfx`` accessors and reprs used from IPython."""
+import numpy as np
+import pytest
+import xarray as xr
+
+import sfxlin
+from sfxlin.analysis.fits import loglog_slope
+from sfxlin.cli import main
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    out = tmp_path_factory.mktemp("acc")
+    assert main(["run", "c1", "--quiet", "--out", str(out)]) == 0
+    return sfxlin.open_results(out / "c1_limit.nc")
+
+
+def test_dataarray_accessor_is_the_fit_function(ds):
+    err = ds.mse.sel(law="gaussian").mean("seed")
+    xr.testing.assert_identical(err.sfx.loglog_slope("L"), loglog_slope(err, "L"))
+    p = err.sfx.power_law("L")
+    np.testing.assert_allclose(p.p, loglog_slope(err, "L").slope)
+
+
+def test_dataset_accessor_gives_verdicts_fits_figure_and_provenance(ds, tmp_path):
+    assert [r.id for r in ds.sfx.verdicts()][0] == "C1-quadrature"
+    assert "PASS" in ds.sfx.verdict_table()
+    assert "slope" in ds.sfx.fit_table()
+    assert ds.sfx.figure(tmp_path / "f.png").stat().st_size > 10_000
+    assert ds.sfx.config["L"] == ds.L.values.tolist()
+    assert ds.sfx.experiment == "c1_limit"
+    text = repr(ds.sfx)
+    assert "c1_limit" in text and ".verdicts()" in text
+
+
+def test_open_results_without_argument_lists_names(ds, monkeypatch, tmp_path):
+    monkeypatch.setenv("SFXLIN_RESULTS", str(tmp_path))
+    (tmp_path / "x.nc").write_bytes(b"")
+    assert sfxlin.open_results() == ["x"]
+
+
+def test_experiment_repr_names_its_variables():
+    from sfxlin.pipelines import c1_limit
+
+    text = repr(c1_limit.EXPERIMENT)
+    assert text.startswith("Experiment('c1_limit'") and "mse_asymptotic" in text and "<function" not in text
