@@ -44,8 +44,7 @@ def _figure_png(module, ds) -> bytes:
 
 
 def _section(path: Path):
-    with xr.open_dataset(path) as ds:
-        ds.load()
+    ds = xr.load_dataset(path)  # loaded and closed: no netCDF handle left to a garbage collector
     module = analysis_for(ds)
     rows = module.verdicts(ds)
     return {"experiment": ds.attrs["experiment"], "path": path, "rows": rows, "counts": count_verdicts(rows),

@@ -102,7 +102,8 @@ def default_results_dir() -> Path:
 def open_results(name_or_path=None, results_dir=None):
     """Open a results file by path, or by experiment name in the results folder.
 
-    With no argument, returns the sorted list of experiment names available there.
+    With no argument, returns the sorted list of experiment names available there. The Dataset
+    is loaded into memory (the file is closed when this returns).
     Raises :class:`ResultsError` for a missing, unreadable or other-schema file.
     """
     folder = Path(results_dir) if results_dir is not None else default_results_dir()
@@ -116,7 +117,10 @@ def open_results(name_or_path=None, results_dir=None):
             raise ResultsError(f"no results file {name_or_path!r} (looked in {folder}; available: {available})")
         path = candidate
     try:
-        ds = xr.open_dataset(path, engine="netcdf4")
+        # loaded into memory and closed at once: results files are small, and a netCDF handle left
+        # open could be closed by the garbage collector in a dask worker thread while another
+        # thread uses the (not thread-safe) netCDF/HDF5 library (pydata/xarray#10783)
+        ds = xr.load_dataset(path, engine="netcdf4")
     except Exception as exc:  # netCDF4/HDF5 raise OSError, ValueError, KeyError for damaged files
         raise ResultsError(f"{path} is not a readable netCDF file ({type(exc).__name__}: {exc})") from exc
     version = ds.attrs.get("sfxlin_schema_version")

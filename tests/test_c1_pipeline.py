@@ -42,7 +42,7 @@ def test_quick_run_writes_a_self_describing_file(quick_run):
 
 
 def test_quick_run_config_reruns_the_file(quick_run):
-    ds = xr.open_dataset(quick_run / "c1_limit.nc")
+    ds = xr.load_dataset(quick_run / "c1_limit.nc")
     config = json.loads(ds.attrs["config"])
     again = build(c1_limit.EXPERIMENT, config).isel(d=[0], U_norm=[1], seed=[1]).compute()
     xr.testing.assert_equal(again.mse, ds.mse.isel(d=[0], U_norm=[1], seed=[1]))
@@ -81,7 +81,7 @@ def test_cell_matches_an_independent_recomputation():
 
 
 def test_analysis_reports_every_criterion(quick_run):
-    ds = xr.open_dataset(quick_run / "c1_limit.nc")
+    ds = xr.load_dataset(quick_run / "c1_limit.nc")
     rows = c1_analysis.verdicts(ds)
     assert [r.id for r in rows] == [c["id"] for c in c1_limit.CRITERIA]
     by_id = {r.id: r for r in rows}
@@ -93,7 +93,7 @@ def test_analysis_reports_every_criterion(quick_run):
 
 
 def test_gaussian_slopes_recover_one_over_L(quick_run):
-    fit = c1_analysis.slopes(xr.open_dataset(quick_run / "c1_limit.nc"))
+    fit = c1_analysis.slopes(xr.load_dataset(quick_run / "c1_limit.nc"))
     assert np.all(np.abs(fit.slope - (-1.0)) < 4 * fit.slope_se + 0.03)
 
 

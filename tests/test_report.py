@@ -20,7 +20,7 @@ def results(tmp_path_factory):
 
 def test_html_is_self_contained_with_every_verdict_and_figure(results):
     page, md = build_report(results)
-    ds = xr.open_dataset(results / "c1_limit.nc")
+    ds = xr.load_dataset(results / "c1_limit.nc")
     for crit in ("C1-quadrature", "C1-slopes", "C1-plateau"):
         assert crit in page and crit in md
     assert "http://" not in page and "https://" not in page  # nothing to fetch
