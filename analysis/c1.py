@@ -69,10 +69,14 @@ def fit_table(ds: xr.Dataset) -> str:
             ci = f"[{float(f.slope_ci_low):.3f}, {float(f.slope_ci_high):.3f}]"
             lines.append(f"{d:>3} {u:>7.2f} {float(f.slope):>8.3f} {float(f.slope_se):>7.3f} {ci:>18} "
                          f"{float(f.r2):>7.4f}  {float(ratio.sel(d=d, U_norm=u)):.3f}")
-    pf = paper_form(ds)
-    lines.append(f"paper form L*mse = c1 exp(c2 sigma^2 ||Uq||^2) at L = {int(ds.L.values[-1])}: "
-                 f"c2 = {float(pf.c2):.3f} +- {float(pf.c2_se):.3f} (SE), c1 = {float(pf.c1):.3g}, "
-                 f"n = {int(pf.n)}")
+    n_points = ds.Uq_sq.size
+    if n_points >= 3:
+        pf = paper_form(ds)
+        lines.append(f"paper form L*mse = c1 exp(c2 sigma^2 ||Uq||^2) at L = {int(ds.L.values[-1])}: "
+                     f"c2 = {float(pf.c2):.3f} +- {float(pf.c2_se):.3f} (SE), c1 = {float(pf.c1):.3g}, "
+                     f"n = {int(pf.n)}")
+    else:
+        lines.append(f"paper form fit: not fitted ({n_points} queries in all, 3 needed)")
     return "\n".join(lines)
 
 

@@ -195,8 +195,14 @@ def hinge_ssr_np(y: np.ndarray, x: np.ndarray, c: float, weights: np.ndarray | N
     Fitted with statsmodels WLS (OLS when ``weights`` is None); the SSR is
     ``sum_i w_i (y_i - yhat_i)^2``. Returns ``inf`` when the hinge design restricted to the
     positive-weight points is rank deficient (``c`` leaves fewer than the points needed on one
-    side), so such a ``c`` can never be the minimiser.
+    side), so such a ``c`` can never be the minimiser. The design is built on ``x`` mapped
+    affinely onto [-1, 1] (the SSR is unchanged), so the rank test does not depend on x's units.
     """
+    x = np.asarray(x, dtype=np.float64)
+    if x.size:
+        mid, half = x.max() / 2 + x.min() / 2, x.max() / 2 - x.min() / 2
+        half = half if half > 0 else 1.0
+        x, c = (x - mid) / half, (c - mid) / half
     Z = hinge_design_np(x, c)
     w = np.ones(len(y)) if weights is None else np.asarray(weights, dtype=np.float64)
     if np.linalg.matrix_rank(Z[w > 0]) < 3:
@@ -274,9 +280,20 @@ def loglog_slope(
     if n < 3:
         raise ValueError(f"loglog_slope needs at least 3 points along {dim!r}, got {n}")
     if dim in da.coords:
-        xvals = np.asarray(da[dim].values, dtype=np.float64)
+        try:
+            xvals = np.asarray(da[dim].values, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise TypeError(f"loglog_slope: the coordinate {dim!r} must be numeric, got dtype {da[dim].dtype}") from None
     else:
         raise ValueError(f"dimension {dim!r} has no coordinate: the fit needs its real values")
+    if da.dtype.kind not in "biuf":  # strings, objects, complex, dates: the log needs real numbers
+        if da.dtype.kind != "O":
+            raise TypeError(f"loglog_slope: {da.name if da.name is not None else 'da'} must be numeric, got dtype {da.dtype}")
+        try:  # an object array of numbers (None -> NaN, reported below with its coordinates)
+            da = da.astype(np.float64) if da.chunks is not None else da.copy(data=np.asarray(da.values, dtype=np.float64))
+        except (TypeError, ValueError):
+            raise TypeError(f"loglog_slope: {da.name if da.name is not None else 'da'} must be numeric, "
+                            "got an object array holding non-numbers") from None
     bad_x = ~(np.isfinite(xvals) & (xvals > 0))
     if bad_x.any():
         i = int(np.argmax(bad_x))
@@ -649,6 +666,13 @@ def threshold_regression(
     unless ``lr_crit`` is given. The coefficients and their SEs are those of the fit at
     ``c_hat`` (``cov_type`` as in statsmodels); they ignore the uncertainty of ``c_hat``.
 
+    Numerics: the fits run on ``x' = (x - m_x) / s_x`` and ``y' = (y - m_y) / s_y`` (midrange of
+    x, median of y, half-range scales), then the coefficients, their covariance and the SSR are
+    mapped back exactly (the model is affine-equivariant: ``max(0, x - c) = s_x max(0, x' - c')``).
+    The rank test and the least-squares solves are scale-relative, so unstandardised
+    ``x ~ 1e-20`` or ``x = 1e11 + O(1)`` would otherwise be declared singular, and a tiny ``y``
+    would underflow its SSR to 0.
+
     Parameters
     ----------
     y, x : 1-D arrays of the same length (>= 6), finite.
@@ -710,35 +734,51 @@ def threshold_regression(
     lo, hi = np.quantile(x, trim), np.quantile(x, 1.0 - trim)
     grid = np.unique(np.concatenate([np.linspace(lo, hi, int(n_grid)), x[(x >= lo) & (x <= hi)]]))
     wts = None if weights is None else w
-    ssr = np.array([hinge_ssr_np(y, x, c, wts) for c in grid])
-    if not np.isfinite(ssr).any():
+    # affine standardisation (see Numerics): halves first, so neither the midrange nor the range overflows
+    mx, sx = x.max() / 2 + x.min() / 2, x.max() / 2 - x.min() / 2
+    my = float(np.median(y))
+    sy = np.abs(y - my).max()  # numpy float: sy**2 may overflow to inf (an honest SSR > 1e308), not raise
+    sx, sy = (sx if sx > 0 else np.float64(1.0)), (sy if sy > 0 else np.float64(1.0))
+    xs, ys, grid_s = (x - mx) / sx, (y - my) / sy, (grid - mx) / sx
+    ssr_s = np.array([hinge_ssr_np(ys, xs, c, wts) for c in grid_s])
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        ssr = np.where(np.isfinite(ssr_s), ssr_s * sy**2, np.inf)  # sy**2 may underflow: inf * 0
+    if not np.isfinite(ssr_s).any():
         raise ValueError(
             "threshold_regression: the hinge design is singular at every candidate breakpoint "
             "(too few distinct x values on one side of the trimmed grid)"
         )
-    j = int(np.argmin(ssr))
+    j = int(np.argmin(ssr_s))
     c_hat = float(grid[j])
     ssr_hat = float(ssr[j])
     with np.errstate(divide="ignore", invalid="ignore"):
-        if ssr_hat > 0:
-            lr = n * (ssr - ssr_hat) / ssr_hat
+        if ssr_s[j] > 0:
+            lr = n * (ssr_s - ssr_s[j]) / ssr_s[j]
         else:
-            lr = np.where(ssr <= 0, 0.0, np.inf)
+            lr = np.where(ssr_s <= 0, 0.0, np.inf)
     inside = np.flatnonzero(lr <= crit)
     ci_low, ci_high = float(grid[inside.min()]), float(grid[inside.max()])
     truncated = bool(inside.min() == 0 or inside.max() == grid.size - 1)
 
-    Z = hinge_design_np(x, c_hat)
+    Z = hinge_design_np(xs, grid_s[j])
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        model = sm.OLS(y, Z) if weights is None else sm.WLS(y, Z, weights=w)
+        model = sm.OLS(ys, Z) if weights is None else sm.WLS(ys, Z, weights=w)
         res = model.fit(cov_type=cov_type)
-        params = np.asarray(res.params)
-        bse = np.asarray(res.bse)
+        p_s = np.asarray(res.params)
         V = np.asarray(res.cov_params())
         r2 = float(res.rsquared)
-    right = float(params[1] + params[2])
-    right_se = math.sqrt(max(V[1, 1] + V[2, 2] + 2.0 * V[1, 2], 0.0))
+        # back to the original units: b1 = (sy/sx) b1', b2 = (sy/sx) b2', b0 = my + sy b0' - b1 mx
+        k = sy / sx
+        params = np.array([my + sy * p_s[0] - k * p_s[1] * mx, k * p_s[1], k * p_s[2]])
+        r = mx / sx
+        bse = np.array([
+            sy * math.sqrt(max(V[0, 0] - 2.0 * r * V[0, 1] + r * r * V[1, 1], 0.0)),
+            k * math.sqrt(max(V[1, 1], 0.0)),
+            k * math.sqrt(max(V[2, 2], 0.0)),
+        ])
+        right = float(params[1] + params[2])
+        right_se = k * math.sqrt(max(V[1, 1] + V[2, 2] + 2.0 * V[1, 2], 0.0))
     return ThresholdFit(
         c_hat=c_hat,
         c_ci_low=ci_low,

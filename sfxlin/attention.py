@@ -3,10 +3,17 @@
 Notation (SPEC section 1): tokens ``Z`` of shape ``(..., L, D)``, query ``q`` of shape
 ``(..., D)``, ``U`` (D x D), read-out ``V`` (D_out x D). Logits are raw: ``s_k = z_k^T U q``.
 All functions broadcast over leading axes and are pure numpy.
+
+Inputs are validated: ``TypeError`` naming the argument for non-numeric input, ``ValueError``
+naming it for a bad shape or a non-finite entry, and
+:class:`~sfxlin.laws.FloatOverflowError` (a ``ValueError``) when finite inputs are so large that
+the logits or the result leave the float64 range: never a silent inf or NaN.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from .laws import FloatOverflowError
 
 __all__ = [
     "softmax_attention",
@@ -18,11 +25,45 @@ __all__ = [
 ]
 
 
-def _check_operands(Z, U, V, q):
-    Z = np.asarray(Z, dtype=float)
-    U = np.asarray(U, dtype=float)
-    V = np.asarray(V, dtype=float)
-    q = np.asarray(q, dtype=float)
+def _as_finite(x, name, finite=True):
+    """``x`` as a float array; TypeError (non-numeric) or ValueError (non-finite) naming ``name``."""
+    try:
+        arr = np.asarray(x, dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be a numeric array, got {type(x).__name__} ({exc})") from None
+    if finite:
+        _require_finite(arr, name)
+    return arr
+
+
+def _require_finite(arr, name):
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must contain only finite values")
+
+
+def _check_logits(s, func):
+    """Finite inputs can still give logits beyond float64 (then ``s - max`` is ``inf - inf``)."""
+    with np.errstate(invalid="ignore"):
+        top = s.max(axis=-1)
+    if not np.all(np.isfinite(top)):
+        raise FloatOverflowError(f"{func}: the logits z_k^T U q overflow float64; Z, U and q are too large together")
+    return top
+
+
+def _read_out(mean, V, func):
+    """``mean @ V.T``; a convex combination of tokens is finite, but a huge ``V`` can overflow it."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = mean @ V.T
+    if not np.all(np.isfinite(out)):
+        raise FloatOverflowError(f"{func}: the read-out V f overflows float64; V and Z are too large together")
+    return out
+
+
+def _check_operands(Z, U, V, q, check_Z=True):
+    Z = _as_finite(Z, "Z", finite=check_Z)
+    U = _as_finite(U, "U")
+    V = _as_finite(V, "V")
+    q = _as_finite(q, "q")
     if Z.ndim < 2:
         raise ValueError(f"Z must have shape (..., L, D), got {Z.shape}")
     D = Z.shape[-1]
@@ -39,8 +80,9 @@ def _check_operands(Z, U, V, q):
 
 def _logits(Z, U, q):
     """``s[..., k] = z_k^T U q``, shape ``(..., L)`` (a batched matrix-vector product)."""
-    a = q @ U.T  # (..., D)
-    return (Z @ a[..., None])[..., 0]
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported by _check_logits
+        a = q @ U.T  # (..., D)
+        return (Z @ a[..., None])[..., 0]
 
 
 def _weighted_sum(e, Z):
@@ -57,9 +99,9 @@ def softmax_attention(Z, U, V, q):
     """
     Z, U, V, q = _check_operands(Z, U, V, q)
     s = _logits(Z, U, q)
-    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    e = np.exp(s - _check_logits(s, "softmax_attention")[..., None])
     mean = _weighted_sum(e, Z) / e.sum(axis=-1)[..., None]
-    return mean @ V.T
+    return _read_out(mean, V, "softmax_attention")
 
 
 def check_prompt_lengths(Ls, L_max=None):
@@ -68,8 +110,9 @@ def check_prompt_lengths(Ls, L_max=None):
     if Ls.ndim != 1 or Ls.size == 0:
         raise ValueError(f"Ls must be a non-empty 1-D list of prompt lengths, got {Ls!r}")
     if not np.issubdtype(Ls.dtype, np.integer):
-        if not np.all(np.asarray(Ls, dtype=float) == np.round(np.asarray(Ls, dtype=float))):
-            raise ValueError(f"prompt lengths must be integers, got {Ls.tolist()}")
+        as_float = _as_finite(Ls, "Ls (prompt lengths)")
+        if not np.all(as_float == np.round(as_float)) or np.abs(as_float).max() > 2.0**62:
+            raise ValueError(f"prompt lengths Ls must be integers (below 2**62), got {Ls.tolist()}")
         Ls = Ls.astype(np.int64)
     if Ls.min() < 1:
         raise ValueError(f"prompt lengths must be >= 1, got {Ls.tolist()}")
@@ -91,9 +134,11 @@ def softmax_attention_prefix(Z, U, V, q, Ls):
 
     ``Z (..., L_max, D)``, ``q (..., D)`` -> ``(..., len(Ls), D_out)``.
     """
-    Z, U, V, q = _check_operands(Z, U, V, q)
+    Z, U, V, q = _check_operands(Z, U, V, q, check_Z=False)
     Ls = check_prompt_lengths(Ls, Z.shape[-2])
+    _require_finite(Z[..., : Ls[-1], :], "Z")  # tokens beyond the largest L are never read
     s = _logits(Z[..., : Ls[-1], :], U, q)  # (..., L_max): logits once for every L
+    _check_logits(s, "softmax_attention_prefix")
     out = None
     for lo, hi in zip(np.concatenate([[0], Ls[:-1]]), Ls):
         block = s[..., lo:hi]
@@ -109,25 +154,40 @@ def softmax_attention_prefix(Z, U, V, q, Ls):
             acc1 = acc1 * old[..., None] + sum1 * new[..., None]
             run_max = new_max
         out.append(acc1 / acc0[..., None])
-    return np.stack(out, axis=-2) @ V.T
+    return _read_out(np.stack(out, axis=-2), V, "softmax_attention_prefix")
 
 
 def linear_attention(Z, U, V, q):
     """``V Ghat_L U q`` with ``Ghat_L = (1/L) sum_k z_k z_k^T``; shape ``(..., D_out)``."""
     Z, U, V, q = _check_operands(Z, U, V, q)
-    return (_weighted_sum(_logits(Z, U, q), Z) / Z.shape[-2]) @ V.T
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = (_weighted_sum(_logits(Z, U, q), Z) / Z.shape[-2]) @ V.T
+    if not np.all(np.isfinite(out)):
+        raise FloatOverflowError("linear_attention: V Ghat_L U q overflows float64; Z, U, V and q are too large together")
+    return out
 
 
 def limit_attention(law, U, V, q):
     """Infinite-prompt limit ``V grad K_mu(U q)`` (the tilted mean of the token law)."""
-    U = np.asarray(U, dtype=float)
-    V = np.asarray(V, dtype=float)
-    q = np.asarray(q, dtype=float)
+    U = _as_finite(U, "U")
+    V = _as_finite(V, "V")
+    q = _as_finite(q, "q")
     if U.shape != (law.D, law.D):
         raise ValueError(f"U must be {law.D}x{law.D} to match the law, got {U.shape}")
     if V.ndim != 2 or V.shape[1] != law.D:
         raise ValueError(f"V must be (D_out, {law.D}), got {V.shape}")
-    return law.tilted_mean(q @ U.T) @ V.T
+    if q.shape[-1:] != (law.D,):
+        raise ValueError(f"q must have trailing dimension D = {law.D}, got {q.shape}")
+    with np.errstate(over="ignore", invalid="ignore"):
+        a = q @ U.T
+    if not np.all(np.isfinite(a)):
+        raise FloatOverflowError("limit_attention: U q overflows float64; U and q are too large together")
+    tm = law.tilted_mean(a)
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = tm @ V.T
+    if not np.all(np.isfinite(out)):
+        raise FloatOverflowError("limit_attention: V times the tilted mean overflows float64; V is too large")
+    return out
 
 
 def asymptotic_mse(law, U, V, q, L=1):
@@ -139,15 +199,23 @@ def asymptotic_mse(law, U, V, q, L=1):
     ``L`` (broadcast over leading axes of ``q`` and over ``L``). Raises
     :class:`~sfxlin.laws.NoLimitError` for laws without exponential moments.
     """
-    U = np.asarray(U, dtype=float)
-    V = np.asarray(V, dtype=float)
+    U = _as_finite(U, "U")
+    V = _as_finite(V, "V")
+    q = _as_finite(q, "q")
     if U.shape != (law.D, law.D):
         raise ValueError(f"U must be {law.D}x{law.D} to match the law, got {U.shape}")
     if V.ndim != 2 or V.shape[1] != law.D:
         raise ValueError(f"V must be (D_out, {law.D}), got {V.shape}")
-    L = np.asarray(L)
+    L = _as_finite(L, "L")
     if np.any(L < 1):
         raise ValueError(f"L must be >= 1, got {L}")
-    C = law.snis_covariance(np.asarray(q, dtype=float) @ U.T)
-    const = np.einsum("ij,...jk,ik->...", V, C, V)
+    with np.errstate(over="ignore", invalid="ignore"):
+        a = q @ U.T
+    if not np.all(np.isfinite(a)):
+        raise FloatOverflowError("asymptotic_mse: U q overflows float64; U and q are too large together")
+    C = law.snis_covariance(a)
+    with np.errstate(over="ignore", invalid="ignore"):
+        const = np.einsum("ij,...jk,ik->...", V, C, V)
+    if not np.all(np.isfinite(const)):
+        raise FloatOverflowError("asymptotic_mse: tr(V C V^T) overflows float64; V is too large")
     return const / L

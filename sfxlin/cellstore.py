@@ -80,8 +80,12 @@ class CellStore:
             _atomic_write_text(stamp, self._stamp_text)
         path = self._path(index)
         tmp = path.with_name(f".{path.stem}.{os.getpid()}.{threading.get_ident()}.partial.npz")
-        np.savez(tmp, __config_hash__=np.array(self.hash), **outputs)
-        os.replace(tmp, path)
+        try:
+            np.savez(tmp, __config_hash__=np.array(self.hash), **outputs)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
     def count(self):
         return sum(1 for _ in self.folder.glob("cell_*.npz")) if self.folder.exists() else 0

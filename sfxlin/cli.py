@@ -69,6 +69,17 @@ def config_for(module, profile, overrides=()):
     return config
 
 
+def _positive_int(text):
+    """argparse type of ``--workers``: refused with the usage line, before any work starts."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def _parse_chunks(items):
     chunks = {}
     for item in items or []:
@@ -85,7 +96,16 @@ def report(ds, out_dir, quiet=False):
     from .analysis.verdicts import format_table
 
     module = analysis_for(ds)
-    figure = module.figure(ds, Path(out_dir) / f"{ds.attrs['experiment']}.png")
+    figure = Path(out_dir) / f"{ds.attrs['experiment']}.png"
+    # drawn beside its final name and renamed, as the results file is (storage.save): a full disk or
+    # an interruption while matplotlib writes never leaves a truncated PNG under the final name
+    tmp = figure.with_name(f".{figure.stem}.{os.getpid()}.partial.png")
+    try:
+        module.figure(ds, tmp)
+        os.replace(tmp, figure)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     if not quiet:
         print(module.fit_table(ds))
         print()
@@ -100,9 +120,10 @@ def cmd_run(args):
 
     module = pipeline(args.experiment)
     config = config_for(module, args.profile, args.set)
-    out_dir = ensure_writable(args.out)
+    out_dir = Path(args.out)
     store = CellStore(out_dir / f".{module.NAME}.cells", module.NAME, config, fresh=args.fresh)
     lazy = build(module.EXPERIMENT, config, chunks=_parse_chunks(args.chunks), store=store)
+    ensure_writable(out_dir)  # after every check of the command line (a bad one creates nothing), before any work
     if not args.quiet:
         kept = store.count()
         print(f"{module.NAME}: profile {args.profile}, {lazy.attrs['n_cells']} cells"
@@ -209,7 +230,7 @@ def parser():
     run.add_argument("--profile", default="quick", help="quick (seconds) or paper (the reference protocol)")
     run.add_argument("--out", default="datasets", help="output folder (default: datasets)")
     where = run.add_mutually_exclusive_group()
-    where.add_argument("--workers", type=int, help="start a dask.distributed LocalCluster with N workers")
+    where.add_argument("--workers", type=_positive_int, help="start a dask.distributed LocalCluster with N workers")
     where.add_argument("--scheduler", help="address of an existing dask.distributed scheduler (tcp://host:8786)")
     where.add_argument("--local-scheduler", choices=["threads", "synchronous", "processes"],
                        help="a local dask scheduler (default: threads on all cores)")

@@ -103,6 +103,14 @@ def _check_L(L, L_max):
     return int(L)
 
 
+def _float(x, name):
+    """``x`` as a float64 array; a non-numeric input is a TypeError naming ``name``."""
+    try:
+        return np.asarray(x, dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be a numeric array, got {type(x).__name__} ({exc})") from None
+
+
 def _positive_int(value, name):
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -124,7 +132,7 @@ def covariate_law(name, Sigma):
 
 
 def _as_sigma(Sigma, d=None):
-    S = np.asarray(Sigma, dtype=float)
+    S = _float(Sigma, "Sigma")
     if S.ndim == 1:
         S = np.diag(S)
     if S.ndim != 2 or S.shape[0] != S.shape[1] or (d is not None and S.shape[0] != d):
@@ -176,7 +184,9 @@ def Ghat(Z, L=None):
 
     ``Z (..., L_max, D)`` -> ``(..., D, D)``; ``L=None`` uses all tokens.
     """
-    Z = np.asarray(Z, dtype=float)
+    Z = _float(Z, "Z")
+    if Z.ndim < 2:
+        raise ValueError(f"Z must have shape (..., L, D), got {Z.shape}")
     if L is not None:
         Z = Z[..., : _check_L(L, Z.shape[-2]), :]
     return np.swapaxes(Z, -1, -2) @ Z / Z.shape[-2]
@@ -184,9 +194,10 @@ def Ghat(Z, L=None):
 
 def Gamma_w(Sigma, w):
     """``E[z z^T]`` for ``z = (x, w^T x)``, ``x ~ (0, Sigma)``:
-    ``[[Sigma, Sigma w], [w^T Sigma, w^T Sigma w]]``. ``w (..., d)`` -> ``(..., D, D)``."""
-    Sigma = np.asarray(Sigma, dtype=float)
-    w = np.asarray(w, dtype=float)
+    ``[[Sigma, Sigma w], [w^T Sigma, w^T Sigma w]]``. ``w (..., d)`` -> ``(..., D, D)``.
+    ``Sigma`` is a ``d x d`` matrix or a length-``d`` diagonal, as everywhere in this module."""
+    Sigma = _as_sigma(Sigma)
+    w = _float(w, "w")
     d = Sigma.shape[0]
     if w.shape[-1] != d:
         raise ValueError(f"w must have trailing dimension d = {d}, got shape {w.shape}")
@@ -273,8 +284,8 @@ def ridge_risk(tasks, L, lam=0.0):
 
 
 def _params(U, v):
-    U = np.asarray(U, dtype=float)
-    v = np.asarray(v, dtype=float)
+    U = _float(U, "U")
+    v = _float(v, "v")
     D = U.shape[-1]
     if U.ndim < 2 or U.shape[-2] != D or v.shape[-1:] != (D,):
         raise ValueError(f"U must be (..., D, D) and v (..., D), got {U.shape} and {v.shape}")
@@ -283,6 +294,7 @@ def _params(U, v):
 
 def _softmax_moments(U, Z, z_q):
     """``p = softmax(Z U z_q)`` over tokens (max-subtracted) -> ``(P (..., n, q, L), mbar)``."""
+    Z, z_q = _float(Z, "Z"), _float(z_q, "z_q")
     a = np.einsum("...ij,nqj->...nqi", U, z_q)
     S = a @ np.swapaxes(Z, -1, -2)  # (..., n, q, L)
     S -= S.max(axis=-1, keepdims=True)
@@ -313,6 +325,7 @@ def softmax_risk_grad(U, v, Z, z_q, y_q):
     Returns ``(risk (...,), grad_U (..., D, D), grad_v (..., D))``.
     """
     U, v = _params(U, v)
+    Z = _float(Z, "Z")
     P, mbar = _softmax_moments(U, Z, z_q)
     pred = np.einsum("...nqi,...i->...nq", mbar, v)
     r = pred - y_q

@@ -10,19 +10,26 @@ Every law ``mu`` on ``R^D`` exposes
 * ``snis_covariance(a)``: ``lim_L L Cov(f_L)`` (the sharp finite-L constant, delta method).
 
 Validation errors are ``ValueError`` naming the offending argument (``TypeError`` for
-non-numeric input).
+non-numeric input). A result that is finite in exact arithmetic but beyond the float64 range
+raises :class:`FloatOverflowError` (a ``ValueError``), never returns inf or NaN.
 """
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["Gaussian", "Rademacher", "Uniform", "StudentT", "NoLimitError", "law_from_name"]
+__all__ = ["Gaussian", "Rademacher", "Uniform", "StudentT", "NoLimitError", "FloatOverflowError", "law_from_name"]
 
 SQRT3 = np.sqrt(3.0)
 
 
 class NoLimitError(ValueError):
     """The infinite-prompt limit does not exist (no exponential moments)."""
+
+
+class FloatOverflowError(ValueError, FloatingPointError):
+    """A result exceeds the float64 range although the inputs are finite (an argument's scale is
+    too large). A ``ValueError`` for callers, and a ``FloatingPointError`` so that the sweep engine
+    reports it with the cell's label."""
 
 
 def _as_float_array(x, name):
@@ -71,7 +78,7 @@ def _check_a(a, D):
 
 def _check_shape(shape):
     shape = (shape,) if np.isscalar(shape) else tuple(shape)
-    if any((not isinstance(s, (int, np.integer))) or s < 0 for s in shape):
+    if any(isinstance(s, (bool, np.bool_)) or (not isinstance(s, (int, np.integer))) or s < 0 for s in shape):
         raise ValueError(f"shape must be non-negative integers, got {shape}")
     return shape
 
@@ -96,9 +103,11 @@ class Gaussian(_Law):
     name = "gaussian"
 
     def __init__(self, mean=None, cov=1.0, D=None):
+        if D is not None:
+            D = _check_D(D)
         if mean is None:
             if D is None:
-                c = np.asarray(cov)
+                c = _as_float_array(cov, "cov")
                 if c.ndim == 0:
                     raise ValueError("Gaussian needs mean, D, or a vector/matrix cov to know D")
                 D = c.shape[0]
@@ -142,7 +151,12 @@ class Gaussian(_Law):
 
     def tilted_mean(self, a):
         a = _check_a(a, self.D)
-        return self.mean + a @ self.cov
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = self.mean + a @ self.cov
+        if not np.all(np.isfinite(out)):
+            raise FloatOverflowError(f"tilted_mean = mean + cov a overflows float64: a (max |a| = "
+                                     f"{np.abs(a).max():.3g}) is too large for this cov")
+        return out
 
     def snis_covariance(self, a):
         """``lim_L L Cov(f_L(q))`` for ``V = I``: self-normalised importance sampling, delta method.
@@ -152,21 +166,28 @@ class Gaussian(_Law):
         ``exp(a^T Sigma a) (Sigma + Sigma a a^T Sigma)`` (SPEC section 1).
         """
         a = _check_a(a, self.D)
-        Sa = a @ self.cov
-        rho = np.exp(np.sum(a * Sa, axis=-1))
-        return rho[..., None, None] * (self.cov + Sa[..., :, None] * Sa[..., None, :])
+        with np.errstate(over="ignore", invalid="ignore"):
+            Sa = a @ self.cov
+            quad = np.sum(a * Sa, axis=-1)
+            C = np.exp(quad)[..., None, None] * (self.cov + Sa[..., :, None] * Sa[..., None, :])
+        if not np.all(np.isfinite(C)):  # exp(a^T cov a) > 1.8e308: inf, and inf * 0 = NaN off the support
+            raise FloatOverflowError(f"snis_covariance overflows float64: a^T cov a reaches {np.nanmax(quad):.4g} "
+                                     f"(exp overflows beyond ~709); a is too large for this cov")
+        return C
 
 
 class _ProductLaw(_Law):
     """``z = S r`` with i.i.d. coordinates ``r_i`` of a one-dimensional law of unit variance.
 
     Subclasses give per-coordinate ``_log_mgf(b) = log E e^{b r}``, ``_mean(b)`` (its
-    derivative, the tilted mean) and ``_var(b)`` (the tilted variance); everything else follows:
+    derivative, the tilted mean), ``_var(b)`` (the tilted variance) and
+    ``_log_rho(b) = _log_mgf(2b) - 2 _log_mgf(b)`` in a form without the cancellation of the two
+    terms (both grow like ``|b|``; their difference like ``log |b|`` at most); everything else follows:
     ``tilted_mean(a) = S mean(S^T a)`` and the SNIS constant :meth:`snis_covariance`.
     """
 
     def __init__(self, scale=1.0, D=None):
-        s = np.asarray(scale)
+        s = _as_float_array(scale, "scale")
         if D is None:
             if s.ndim == 0:
                 raise ValueError(f"{type(self).__name__} with a scalar scale needs D")
@@ -177,7 +198,12 @@ class _ProductLaw(_Law):
 
     def tilted_mean(self, a):
         a = _check_a(a, self.D)
-        return self._mean(a @ self.S) @ self.S.T
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = self._mean(a @ self.S) @ self.S.T
+        if not np.all(np.isfinite(out)):  # a @ S overflowing to inf - inf
+            raise FloatOverflowError(f"tilted_mean overflows float64: a (max |a| = {np.abs(a).max():.3g}) "
+                                     "is too large for this scale")
+        return out
 
     def snis_covariance(self, a):
         """``lim L Cov(f_L)`` for the law's own limit (see :meth:`Gaussian.snis_covariance`).
@@ -186,11 +212,16 @@ class _ProductLaw(_Law):
         ``c = mean(2b) - mean(b)``, ``C = rho S (diag(var(2b)) + c c^T) S^T``.
         """
         a = _check_a(a, self.D)
-        b = a @ self.S
-        rho = np.exp(np.sum(self._log_mgf(2 * b) - 2 * self._log_mgf(b), axis=-1))
-        c = self._mean(2 * b) - self._mean(b)
-        inner = c[..., :, None] * c[..., None, :] + _diag_embed(self._var(2 * b))
-        return rho[..., None, None] * (self.S @ inner @ self.S.T)
+        with np.errstate(over="ignore", invalid="ignore"):
+            b = a @ self.S
+            rho = np.exp(np.sum(self._log_rho(b), axis=-1))
+            c = self._mean(2 * b) - self._mean(b)
+            inner = c[..., :, None] * c[..., None, :] + _diag_embed(self._var(2 * b))
+            C = rho[..., None, None] * (self.S @ inner @ self.S.T)
+        if not np.all(np.isfinite(C)):
+            raise FloatOverflowError(f"snis_covariance overflows float64: a (max |a| = {np.abs(a).max():.3g}) "
+                                     "is too large for this scale")
+        return C
 
 
 def _diag_embed(v):
@@ -225,7 +256,14 @@ class Rademacher(_ProductLaw):
 
     @staticmethod
     def _var(b):
-        return 1.0 / np.cosh(b) ** 2
+        """``sech(b)^2 = 4 e^{-2|b|} / (1 + e^{-2|b|})^2`` (``cosh`` would overflow beyond |b| = 710)."""
+        e = np.exp(-2.0 * np.abs(b))
+        return 4.0 * e / (1.0 + e) ** 2
+
+    @staticmethod
+    def _log_rho(b):
+        """``log cosh(2b) - 2 log cosh(b) = log(1 + tanh(b)^2)``."""
+        return np.log1p(np.tanh(b) ** 2)
 
 
 def langevin(t):
@@ -254,7 +292,7 @@ def langevin_derivative(t):
     t2 = ts * ts
     series = 1 / 3 - t2 * (1 / 15 - t2 * (2 / 189 - t2 * (1 / 675)))
     tl = np.where(small, 1.0, np.abs(t))
-    direct = 1.0 / tl**2 - np.where(tl > 350, 0.0, 1.0 / np.sinh(np.minimum(tl, 350)) ** 2)
+    direct = (1.0 / tl) ** 2 - np.where(tl > 350, 0.0, 1.0 / np.sinh(np.minimum(tl, 350)) ** 2)
     return np.where(small, series, direct)
 
 
@@ -293,6 +331,12 @@ class Uniform(_ProductLaw):
     def _var(b):
         return 3.0 * langevin_derivative(SQRT3 * b)
 
+    @staticmethod
+    def _log_rho(b):
+        """``log sinhc(2t) - 2 log sinhc(t) = log(t coth t) = log1p(t langevin(t))``, ``t = sqrt3 b``."""
+        t = SQRT3 * np.asarray(b, dtype=float)
+        return np.log1p(t * langevin(t))
+
 
 class StudentT(_Law):
     """Multivariate Student-t: ``z = S g / sqrt(W / df)``, ``g ~ N(0, I_D)``, ``W ~ chi2(df)``
@@ -305,11 +349,14 @@ class StudentT(_Law):
     name = "student_t"
 
     def __init__(self, df=3.0, scale=1.0, D=None):
-        df = float(_as_float_array(df, "df"))
+        df_arr = _as_float_array(df, "df")
+        if df_arr.ndim != 0:
+            raise ValueError(f"df must be a scalar, got shape {df_arr.shape}")
+        df = float(df_arr)
         if not df > 0:
             raise ValueError(f"df must be > 0, got {df}")
         self.df = df
-        s = np.asarray(scale)
+        s = _as_float_array(scale, "scale")
         if D is None:
             if s.ndim == 0:
                 raise ValueError("StudentT with a scalar scale needs D")
@@ -330,7 +377,12 @@ class StudentT(_Law):
         shape = _check_shape(shape)
         g = rng.standard_normal(shape + (self.D,))
         w = rng.chisquare(self.df, size=shape + (1,)) / self.df
-        return _apply_scale(g / np.sqrt(w), self.S)
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            z = _apply_scale(g / np.sqrt(w), self.S)
+        if not np.all(np.isfinite(z)):  # chi2(df) draws underflow to 0 for df below ~0.05
+            raise FloatOverflowError(f"StudentT(df={self.df:g}) drew samples beyond the float64 range: "
+                                     "df is too small (or scale too large) to sample in float64")
+        return z
 
     def tilted_mean(self, a):
         raise NoLimitError(
