@@ -12,6 +12,8 @@ COORDS = {
     "L": {"long_name": "prompt length", "units": "tokens", "description": "number of tokens in the prompt (nested prompts)"},
     "seed": {"long_name": "seed index", "description": "independent replicate; enters the per-cell random generator"},
     "t": {"long_name": "training step", "units": "steps", "description": "gradient-descent step of the checkpoint"},
+    "t_heldout": {"long_name": "training step of a held-out evaluation", "units": "steps",
+                  "description": "a subset of t, every heldout_every steps"},
     "law": {"long_name": "token law", "description": "distribution of the i.i.d. tokens"},
     "setting": {"long_name": "covariate setting", "description": "covariance / law of the covariates x"},
     "model": {"long_name": "attention model", "description": "softmax(L) or linear(L) attention"},

@@ -1,0 +1,339 @@
+"""C3 analysis: slopes, monotonicity, verdicts and the figure, from a ``c3_transfer`` results file alone.
+
+Reads only the documented schema (datasets/README.md): ``D_inf(setting, seed, model, L, t)``,
+``D_linL(setting, seed, L, t)``, ``dist_bayes``, ``off_block``, ``conservation``, ``risk_heldout
+(setting, seed, model, L, t_heldout)``, ``risk_heldout_eval``, the ``theta_inf`` variables
+(``risk_inf``, ``dist_bayes_inf``, ``off_block_inf``, ``norm_inf``), the baselines ``risk_ridge``
+and ``risk_plugin``, the perturbation diagnostic ``off_block_perturbed``, ``in_protocol`` and the
+``criteria`` attr. Setting names are part of the schema: ``rademacher`` is the control, every
+other setting has Gaussian covariates. Cells outside the protocol are NaN and ``in_protocol = 0``;
+seed means skip them.
+
+Summaries (softmax model unless said otherwise), per setting, seed means:
+
+* trajectory distance ``D(L) = max_t ||theta_L(t) - theta_inf(t)||_F``;
+* ``D_linL(L) = max_t ||theta_L^softmax(t) - theta_L^linear(t)||_F``;
+* held-out risk at the final step, at the training ``L`` (``risk_heldout``) and at ``L_eval``;
+* final distance to the Bayes optimum.
+
+Slopes are OLS log-log slopes in ``L`` with SEs (:func:`fits.loglog_slope`); "increases" counts
+the ``L`` steps at which a seed-mean curve goes up.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import xarray as xr
+
+from .fits import loglog_slope
+from .verdicts import criteria_from_attrs, evaluate
+
+__all__ = ["CONTROL", "gaussian_settings", "summaries", "slopes", "increases", "measures", "verdicts",
+           "fit_table", "figure", "perturbation_growth"]
+
+CONTROL = "rademacher"
+
+#: SPEC C3 reference figures of the slopes (isotropic, anisotropic)
+_SPEC_SLOPES = {"D_inf": {"isotropic": -0.134, "anisotropic": -0.176},
+                "risk_heldout": {"isotropic": -0.722, "anisotropic": -0.757}}
+_LABELS = {
+    "D_inf": "max_t D_inf (softmax)",
+    "D_inf_linear": "max_t D_inf (linear)",
+    "D_linL": "max_t D_linL",
+    "risk_heldout": "held-out risk at L, final (softmax)",
+    "risk_heldout_linear": "held-out risk at L, final (linear)",
+    "risk_heldout_eval": "held-out risk at L_eval, final (softmax)",
+    "dist_bayes": "distance to Bayes, final (softmax)",
+}
+
+
+def gaussian_settings(ds: xr.Dataset) -> list:
+    """Settings with Gaussian covariates present in ``ds`` (every setting but the control)."""
+    return [str(s) for s in ds.setting.values if str(s) != CONTROL]
+
+
+def _protocol(ds, da):
+    return da.where(ds.in_protocol == 1)
+
+
+def summaries(ds: xr.Dataset) -> xr.Dataset:
+    """Per-seed curves over ``L`` (dims ``setting, seed, L``), NaN outside the protocol."""
+    sm = dict(model="softmax")
+    curves = {
+        "D_inf": ds.D_inf.sel(**sm).max("t"),
+        "D_inf_linear": ds.D_inf.sel(model="linear").max("t"),
+        "D_linL": ds.D_linL.max("t"),
+        "risk_heldout": ds.risk_heldout.sel(**sm).isel(t_heldout=-1),
+        "risk_heldout_linear": ds.risk_heldout.sel(model="linear").isel(t_heldout=-1),
+        "risk_heldout_eval": ds.risk_heldout_eval.sel(**sm).isel(t_heldout=-1),
+        "dist_bayes": ds.dist_bayes.sel(**sm).isel(t=-1),
+    }
+    out = xr.Dataset({k: da.drop_vars(["model", "t", "t_heldout"], errors="ignore") for k, da in curves.items()})
+    return _protocol(ds, out)
+
+
+def _seed_mean(da):
+    return da.mean("seed", skipna=True)
+
+
+def slopes(ds: xr.Dataset) -> xr.Dataset:
+    """Log-log slope (OLS, SE, 95% CI) in ``L`` of every seed-mean summary, per setting; dims
+    ``quantity, setting``."""
+    s = _seed_mean(summaries(ds))
+    stacked = xr.concat([s[k] for k in _LABELS], dim=xr.Variable("quantity", list(_LABELS)))
+    return loglog_slope(stacked, "L")
+
+
+def increases(da: xr.DataArray, dim: str = "L") -> xr.DataArray:
+    """Number of steps along ``dim`` at which ``da`` increases."""
+    return (da.diff(dim) > 0).sum(dim)
+
+
+def perturbation_growth(ds: xr.Dataset) -> xr.Dataset:
+    """Perturbation diagnostic: ``max_t`` and final off-block mass of the perturbed run over its
+    initial value (the perturbation), and its final training risk over the main run's, max over
+    seeds; dims ``setting, model, L``."""
+    p = _protocol(ds, ds.off_block_perturbed)
+    p0 = p.isel(t=0, drop=True)
+    risk = _protocol(ds, ds.risk_train_perturbed.isel(t=-1, drop=True) / ds.risk_train.isel(t=-1, drop=True))
+    return xr.Dataset({"max_growth": (p.max("t") / p0).max("seed"),
+                       "final_growth": (p.isel(t=-1, drop=True) / p0).max("seed"),
+                       "risk_ratio": risk.max("seed"),
+                       "perturbation": p0.max(["seed", "model", "L"])})
+
+
+def _values(da, settings):
+    return [float(da.sel(setting=s)) for s in settings]
+
+
+def measures(ds: xr.Dataset) -> dict:
+    """Measured figure of every C3 criterion (None when its data are absent)."""
+    gs = gaussian_settings(ds)
+    s = _seed_mean(summaries(ds))
+    L = ds.L.values
+    sl = slopes(ds) if gs or CONTROL in ds.setting.values else None
+    norm_T = _seed_mean(_protocol(ds, ds.norm_inf.isel(t=-1)))
+    h = _seed_mean(_protocol(ds, ds.risk_heldout.sel(model="softmax")))
+    out = {
+        "C3a-monotone": _values(increases(s.D_inf), gs),
+        "C3a-slope": _values(sl.slope.sel(quantity="D_inf"), gs) if gs else [],
+        "C3a-final": _values(s.D_inf.isel(L=-1) / norm_T, gs),
+        "C3b-monotone": _values(increases(s.risk_heldout), gs),
+        "C3b-final": _values(h.isel(L=-1, t_heldout=-1) / h.isel(L=-1, t_heldout=0), gs),
+        "C3c": _values(s.dist_bayes.isel(L=-1) / s.dist_bayes.isel(L=0), gs),
+        "C3d-inf": _values(_protocol(ds, ds.off_block_inf).max(["seed", "t"]), gs),
+        "C3d-softmax": _values(_protocol(ds, ds.off_block.sel(model="softmax").isel(L=-1)).max(["seed", "t"]), gs),
+        "C3-inf-risk": _values(_protocol(ds, ds.risk_inf.isel(t=-1)).max("seed"), gs),
+        "C3-inf-bayes": _values(_protocol(ds, ds.dist_bayes_inf.isel(t=-1)).max("seed"), gs),
+    }
+    big = L >= 1024
+    if big.any():
+        gap = abs(s.D_linL / s.D_inf - 1).isel(L=np.flatnonzero(big))
+        out["C3-linL-gap"] = gap.sel(setting=gs).values.ravel() if gs else []
+    else:
+        out["C3-linL-gap"] = None
+    if CONTROL in ds.setting.values and L.size >= 3:
+        D = s.D_inf.sel(setting=CONTROL)
+        out["C3e-drop"] = float(D.isel(L=0) / D.isel(L=-1))
+        out["C3e-plateau"] = float(loglog_slope(D.isel(L=slice(-4, None)), "L").slope)
+    else:
+        out["C3e-drop"] = out["C3e-plateau"] = None
+    return out
+
+
+def verdicts(ds: xr.Dataset):
+    """PASS / FAIL / INCONCLUSIVE rows of the predeclared criteria (``attrs['criteria']``)."""
+    return evaluate(criteria_from_attrs(ds), measures(ds))
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def _fmt(x, f=".3g"):
+    return "nan" if not np.isfinite(x) else format(float(x), f)
+
+
+def fit_table(ds: xr.Dataset) -> str:
+    """Plain-text tables: slopes with SE and monotonicity per setting; values at L_max; theta_inf;
+    off-block and the perturbation diagnostic; the Rademacher plateau; baselines."""
+    s = _seed_mean(summaries(ds))
+    sl = slopes(ds)
+    settings = [str(x) for x in ds.setting.values]
+    L = ds.L.values
+    Lmin, Lmax = int(L[0]), int(L[-1])
+    lines = [f"C3 slopes in L (OLS on seed means, L = {Lmin}..{Lmax}; SE, 95% CI; increases along L)",
+             f"{'setting':<12} {'quantity':<40} {'slope':>8} {'SE':>7} {'95% CI':>18} {'incr':>4} "
+             f"{'at L_min':>10} {'at L_max':>10}  SPEC slope"]
+    for st in settings:
+        for q, label in _LABELS.items():
+            f = sl.sel(quantity=q, setting=st)
+            ci = f"[{float(f.slope_ci_low):.3f}, {float(f.slope_ci_high):.3f}]"
+            y = s[q].sel(setting=st)
+            ref = _SPEC_SLOPES.get(q, {}).get(st)
+            lines.append(f"{st:<12} {label:<40} {float(f.slope):>8.3f} {float(f.slope_se):>7.3f} {ci:>18} "
+                         f"{int(increases(y)):>4} {_fmt(y.isel(L=0)):>10} {_fmt(y.isel(L=-1)):>10}  "
+                         f"{'' if ref is None else f'{ref:+.3f}'}")
+    per_seed = summaries(ds)
+    lines += ["", "Per-seed slopes (the seed-mean SEs above measure the roughness of one curve, not the "
+                  "spread between task draws)"]
+    for q in ("D_inf", "risk_heldout"):
+        for st in settings:
+            y = per_seed[q].sel(setting=st).dropna("seed", how="all")
+            f = loglog_slope(y, "L")
+            lines.append(f"{st:<12} {_LABELS[q]:<40} " + ", ".join(
+                f"seed {int(sd)}: {float(f.slope.sel(seed=sd)):.3f} +- {float(f.slope_se.sel(seed=sd)):.3f}"
+                for sd in y.seed.values))
+    # values at L_max, as percentages
+    norm_T = _seed_mean(_protocol(ds, ds.norm_inf.isel(t=-1)))
+    h = _seed_mean(_protocol(ds, ds.risk_heldout.sel(model="softmax")))
+    he = _seed_mean(_protocol(ds, ds.risk_heldout_eval.sel(model="softmax")))
+    lines += ["", f"At L_max = {Lmax} (seed means): D / ||theta_inf(T)||, held-out risk final / initial "
+                  "(at L_max; at L_eval), D_linL / D - 1",
+              f"{'setting':<12} {'D/||th_inf||':>12} {'risk(L) %':>10} {'risk(Leval) %':>13} {'D_linL/D-1':>11}"
+              f" {'||th_inf(T)||':>13}"]
+    for st in settings:
+        sel = dict(setting=st)
+        lines.append(f"{st:<12} {100 * float(s.D_inf.sel(**sel).isel(L=-1) / norm_T.sel(**sel)):>11.1f}% "
+                     f"{100 * float(h.sel(**sel).isel(L=-1, t_heldout=-1) / h.sel(**sel).isel(L=-1, t_heldout=0)):>9.2f}% "
+                     f"{100 * float(he.sel(**sel).isel(L=-1, t_heldout=-1) / he.sel(**sel).isel(L=-1, t_heldout=0)):>12.2f}% "
+                     f"{float(s.D_linL.sel(**sel).isel(L=-1) / s.D_inf.sel(**sel).isel(L=-1) - 1):>+11.2e} "
+                     f"{float(norm_T.sel(**sel)):>13.4f}")
+    # theta_inf
+    lines += ["", "theta_inf at T (max over seeds): training risk, held-out risk (linear(inf); softmax(L_eval)), "
+                  "distance to Bayes, off-block (max over t), max |conservation|"]
+    for st in settings:
+        sel = dict(setting=st)
+        p = lambda da: _protocol(ds, da).sel(**sel)  # noqa: E731
+        lines.append(f"{st:<12} risk {_fmt(p(ds.risk_inf).isel(t=-1).max('seed'))}, "
+                     f"held-out {_fmt(p(ds.risk_heldout_inf).isel(t_heldout=-1).max('seed'))}; "
+                     f"{_fmt(p(ds.risk_heldout_inf_eval).isel(t_heldout=-1).max('seed'))}, "
+                     f"Bayes {_fmt(p(ds.dist_bayes_inf).isel(t=-1).max('seed'))}, "
+                     f"off-block {_fmt(p(ds.off_block_inf).max(['seed', 't']))}, "
+                     f"|cons| {_fmt(abs(p(ds.conservation_inf)).max(['seed', 't']))}")
+    # off-block, main runs and perturbation diagnostic
+    ob = _protocol(ds, ds.off_block).max(["seed", "t", "L"])
+    cons = abs(_protocol(ds, ds.conservation)).max(["seed", "t"])
+    g = perturbation_growth(ds)
+    lines += ["", "Off-block mass, main runs (max over seeds, t, L) and max |||U||^2 - ||v||^2| over t (at L_min; L_max)"]
+    for st in settings:
+        lines.append(f"{st:<12} " + ", ".join(
+            f"{m}: off-block {_fmt(ob.sel(setting=st, model=m))}, |cons| "
+            f"{_fmt(cons.sel(setting=st, model=m).isel(L=0))}; {_fmt(cons.sel(setting=st, model=m).isel(L=-1))}"
+            for m in ds.model.values))
+    eps = g.perturbation.values
+    lines += ["", "Perturbation diagnostic (run from (U0, v0) + off-block perturbation of norm "
+                  f"{', '.join(_fmt(e) for e in np.atleast_1d(eps))}): off-block mass / perturbation, max over t "
+                  "and at T, and training risk at T perturbed / main (max over seeds); max/eps > 1: unstable block structure",
+              f"{'setting':<12} {'model':<8} {'':<10} " + " ".join(f"{int(x):>8}" for x in L)]
+    for st in settings:
+        for m in ds.model.values:
+            row = g.sel(setting=st, model=m)
+            for key, label in (("max_growth", "max/eps"), ("final_growth", "T/eps"), ("risk_ratio", "risk p/m")):
+                lines.append(f"{st:<12} {str(m):<8} {label:<10} " + " ".join(
+                    f"{_fmt(a, '8.2g')}" for a in row[key].values))
+    # Rademacher control and baselines
+    if CONTROL in settings:
+        D = s.D_inf.sel(setting=CONTROL)
+        tail = D.where(D.L >= 1024, drop=True)
+        lines += ["", f"Rademacher control: D(L) = " + ", ".join(f"{int(x)}: {float(y):.3f}" for x, y in zip(L, D.values))]
+        if tail.size:
+            lines.append(f"  plateau (L >= 1024): mean {float(tail.mean()):.3f} (SPEC: 0.20)")
+    lines += ["", "Held-out baselines per L (seed means): softmax(L) final | linear(L) final | plug-in "
+                  "(linear(L) at the Bayes optimum) | ridge/least squares on the prompt"]
+    for st in settings:
+        ridge = _seed_mean(_protocol(ds, ds.risk_ridge)).sel(setting=st)
+        plug = _seed_mean(_protocol(ds, ds.risk_plugin)).sel(setting=st)
+        lines.append(f"{st:<12} " + "; ".join(
+            f"{int(x)}: {_fmt(a, '.2g')}|{_fmt(b, '.2g')}|{_fmt(c, '.2g')}|{_fmt(r, '.1g')}" for x, a, b, c, r in zip(
+                L, s.risk_heldout.sel(setting=st).values, s.risk_heldout_linear.sel(setting=st).values,
+                plug.values, ridge.values)))
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- figure
+
+
+def figure(ds: xr.Dataset, path):
+    """Three panels: (a) trajectory distance max_t D_inf vs L per setting, with an L^-1/2 guide and
+    the Rademacher control; (b) max_t D_linL against max_t D_inf (one point per L, y = x line);
+    (c) held-out risk at the training L vs L (softmax, linear) with the plug-in and ridge baselines.
+    ``path``: a file name or a writable binary file object. Returns ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    per_seed = summaries(ds)
+    s = _seed_mean(per_seed)
+    L = ds.L.values.astype(float)
+    settings = [str(x) for x in ds.setting.values]
+    colors = {st: c for st, c in zip(settings, plt.cm.tab10(np.arange(len(settings))))}
+    styles = {CONTROL: "s--"}
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    ax1, ax2, ax3 = axes
+
+    for st in settings:
+        y = s.D_inf.sel(setting=st)
+        ax1.loglog(L, y, styles.get(st, "o-"), color=colors[st], ms=4,
+                   label=f"{st}{' (control)' if st == CONTROL else ''}")
+        seeds = per_seed.D_inf.sel(setting=st).dropna("seed", how="all")
+        for sd in seeds.seed.values:
+            ax1.loglog(L, seeds.sel(seed=sd), ".", color=colors[st], ms=3, alpha=0.5)
+    gs = gaussian_settings(ds)
+    if gs:
+        y0 = float(s.D_inf.sel(setting=gs).isel(L=0).max())
+        ax1.loglog(L, y0 * (L / L[0]) ** -0.5, "k:", lw=1, label=r"$\propto L^{-1/2}$ guide")
+    ax1.set(xlabel="training prompt length L", ylabel=r"$\max_t \|\theta_L(t) - \theta_\infty(t)\|_F$",
+            title="trajectory distance to linear(inf) (softmax)")
+    ax1.legend(fontsize=7)
+
+    lo, hi = np.inf, 0.0
+    for st in settings:
+        x, y = s.D_inf.sel(setting=st).values, s.D_linL.sel(setting=st).values
+        ax2.loglog(x, y, styles.get(st, "o-"), color=colors[st], ms=4, label=st)
+        for xi, yi, Li in zip(x, y, L):
+            if Li in (L[0], L[-1]):
+                ax2.annotate(f"L={int(Li)}", (xi, yi), fontsize=6, xytext=(3, -8), textcoords="offset points")
+        lo, hi = min(lo, np.nanmin(x), np.nanmin(y)), max(hi, np.nanmax(x), np.nanmax(y))
+    if np.isfinite(lo) and hi > 0:
+        ax2.loglog([lo, hi], [lo, hi], "k:", lw=1, label="y = x")
+    for axis in (ax2.xaxis, ax2.yaxis):
+        axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax2.set(xlabel=r"$\max_t \|\theta_L^{sm} - \theta_\infty\|$", ylabel=r"$\max_t \|\theta_L^{sm} - \theta_L^{lin}\|$",
+            title="softmax vs linear at the same L")
+    ax2.legend(fontsize=7)
+
+    from matplotlib.lines import Line2D
+
+    ridge_notes = []
+    for st in settings:
+        c = colors[st]
+        ax3.loglog(L, s.risk_heldout.sel(setting=st), styles.get(st, "o-"), color=c, ms=4)
+        ax3.loglog(L, s.risk_heldout_linear.sel(setting=st), "x:", color=c, ms=4)
+        ax3.loglog(L, _seed_mean(_protocol(ds, ds.risk_plugin)).sel(setting=st), "-", color=c, lw=0.8, alpha=0.6)
+        ridge = _seed_mean(_protocol(ds, ds.risk_ridge)).sel(setting=st)
+        shown = ridge.where(ridge > 1e-12)       # exact (rounding-level) least squares is off the scale
+        if shown.notnull().any():
+            ax3.loglog(L, shown, "d", color=c, ms=5, mfc="none")
+        tiny = ridge.where(ridge <= 1e-12, drop=True)
+        if tiny.size:
+            ridge_notes.append((float(tiny.max()), tiny.size, ridge.size))
+    handles = [Line2D([], [], color=colors[st], marker="o", ls="-", ms=4, label=st) for st in settings]
+    handles += [Line2D([], [], color="k", marker="o", ls="-", ms=4, label="softmax(L)"),
+                Line2D([], [], color="k", marker="x", ls=":", ms=4, label="linear(L)"),
+                Line2D([], [], color="k", lw=0.8, alpha=0.6, label="plug-in (linear(L) at Bayes opt.)"),
+                Line2D([], [], color="k", marker="d", ls="none", mfc="none", label="ridge / least squares")]
+    if ridge_notes:
+        top, n_tiny, n_all = max(n[0] for n in ridge_notes), sum(n[1] for n in ridge_notes), sum(n[2] for n in ridge_notes)
+        ax3.text(0.02, 0.02, f"ridge / least squares (noiseless labels): <= {top:.0e}, off scale,\n"
+                 f"at {n_tiny} of {n_all} (setting, L)", transform=ax3.transAxes, fontsize=6)
+    ax3.set(xlabel="prompt length L", ylabel="held-out risk at the training L, final step", title="held-out risk vs L")
+    ax3.legend(handles=handles, fontsize=6)
+    cfg = json.loads(ds.attrs.get("config", "{}"))
+    fig.suptitle(f"C3 ({ds.attrs.get('profile', '?')} profile; lr {cfg.get('lr', '?')}, T = {cfg.get('n_steps', '?')})",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
