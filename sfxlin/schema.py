@@ -14,6 +14,8 @@ COORDS = {
     "t": {"long_name": "training step", "units": "steps", "description": "gradient-descent step of the checkpoint"},
     "t_heldout": {"long_name": "training step of a held-out evaluation", "units": "steps",
                   "description": "a subset of t, every heldout_every steps"},
+    "tau": {"long_name": "tr(Sigma^-2)", "description": "trace of the inverse squared covariance; the constant "
+            "(1 - 2 tau^(-1/2))^(-d/2) is finite iff tau > 4"},
     "law": {"long_name": "token law", "description": "distribution of the i.i.d. tokens"},
     "setting": {"long_name": "covariate setting", "description": "covariance / law of the covariates x"},
     "model": {"long_name": "attention model", "description": "softmax(L) or linear(L) attention"},

@@ -1,0 +1,159 @@
+"""End to end: the C2 threshold quick profile through sweep.build + execution.compute, the file
+it writes (schema), its analysis (exponents, threshold regression, verdicts, figure), and the
+analysis on a synthetic file with a known break."""
+import json
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from conftest import raise_if_dask_computes
+from sfxlin.analysis import c2_threshold as analysis
+from sfxlin.analysis.verdicts import FAIL, INCONCLUSIVE, PASS, format_table
+from sfxlin.execution import compute
+from sfxlin.pipelines import c2_threshold
+from sfxlin.storage import provenance, save
+from sfxlin.sweep import build, run_cell
+from sfxlin.training import checkpoint_steps
+
+
+def _config(profile="quick", **overrides):
+    config = json.loads(json.dumps(c2_threshold.PROFILES[profile]))
+    config.update(overrides)
+    c2_threshold.validate(config)
+    return config
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    config = _config()
+    with raise_if_dask_computes():
+        lazy = build(c2_threshold.EXPERIMENT, config)
+    ds, wall, label = compute(lazy, progress=False)
+    ds.attrs.update(provenance(c2_threshold.NAME, "quick", config, wall, label, call="pytest"))
+    ds.attrs["criteria"] = json.dumps(c2_threshold.CRITERIA)
+    path = save(ds, tmp_path_factory.mktemp("c2t") / "c2_threshold.nc")
+    return path, config
+
+
+def test_quick_file_schema(quick):
+    path, config = quick
+    with xr.open_dataset(path) as ds:
+        assert ds.attrs["experiment"] == "c2_threshold"
+        for key in ("profile", "config", "criteria", "git_revision", "created", "wall_seconds", "history"):
+            assert key in ds.attrs
+        for name, var in ds.data_vars.items():
+            assert {"long_name", "description"} <= set(var.attrs), name
+        for dim in ds.dims:   # every dim has a coordinate with its real values
+            assert dim in ds.coords, dim
+        np.testing.assert_allclose(ds.tau.values, config["tau"])
+        np.testing.assert_array_equal(ds.L.values, config["L"])
+        np.testing.assert_array_equal(ds.t.values, checkpoint_steps(config["n_steps"], config["ckpt_every"]))
+        np.testing.assert_array_equal(ds.seed.values, np.arange(config["n_seeds"]))
+        assert ds.g.dims == ("tau", "seed", "L", "t")
+        assert ds.risk_inf.dims == ("tau", "seed", "t")
+        assert ds.concentration_constant.dims == ("tau", "seed")
+        assert np.all(ds.g > 0) and np.all(np.isfinite(ds.g))
+        # s = sqrt(d / tau); the constant is +inf exactly for tau <= 4 and finite above
+        np.testing.assert_allclose(ds.s.isel(seed=0), np.sqrt(config["d"] / ds.tau))
+        cc = ds.concentration_constant.isel(seed=0).values
+        below = ds.tau.values <= 4
+        assert np.all(np.isinf(cc[below])) and np.all(np.isfinite(cc[~below]))
+        tau = ds.tau.values[~below]
+        np.testing.assert_allclose(cc[~below], (1 - 2 / np.sqrt(tau)) ** (-config["d"] / 2))
+        # training risk decreases, the trajectory keeps its block structure (never imposed)
+        assert np.all(ds.risk_inf.isel(t=-1) < ds.risk_inf.isel(t=0))
+        assert float(ds.off_block.max()) < 1e-12
+        np.testing.assert_array_equal(json.loads(ds.attrs["criteria"]), c2_threshold.CRITERIA)
+
+
+def test_quick_config_reruns_a_cell(quick):
+    path, config = quick
+    with xr.open_dataset(path) as ds:
+        cfg = json.loads(ds.attrs["config"])
+        out = run_cell(c2_threshold.EXPERIMENT, cfg, (3, 0))
+        np.testing.assert_array_equal(out["g"], ds.g.isel(tau=3, seed=0).values)
+        np.testing.assert_array_equal(out["U_inf"], ds.U_inf.isel(tau=3, seed=0).values)
+
+
+def test_quick_analysis_tables_verdicts_figure(quick, tmp_path):
+    path, _ = quick
+    with xr.open_dataset(path) as ds:
+        ex = analysis.exponents(ds)
+        assert ex.tau.size == ds.tau.size
+        assert np.all(np.isfinite(ex.fixed)) and np.all(np.isfinite(ex.uniform))
+        assert np.all(ex.fixed < 0)
+        th = analysis.threshold(ds)
+        assert th["x"] in analysis.X_CHOICES
+        lo, hi = th["ci_tau"]
+        assert lo <= th["break_tau"] <= hi and ds.tau.min() <= th["break_tau"] <= ds.tau.max()
+        assert th["alternative"]["x"] != th["x"]
+        table = analysis.fit_table(ds)
+        assert "threshold regression" in table and "sensitivity" in table
+        rows = analysis.verdicts(ds)
+        assert [r.id for r in rows] == [c["id"] for c in c2_threshold.CRITERIA]
+        assert all(r.verdict in (PASS, FAIL, INCONCLUSIVE) for r in rows)
+        assert "C2T-break-covers-4" in format_table(rows)
+        fig = analysis.figure(ds, tmp_path / "c2t.png")
+        assert fig.stat().st_size > 10_000
+
+
+def test_validate_rejects_bad_configs():
+    for bad in [dict(tau=[2.0, 1.0]), dict(tau=[0.0, 1.0]), dict(n_steps=210), dict(L=[8, 8]),
+                dict(lr=-0.1), dict(x_law="student_t"), dict(n_replicates=0), dict(trainer="adam")]:
+        with pytest.raises(ValueError):
+            _config(**bad)
+
+
+def _synthetic(break_tau=4.0, n_seeds=3, seed=0):
+    """A c2_threshold-schema file with known exponents: fixed -1/2 (t = 0); uniform (t > 0, larger,
+    so the sup over t picks it) a hinge in tau from -0.1 at tau = 1 down to -0.4 at break_tau, flat
+    beyond; lognormal noise of 10%."""
+    rng = np.random.default_rng(seed)
+    tau = np.geomspace(0.75, 14.81, 14)
+    L = 2.0 ** np.arange(3, 13)
+    t = np.arange(0, 501, 100)
+    p_unif = -0.1 - 0.3 / (break_tau - 1.0) * (np.minimum(tau, break_tau) - 1.0)
+    g = np.empty((tau.size, n_seeds, L.size, t.size))
+    g[..., 0] = 3.0 * L ** -0.5
+    g[..., 1:] = (5.0 * L[None, :, None] ** p_unif[:, None, None])[:, None]
+    g *= np.exp(0.1 * rng.standard_normal(g.shape))
+    cc = np.full(tau.size, np.inf)
+    cc[tau > 4] = (1 - 2 / np.sqrt(tau[tau > 4])) ** -1.5
+    ds = xr.Dataset(
+        {"g": (("tau", "seed", "L", "t"), g),
+         "s": (("tau", "seed"), np.repeat(np.sqrt(3 / tau)[:, None], n_seeds, 1)),
+         "concentration_constant": (("tau", "seed"), np.repeat(cc[:, None], n_seeds, 1))},
+        coords={"tau": tau, "seed": np.arange(n_seeds), "L": L.astype(int), "t": t})
+    ds.attrs["criteria"] = json.dumps(c2_threshold.CRITERIA)
+    return ds, p_unif
+
+
+def test_analysis_recovers_a_known_break():
+    ds, p_unif = _synthetic()
+    ex = analysis.exponents(ds)
+    np.testing.assert_allclose(ex.fixed, -0.5, atol=0.03)
+    np.testing.assert_allclose(ex.uniform, p_unif, atol=0.03)
+    th = analysis.threshold(ds, x="tau")
+    assert abs(th["break_tau"] - 4.0) < 0.3
+    assert th["ci_tau"][0] <= th["break_tau"] <= th["ci_tau"][1] and th["ci_tau"][1] - th["ci_tau"][0] < 1.0
+    assert th["fit"].slope_left == pytest.approx(-0.1, abs=0.02)
+    assert th["fit"].slope_right == pytest.approx(0.0, abs=0.02)
+    # the analysis ignores g_risk when absent and prints every tau
+    assert len(analysis.fit_table(ds).splitlines()) > ds.tau.size
+    m = analysis.measures(ds)
+    assert m["C2T-uniform-trend"] <= -0.8
+    assert m["C2T-break-location"] == pytest.approx(th["break_tau"]) and m["C2T-break-covers-4"] == 1.0
+    rows = {r.id: r for r in analysis.verdicts(ds)}
+    assert rows["C2T-break-location"].verdict == PASS and rows["C2T-fixed-exponent"].verdict == PASS
+    # a break elsewhere is found elsewhere and its CI excludes 4
+    ds8, _ = _synthetic(break_tau=8.0)
+    th8 = analysis.threshold(ds8, x="tau")
+    assert abs(th8["break_tau"] - 8.0) < 1.0 and not th8["covers_4"]
+    assert analysis.measures(ds8)["C2T-break-covers-4"] == 0.0
+
+
+def test_spearman_and_heuristic():
+    assert analysis.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert analysis.spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+    np.testing.assert_allclose(analysis.heuristic_exponent([1.0, 4.0, 16.0]), [-0.25, -0.5, -0.5])
