@@ -16,11 +16,15 @@ venv: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+EXPERIMENTS := c1 c3
+
 reproduce: $(STAMP)
-	$(BIN)/sfxlin run c1 --profile paper --out datasets
+	for exp in $(EXPERIMENTS); do $(BIN)/sfxlin run $$exp --profile paper --out datasets || exit 1; done
+	$(BIN)/sfxlin report --results datasets --out datasets/report.html
 
 bench: $(STAMP)
 	$(BIN)/sfxlin bench c1
+	$(BIN)/sfxlin bench c3
 
 clean:
 	rm -rf $(VENV) build *.egg-info
