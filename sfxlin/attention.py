@@ -167,8 +167,8 @@ def linear_attention(Z, U, V, q):
     return out
 
 
-def limit_attention(law, U, V, q):
-    """Infinite-prompt limit ``V grad K_mu(U q)`` (the tilted mean of the token law)."""
+def _law_logits(law, U, V, q, func):
+    """Validate ``U``, ``V``, ``q`` against a token law; return ``V`` and the logit vector ``a = U q``."""
     U = _as_finite(U, "U")
     V = _as_finite(V, "V")
     q = _as_finite(q, "q")
@@ -181,7 +181,13 @@ def limit_attention(law, U, V, q):
     with np.errstate(over="ignore", invalid="ignore"):
         a = q @ U.T
     if not np.all(np.isfinite(a)):
-        raise FloatOverflowError("limit_attention: U q overflows float64; U and q are too large together")
+        raise FloatOverflowError(f"{func}: U q overflows float64; U and q are too large together")
+    return V, a
+
+
+def limit_attention(law, U, V, q):
+    """Infinite-prompt limit ``V grad K_mu(U q)`` (the tilted mean of the token law)."""
+    V, a = _law_logits(law, U, V, q, "limit_attention")
     tm = law.tilted_mean(a)
     with np.errstate(over="ignore", invalid="ignore"):
         out = tm @ V.T
@@ -199,20 +205,10 @@ def asymptotic_mse(law, U, V, q, L=1):
     ``L`` (broadcast over leading axes of ``q`` and over ``L``). Raises
     :class:`~sfxlin.laws.NoLimitError` for laws without exponential moments.
     """
-    U = _as_finite(U, "U")
-    V = _as_finite(V, "V")
-    q = _as_finite(q, "q")
-    if U.shape != (law.D, law.D):
-        raise ValueError(f"U must be {law.D}x{law.D} to match the law, got {U.shape}")
-    if V.ndim != 2 or V.shape[1] != law.D:
-        raise ValueError(f"V must be (D_out, {law.D}), got {V.shape}")
     L = _as_finite(L, "L")
     if np.any(L < 1):
         raise ValueError(f"L must be >= 1, got {L}")
-    with np.errstate(over="ignore", invalid="ignore"):
-        a = q @ U.T
-    if not np.all(np.isfinite(a)):
-        raise FloatOverflowError("asymptotic_mse: U q overflows float64; U and q are too large together")
+    V, a = _law_logits(law, U, V, q, "asymptotic_mse")
     C = law.snis_covariance(a)
     with np.errstate(over="ignore", invalid="ignore"):
         const = np.einsum("ij,...jk,ik->...", V, C, V)
