@@ -16,7 +16,7 @@ venv: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-EXPERIMENTS := c1 c3
+EXPERIMENTS := c1 c2 c2_threshold c3
 
 reproduce: $(STAMP)
 	for exp in $(EXPERIMENTS); do $(BIN)/sfxlin run $$exp --profile paper --out datasets || exit 1; done

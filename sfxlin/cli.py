@@ -22,7 +22,7 @@ from .storage import ResultsError, ensure_writable, open_results, provenance, sa
 
 __all__ = ["main"]
 
-EXPERIMENTS = {"c1": "c1_limit", "c2_threshold": "c2_threshold", "c3": "c3_transfer"}
+EXPERIMENTS = {"c1": "c1_limit", "c2": "c2_concentration", "c2_threshold": "c2_threshold", "c3": "c3_transfer"}
 BENCHES = {"c1": "sfxlin.bench:bench_c1", "c3": "sfxlin.bench_c3:bench_c3"}
 
 

@@ -16,6 +16,9 @@ COORDS = {
                   "description": "a subset of t, every heldout_every steps"},
     "tau": {"long_name": "tr(Sigma^-2)", "description": "trace of the inverse squared covariance; the constant "
             "(1 - 2 tau^(-1/2))^(-d/2) is finite iff tau > 4"},
+    "level": {"long_name": "tail level", "description": "nominal tail probability of the CLT threshold of a tail test"},
+    "scale": {"long_name": "covariance scale", "description": "factor multiplying the covariate covariance Sigma"},
+    "traj_seed": {"long_name": "trajectory seed index", "description": "replicate of the trajectory-stability part"},
     "law": {"long_name": "token law", "description": "distribution of the i.i.d. tokens"},
     "setting": {"long_name": "covariate setting", "description": "covariance / law of the covariates x"},
     "model": {"long_name": "attention model", "description": "softmax(L) or linear(L) attention"},

@@ -26,8 +26,9 @@ class ResultsError(ValueError):
 def _git_revision():
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-                               capture_output=True, text=True, timeout=5)
+        # modified or untracked code that produced the file makes it "+dirty"; results files do not
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "sfxlin", "pipelines", "analysis", "setup.cfg"],
+                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     if rev.returncode != 0:

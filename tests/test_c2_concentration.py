@@ -1,0 +1,303 @@
+"""C2 pipeline and analysis: per-cell kernels against independent computations, the quick profile
+end to end (build, compute, save, open, tables, verdicts, figure), and the bound parameters."""
+import json
+import math
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from sfxlin import icl
+from sfxlin.analysis import c2 as c2_analysis
+from sfxlin.analysis.verdicts import format_table
+from sfxlin.attention import softmax_attention
+from sfxlin.execution import compute
+from sfxlin.laws import Gaussian
+from sfxlin.pipelines import c2_concentration as c2
+from sfxlin.storage import open_results, provenance, save
+from sfxlin.sweep import build, cell_rng, run_cell
+
+from conftest import raise_if_dask_computes
+
+TINY = {**c2.PROFILES["quick"], "d": [2], "U_norm": [0.5], "n_seeds": 1, "L": [4, 8, 16],
+        "tail_queries": 2, "tail_prompts": 10, "prompt_chunk": 4, "clt_draws": 20000,
+        "grad_pairs": 2, "grad_queries": 2, "grad_draws": 3, "grad_scales": [1.5],
+        "traj_pairs": 2, "traj_steps": 20, "traj_ckpt_every": 10}
+
+
+# --------------------------------------------------------------------------- independent references
+
+
+def chi2_sf(x, k):
+    """``P(chi^2_k > x)`` by the finite series (even k: Poisson sum; odd k: erfc plus a sum)."""
+    h = x / 2.0
+    if k % 2 == 0:
+        return math.exp(-h) * sum(h**j / math.factorial(j) for j in range(k // 2))
+    total = math.erfc(math.sqrt(h))
+    for j in range(1, (k - 1) // 2 + 1):
+        total += math.exp(-h) * h ** (j - 0.5) / math.gamma(j + 0.5)
+    return total
+
+
+def naive_item_gradients(U, v, Z, z_q, y_q):
+    """Softmax-attention gradient of 1/2 (pred - y)^2 for one prompt and one query, token by token."""
+    a = U @ z_q
+    s = np.array([z @ a for z in Z])
+    p = np.exp(s - s.max())
+    p /= p.sum()
+    mbar = sum(pk * z for pk, z in zip(p, Z))
+    second = sum(pk * np.outer(z, z) for pk, z in zip(p, Z))
+    C = second - np.outer(mbar, mbar)
+    r = v @ mbar - y_q
+    return r * np.outer(C @ v, z_q), r * mbar
+
+
+def naive_limit_gradients(U, v, Gamma, z_q, y_q):
+    h = Gamma @ U @ z_q
+    r = v @ h - y_q
+    return r * np.outer(Gamma @ v, z_q), r * h
+
+
+# --------------------------------------------------------------------------- (b) gradient gap
+
+
+def test_gradient_gap_matches_a_naive_per_task_loop():
+    d, n_pairs, n_q, Ls, n_draws = 2, 2, 2, [3, 5, 9], 3
+    Sigma = c2.covariance("anisotropic", 1.5, d)
+    U, v = c2.gradient_parameters(Sigma, 0.4)
+    tasks, gap_sq, inf_sq = c2.gradient_gaps(np.random.default_rng(11), Sigma, U, v, Ls, n_pairs, n_q, n_draws)
+
+    # the documented draw order: w, prompt covariates, query covariates, then one prompt set per draw
+    rng = np.random.default_rng(11)
+    law = Gaussian(cov=Sigma)
+    w = rng.standard_normal((n_pairs, d))
+    xs = [law.sample(rng, (n_pairs, Ls[-1]))]
+    xq = law.sample(rng, (n_pairs, n_q))
+    xs += [law.sample(rng, (n_pairs, Ls[-1])) for _ in range(n_draws - 1)]
+    items = [(s * w[i], i) for i in range(n_pairs) for s in (1.0, -1.0)]  # antithetic pairs
+    n_items = len(items) * n_q
+    gU_inf, gv_inf = np.zeros((d + 1, d + 1)), np.zeros(d + 1)
+    for wi, i in items:
+        Gamma = np.block([[Sigma, (Sigma @ wi)[:, None]], [(wi @ Sigma)[None, :], np.array([[wi @ Sigma @ wi]])]])
+        for k in range(n_q):
+            gU, gv = naive_limit_gradients(U, v, Gamma, np.append(xq[i, k], 0.0), wi @ xq[i, k])
+            gU_inf += gU / n_items
+            gv_inf += gv / n_items
+    assert inf_sq == pytest.approx(np.sum(gU_inf**2) + np.sum(gv_inf**2), rel=1e-10)
+    for r, x in enumerate(xs):
+        for j, L in enumerate(Ls):
+            gU_L, gv_L = np.zeros((d + 1, d + 1)), np.zeros(d + 1)
+            for wi, i in items:
+                Z = np.column_stack([x[i, :L], x[i, :L] @ wi])
+                for k in range(n_q):
+                    gU, gv = naive_item_gradients(U, v, Z, np.append(xq[i, k], 0.0), wi @ xq[i, k])
+                    gU_L += gU / n_items
+                    gv_L += gv / n_items
+            expected = np.sum((gU_L - gU_inf) ** 2) + np.sum((gv_L - gv_inf) ** 2)
+            assert gap_sq[r, j] == pytest.approx(expected, rel=1e-9, abs=1e-15)
+    np.testing.assert_array_equal(tasks.w[0::2], w)
+
+
+def test_gradient_log_bound_constant_matches_a_per_item_loop():
+    d = 3
+    Sigma = c2.covariance("isotropic", 2.0, d)
+    U, v = c2.gradient_parameters(Sigma, 0.3)
+    tasks = icl.make_tasks(np.random.default_rng(3), d, 3, 2, 4, Gaussian(cov=Sigma))
+    log_c, log_K, log_K_sharp, max_quad = c2.gradient_log_bound_constant(tasks, U, v)
+    KP, Ks, Kf = [], [], []
+    for n in range(tasks.n_tasks):
+        w = tasks.w[n]
+        G = np.block([[Sigma, (Sigma @ w)[:, None]], [(w @ Sigma)[None, :], np.array([[w @ Sigma @ w]])]])
+        lam = np.max(np.linalg.eigvalsh(G))
+        for k in range(tasks.n_queries):
+            zq = tasks.z_q[n, k]
+            a = U @ zq
+            m = G @ a
+            r = v @ m - tasks.y_q[n, k]
+            K = math.exp(4 * lam * a @ a)
+            P = np.trace(G) * ((abs(r) + np.linalg.norm(v) * np.linalg.norm(m)) ** 2
+                               + (zq @ zq) * (v @ v) * (lam * abs(r) + np.linalg.norm(G @ v)) ** 2)
+            KP.append(K * P)
+            Kf.append(K)
+            Ks.append(math.exp(a @ G @ a))
+    assert math.exp(log_c) == pytest.approx(np.mean(KP), rel=1e-10)
+    assert math.exp(log_K) == pytest.approx(np.mean(Kf), rel=1e-10)
+    assert math.exp(log_K_sharp) == pytest.approx(np.mean(Ks), rel=1e-10)
+    assert math.exp(max_quad) == pytest.approx(np.max(Ks), rel=1e-10)
+    # the parameters sit on the balanced manifold, along the Bayes direction
+    assert np.linalg.norm(U) == pytest.approx(0.3) and np.linalg.norm(v) == pytest.approx(0.3)
+
+
+# --------------------------------------------------------------------------- (a) tails
+
+
+@pytest.mark.parametrize("d", [1, 2, 3, 5])
+def test_clt_monte_carlo_matches_the_chi_square_tail(d):
+    """C = c I_d: ||N(0, C)||^2 = c chi^2_d, whose tail has a closed form."""
+    c, n = 1.7, 200_000
+    C = np.broadcast_to(c * np.eye(d), (2, d, d))
+    levels = np.array([0.1, 0.01, 0.001])
+    radii = c2.clt_radii(np.random.default_rng(5), C, levels, n)
+    exact_at_radii = np.array([[chi2_sf(r**2 / c, d) for r in row] for row in radii])
+    # the Monte-Carlo quantiles sit where the exact tail equals the level (binomial tolerance)
+    rtol = 5 * np.sqrt(1 / (n * levels)).max()
+    np.testing.assert_allclose(exact_at_radii, levels[None].repeat(2, 0), atol=0, rtol=rtol)
+    fixed = np.array([[1.0, 2.5, 4.0], [0.5, 3.0, 5.0]]) * np.sqrt(c * d)
+    mc = c2.clt_tail(np.random.default_rng(6), C, fixed, n)
+    exact = np.array([[chi2_sf(r**2 / c, d) for r in row] for row in fixed])
+    se = np.sqrt(exact * (1 - exact) / n)
+    assert np.all(np.abs(mc - exact) <= 5 * se + 1e-12)
+
+
+def test_tail_cell_counts_match_direct_counting():
+    """A whole cell's tail outputs recomputed from its documented draws with the per-L operator."""
+    config = TINY
+    out = run_cell(c2.EXPERIMENT, config, (0, 0, 0))
+    rng_tail, _, _ = cell_rng(c2.NAME, (0, 0, 0), config["root_seed"]).spawn(3)
+    d, U_norm, sigma = 2, 0.5, config["sigma"]
+    law = Gaussian(cov=sigma**2, D=d)
+    U = rng_tail.standard_normal((d, d))
+    U *= U_norm / np.linalg.norm(U)
+    q = law.sample(rng_tail, config["tail_queries"])
+    t = out["tail_threshold"]                             # (query, L, level)
+    Ls = np.array(config["L"])
+    np.testing.assert_allclose(t * np.sqrt(Ls)[None, :, None], np.repeat(t[:, :1] * np.sqrt(Ls[0]), len(Ls), 1))
+    counts = np.zeros_like(t)
+    for i in range(config["tail_queries"]):
+        n_left = config["tail_prompts"]
+        while n_left:
+            m = min(config["prompt_chunk"], n_left)
+            Z = law.sample(rng_tail, (m, Ls[-1]))
+            for p in range(m):
+                for j, L in enumerate(Ls):
+                    err = np.linalg.norm(softmax_attention(Z[p, :L], U, np.eye(d), q[i]) - sigma**2 * U @ q[i])
+                    counts[i, j] += err > t[i, j]
+            n_left -= m
+    np.testing.assert_array_equal(out["tail_count"], counts)
+    assert out["tail_n"] == config["tail_prompts"]
+    # the stored bound is the documented formula with the stored constants
+    K = np.exp(4 * sigma**2 * np.sum((q @ U.T) ** 2, axis=-1))
+    np.testing.assert_allclose(out["tail_K"], K)
+    c1, c2_ = math.exp(config["tail_log_c1_per_d"] * d), config["tail_c2"] / sigma**2
+    assert (out["tail_c1_eff"], out["tail_c2_eff"]) == (pytest.approx(c1), pytest.approx(c2_))
+    np.testing.assert_allclose(out["tail_bound"], c1 * np.exp(-c2_ * Ls[None, :, None] * t**2 / K[:, None, None]))
+
+
+def test_bound_constants_scale_the_bounds_as_documented():
+    base = run_cell(c2.EXPERIMENT, TINY, (0, 0, 0))
+    other = run_cell(c2.EXPERIMENT, {**TINY, "tail_log_c1_per_d": TINY["tail_log_c1_per_d"] + math.log(3.0) / 2,
+                                     "grad_c": 10.0}, (0, 0, 0))  # d = 2: c1 three times larger
+    np.testing.assert_allclose(other["tail_bound"], 3.0 * base["tail_bound"])
+    np.testing.assert_allclose(other["grad_log_bound"], base["grad_log_bound"] + np.log(10.0))
+    np.testing.assert_array_equal(other["tail_count"], base["tail_count"])  # draws unchanged
+
+
+# --------------------------------------------------------------------------- analysis rules
+
+
+def test_tail_test_rules_against_closed_form_clopper_pearson():
+    """count = n: CP lower end (alpha/2)^(1/n); count = 0: never violated, looseness undefined."""
+    n, alpha = 50, 0.05
+    dims = ("d", "U_norm", "seed", "query", "L", "level")
+    shape = (1, 1, 1, 1, 1, 3)
+    coords = {"d": [2], "U_norm": [0.5], "seed": [0], "query": [0], "L": [64], "level": [0.1, 0.01, 0.001]}
+    lo_full = (alpha / 2) ** (1 / n)
+    ds = xr.Dataset({
+        "tail_count": (dims, np.array([n, 0, 5.0]).reshape(shape)),
+        "tail_n": (("d", "U_norm", "seed"), np.full((1, 1, 1), float(n))),
+        "tail_bound": (dims, np.array([lo_full * 0.999, 1e-9, 0.5]).reshape(shape)),
+        "tail_clt": (dims, np.array([0.1, 0.01, 0.001]).reshape(shape)),
+        "tail_threshold": (dims, np.ones(shape)),
+        "tail_c1_eff": (("d", "U_norm", "seed"), np.full((1, 1, 1), 4.0)),
+    }, coords=coords)
+    tt = c2_analysis.tail_tests(ds, alpha=alpha)
+    assert float(tt.ci_low.isel(level=0).squeeze()) == pytest.approx(lo_full, rel=1e-10)
+    assert float(tt.ci_high.isel(level=1).squeeze()) == pytest.approx(1 - (alpha / 2) ** (1 / n), rel=1e-10)
+    assert tt.violated.values.ravel().tolist() == [True, False, False]
+    assert np.isnan(tt.looseness.isel(level=1)).all()
+    assert float(tt.looseness.isel(level=2).squeeze()) == pytest.approx(0.5 / 0.1)
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def quick_file(tmp_path_factory):
+    config = json.loads(json.dumps(c2.PROFILES["quick"]))
+    c2.validate(config)
+    with raise_if_dask_computes():
+        lazy = build(c2.EXPERIMENT, config)  # lazy: nothing computed yet
+    ds, wall, label = compute(lazy, scheduler="threads", progress=False)
+    ds.attrs.update(provenance(c2.NAME, "quick", config, wall, label, call="pytest"))
+    ds.attrs["criteria"] = json.dumps(c2.CRITERIA)
+    return save(ds, tmp_path_factory.mktemp("c2") / "c2_concentration.nc")
+
+
+@pytest.fixture(scope="module")
+def quick_ds(quick_file):
+    """The saved file, opened by name-or-path, loaded into memory and closed (no HDF5 handle
+    stays open while later tests compute in threads)."""
+    with open_results(quick_file) as ds:
+        return ds.load()
+
+
+def test_quick_profile_end_to_end(quick_file, quick_ds):
+    ds = quick_ds
+    cfg = c2.PROFILES["quick"]
+    assert ds.attrs["experiment"] == c2.NAME and ds.sizes["L"] == len(cfg["L"])
+    assert ds.sizes["t"] == cfg["traj_steps"] // cfg["traj_ckpt_every"] + 1
+    for name, var in ds.data_vars.items():
+        assert {"long_name", "description"} <= set(var.attrs), name
+    # counts are integers within [0, n] and decrease with the threshold (smaller level, larger t)
+    counts = ds.tail_count.values
+    assert np.all(counts == np.round(counts)) and np.all((counts >= 0) & (counts <= cfg["tail_prompts"]))
+    assert np.all(np.diff(counts, axis=-1) <= 0)
+    rows = c2_analysis.verdicts(ds)
+    assert [r.id for r in rows] == [c["id"] for c in c2.CRITERIA]
+    by_id = {r.id: r for r in rows}
+    assert by_id["C2-tail-violations"].verdict == "PASS"
+    assert by_id["C2-grad-violations"].verdict == "PASS"
+    table = c2_analysis.fit_table(ds)
+    for part in ("(a) output tails", "(b) gradient gap", "(c) gradient gap g_L(t)", "ASSUMED"):
+        assert part in table
+    assert "criterion" in format_table(rows)
+    path = c2_analysis.figure(ds, quick_file.with_suffix(".png"))
+    assert path.stat().st_size > 10_000
+
+
+def test_bound_parameters_travel_in_attrs(quick_ds):
+    ds = quick_ds
+    config = json.loads(ds.attrs["config"])
+    for key in ("tail_log_c1_per_d", "tail_c2", "grad_c"):
+        assert config[key] == c2.PROFILES["quick"][key]
+    assert "OUR assumption" in ds.tail_bound.attrs["description"]
+    assert "OUR assumption" in ds.grad_log_bound.attrs["description"]
+    d = ds.d.broadcast_like(ds.tail_c1_eff)
+    np.testing.assert_allclose(ds.tail_c1_eff, np.exp(config["tail_log_c1_per_d"] * d))
+    np.testing.assert_allclose(ds.tail_c2_eff, config["tail_c2"] / config["sigma"] ** 2)
+    criteria = json.loads(ds.attrs["criteria"])
+    assert {c["id"] for c in criteria} == {c["id"] for c in c2.CRITERIA}
+    assert all(c["reference"] for c in criteria)
+
+
+def test_rerun_from_attrs_reproduces_a_cell(quick_ds):
+    ds = quick_ds
+    again = build(c2.EXPERIMENT, json.loads(ds.attrs["config"])).isel(d=[1], U_norm=[0], seed=[1])
+    again = again[["tail_count", "grad_gap_sq"]].compute(scheduler="synchronous")
+    xr.testing.assert_equal(again.tail_count, ds.tail_count.isel(d=[1], U_norm=[0], seed=[1]))
+    xr.testing.assert_equal(again.grad_gap_sq, ds.grad_gap_sq.isel(d=[1], U_norm=[0], seed=[1]))
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"L": [8, 16]}, "at least 3"),
+    ({"L": [16, 8, 32]}, "strictly increasing"),
+    ({"tail_levels": [0.01, 0.1]}, "decreasing"),
+    ({"tail_levels": [0.1, 0.0]}, "probabilities"),
+    ({"clt_draws": 100}, "too few"),
+    ({"tail_c2": 0.0}, "tail_c2"),
+    ({"traj_steps": 105}, "multiple"),
+    ({"grad_draws": 0}, "grad_draws"),
+])
+def test_bad_configuration_is_refused(bad, message):
+    with pytest.raises(ValueError, match=message):
+        c2.validate({**c2.PROFILES["quick"], **bad})
