@@ -10,7 +10,7 @@ Exponents, per tau (log-log OLS slope in L, :func:`fits.loglog_slope`, SE from t
 * fixed-parameter exponent: slope of the seed-mean gap at ``t = 0``;
 * uniform exponent: slope of the seed-mean of ``sup_t g_L(t)`` (max over the checkpoints).
 
-Threshold regression (:func:`fits.threshold_regression`): hinge ``y = b0 + b1 x + b2 max(0, x - c)``
+Threshold regression (:func:`threshold.threshold_regression`): hinge ``y = b0 + b1 x + b2 max(0, x - c)``
 of the uniform exponent ``y`` on ``x``, weighted by ``1 / SE^2``. ``x`` is ``tau`` or ``log tau``.
 Which one: the heavy-tail argument below predicts a kink at tau = 4 in either coordinate (the
 exponent ``-min(sqrt(tau) / 4, 1/2)`` saturates there), and its left branch is equally curved in
@@ -46,7 +46,8 @@ import math
 import numpy as np
 import xarray as xr
 
-from .fits import loglog_slope, threshold_regression
+from .fits import loglog_slope
+from .threshold import threshold_regression
 from .verdicts import criteria_from_attrs, evaluate
 
 __all__ = ["exponents", "threshold", "measures", "verdicts", "inconclusive", "fit_table", "figure", "heuristic_exponent",
@@ -136,7 +137,7 @@ def threshold(ds: xr.Dataset, x: str = "auto", ex: xr.Dataset | None = None, se:
     weights ``1/SE^2`` with the between-seed SE ``sd / sqrt(n_seeds)``.
 
     Returns a dict: ``x`` (chosen coordinate),
-    ``fit`` (its :class:`~fits.ThresholdFit`), ``break_tau``, ``ci_tau`` (low, high), ``covers_4``,
+    ``fit`` (its :class:`~threshold.ThresholdFit`), ``break_tau``, ``ci_tau`` (low, high), ``covers_4``,
     ``ci_truncated``, and ``alternative`` (the same for the other coordinate, without recursion)."""
     ex = exponents(ds) if ex is None else ex
     if x not in X_CHOICES + ("auto",):

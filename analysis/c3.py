@@ -236,7 +236,7 @@ def fit_table(ds: xr.Dataset) -> str:
     if CONTROL in settings:
         D = s.D_inf.sel(setting=CONTROL)
         tail = D.where(D.L >= 1024, drop=True)
-        lines += ["", f"Rademacher control: D(L) = " + ", ".join(f"{int(x)}: {float(y):.3f}" for x, y in zip(L, D.values))]
+        lines += ["", "Rademacher control: D(L) = " + ", ".join(f"{int(x)}: {float(y):.3f}" for x, y in zip(L, D.values))]
         if tail.size:
             lines.append(f"  plateau (L >= 1024): mean {float(tail.mean()):.3f} (SPEC: 0.20)")
     lines += ["", "Held-out baselines per L (seed means): softmax(L) final | linear(L) final | plug-in "

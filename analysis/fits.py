@@ -1,10 +1,11 @@
-"""Statistical fits of results files: log-log slopes, power laws, the paper-form fit, threshold regression.
+"""Statistical fits of results files: log-log slopes, power laws, the paper-form fit.
+
+(Threshold regression lives in :mod:`.threshold`.)
 
 Layout (the xskillscore habit):
 
-* pure-numpy kernels (``ols_line_np``, ``hinge_ssr_np``): 1-D arrays in, floats out, no labels;
-* thin labelled wrappers (``loglog_slope``, ``power_law_fit``, ``paper_form_fit``,
-  ``threshold_regression``) that only handle dims and call ``xr.apply_ufunc(...,
+* pure-numpy kernels (``ols_line_np``): 1-D arrays in, floats out, no labels;
+* thin labelled wrappers (``loglog_slope``, ``power_law_fit``, ``paper_form_fit``) that only handle dims and call ``xr.apply_ufunc(...,
   dask="parallelized")``, so numpy- and dask-backed DataArrays both work, the fit loops over
   every dimension other than the fitted one, and dask input stays lazy until computed;
 * the settings of every statsmodels call (method, ``cov_type``, ``alpha``, tested exponent)
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 import statsmodels.api as sm
@@ -27,14 +27,10 @@ import xarray as xr
 __all__ = [
     "COV_TYPES",
     "OLS_LINE_FIELDS",
-    "ThresholdFit",
-    "hansen_lr_crit",
-    "hinge_ssr_np",
     "loglog_slope",
     "ols_line_np",
     "paper_form_fit",
     "power_law_fit",
-    "threshold_regression",
 ]
 
 #: covariance estimators accepted by the fits (statsmodels names).
@@ -181,48 +177,6 @@ def ols_line_np(
         float(pvals[1]),
         t_p,
     )
-
-
-def hinge_design_np(x: np.ndarray, c: float) -> np.ndarray:
-    """Hinge basis ``[1, x, max(0, x - c)]`` (n x 3) of the continuous threshold model."""
-    x = np.asarray(x, dtype=np.float64)
-    return np.column_stack([np.ones(x.size), x, np.maximum(0.0, x - c)])
-
-
-def hinge_ssr_np(y: np.ndarray, x: np.ndarray, c: float, weights: np.ndarray | None = None) -> float:
-    """(Weighted) SSR of the hinge fit ``y = b0 + b1 x + b2 max(0, x - c)`` at breakpoint ``c``.
-
-    Fitted with statsmodels WLS (OLS when ``weights`` is None); the SSR is
-    ``sum_i w_i (y_i - yhat_i)^2``. Returns ``inf`` when the hinge design restricted to the
-    positive-weight points is rank deficient (``c`` leaves fewer than the points needed on one
-    side), so such a ``c`` can never be the minimiser. The design is built on ``x`` mapped
-    affinely onto [-1, 1] (the SSR is unchanged), so the rank test does not depend on x's units.
-    """
-    x = np.asarray(x, dtype=np.float64)
-    if x.size:
-        mid, half = x.max() / 2 + x.min() / 2, x.max() / 2 - x.min() / 2
-        half = half if half > 0 else 1.0
-        x, c = (x - mid) / half, (c - mid) / half
-    Z = hinge_design_np(x, c)
-    w = np.ones(len(y)) if weights is None else np.asarray(weights, dtype=np.float64)
-    if np.linalg.matrix_rank(Z[w > 0]) < 3:
-        return math.inf
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")
-        res = sm.OLS(y, Z).fit() if weights is None else sm.WLS(y, Z, weights=w).fit()
-    return float(res.ssr)
-
-
-def hansen_lr_crit(alpha: float = 0.05) -> float:
-    """Hansen (2000) asymptotic critical value of the threshold LR statistic.
-
-    Under homoskedasticity the LR statistic at the true threshold converges to a law with
-    distribution function ``P(xi <= z) = (1 - exp(-z/2))^2``; inverting it gives
-    ``crit(alpha) = -2 log(1 - sqrt(1 - alpha))`` (5.94 for alpha = 0.10, 7.35 for 0.05,
-    10.59 for 0.01).
-    """
-    alpha = _check_alpha(alpha)
-    return -2.0 * math.log(1.0 - math.sqrt(1.0 - alpha))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -513,296 +467,3 @@ def paper_form_fit(
     ds = ds.assign_coords(method="OLS log(L*mse) on x, pooled", cov_type=cov_type, alpha=alpha)
     ds.attrs = {"fit": "L * E||f_L - f_inf||^2 = c1 * exp(c2 * sigma^2 ||U q||^2), OLS on the log, pooled"}
     return ds
-
-
-# ---------------------------------------------------------------------------------------------
-# threshold (hinge) regression
-# ---------------------------------------------------------------------------------------------
-_THRESHOLD_NOTE = (
-    "slope SEs (b0, b1, b2, slope_left, slope_right) are computed at the chosen breakpoint c_hat "
-    "as if it were known: they ignore its uncertainty. The CI of c is the grid set "
-    "{c : LR(c) <= crit}, LR(c) = n (SSR(c) - SSR(c_hat)) / SSR(c_hat), reported as its hull, "
-    "with Hansen's (2000) asymptotic critical value (derived for homoskedastic errors and a "
-    "discontinuous threshold; for a continuous kink it is conservative); its resolution is the grid's."
-)
-
-
-@dataclass(frozen=True, eq=False, repr=False)
-class ThresholdFit:
-    """Result of :func:`threshold_regression` (hinge model ``y = b0 + b1 x + b2 max(0, x - c)``).
-
-    Attributes
-    ----------
-    c_hat : the breakpoint minimising the (weighted) SSR over the grid.
-    c_ci_low, c_ci_high : hull of ``{c in grid : LR(c) <= lr_crit}`` (LR inversion, Hansen 2000).
-    ci_truncated : True when that set reaches an end of the trimmed grid (the true CI may be wider).
-    alpha, lr_crit : the level and the LR critical value used.
-    b0, b1, b2 and ``*_se`` : coefficients at ``c_hat`` with their SEs.
-    slope_left, slope_left_se : ``b1`` (slope below ``c_hat``).
-    slope_right, slope_right_se : ``b1 + b2`` (slope above), SE ``sqrt(V11 + V22 + 2 V12)``.
-    ssr, r2, n : fit at ``c_hat`` (weighted SSR and R^2 when weighted; n = points with w > 0).
-    cov_type, weighted, trim : settings.
-    grid, ssr_profile, lr_profile : the profiled candidate breakpoints, SSR(c) and LR(c)
-        (``inf`` where the hinge design is singular).
-    note : caveat on the SEs and the CI.
-    """
-
-    c_hat: float
-    c_ci_low: float
-    c_ci_high: float
-    ci_truncated: bool
-    alpha: float
-    lr_crit: float
-    b0: float
-    b0_se: float
-    b1: float
-    b1_se: float
-    b2: float
-    b2_se: float
-    slope_left: float
-    slope_left_se: float
-    slope_right: float
-    slope_right_se: float
-    ssr: float
-    r2: float
-    n: int
-    cov_type: str
-    weighted: bool
-    trim: float
-    grid: np.ndarray
-    ssr_profile: np.ndarray
-    lr_profile: np.ndarray
-    note: str = _THRESHOLD_NOTE
-
-    _SCALARS = (
-        "c_hat", "c_ci_low", "c_ci_high", "ci_truncated", "alpha", "lr_crit",
-        "b0", "b0_se", "b1", "b1_se", "b2", "b2_se",
-        "slope_left", "slope_left_se", "slope_right", "slope_right_se",
-        "ssr", "r2", "n", "cov_type", "weighted", "trim", "note",
-    )  # fmt: skip
-
-    def __repr__(self) -> str:
-        level = f"{100 * (1 - self.alpha):g}%"
-        trunc = " (truncated at the grid's end)" if self.ci_truncated else ""
-        return (
-            f"ThresholdFit(y = b0 + b1 x + b2 max(0, x - c); {'WLS' if self.weighted else 'OLS'}, "
-            f"n={self.n}, cov_type={self.cov_type!r})\n"
-            f"  c_hat       = {self.c_hat:.6g}   {level} CI [{self.c_ci_low:.6g}, {self.c_ci_high:.6g}]{trunc}"
-            f" (LR inversion, crit {self.lr_crit:.3g})\n"
-            f"  slope_left  = {self.slope_left:.6g} +- {self.slope_left_se:.3g}\n"
-            f"  slope_right = {self.slope_right:.6g} +- {self.slope_right_se:.3g}\n"
-            f"  b0 = {self.b0:.6g} +- {self.b0_se:.3g}, b1 = {self.b1:.6g} +- {self.b1_se:.3g}, "
-            f"b2 = {self.b2:.6g} +- {self.b2_se:.3g}\n"
-            f"  SSR = {self.ssr:.6g}, R2 = {self.r2:.6g}, grid of {self.grid.size} breakpoints, trim {self.trim:g}\n"
-            f"  note: {self.note}"
-        )
-
-    def to_dict(self, include_profile: bool = False) -> dict:
-        """Scalars (and, with ``include_profile``, the grid and profiles as lists) in a plain dict."""
-        out = {k: getattr(self, k) for k in self._SCALARS}
-        if include_profile:
-            out.update(
-                grid=self.grid.tolist(), ssr_profile=self.ssr_profile.tolist(), lr_profile=self.lr_profile.tolist()
-            )
-        return out
-
-    def to_dataset(self) -> xr.Dataset:
-        """xr.Dataset: scalars as 0-d variables, ``ssr_profile`` and ``lr_profile`` over dim ``c_grid``.
-
-        Settings (``alpha``, ``lr_crit``, ``cov_type``, ``trim``, ``weighted``) are scalar
-        coordinates; ``note`` is an attribute.
-        """
-        settings = {"alpha", "lr_crit", "cov_type", "trim", "weighted", "note"}
-        data = {
-            k: xr.DataArray(int(v) if isinstance(v, bool) else v)
-            for k, v in self.to_dict().items()
-            if k not in settings
-        }
-        data["ssr_profile"] = xr.DataArray(
-            self.ssr_profile, dims="c_grid", attrs={"long_name": "SSR(c)", "description": "profiled (weighted) SSR"}
-        )
-        data["lr_profile"] = xr.DataArray(
-            self.lr_profile,
-            dims="c_grid",
-            attrs={"long_name": "LR(c)", "description": "n (SSR(c) - SSR(c_hat)) / SSR(c_hat)"},
-        )
-        ds = xr.Dataset(data, coords={"c_grid": self.grid})
-        ds = ds.assign_coords(
-            method="hinge threshold regression",
-            alpha=self.alpha,
-            lr_crit=self.lr_crit,
-            cov_type=self.cov_type,
-            trim=self.trim,
-            weighted=int(self.weighted),
-        )
-        ds.attrs = {"note": self.note, "model": "y = b0 + b1 x + b2 max(0, x - c)"}
-        return ds
-
-
-def threshold_regression(
-    y,
-    x,
-    weights=None,
-    *,
-    trim: float = 0.15,
-    n_grid: int = 200,
-    alpha: float = 0.05,
-    cov_type: str = "nonrobust",
-    lr_crit: float | None = None,
-) -> ThresholdFit:
-    """Continuous threshold (hinge) regression with an unknown breakpoint.
-
-    Model: ``y_i = b0 + b1 x_i + b2 max(0, x_i - c) + e_i``: slope ``b1`` left of ``c``,
-    ``b1 + b2`` right of it, continuous at ``c``. statsmodels has no threshold regression, so
-    ``c`` is found by profiling: for each candidate ``c`` on a grid, the hinge basis
-    ``[1, x, max(0, x - c)]`` is fitted by statsmodels WLS (OLS when ``weights`` is None) and
-    its (weighted) SSR recorded; ``c_hat = argmin SSR(c)``. The grid is ``n_grid`` equally
-    spaced points between the ``trim`` and ``1 - trim`` quantiles of ``x``, together with the
-    observed ``x`` values inside that range.
-
-    Confidence set for ``c`` by likelihood-ratio inversion (Hansen 2000):
-    ``LR(c) = n (SSR(c) - SSR(c_hat)) / SSR(c_hat)`` and ``CI = {c : LR(c) <= crit}`` with
-    ``crit = -2 log(1 - sqrt(1 - alpha))`` (7.35 for alpha = 0.05; :func:`hansen_lr_crit`),
-    unless ``lr_crit`` is given. The coefficients and their SEs are those of the fit at
-    ``c_hat`` (``cov_type`` as in statsmodels); they ignore the uncertainty of ``c_hat``.
-
-    Numerics: the fits run on ``x' = (x - m_x) / s_x`` and ``y' = (y - m_y) / s_y`` (midrange of
-    x, median of y, half-range scales), then the coefficients, their covariance and the SSR are
-    mapped back exactly (the model is affine-equivariant: ``max(0, x - c) = s_x max(0, x' - c')``).
-    The rank test and the least-squares solves are scale-relative, so unstandardised
-    ``x ~ 1e-20`` or ``x = 1e11 + O(1)`` would otherwise be declared singular, and a tiny ``y``
-    would underflow its SSR to 0.
-
-    Parameters
-    ----------
-    y, x : 1-D arrays of the same length (>= 6), finite.
-    weights : optional 1-D non-negative finite weights (e.g. 1 / se^2); at least 6 positive.
-        Zero-weight points are dropped before fitting.
-    trim : fraction of x trimmed at each end of the breakpoint grid, in (0, 0.5).
-    n_grid : number of equally spaced grid points (>= 2).
-    alpha : level of the CI of c.
-    cov_type : covariance estimator of the coefficient SEs at ``c_hat``.
-    lr_crit : override of the LR critical value (e.g. 3.84 = chi2_1 for a continuous kink).
-
-    Returns
-    -------
-    ThresholdFit: ``c_hat``, ``c_ci_low``, ``c_ci_high``, coefficients and SEs, ``slope_left``,
-    ``slope_right`` (SE from the covariance of b1 + b2), profiles and a ``note``.
-    """
-    _check_cov_type(cov_type)
-    alpha = _check_alpha(alpha)
-    y = np.asarray(y, dtype=np.float64)
-    x = np.asarray(x, dtype=np.float64)
-    if y.ndim != 1 or x.ndim != 1:
-        raise ValueError(f"threshold_regression: y and x must be 1-D, got shapes {y.shape} and {x.shape}")
-    if y.shape != x.shape:
-        raise ValueError(f"threshold_regression: y and x must have the same shape, got {y.shape} and {x.shape}")
-    for name, arr in (("y", y), ("x", x)):
-        bad = ~np.isfinite(arr)
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise ValueError(f"threshold_regression: {name} must be finite; found {arr[i]:g} at index {i}")
-    if weights is None:
-        w = np.ones_like(y)
-    else:
-        w = np.asarray(weights, dtype=np.float64)
-        if w.shape != y.shape:
-            raise ValueError(f"threshold_regression: weights must have the shape of y {y.shape}, got {w.shape}")
-        bad = ~np.isfinite(w)
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise ValueError(f"threshold_regression: weights must be finite; found {w[i]:g} at index {i}")
-        if (w < 0).any():
-            i = int(np.argmax(w < 0))
-            raise ValueError(f"threshold_regression: weights must be non-negative; found {w[i]:g} at index {i}")
-    n = int(np.count_nonzero(w > 0))
-    if n < 6:
-        raise ValueError(
-            f"threshold_regression needs at least 6 points (with positive weight) for a 3-parameter hinge "
-            f"and a breakpoint, got {n}"
-        )
-    if not (0.0 < trim < 0.5):
-        raise ValueError(f"threshold_regression: trim must be in (0, 0.5), got {trim!r}")
-    if int(n_grid) < 2:
-        raise ValueError(f"threshold_regression: n_grid must be >= 2, got {n_grid!r}")
-    crit = hansen_lr_crit(alpha) if lr_crit is None else float(lr_crit)
-    if not (math.isfinite(crit) and crit > 0):
-        raise ValueError(f"threshold_regression: lr_crit must be positive and finite, got {lr_crit!r}")
-
-    keep = w > 0  # zero-weight points drop out (so they do not count in the residual df either)
-    y, x, w = y[keep], x[keep], w[keep]
-    lo, hi = np.quantile(x, trim), np.quantile(x, 1.0 - trim)
-    grid = np.unique(np.concatenate([np.linspace(lo, hi, int(n_grid)), x[(x >= lo) & (x <= hi)]]))
-    wts = None if weights is None else w
-    # affine standardisation (see Numerics): halves first, so neither the midrange nor the range overflows
-    mx, sx = x.max() / 2 + x.min() / 2, x.max() / 2 - x.min() / 2
-    my = float(np.median(y))
-    sy = np.abs(y - my).max()  # numpy float: sy**2 may overflow to inf (an honest SSR > 1e308), not raise
-    sx, sy = (sx if sx > 0 else np.float64(1.0)), (sy if sy > 0 else np.float64(1.0))
-    xs, ys, grid_s = (x - mx) / sx, (y - my) / sy, (grid - mx) / sx
-    ssr_s = np.array([hinge_ssr_np(ys, xs, c, wts) for c in grid_s])
-    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-        ssr = np.where(np.isfinite(ssr_s), ssr_s * sy**2, np.inf)  # sy**2 may underflow: inf * 0
-    if not np.isfinite(ssr_s).any():
-        raise ValueError(
-            "threshold_regression: the hinge design is singular at every candidate breakpoint "
-            "(too few distinct x values on one side of the trimmed grid)"
-        )
-    j = int(np.argmin(ssr_s))
-    c_hat = float(grid[j])
-    ssr_hat = float(ssr[j])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        if ssr_s[j] > 0:
-            lr = n * (ssr_s - ssr_s[j]) / ssr_s[j]
-        else:
-            lr = np.where(ssr_s <= 0, 0.0, np.inf)
-    inside = np.flatnonzero(lr <= crit)
-    ci_low, ci_high = float(grid[inside.min()]), float(grid[inside.max()])
-    truncated = bool(inside.min() == 0 or inside.max() == grid.size - 1)
-
-    Z = hinge_design_np(xs, grid_s[j])
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")
-        model = sm.OLS(ys, Z) if weights is None else sm.WLS(ys, Z, weights=w)
-        res = model.fit(cov_type=cov_type)
-        p_s = np.asarray(res.params)
-        V = np.asarray(res.cov_params())
-        r2 = float(res.rsquared)
-        # back to the original units: b1 = (sy/sx) b1', b2 = (sy/sx) b2', b0 = my + sy b0' - b1 mx
-        k = sy / sx
-        params = np.array([my + sy * p_s[0] - k * p_s[1] * mx, k * p_s[1], k * p_s[2]])
-        r = mx / sx
-        bse = np.array([
-            sy * math.sqrt(max(V[0, 0] - 2.0 * r * V[0, 1] + r * r * V[1, 1], 0.0)),
-            k * math.sqrt(max(V[1, 1], 0.0)),
-            k * math.sqrt(max(V[2, 2], 0.0)),
-        ])
-        right = float(params[1] + params[2])
-        right_se = k * math.sqrt(max(V[1, 1] + V[2, 2] + 2.0 * V[1, 2], 0.0))
-    return ThresholdFit(
-        c_hat=c_hat,
-        c_ci_low=ci_low,
-        c_ci_high=ci_high,
-        ci_truncated=truncated,
-        alpha=alpha,
-        lr_crit=crit,
-        b0=float(params[0]),
-        b0_se=float(bse[0]),
-        b1=float(params[1]),
-        b1_se=float(bse[1]),
-        b2=float(params[2]),
-        b2_se=float(bse[2]),
-        slope_left=float(params[1]),
-        slope_left_se=float(bse[1]),
-        slope_right=right,
-        slope_right_se=right_se,
-        ssr=ssr_hat,
-        r2=r2,
-        n=n,
-        cov_type=cov_type,
-        weighted=weights is not None,
-        trim=float(trim),
-        grid=grid,
-        ssr_profile=ssr,
-        lr_profile=lr,
-    )

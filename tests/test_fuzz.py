@@ -26,7 +26,8 @@ from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 
 from sfxlin import icl
-from sfxlin.analysis.fits import loglog_slope, threshold_regression
+from sfxlin.analysis.fits import loglog_slope
+from sfxlin.analysis.threshold import threshold_regression
 from sfxlin.attention import (asymptotic_mse, check_prompt_lengths, limit_attention, linear_attention,
                               softmax_attention, softmax_attention_prefix)
 from sfxlin.laws import FloatOverflowError, Gaussian, NoLimitError, Rademacher, StudentT, Uniform
