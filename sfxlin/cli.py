@@ -120,7 +120,7 @@ def cmd_run(args):
 
     module = pipeline(args.experiment)
     config = config_for(module, args.profile, args.set)
-    out_dir = Path(args.out)
+    out_dir = Path(args.out or ("datasets" if args.profile == "paper" and not args.set else f"runs/{args.profile}"))
     store = CellStore(out_dir / f".{module.NAME}.cells", module.NAME, config, fresh=args.fresh)
     lazy = build(module.EXPERIMENT, config, chunks=_parse_chunks(args.chunks), store=store)
     ensure_writable(out_dir)  # after every check of the command line (a bad one creates nothing), before any work
@@ -228,7 +228,8 @@ def parser():
     run = sub.add_parser("run", help="compute an experiment, save it as netCDF, print fits and verdicts")
     run.add_argument("experiment", help=f"one of {sorted(EXPERIMENTS)}")
     run.add_argument("--profile", default="quick", help="quick (seconds) or paper (the reference protocol)")
-    run.add_argument("--out", default="datasets", help="output folder (default: datasets)")
+    run.add_argument("--out", help="output folder (default: datasets/ for the paper profile without --set, "
+                                   "runs/PROFILE/ otherwise, so a quick run never replaces the paper results)")
     where = run.add_mutually_exclusive_group()
     where.add_argument("--workers", type=_positive_int, help="start a dask.distributed LocalCluster with N workers")
     where.add_argument("--scheduler", help="address of an existing dask.distributed scheduler (tcp://host:8786)")

@@ -61,3 +61,11 @@ def test_datasets_readme_documents_the_current_schema():
 
     readme = Path(__file__).resolve().parent.parent / "datasets" / "README.md"
     assert readme.read_text() == schema_markdown(), "regenerate with: sfxlin schema > datasets/README.md"
+
+
+def test_quick_runs_never_replace_the_paper_results(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "sfxlin.cli", "run", "c1", "--quiet", "--set", "n_seeds=1"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "runs" / "quick" / "c1_limit.nc").exists()
+    assert not (tmp_path / "datasets").exists()
