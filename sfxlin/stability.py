@@ -63,12 +63,7 @@ def concentration_constant(Sigma, d=None):
         if d is None or isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
             raise ValueError(f"a scalar Sigma = s I_d needs a positive integer d, got d = {d!r}")
         S = float(S) * np.eye(int(d))
-    elif S.ndim == 1:
-        S = np.diag(S)
-    if S.ndim != 2 or S.shape[0] != S.shape[1] or (d is not None and S.shape[0] != d):
-        raise ValueError(f"Sigma must be a scalar, a diagonal or a square matrix (d = {d}), got shape {S.shape}")
-    if not np.all(np.isfinite(S)) or not np.allclose(S, S.T):
-        raise ValueError("Sigma must be finite and symmetric")
+    S = icl._as_sigma(S, d)  # diagonal or square, finite, symmetric
     lam = np.linalg.eigvalsh(S)
     if lam.min() <= 0:
         raise ValueError(f"Sigma must be positive definite (smallest eigenvalue {lam.min():g}): "
