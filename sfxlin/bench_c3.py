@@ -7,6 +7,11 @@ and with the per-L, per-step reference (:mod:`sfxlin.reference_c3`), checks that
 checkpoint agrees, and reports both timings (ms per gradient step, all models and all L
 together) and their ratio. Timings are the best of ``repeats`` runs (wall clock, one process;
 the reference, being slow, runs once).
+
+It also times, in the same run, the one cost no exact float64 engine can avoid: ``np.exp`` of
+the logits of one step (one per antithetic pair, query, prompt length and token:
+``n_pairs * n_queries * sum(Ls)``), and prints the ratio an engine would reach if that were
+its only cost.
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ import numpy as np
 
 from . import icl, laws, reference_c3, training
 
-__all__ = ["bench_c3", "c3_bench_tasks", "max_rel_diff"]
+__all__ = ["bench_c3", "c3_bench_tasks", "exp_floor_ms", "max_rel_diff"]
 
 PAPER_LS = tuple(8 * 2**k for k in range(10))
 
@@ -41,6 +46,19 @@ def max_rel_diff(fast, ref, models=icl.MODELS):
     return worst
 
 
+def exp_floor_ms(n, repeats=5, seed=0):
+    """Best-of-``repeats`` wall time (ms) of ``np.exp`` on ``n`` float64 logits drawn uniformly
+    in [-10, 0] (the range of shifted logits), written to a preallocated array."""
+    s = np.random.default_rng(seed).uniform(-10.0, 0.0, int(n))
+    out = np.empty_like(s)
+    best = np.inf
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        np.exp(s, out=out)
+        best = min(best, time.perf_counter() - t0)
+    return 1e3 * best
+
+
 def bench_c3(n_steps=100, *, repeats=3, seed=0, setting="isotropic", Ls=PAPER_LS, ckpt_every=20,
              lr=0.01, pair_first=(False, True), verbose=True):
     """Time the fast engine and the per-L reference on the same C3 workload.
@@ -49,8 +67,9 @@ def bench_c3(n_steps=100, *, repeats=3, seed=0, setting="isotropic", Ls=PAPER_LS
     wall time of the whole run, set-up included, over ``n_steps + 1`` evaluations),
     ``ratio`` (reference / fast), ``ms_per_step_fast_pair_first`` and ``ratio_pair_first`` when
     requested, ``ms_setup_fast[_pair_first]`` (a 0-step run: set-up and one evaluation),
-    ``max_rel_diff`` (worst over all checkpoints, models and arrays, per engine mode), and the
-    workload. Raises AssertionError if the trajectories disagree beyond 1e-10.
+    ``max_rel_diff`` (worst over all checkpoints, models and arrays, per engine mode),
+    ``n_exp_per_step`` and ``ms_exp_floor`` (the time of ``np.exp`` on that many logits; see
+    :func:`exp_floor_ms`), ``ratio_exp_bound`` (reference / floor), and the workload. Raises AssertionError if the trajectories disagree beyond 1e-10.
 
     The machine matters: with glibc's default allocator the reference's large temporaries
     (6 MB at L = 4096) are returned to the OS and page-faulted back every step, which about
@@ -89,6 +108,9 @@ def bench_c3(n_steps=100, *, repeats=3, seed=0, setting="isotropic", Ls=PAPER_LS
         if not diff <= 1e-10:
             raise AssertionError(f"fast engine (pair_first={mode}) disagrees with the reference: "
                                  f"max relative difference {diff:.3g}")
+    out["n_exp_per_step"] = tasks.n_tasks // 2 * tasks.n_queries * sum(Ls)
+    out["ms_exp_floor"] = exp_floor_ms(out["n_exp_per_step"], repeats=max(5, repeats))
+    out["ratio_exp_bound"] = out["ms_per_step_reference"] / out["ms_exp_floor"]
     if verbose:
         print(f"C3 benchmark: {setting}, {tasks.n_tasks} tasks x {tasks.n_queries} queries, "
               f"L = {list(Ls)}, {n_steps} steps, models {list(icl.MODELS)}")
@@ -99,6 +121,9 @@ def bench_c3(n_steps=100, *, repeats=3, seed=0, setting="isotropic", Ls=PAPER_LS
             print(f"  {name:<22} {out['ms_per_step_fast' + sfx]:8.2f} ms/step   "
                   f"ratio {out['ratio' + sfx]:5.1f}x   max rel diff {out['max_rel_diff' + sfx]:.1e}   "
                   f"(set-up + first step {out['ms_setup_fast' + sfx]:.0f} ms, included)")
+        print(f"  floor: np.exp alone     {out['ms_exp_floor']:8.2f} ms/step   "
+              f"ratio {out['ratio_exp_bound']:5.1f}x   ({out['n_exp_per_step']:,} logits a step, "
+              "one per pair, query, L and token: the bound of an engine that computed nothing else)")
     return out
 
 

@@ -322,3 +322,17 @@ def test_bench_c3_smoke():
     assert out["max_rel_diff"] <= 1e-10 and out["max_rel_diff_pair_first"] <= 1e-10
     assert out["ms_per_step_reference"] > 0 and out["ratio"] > 0 and out["ratio_pair_first"] > 0
     assert out["Ls"] == [8 * 2**k for k in range(10)] and out["n_tasks"] == 96
+    # one logit per antithetic pair, query, L and token: 48 x 2 x (8 + 16 + ... + 4096)
+    assert out["n_exp_per_step"] == 48 * 2 * 8184 == 785_664
+    assert out["ms_exp_floor"] > 0
+    assert out["ratio_exp_bound"] == out["ms_per_step_reference"] / out["ms_exp_floor"]
+
+
+def test_exp_floor_times_the_requested_count(monkeypatch):
+    from sfxlin import bench_c3
+
+    sizes = []
+    real_exp = np.exp
+    monkeypatch.setattr(bench_c3.np, "exp", lambda s, out: sizes.append(s.size) or real_exp(s, out=out))
+    assert bench_c3.exp_floor_ms(1234, repeats=3) > 0
+    assert sizes == [1234] * 3
