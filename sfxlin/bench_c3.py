@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from . import icl, laws, reference_c3, training
+from .bench import best_time
 
 __all__ = ["bench_c3", "c3_bench_tasks", "exp_floor_ms", "max_rel_diff"]
 
@@ -51,12 +52,7 @@ def exp_floor_ms(n, repeats=5, seed=0):
     in [-10, 0] (the range of shifted logits), written to a preallocated array."""
     s = np.random.default_rng(seed).uniform(-10.0, 0.0, int(n))
     out = np.empty_like(s)
-    best = np.inf
-    for _ in range(max(1, repeats)):
-        t0 = time.perf_counter()
-        np.exp(s, out=out)
-        best = min(best, time.perf_counter() - t0)
-    return 1e3 * best
+    return 1e3 * best_time(lambda: np.exp(s, out=out), max(1, repeats))[0]
 
 
 def bench_c3(n_steps=100, *, repeats=3, seed=0, setting="isotropic", Ls=PAPER_LS, ckpt_every=20,
@@ -69,7 +65,8 @@ def bench_c3(n_steps=100, *, repeats=3, seed=0, setting="isotropic", Ls=PAPER_LS
     requested, ``ms_setup_fast[_pair_first]`` (a 0-step run: set-up and one evaluation),
     ``max_rel_diff`` (worst over all checkpoints, models and arrays, per engine mode),
     ``n_exp_per_step`` and ``ms_exp_floor`` (the time of ``np.exp`` on that many logits; see
-    :func:`exp_floor_ms`), ``ratio_exp_bound`` (reference / floor), and the workload. Raises AssertionError if the trajectories disagree beyond 1e-10.
+    :func:`exp_floor_ms`), ``ratio_exp_bound`` (reference / floor), and the workload. Raises
+    AssertionError if the trajectories disagree beyond 1e-10.
 
     The machine matters: with glibc's default allocator the reference's large temporaries
     (6 MB at L = 4096) are returned to the OS and page-faulted back every step, which about
@@ -90,11 +87,9 @@ def bench_c3(n_steps=100, *, repeats=3, seed=0, setting="isotropic", Ls=PAPER_LS
     out["ms_per_step_reference"] = 1e3 * t_ref / (n_steps + 1)
 
     for mode in modes:
-        best = np.inf
-        for _ in range(max(1, repeats)):
-            t0 = time.perf_counter()
-            fast = training.train_all_arrays(tasks, Ls, pair_first=mode, label="bench_c3", **kw)
-            best = min(best, time.perf_counter() - t0)
+        best, fast = best_time(
+            lambda: training.train_all_arrays(tasks, Ls, pair_first=mode, label="bench_c3", **kw),
+            max(1, repeats))
         t0 = time.perf_counter()
         training.train_all_arrays(tasks, Ls, pair_first=mode, **dict(kw, n_steps=0, ckpt_every=1))
         setup = time.perf_counter() - t0          # set-up plus one evaluation
