@@ -43,8 +43,14 @@ class Tasks:
     """A set of regression tasks (float64 arrays; ``n`` tasks, ``D = d + 1``).
 
     ``Z (n, L_max, D)`` prompt tokens ``(x, y)``; ``w (n, d)``; ``x_q (n, n_queries, d)``;
-    ``y_q (n, n_queries)``; ``Sigma (d, d)`` the covariate covariance. Tasks ``2i`` and
-    ``2i + 1`` form an antithetic pair (``paired`` is True when they do).
+    ``y_q (n, n_queries)``; ``Sigma (d, d)`` the covariate covariance (a length-``d`` diagonal is
+    accepted and stored as the matrix). Tasks ``2i`` and ``2i + 1`` form an antithetic pair
+    (``paired`` is True when they do).
+
+    Construction checks that the shapes agree (``n`` and ``D`` from ``Z``, ``n_queries`` from
+    ``x_q``), that every array is finite and that ``Sigma`` is symmetric positive definite; a
+    ValueError names the array and the expected and actual shapes. Labels are not checked against
+    ``w`` (noisy labels are legitimate data; the fast engine refuses them itself).
     """
 
     Z: np.ndarray
@@ -53,6 +59,33 @@ class Tasks:
     y_q: np.ndarray
     Sigma: np.ndarray
     paired: bool = True
+
+    def __post_init__(self):
+        """Validate (see the class doc) and store the arrays as float64, ``Sigma`` as ``d x d``."""
+        Z = _finite(self.Z, "Tasks.Z")
+        if Z.ndim != 3 or Z.shape[0] < 1 or Z.shape[1] < 1 or Z.shape[2] < 2:
+            raise ValueError(f"Tasks.Z must have shape (n, L_max, D) with n, L_max >= 1 and D = d + 1 >= 2, "
+                             f"got {Z.shape}")
+        n, _, D = Z.shape
+        d = D - 1
+        w = _finite(self.w, "Tasks.w")
+        if w.shape != (n, d):
+            raise ValueError(f"Tasks.w must have shape (n, d) = {(n, d)} (from Z {Z.shape}), got {w.shape}")
+        x_q = _finite(self.x_q, "Tasks.x_q")
+        if x_q.ndim != 3 or x_q.shape[0] != n or x_q.shape[1] < 1 or x_q.shape[2] != d:
+            raise ValueError(f"Tasks.x_q must have shape (n, n_queries, d) = ({n}, n_queries, {d}) "
+                             f"(n and d from Z {Z.shape}), got {x_q.shape}")
+        q = x_q.shape[1]
+        y_q = _finite(self.y_q, "Tasks.y_q")
+        if y_q.shape != (n, q):
+            raise ValueError(f"Tasks.y_q must have shape (n, n_queries) = {(n, q)} (from x_q {x_q.shape}), "
+                             f"got {y_q.shape}")
+        Sigma = _as_sigma(self.Sigma, d)
+        lam = np.linalg.eigvalsh(Sigma)
+        if not lam[0] > 0:
+            raise ValueError(f"Tasks.Sigma must be positive definite, smallest eigenvalue {lam[0]:.3g}")
+        for name, value in (("Z", Z), ("w", w), ("x_q", x_q), ("y_q", y_q), ("Sigma", Sigma)):
+            object.__setattr__(self, name, value)
 
     @property
     def n_tasks(self):
@@ -131,14 +164,30 @@ def covariate_law(name, Sigma):
     raise ValueError(f"unknown covariate law {name!r}; expected 'gaussian' or 'rademacher'")
 
 
+def _finite(x, name):
+    """``x`` as a float64 array with finite entries; a ValueError names ``name`` and the first
+    non-finite entry."""
+    a = _float(x, name)
+    bad = ~np.isfinite(a)
+    if bad.any():
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"{name} has {int(bad.sum())} non-finite entries (the first, {a[first]}, at index "
+                         f"{first}); every entry must be finite")
+    return a
+
+
 def _as_sigma(Sigma, d=None):
+    """``Sigma`` as a finite symmetric ``d x d`` float64 matrix (a length-``d`` vector is its
+    diagonal). Symmetry is checked relative to the largest entry, so it holds at any scale."""
     S = _float(Sigma, "Sigma")
     if S.ndim == 1:
         S = np.diag(S)
     if S.ndim != 2 or S.shape[0] != S.shape[1] or (d is not None and S.shape[0] != d):
         raise ValueError(f"Sigma must be a square {d or 'd'} x {d or 'd'} matrix or a diagonal, got shape {S.shape}")
-    if not np.all(np.isfinite(S)) or not np.allclose(S, S.T):
-        raise ValueError("Sigma must be finite and symmetric")
+    if not np.all(np.isfinite(S)):
+        raise ValueError("Sigma must be finite")
+    if not np.allclose(S, S.T, atol=1e-8 * np.abs(S).max()):
+        raise ValueError("Sigma must be symmetric")
     return S
 
 
