@@ -1,7 +1,8 @@
 """In-context linear regression (SPEC section 2, paper Sec. 5, Eq. 7): tasks, the three models
 and their analytic gradients.
 
-Tasks: ``w ~ N(0, I_d)``, covariates ``x ~ x_law`` on ``R^d``, labels ``y = w^T x`` (no noise),
+Tasks: ``w ~ N(0, I_d)``, covariates ``x ~ x_law`` on ``R^d`` (mean ``m``, covariance ``Sigma``;
+the paper's setting is centred, ``m = 0``), labels ``y = w^T x`` (no noise),
 tokens ``z = (x, y)`` in ``R^D``, ``D = d + 1``, masked queries ``z_q = (x_q, 0)`` with target
 ``y_q = w^T x_q``. Tasks come in antithetic pairs ``(w, -w)`` sharing their covariates (prompt
 tokens and query points): task ``2i`` has ``w_i`` and task ``2i + 1`` has ``-w_i``. Prompts are
@@ -11,7 +12,10 @@ Models, all read out by ``v`` in ``R^D`` with ``U`` a ``D x D`` matrix (raw logi
 
 * ``softmax(L)``: ``pred = v^T sum_k softmax_k(z_k^T U z_q) z_k``;
 * ``linear(L)``: ``pred = v^T Ghat_L U z_q`` with ``Ghat_L = (1/L) sum_k z_k z_k^T``;
-* ``linear(inf)``: ``pred = v^T Gamma_w U z_q`` (Lemma 2.1 limit of both as ``L -> inf``).
+* ``linear(inf)``: ``pred = v^T Gamma_w U z_q`` with ``Gamma_w = E[z z^T]`` the limit of ``Ghat_L``
+  as ``L -> inf``, built from the second moment ``M = Sigma + m m^T`` of the covariates. For centred
+  Gaussian covariates it is also the limit of ``softmax(L)`` (Lemma 2.1). For non-centred Gaussian
+  covariates it is not: softmax's limit is then affine in ``a = U z_q``, ``E z + Cov(z) a``.
 
 The risk is the mean over tasks and queries of ``1/2 (pred - y_q)^2``. Gradients are analytic:
 with ``a = U z_q``, ``p = softmax(Z a)``, ``mbar = sum p_k z_k`` and
@@ -44,8 +48,8 @@ class Tasks:
 
     ``Z (n, L_max, D)`` prompt tokens ``(x, y)``; ``w (n, d)``; ``x_q (n, n_queries, d)``;
     ``y_q (n, n_queries)``; ``Sigma (d, d)`` the covariate covariance (a length-``d`` diagonal is
-    accepted and stored as the matrix). Tasks ``2i`` and ``2i + 1`` form an antithetic pair
-    (``paired`` is True when they do).
+    accepted and stored as the matrix); ``mean (d,)`` the covariate mean (``None``: centred, stored
+    as zeros). Tasks ``2i`` and ``2i + 1`` form an antithetic pair (``paired`` is True when they do).
 
     Construction checks that the shapes agree (``n`` and ``D`` from ``Z``, ``n_queries`` from
     ``x_q``), that every array is finite and that ``Sigma`` is symmetric positive definite; a
@@ -59,6 +63,7 @@ class Tasks:
     y_q: np.ndarray
     Sigma: np.ndarray
     paired: bool = True
+    mean: np.ndarray | None = None
 
     def __post_init__(self):
         """Validate (see the class doc) and store the arrays as float64, ``Sigma`` as ``d x d``."""
@@ -84,7 +89,10 @@ class Tasks:
         lam = np.linalg.eigvalsh(Sigma)
         if not lam[0] > 0:
             raise ValueError(f"Tasks.Sigma must be positive definite, smallest eigenvalue {lam[0]:.3g}")
-        for name, value in (("Z", Z), ("w", w), ("x_q", x_q), ("y_q", y_q), ("Sigma", Sigma)):
+        mean = np.zeros(d) if self.mean is None else _finite(self.mean, "Tasks.mean")
+        if mean.shape != (d,):
+            raise ValueError(f"Tasks.mean must have shape (d,) = {(d,)} (from Z {Z.shape}), got {mean.shape}")
+        for name, value in (("Z", Z), ("w", w), ("x_q", x_q), ("y_q", y_q), ("Sigma", Sigma), ("mean", mean)):
             object.__setattr__(self, name, value)
 
     @property
@@ -108,6 +116,11 @@ class Tasks:
         return self.x_q.shape[1]
 
     @property
+    def second_moment(self):
+        """``E[x x^T] = Sigma + m m^T`` of the covariates, ``(d, d)`` (``Sigma`` when centred)."""
+        return self.Sigma + np.outer(self.mean, self.mean)
+
+    @property
     def z_q(self):
         """Masked query tokens ``(x_q, 0)``, shape ``(n, n_queries, D)``."""
         return np.concatenate([self.x_q, np.zeros(self.x_q.shape[:-1] + (1,))], axis=-1)
@@ -120,7 +133,7 @@ class Tasks:
         """Tasks ``idx`` (e.g. a slice); ``paired`` only if whole pairs are kept in order."""
         Z, w, x_q, y_q = self.Z[idx], self.w[idx], self.x_q[idx], self.y_q[idx]
         paired = self.paired and isinstance(idx, slice) and _slice_keeps_pairs(idx, self.n_tasks)
-        return Tasks(Z=Z, w=w, x_q=x_q, y_q=y_q, Sigma=self.Sigma, paired=paired)
+        return Tasks(Z=Z, w=w, x_q=x_q, y_q=y_q, Sigma=self.Sigma, paired=paired, mean=self.mean)
 
 
 def _slice_keeps_pairs(s, n):
@@ -198,7 +211,8 @@ def make_tasks(rng, d, n_pairs, n_queries, L_max, x_law):
     covariates ``(n_pairs, L_max)`` from ``x_law``, then the query covariates
     ``(n_pairs, n_queries)``. Task ``2i`` has ``w_i``, task ``2i + 1`` has ``-w_i``, both with the
     same covariates; the labels of the second are the exact negatives of the first.
-    ``x_law`` is a token law of :mod:`sfxlin.laws` on ``R^d`` (``Sigma = x_law.cov``).
+    ``x_law`` is a token law of :mod:`sfxlin.laws` on ``R^d`` (``Sigma = x_law.cov``, ``mean =
+    x_law.mean``; the laws without a ``mean`` attribute are symmetric, hence centred).
     """
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy Generator, got {type(rng).__name__}")
@@ -209,6 +223,7 @@ def make_tasks(rng, d, n_pairs, n_queries, L_max, x_law):
     if getattr(x_law, "D", None) != d:
         raise ValueError(f"x_law must be a law on R^{d}, got {x_law!r}")
     Sigma = _as_sigma(x_law.cov, d)
+    mean = getattr(x_law, "mean", None)
     w = rng.standard_normal((n_pairs, d))
     x = np.asarray(x_law.sample(rng, (n_pairs, L_max)), dtype=float)
     xq = np.asarray(x_law.sample(rng, (n_pairs, n_queries)), dtype=float)
@@ -222,7 +237,7 @@ def make_tasks(rng, d, n_pairs, n_queries, L_max, x_law):
     W = np.stack([w, -w], axis=1).reshape(n, d)
     XQ = np.broadcast_to(xq[:, None], (n_pairs, 2, n_queries, d)).reshape(n, n_queries, d).copy()
     YQ = np.stack([yq, -yq], axis=1).reshape(n, n_queries)
-    return Tasks(Z=Z.reshape(n, L_max, d + 1), w=W, x_q=XQ, y_q=YQ, Sigma=Sigma, paired=True)
+    return Tasks(Z=Z.reshape(n, L_max, d + 1), w=W, x_q=XQ, y_q=YQ, Sigma=Sigma, paired=True, mean=mean)
 
 
 # --------------------------------------------------------------------------- matrices, init
@@ -241,18 +256,25 @@ def Ghat(Z, L=None):
     return np.swapaxes(Z, -1, -2) @ Z / Z.shape[-2]
 
 
-def Gamma_w(Sigma, w):
-    """``E[z z^T]`` for ``z = (x, w^T x)``, ``x ~ (0, Sigma)``:
-    ``[[Sigma, Sigma w], [w^T Sigma, w^T Sigma w]]``. ``w (..., d)`` -> ``(..., D, D)``.
-    ``Sigma`` is a ``d x d`` matrix or a length-``d`` diagonal, as everywhere in this module."""
+def Gamma_w(Sigma, w, mean=None):
+    """``E[z z^T]`` for ``z = (x, w^T x)``, ``x`` of covariance ``Sigma`` and mean ``mean``
+    (default 0): ``[[M, M w], [w^T M, w^T M w]]`` with the second moment ``M = Sigma + m m^T``
+    (``M = Sigma`` when centred). ``w (..., d)`` -> ``(..., D, D)``. ``Sigma`` is a ``d x d`` matrix
+    or a length-``d`` diagonal, as everywhere in this module."""
     Sigma = _as_sigma(Sigma)
     w = _float(w, "w")
     d = Sigma.shape[0]
     if w.shape[-1] != d:
         raise ValueError(f"w must have trailing dimension d = {d}, got shape {w.shape}")
-    Sw = w @ Sigma  # Sigma symmetric: (Sigma w)^T
+    M = Sigma
+    if mean is not None:
+        m = _finite(mean, "mean")
+        if m.shape != (d,):
+            raise ValueError(f"mean must have shape (d,) = {(d,)}, got {m.shape}")
+        M = Sigma + np.outer(m, m)
+    Sw = w @ M  # M symmetric: (M w)^T
     out = np.empty(w.shape[:-1] + (d + 1, d + 1))
-    out[..., :d, :d] = Sigma
+    out[..., :d, :d] = M
     out[..., :d, d] = Sw
     out[..., d, :d] = Sw
     out[..., d, d] = np.einsum("...i,...i->...", Sw, w)
@@ -261,7 +283,8 @@ def Gamma_w(Sigma, w):
 
 def init_alpha(d, Sigma):
     """Eq. 9 scale ``alpha = 0.5 sqrt(2) / (d^{1/4} ||Sigma||_op)`` (midpoint of the admissible
-    interval)."""
+    interval). Eq. 9 is stated for centred covariates, where ``Sigma = E[x x^T]``; training passes
+    the second moment ``Tasks.second_moment`` (the matrix linear(inf) sees)."""
     Sigma = _as_sigma(Sigma, d)
     return 0.5 * np.sqrt(2.0) / (d**0.25 * np.linalg.norm(Sigma, 2))
 
@@ -279,7 +302,8 @@ def init_theta(d, Sigma):
 
 def bayes_optimum(Sigma):
     """Remark 5.2: the Bayes optimum on the balanced manifold, ``(U*, v*)`` with
-    ``c = ||Sigma^{-1}||_F^{1/2}``, ``U* = blockdiag(Sigma^{-1} / c, 0)``, ``v* = c e_{d+1}``."""
+    ``c = ||Sigma^{-1}||_F^{1/2}``, ``U* = blockdiag(Sigma^{-1} / c, 0)``, ``v* = c e_{d+1}``, for
+    centred covariates of covariance ``Sigma`` (the paper's setting)."""
     Sigma = _as_sigma(Sigma)
     d = Sigma.shape[0]
     Sinv = np.linalg.inv(Sigma)
@@ -406,11 +430,12 @@ def linear_risk_grad(U, v, G, z_q, y_q):
 
 def model_matrix(model, tasks, L=None):
     """The fixed matrix of a linear model: ``Ghat_L`` for ``"linear"``, ``Gamma_w`` for
-    ``"linear_inf"`` (``(n, D, D)``)."""
+    ``"linear_inf"`` (``(n, D, D)``; the ``L -> inf`` limit of ``Ghat_L``, from the covariates'
+    second moment ``Sigma + m m^T``)."""
     if model == "linear":
         return Ghat(tasks.Z, L)
     if model == "linear_inf":
-        return Gamma_w(tasks.Sigma, tasks.w)
+        return Gamma_w(tasks.Sigma, tasks.w, tasks.mean)
     raise ValueError(f"model {model!r} has no fixed matrix; expected 'linear' or 'linear_inf'")
 
 

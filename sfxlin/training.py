@@ -110,7 +110,7 @@ def _check_lr(lr):
 
 def _init(tasks, U0, v0):
     if U0 is None and v0 is None:
-        return icl.init_theta(tasks.d, tasks.Sigma)
+        return icl.init_theta(tasks.d, tasks.second_moment)
     if U0 is None or v0 is None:
         raise ValueError("give both U0 and v0, or neither (Eq. 9 initialisation)")
     U0 = np.array(U0, dtype=float)
@@ -542,7 +542,7 @@ def train_all_arrays(tasks, Ls, *, models=icl.MODELS, lr=0.01, n_steps=2500, ckp
             G = np.stack([icl.Ghat(tasks.Z, L) for L in Ls])
             engines[m] = LinearEngine(tasks, G, pair_first=pair_first, _group=group)
         else:
-            engines[m] = LinearEngine(tasks, icl.Gamma_w(tasks.Sigma, tasks.w)[None], pair_first=pair_first,
+            engines[m] = LinearEngine(tasks, icl.model_matrix("linear_inf", tasks)[None], pair_first=pair_first,
                                       _group=group)
     j = 0
     with np.errstate(all="ignore"):

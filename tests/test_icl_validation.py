@@ -1,5 +1,6 @@
-"""Silent wrong answers turned into clear errors: inconsistent or non-finite arrays in
-``icl.Tasks``."""
+"""Silent wrong answers turned into correct answers or clear errors: linear(inf) for non-centred
+covariates (the limit of Ghat_L is the second moment, not the covariance), and inconsistent or
+non-finite arrays in ``icl.Tasks``."""
 import re
 
 import numpy as np
@@ -9,15 +10,73 @@ from sfxlin import icl, training
 from sfxlin.laws import Gaussian
 
 ANISO = np.diag([2.0, 1.0, 0.5])
+MEAN = np.array([1.0, 0.0, -0.5])
 
 
 def _rng(*ids):
     return np.random.default_rng([*ids, 5521])
 
 
-def _tasks(d=3, n_pairs=2, n_queries=2, L_max=32, seed=0):
-    law = Gaussian(cov=ANISO[:d, :d])
+def _tasks(d=3, n_pairs=2, n_queries=2, L_max=32, mean=None, seed=0):
+    law = Gaussian(mean=np.zeros(d) if mean is None else mean, cov=ANISO[:d, :d])
     return icl.make_tasks(_rng(seed), d, n_pairs, n_queries, L_max, law)
+
+
+def _second_moment_gamma(Sigma, mean, w):
+    """[[M, M w], [w^T M, w^T M w]] with M = Sigma + m m^T, written out independently."""
+    M = Sigma + np.outer(mean, mean)
+    d = len(mean)
+    G = np.zeros((len(w), d + 1, d + 1))
+    G[:, :d, :d] = M
+    G[:, :d, d] = G[:, d, :d] = w @ M
+    G[:, d, d] = np.einsum("ni,ij,nj->n", w, M, w)
+    return G
+
+
+# --------------------------------------------------------------------------- non-centred covariates
+
+
+def test_linear_inf_is_the_large_L_limit_of_Ghat_for_non_centred_covariates():
+    """Ghat_L at L = 2^14 is within 5 CLT standard errors (of the entrywise mean of z z^T over
+    the prompt) of the linear(inf) matrix, entry by entry: the second moment, not the covariance."""
+    L = 1 << 14
+    t = _tasks(n_pairs=3, L_max=L, mean=MEAN, seed=1)
+    G = icl.Ghat(t.Z)
+    zz = t.Z[:, :, :, None] * t.Z[:, :, None, :]                     # (n, L, D, D)
+    se = zz.std(axis=1) / np.sqrt(L)
+    Gam = icl.model_matrix("linear_inf", t)
+    assert np.all(np.abs(G - Gam) <= 5 * se)
+    np.testing.assert_allclose(Gam, _second_moment_gamma(ANISO, MEAN, t.w), rtol=1e-14)
+    np.testing.assert_allclose(icl.Gamma_w(ANISO, t.w, mean=MEAN), Gam, rtol=0, atol=0)
+
+
+def test_linear_inf_risk_and_training_use_the_second_moment():
+    t = _tasks(mean=MEAN, seed=2)
+    U0, v0 = icl.init_theta(3, ANISO + np.outer(MEAN, MEAN))
+    G = _second_moment_gamma(ANISO, MEAN, t.w)
+    r, gU, gv = icl.linear_risk_grad(U0, v0, G, t.z_q, t.y_q)
+    got = icl.risk_grad("linear_inf", U0, v0, t)
+    for a, b in zip(got, (r, gU, gv)):
+        np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-15)
+    kw = dict(lr=0.02, n_steps=6, ckpt_every=3)
+    fast = training.train_all_arrays(t, (), models=("linear_inf",), **kw)["linear_inf"]
+    simple = training.train("linear_inf", t, **kw)
+    np.testing.assert_allclose(fast["risk"][0], r, rtol=1e-13)
+    np.testing.assert_allclose(simple["risk"].values, fast["risk"], rtol=1e-12)
+    np.testing.assert_allclose(simple["U"].values[0], U0, rtol=0, atol=0)   # Eq. 9 with E[x x^T]
+
+
+def test_centred_tasks_are_unchanged():
+    t = _tasks(seed=3)
+    assert np.array_equal(t.mean, np.zeros(3)) and np.array_equal(t.second_moment, t.Sigma)
+    np.testing.assert_array_equal(icl.model_matrix("linear_inf", t), icl.Gamma_w(t.Sigma, t.w))
+
+
+def test_subset_keeps_the_mean():
+    t = _tasks(n_pairs=3, mean=MEAN, seed=4)
+    s = t.subset(slice(2, 6))
+    np.testing.assert_array_equal(s.mean, MEAN)
+    np.testing.assert_array_equal(icl.model_matrix("linear_inf", s), icl.model_matrix("linear_inf", t)[2:6])
 
 
 # --------------------------------------------------------------------------- Tasks validation
@@ -56,6 +115,8 @@ BAD_TASKS = [
     (lambda t: dict(x_q=_with_nan(t.x_q, (3, 1, 0))), ["x_q", "non-finite"]),
     (lambda t: dict(y_q=np.where(t.y_q > 0, np.inf, t.y_q)), ["y_q", "non-finite"]),
     (lambda t: dict(Sigma=_with_nan(np.eye(3), (0, 0))), ["Sigma", "finite"]),
+    (lambda t: dict(mean=np.zeros(2)), ["mean", "(3,)", "(2,)"]),
+    (lambda t: dict(mean=[0.0, np.inf, 0.0]), ["mean", "non-finite"]),
 ]
 
 
