@@ -264,8 +264,9 @@ class SoftmaxPrefixEngine:
     """Risk and gradient of ``softmax(L)`` for all ``L`` in ``Ls`` at once (see module doc).
 
     ``step(U (nL, D, D), v (nL, D)) -> (risk (nL,), grad_U (nL, D, D), grad_v (nL, D))``.
-    Requires noiseless labels ``y = w^T x`` (checked). ``cache_bytes`` bounds the bytes of the
-    features and logits of a chunk of groups (cache blocking).
+    Requires noiseless labels ``y = w^T x`` (checked; for other labels use :func:`train` per ``L``).
+    ``cache_bytes`` bounds the bytes of the features and logits of a chunk of groups (cache
+    blocking).
 
     Token features per group of tasks sharing covariates (rows, tokens last): ``x_i y`` (``y``
     the label of the group's first task), ``1``, ``x_i``, ``x_i x_j (i <= j)``. The moments of
@@ -282,8 +283,14 @@ class SoftmaxPrefixEngine:
         x = tasks.Z[:, :, :d]
         y_model = np.einsum("nli,ni->nl", x, tasks.w)
         scale = np.max(np.abs(tasks.Z[:, :, d])) + 1.0
-        if not np.allclose(tasks.Z[:, :, d], y_model, rtol=0, atol=1e-12 * scale):
-            raise ValueError("the fast engine needs noiseless labels y = w^T x in tasks.Z")
+        resid = np.abs(tasks.Z[:, :, d] - y_model)
+        if not np.all(resid <= 1e-12 * scale):
+            task, token = np.unravel_index(np.argmax(resid), resid.shape)
+            raise ValueError(
+                f"the fast engine needs noiseless labels y = w^T x in tasks.Z (largest |y - w^T x| = "
+                f"{resid.max():.3g}, task {task}, token {token}); for other labels call the general path "
+                "training.train('softmax', tasks, L) once per prompt length L (slower); linear(L) accepts them "
+                "in train_all(tasks, Ls, models=('linear',))")
         g = _pair_structure(tasks) if _group is None else _group
         if pair_first and g != 2:
             raise ValueError("pair_first needs tasks in exact antithetic pairs sharing covariates")

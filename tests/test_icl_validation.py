@@ -1,6 +1,6 @@
 """Silent wrong answers turned into correct answers or clear errors: linear(inf) for non-centred
-covariates (the limit of Ghat_L is the second moment, not the covariance), and inconsistent or
-non-finite arrays in ``icl.Tasks``."""
+covariates (the limit of Ghat_L is the second moment, not the covariance), inconsistent or
+non-finite arrays in ``icl.Tasks``, and what to call when the fast engine refuses noisy labels."""
 import re
 
 import numpy as np
@@ -149,3 +149,21 @@ def test_legitimate_tasks_still_construct():
     np.testing.assert_array_equal(ints.Sigma, ANISO)        # a diagonal becomes the d x d matrix
     odd = t.subset([0, 3, 2])
     assert odd.n_tasks == 3 and not odd.paired
+
+
+# --------------------------------------------------------------------------- the engine's noisy-label message
+
+
+def test_fast_engine_on_noisy_labels_names_the_general_path():
+    t = _tasks()
+    Z = t.Z.copy()
+    Z[1, 2, 3] += 0.1
+    noisy = icl.Tasks(**_parts(t, Z=Z))
+    for call in (lambda: training.train_all(noisy, (4, 8), n_steps=2, ckpt_every=1),
+                 lambda: training.SoftmaxPrefixEngine(noisy, (4, 8))):
+        with pytest.raises(ValueError, match="noiseless") as info:
+            call()
+        assert "training.train('softmax', tasks, L)" in str(info.value)
+    # and the general path named there does train on them
+    ds = training.train("softmax", noisy, 8, n_steps=2, ckpt_every=1)
+    assert np.all(np.isfinite(ds["risk"].values))
