@@ -183,4 +183,4 @@ VARIABLES = (
 
 EXPERIMENT = Experiment(name=NAME, grid=grid, inner_coords=inner_coords, variables=VARIABLES, kernel=kernel,
                         description="C1: softmax attention -> tilted-mean (linear) operator as L grows",
-                        global_kernel=quadrature_check)
+                        global_kernel=quadrature_check, grid_keys=("d", "U_norm", "n_seeds"))

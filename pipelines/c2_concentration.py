@@ -6,7 +6,7 @@ numpy, and a cell's cost grows with ``d`` alike for both). The trajectory part h
 (it is the C3 protocol, ``d = 3``) nor ``U_norm`` (its parameters are the training trajectory),
 so it is the engine's one global task, over its own dims ``setting x traj_seed x L x t``.
 
-Every cell splits its generator ``default_rng([cell indices, tag, root_seed])`` into three
+Every cell splits its generator (``sweep.cell_rng``, keyed by the cell's coordinate values) into three
 independent child streams (``Generator.spawn``): tails, CLT Monte Carlo, gradients; changing the
 size of one part leaves the draws of the others unchanged.
 
@@ -56,11 +56,10 @@ size of one part leaves the draws of the others unchanged.
     every ``traj_ckpt_every``), ``stability.gradient_gap_trajectory`` gives ``g_L(t)``, the
     gradient gap of softmax(L) at the infinite-prompt trajectory ``theta_inf(t)``, over
     ``traj_replicates`` prompt sets; ``traj_seeds`` independent task draws per setting, each from
-    ``default_rng([setting index, traj_seed, tag("c2_concentration/trajectory"), root_seed])``.
+    ``sweep.cell_rng("c2_concentration/trajectory", {setting, traj_seed}, root_seed)``, keyed by
+    the setting's name and the seed's value.
 """
 from __future__ import annotations
-
-import zlib
 
 import numpy as np
 
@@ -68,11 +67,10 @@ from sfxlin import icl
 from sfxlin.attention import check_prompt_lengths, softmax_attention_prefix
 from sfxlin.laws import Gaussian
 from sfxlin.stability import concentration_constant, gradient_gap_trajectory
-from sfxlin.sweep import Experiment, Variable
+from sfxlin.sweep import Experiment, Variable, cell_rng
 
 NAME = "c2_concentration"
 SETTINGS = ("isotropic", "anisotropic")
-TRAJECTORY_TAG = zlib.crc32(f"{NAME}/trajectory".encode())
 
 _COMMON = {"sigma": 1.0, "tail_levels": [0.1, 0.03, 0.01, 0.003, 0.001], "tail_log_c1_per_d": 2 / 3, "tail_c2": 1 / 3,
            "grad_scales": [1.0, 2.0], "grad_c": 1.0, "traj_d": 3, "traj_lr": 0.01, "root_seed": 20251212}
@@ -416,9 +414,15 @@ def kernel(cell, rng, config):
     return {**tail_part(rng_tail, rng_clt, d, U_norm, config), **gradient_part(rng_grad, d, U_norm, config)}
 
 
-def trajectory_rng(i_setting, i_seed, root_seed):
-    """The generator of one trajectory run (setting index, trajectory seed index)."""
-    return np.random.default_rng([int(i_setting), int(i_seed), TRAJECTORY_TAG, int(root_seed)])
+def cell_inputs(config, cell):
+    """What reaches a cell: every key but the grid's (``d``, ``U_norm``, ``n_seeds``) and the
+    trajectory part's (``traj_*``, the global task's own)."""
+    return {k: v for k, v in config.items() if k not in ("d", "U_norm", "n_seeds") and not k.startswith("traj_")}
+
+
+def trajectory_rng(setting, traj_seed, root_seed):
+    """The generator of one trajectory run, keyed by its values (setting name, trajectory seed)."""
+    return cell_rng(f"{NAME}/trajectory", {"setting": setting, "traj_seed": traj_seed}, root_seed)
 
 
 def trajectory_part(config):
@@ -436,7 +440,7 @@ def trajectory_part(config):
         out["traj_concentration_constant"][i] = concentration_constant(Sigma)
         for s in range(n_seed):
             res = gradient_gap_trajectory(
-                trajectory_rng(i, s, config["root_seed"]), Sigma, Ls, n_pairs=int(config["traj_pairs"]),
+                trajectory_rng(setting, s, config["root_seed"]), Sigma, Ls, n_pairs=int(config["traj_pairs"]),
                 n_queries=int(config["traj_queries"]), n_replicates=int(config["traj_replicates"]),
                 lr=float(config["traj_lr"]), n_steps=int(config["traj_steps"]),
                 ckpt_every=int(config["traj_ckpt_every"]), x_law="gaussian", label=f"{NAME}[{setting}, seed {s}]")
@@ -527,4 +531,4 @@ EXPERIMENT = Experiment(
     name=NAME, grid=grid, inner_coords=inner_coords, variables=VARIABLES, kernel=kernel,
     description="C2: output tails of softmax attention vs the paper-form bound (assumed constants) and the CLT; "
                 "gradient concentration at fixed parameters; gradient gap along the infinite-prompt trajectory",
-    global_kernel=trajectory_part)
+    global_kernel=trajectory_part, cell_config=cell_inputs)

@@ -201,4 +201,5 @@ VARIABLES = (
 )
 
 EXPERIMENT = Experiment(name=NAME, grid=grid, inner_coords=inner_coords, variables=VARIABLES, kernel=kernel,
-                        description="C2 threshold: uniform-in-time gradient stability vs tau = tr(Sigma^-2)")
+                        description="C2 threshold: uniform-in-time gradient stability vs tau = tr(Sigma^-2)",
+                        grid_keys=("tau", "n_seeds"))

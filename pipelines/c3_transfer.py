@@ -167,12 +167,14 @@ def _int(config, key, lo=1):
 
 def sigma_of(config, setting):
     """The covariance matrix of ``setting`` (``d x d``), validated symmetric positive definite."""
-    key = f"Sigma_{setting}"
-    d = int(config["d"])
+    return _sigma_matrix(config[f"Sigma_{setting}"], int(config["d"]), f"Sigma_{setting}")
+
+
+def _sigma_matrix(value, d, key):
     try:
-        S = np.asarray(config[key], dtype=float)
+        S = np.asarray(value, dtype=float)
     except (TypeError, ValueError):
-        raise ValueError(f"{key} must be numbers, got {config[key]!r}") from None
+        raise ValueError(f"{key} must be numbers, got {value!r}") from None
     if S.ndim == 1:
         S = np.diag(S)
     if S.shape != (d, d):
@@ -193,6 +195,17 @@ def seeds_of(config, setting):
 
 def in_protocol(config, setting, seed):
     return int(seed) < seeds_of(config, setting)
+
+
+def cell_inputs(config, cell):
+    """What reaches a cell: the run's parameters less the grid's (``settings``, the seed counts)
+    and the other settings' covariances; plus the cell's own ``Sigma`` and ``in_protocol`` flag."""
+    setting = cell["setting"]
+    inputs = {k: v for k, v in config.items()
+              if k not in ("settings", "n_seeds", "n_seeds_control") and not k.startswith("Sigma_")}
+    inputs["Sigma"] = config[f"Sigma_{setting}"]
+    inputs["in_protocol"] = in_protocol(config, setting, cell["seed"])
+    return inputs
 
 
 def validate(config):
@@ -253,10 +266,9 @@ def inner_coords(config):
 
 def _nan_cell(config):
     inner = inner_coords(config)
-    grid_dims = set(grid(config))
     out = {}
     for var in VARIABLES:
-        shape = tuple(len(inner[dim]) for dim in var.dims if dim not in grid_dims)
+        shape = tuple(len(inner[dim]) for dim in var.dims if dim not in _G)
         out[var.name] = np.full(shape, np.nan)
     out["in_protocol"] = np.float64(0.0)
     return out
@@ -313,11 +325,11 @@ def heldout_risks(held, Ls, L_eval, U, v, U_inf, v_inf):
 
 
 def kernel(cell, rng, config):
-    setting, seed = cell["setting"], int(cell["seed"])
-    if not in_protocol(config, setting, seed):
+    setting = cell["setting"]
+    if not config["in_protocol"]:
         return _nan_cell(config)
     d = int(config["d"])
-    Sigma = sigma_of(config, setting)
+    Sigma = _sigma_matrix(config["Sigma"], d, f"Sigma_{setting}")
     law = icl.covariate_law(SETTINGS[setting], Sigma)
     Ls = tuple(int(L) for L in config["L"])
     L_eval = int(config["L_eval"])
@@ -453,4 +465,5 @@ VARIABLES = (
 )
 
 EXPERIMENT = Experiment(name=NAME, grid=grid, inner_coords=inner_coords, variables=VARIABLES, kernel=kernel,
-                        description="C3: large-prompt softmax attention inherits linear-attention optimisation")
+                        description="C3: large-prompt softmax attention inherits linear-attention optimisation",
+                        cell_config=cell_inputs)

@@ -1,106 +1,132 @@
-"""Finished cells kept on disk, so an interrupted sweep resumes where it stopped.
+"""Finished cells kept on disk: an interrupted sweep resumes, an extended sweep reuses them.
 
-One small ``.npz`` file per cell, written atomically (temporary file + rename) by whichever
-process computed it: no two processes ever write the same file, and no HDF5 file is shared.
-Every file carries the hash of the configuration it was computed under; a store made under
-another configuration is refused, never mixed in.
+One small ``.npz`` file per cell, named by the cell's *fingerprint*: a hash of the experiment,
+the cell's coordinate values, every input that reaches its kernel
+(:meth:`~sfxlin.sweep.Experiment.cell_inputs`), the schema version and the source code of
+``sfxlin`` and its pipelines. Two runs whose configurations share a cell (the same d = 3 cell in
+a sweep over d = 3 and in one over d = 2, 3) share its file; a change of any input of a cell,
+or of the code that computes it, gives another name, so a kept cell is never served to a run
+it does not belong to. The kept cells outlive the run (``--fresh`` discards them).
+
+Every file is written atomically (temporary file + rename) by whichever process computed it: no
+two processes write the same file, no HDF5 file is shared, and a writer killed mid-write leaves
+no file under the final name. A damaged file (truncated, foreign) is recomputed.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib
+import itertools
 import json
 import os
 import shutil
 import threading
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
 
 from .schema import SCHEMA_VERSION
+from .sweep import coordinate_text
 
-__all__ = ["CellStore", "config_hash"]
+__all__ = ["CellStore", "cell_fingerprint", "code_fingerprint"]
+
+_FINGERPRINT_KEY = "__cell_fingerprint__"
 
 
-def config_hash(experiment_name: str, config) -> str:
-    """Hash of everything that determines a cell's values."""
-    payload = json.dumps({"experiment": experiment_name, "config": config, "schema": SCHEMA_VERSION},
-                         sort_keys=True, default=str)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """Hash of the source files of ``sfxlin`` and ``sfxlin.pipelines`` (the code of every kernel)."""
+    digest = hashlib.sha256()
+    for package in ("sfxlin", "sfxlin.pipelines"):
+        for folder in importlib.import_module(package).__path__:
+            for path in sorted(Path(folder).glob("*.py")):
+                digest.update(f"{package}/{path.name}\0".encode())
+                digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def cell_fingerprint(experiment, config, cell) -> str:
+    """The fingerprint of one cell (see the module docstring): equal fingerprints, equal bits."""
+    payload = {"experiment": experiment.name, "schema": SCHEMA_VERSION, "code": code_fingerprint(),
+               "cell": {dim: coordinate_text(value) for dim, value in cell.items()},
+               "inputs": experiment.cell_inputs(config, cell)}
+    text = json.dumps(payload, sort_keys=True, default=_json_default)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _json_default(value):
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"a configuration value must be JSON data, got {value!r} ({type(value).__name__})")
 
 
 class CellStore:
-    """A folder of finished cells of one experiment under one configuration."""
+    """The kept cells of one experiment under one configuration, in ``folder``.
 
-    def __init__(self, folder, experiment_name: str, config, fresh: bool = False):
+    ``folder`` may hold cells of other configurations too (earlier runs of the same experiment):
+    only the cells whose fingerprint this configuration gives are served.
+    """
+
+    def __init__(self, folder, experiment, config, fresh: bool = False):
         self.folder = Path(folder)
-        self.hash = config_hash(experiment_name, config)
-        self._stamp_text = json.dumps({"hash": self.hash, "experiment": experiment_name, "config": config},
-                                      sort_keys=True, default=str)
+        self.experiment_name = experiment.name
+        grid = experiment.grid(config)
+        cells = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+        self._names = {_cell_key(cell): cell_fingerprint(experiment, config, cell) for cell in cells}
         if fresh and self.folder.exists():
             shutil.rmtree(self.folder)
-        stamp = self.folder / "config.json"
-        if stamp.exists():
-            kept = json.loads(stamp.read_text())
-            if kept.get("hash") != self.hash:
-                raise ValueError(
-                    f"the kept cells in {self.folder} belong to another configuration "
-                    f"(hash {kept.get('hash')}, this run {self.hash}); rerun with --fresh to discard them"
-                )
 
     def __repr__(self):
-        return f"CellStore({str(self.folder)!r}, {self.count()} cells kept)"
+        return f"CellStore({str(self.folder)!r}, {self.count()} of {len(self._names)} cells kept)"
 
-    def __reduce__(self):  # workers rebuild a light handle, without re-checking the stamp
-        return (_reopen, (str(self.folder), self.hash, self._stamp_text))
+    def _path(self, cell) -> Path:
+        return self._path_of_key(_cell_key(cell))
 
-    def _path(self, index):
-        return self.folder / ("cell_" + "_".join(str(int(i)) for i in index) + ".npz")
+    def _path_of_key(self, key) -> Path:
+        return self.folder / f"cell_{self._names[key]}.npz"
 
-    def load(self, index):
-        """The kept outputs of a cell, or None if it was not finished."""
-        path = self._path(index)
+    def load(self, cell):
+        """The kept outputs of ``cell`` (a ``{dim: value}`` mapping), or None if not kept.
+
+        A file that cannot be read whole (truncated by a crash, overwritten) is removed and
+        None returned: the cell is recomputed."""
+        path = self._path(cell)
         if not path.exists():
             return None
         try:
             with np.load(path, allow_pickle=False) as data:
-                if str(data["__config_hash__"]) != self.hash:
-                    raise ValueError(f"{path} was computed under another configuration; rerun with --fresh")
-                return {k: data[k] for k in data.files if k != "__config_hash__"}
-        except (OSError, EOFError, KeyError, ValueError) as exc:
-            if "another configuration" in str(exc):
-                raise
-            path.unlink(missing_ok=True)  # damaged by an interruption: recompute it
+                if str(data[_FINGERPRINT_KEY]) != path.stem[len("cell_"):]:
+                    raise ValueError("fingerprint does not match the file name")
+                return {k: data[k] for k in data.files if k != _FINGERPRINT_KEY}
+        except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile, zlib.error):
+            path.unlink(missing_ok=True)
             return None
 
-    def save(self, index, outputs):
-        """Keep one finished cell (the folder and its stamp are made by the first save)."""
+    def save(self, cell, outputs):
+        """Keep one finished cell (the folder is made by the first save)."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        stamp = self.folder / "config.json"
-        if not stamp.exists():
-            _atomic_write_text(stamp, self._stamp_text)
-        path = self._path(index)
+        path = self._path(cell)
         tmp = path.with_name(f".{path.stem}.{os.getpid()}.{threading.get_ident()}.partial.npz")
         try:
-            np.savez(tmp, __config_hash__=np.array(self.hash), **outputs)
+            np.savez(tmp, **{_FINGERPRINT_KEY: np.array(path.stem[len("cell_"):])}, **outputs)
             os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
 
-    def count(self):
-        return sum(1 for _ in self.folder.glob("cell_*.npz")) if self.folder.exists() else 0
+    def count(self) -> int:
+        """How many cells of this configuration are kept."""
+        return sum(1 for key in self._names if self._path_of_key(key).exists())
 
     def discard(self):
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _reopen(folder, hash_, stamp_text):
-    store = CellStore.__new__(CellStore)
-    store.folder, store.hash, store._stamp_text = Path(folder), hash_, stamp_text
-    return store
+def _cell_key(cell):
+    return tuple((dim, coordinate_text(value)) for dim, value in cell.items())
 
-
-def _atomic_write_text(path, text):
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
-    tmp.write_text(text)
-    os.replace(tmp, path)

@@ -121,20 +121,20 @@ def cmd_run(args):
     module = pipeline(args.experiment)
     config = config_for(module, args.profile, args.set)
     out_dir = Path(args.out or ("datasets" if args.profile == "paper" and not args.set else f"runs/{args.profile}"))
-    store = CellStore(out_dir / f".{module.NAME}.cells", module.NAME, config, fresh=args.fresh)
+    store = CellStore(out_dir / f".{module.NAME}.cells", module.EXPERIMENT, config, fresh=args.fresh)
     lazy = build(module.EXPERIMENT, config, chunks=_parse_chunks(args.chunks), store=store)
     ensure_writable(out_dir)  # after every check of the command line (a bad one creates nothing), before any work
     if not args.quiet:
         kept = store.count()
         print(f"{module.NAME}: profile {args.profile}, {lazy.attrs['n_cells']} cells"
-              + (f" ({kept} kept from an interrupted run, in {store.folder})" if kept else ""), flush=True)
+              + (f" ({kept} kept from earlier runs in {store.folder}, {lazy.attrs['n_cells'] - kept} to compute)"
+                 if kept else ""), flush=True)
     ds, wall, label = compute(lazy, scheduler=args.local_scheduler, workers=args.workers,
                               address=args.scheduler, progress=not args.quiet, verbose=args.verbose)
     ds.attrs.update(provenance(module.NAME, args.profile, config, wall, label))
     ds.attrs["overrides"] = json.dumps(args.set or [])
     ds.attrs["criteria"] = json.dumps(module.CRITERIA)
     path = save(ds, out_dir / f"{module.NAME}.nc")
-    store.discard()
     if not args.quiet:
         print(f"wrote {path} in {wall:.1f} s ({label})\n")
     report(ds, out_dir, quiet=args.quiet)
@@ -238,7 +238,9 @@ def parser():
     run.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="override a parameter of the profile (lists comma-separated), e.g. --set d=2,3")
     run.add_argument("--chunks", action="append", metavar="DIM=N", help="cells per dask task along a grid dim")
-    run.add_argument("--fresh", action="store_true", help="discard cells kept from an interrupted run")
+    run.add_argument("--fresh", action="store_true",
+                     help="discard the kept cells of this experiment in --out (by default a cell computed by an "
+                          "earlier or interrupted run with the same inputs and code is reused)")
     talk = run.add_mutually_exclusive_group()
     talk.add_argument("--quiet", action="store_true", help="no progress bar or tables")
     talk.add_argument("--verbose", action="store_true", help="also one line per finished block of cells")

@@ -6,20 +6,29 @@ An :class:`Experiment` declares once
 * its inner coordinates (``inner_coords(config)``): dims a cell's kernel returns whole
   (``L``, ``query``, ``law``, ...), vectorised numpy inside the cell;
 * its output :class:`Variable` s (dims, ``long_name``, ``units``, ``description``);
-* its kernel ``kernel(cell, rng, config) -> {name: ndarray}`` (``cell`` maps every grid dim
-  to the cell's coordinate value);
+* its kernel ``kernel(cell, rng, inputs) -> {name: ndarray}``: ``cell`` maps every grid dim
+  to the cell's coordinate value, ``inputs`` is the read-only part of the configuration that
+  reaches the cell (:meth:`Experiment.cell_inputs`: the configuration less ``grid_keys``, the
+  keys that only say which cells exist), so nothing outside a cell's fingerprint can change it;
 * optionally a ``global_kernel(config) -> {name: ndarray}`` for variables over no grid dim
   (checks that do not depend on the cell, e.g. a quadrature check), run as one more task.
 
 :func:`build` turns that into a Dataset whose variables are dask arrays: one dask task per
 block of cells (one cell per block by default), nothing computed until asked. Each cell
-draws from ``np.random.default_rng([*cell indices, experiment tag, root_seed])``, so results
-are bit-identical whatever the chunking, scheduler, worker count or execution order.
+draws from ``np.random.default_rng([*hashes of its coordinate values, experiment tag, root_seed])``
+(:func:`cell_rng`): a cell's numbers depend on its coordinate *values* and its inputs only, never
+on its position in the grid, so they are bit-identical whatever the chunking, scheduler, worker
+count, execution order, the order in which the grid lists its values, or the other values in the
+grid. A cell can be rerun alone, a sweep extended without changing what it computed, two runs
+merged.
 """
 from __future__ import annotations
 
+import copy
+import hashlib
 import itertools
 import math
+import types
 import zlib
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -31,7 +40,7 @@ import xarray as xr
 
 from .schema import coord_attrs
 
-__all__ = ["Variable", "Experiment", "CellError", "build", "cell_rng", "run_cell"]
+__all__ = ["Variable", "Experiment", "CellError", "build", "cell_rng", "coordinate_key", "coordinate_text", "run_cell"]
 
 
 class CellError(RuntimeError):
@@ -67,6 +76,19 @@ class Experiment:
     kernel: Callable
     description: str = ""
     global_kernel: Callable[[Mapping], dict] | None = None
+    grid_keys: tuple[str, ...] = ()
+    cell_config: Callable[[Mapping, Mapping], dict] | None = None
+
+    def cell_inputs(self, config, cell) -> dict:
+        """The part of ``config`` that reaches the kernel of ``cell`` (and its fingerprint).
+
+        ``cell_config(config, cell)`` where the experiment declares one (a cell that needs only
+        some of the keys, e.g. the covariance of its own setting); otherwise every key but the
+        ``grid_keys`` (those only say which cells the grid has: ``d``, ``n_seeds``, ...).
+        """
+        if self.cell_config is not None:
+            return dict(self.cell_config(config, cell))
+        return {k: v for k, v in config.items() if k not in self.grid_keys}
 
     def cell_variables(self, config):
         grid = self.grid(config)
@@ -86,26 +108,56 @@ class Experiment:
         return zlib.crc32(self.name.encode())
 
 
-def cell_rng(experiment_name: str, cell_index, root_seed: int) -> np.random.Generator:
-    """The generator of one cell: ``default_rng([*cell indices, tag, root_seed])``."""
+def coordinate_text(value) -> str:
+    """The exact text of a coordinate value: an integer in decimal, a float by its ``repr``
+    (shortest round-trip, so ``0.1`` is ``'0.1'`` and ``3.0`` is not ``3``), a string as is."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"a coordinate value must be an integer, a float or a string, got the bool {value!r}")
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        return repr(float(value))
+    if isinstance(value, str):
+        return value
+    raise TypeError(f"a coordinate value must be an integer, a float or a string, got {value!r} "
+                    f"({type(value).__name__})")
+
+
+def coordinate_key(dim: str, value) -> int:
+    """64-bit integer key of one coordinate value: a hash of ``"dim=<exact text>"``."""
+    text = f"{dim}={coordinate_text(value)}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+
+
+def cell_rng(experiment_name: str, cell: Mapping, root_seed: int) -> np.random.Generator:
+    """The generator of one cell, keyed by its coordinate values (never by grid positions):
+    ``default_rng([*coordinate_key(dim, value) for each grid dim, tag(experiment), root_seed])``."""
     tag = zlib.crc32(experiment_name.encode())
-    return np.random.default_rng([*map(int, cell_index), tag, int(root_seed)])
+    return np.random.default_rng([*(coordinate_key(dim, value) for dim, value in cell.items()), tag, int(root_seed)])
 
 
-def _cell_label(experiment, grid, index):
-    coords = ", ".join(f"{dim}={values[i]!r}" for (dim, values), i in zip(grid.items(), index))
-    return f"{experiment.name}[{coords}]"
+def cell_label(experiment_name: str, cell: Mapping) -> str:
+    """``"c1_limit[d=3, U_norm=0.5, seed=1]"``: how errors and logs name a cell."""
+    return f"{experiment_name}[{', '.join(f'{dim}={value!r}' for dim, value in cell.items())}]"
 
 
-def run_cell(experiment: Experiment, config: Mapping, index) -> dict:
-    """Compute one cell (by its integer grid index) and validate its outputs."""
+def _cell_at(grid, index):
+    return {dim: values[i] for (dim, values), i in zip(grid.items(), index)}
+
+
+def run_cell(experiment: Experiment, config: Mapping, cell: Mapping) -> dict:
+    """Compute one cell, given by its coordinate values (``{"d": 3, "U_norm": 0.5, "seed": 1}``),
+    and validate its outputs. The same cell gives the same bits whatever grid it belongs to."""
     grid = experiment.grid(config)
+    if set(cell) != set(grid):
+        raise ValueError(f"{experiment.name}: a cell names every grid dim {list(grid)}, got {dict(cell)}")
+    cell = {dim: cell[dim] for dim in grid}
     inner = experiment.inner_coords(config)
-    cell = {dim: values[i] for (dim, values), i in zip(grid.items(), index)}
-    rng = cell_rng(experiment.name, index, config["root_seed"])
-    label = _cell_label(experiment, grid, index)
+    rng = cell_rng(experiment.name, cell, config["root_seed"])
+    label = cell_label(experiment.name, cell)
+    inputs = types.MappingProxyType(copy.deepcopy(experiment.cell_inputs(config, cell)))
     try:
-        out = experiment.kernel(cell, rng, config)
+        out = experiment.kernel(cell, rng, inputs)
     except (FloatingPointError, ArithmeticError) as exc:
         raise CellError(f"{label}: {exc}") from exc
     return _checked(out, experiment.cell_variables(config), inner, grid, label)
@@ -138,13 +190,15 @@ def _run_block(experiment, config, ranges, store=None):
     """Compute a block of cells (or load the ones ``store`` kept, keeping each new one there);
     returns ``{name: array(block shape + inner shape)}``."""
     shape = tuple(len(r) for r in ranges)
+    grid = experiment.grid(config)
     results = []
     for idx in itertools.product(*ranges):
-        out = store.load(idx) if store is not None else None
+        cell = _cell_at(grid, idx)
+        out = store.load(cell) if store is not None else None
         if out is None:
-            out = run_cell(experiment, config, idx)
+            out = run_cell(experiment, config, cell)
             if store is not None:
-                store.save(idx, out)
+                store.save(cell, out)
         results.append(out)
     out = {}
     for var in experiment.cell_variables(config):
@@ -167,6 +221,11 @@ def build(experiment: Experiment, config: Mapping, chunks: Mapping | None = None
     """
     grid = experiment.grid(config)
     inner = experiment.inner_coords(config)
+    for dim, values in {**grid, **inner}.items():
+        repeated = sorted({coordinate_text(v) for v in values if list(values).count(v) > 1})
+        if repeated:
+            raise ValueError(f"{experiment.name}: coordinate {dim!r} repeats the value(s) {', '.join(repeated)}; "
+                             "every cell and every inner slice must have its own coordinate value")
     chunks = dict(chunks or {})
     unknown = set(chunks) - set(grid)
     if unknown:

@@ -51,11 +51,11 @@ def test_quick_run_config_reruns_the_file(quick_run):
 def test_cell_matches_an_independent_recomputation():
     """One cell recomputed with plain loops over queries and laws from the same draws."""
     config = c1_limit.PROFILES["quick"]
-    index = (1, 0, 1)
-    out = run_cell(c1_limit.EXPERIMENT, config, index)
+    cell = {"d": config["d"][1], "U_norm": config["U_norm"][0], "seed": 1}
+    out = run_cell(c1_limit.EXPERIMENT, config, cell)
     from sfxlin.sweep import cell_rng
 
-    rng = cell_rng(c1_limit.NAME, index, config["root_seed"])
+    rng = cell_rng(c1_limit.NAME, cell, config["root_seed"])
     d, Ls = config["d"][1], np.array(config["L"])
     U = rng.standard_normal((d, d))
     U *= config["U_norm"][0] / np.linalg.norm(U)

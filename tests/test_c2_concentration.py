@@ -23,6 +23,7 @@ TINY = {**c2.PROFILES["quick"], "d": [2], "U_norm": [0.5], "n_seeds": 1, "L": [4
         "tail_queries": 2, "tail_prompts": 10, "prompt_chunk": 4, "clt_draws": 20000,
         "grad_pairs": 2, "grad_queries": 2, "grad_draws": 3, "grad_scales": [1.5],
         "traj_pairs": 2, "traj_steps": 20, "traj_ckpt_every": 10}
+CELL0 = {"d": 2, "U_norm": 0.5, "seed": 0}   # TINY's one cell
 
 
 # --------------------------------------------------------------------------- independent references
@@ -152,8 +153,8 @@ def test_clt_monte_carlo_matches_the_chi_square_tail(d):
 def test_tail_cell_counts_match_direct_counting():
     """A whole cell's tail outputs recomputed from its documented draws with the per-L operator."""
     config = TINY
-    out = run_cell(c2.EXPERIMENT, config, (0, 0, 0))
-    rng_tail, _, _ = cell_rng(c2.NAME, (0, 0, 0), config["root_seed"]).spawn(3)
+    out = run_cell(c2.EXPERIMENT, config, CELL0)
+    rng_tail, _, _ = cell_rng(c2.NAME, CELL0, config["root_seed"]).spawn(3)
     d, U_norm, sigma = 2, 0.5, config["sigma"]
     law = Gaussian(cov=sigma**2, D=d)
     U = rng_tail.standard_normal((d, d))
@@ -184,9 +185,9 @@ def test_tail_cell_counts_match_direct_counting():
 
 
 def test_bound_constants_scale_the_bounds_as_documented():
-    base = run_cell(c2.EXPERIMENT, TINY, (0, 0, 0))
+    base = run_cell(c2.EXPERIMENT, TINY, CELL0)
     other = run_cell(c2.EXPERIMENT, {**TINY, "tail_log_c1_per_d": TINY["tail_log_c1_per_d"] + math.log(3.0) / 2,
-                                     "grad_c": 10.0}, (0, 0, 0))  # d = 2: c1 three times larger
+                                     "grad_c": 10.0}, CELL0)  # d = 2: c1 three times larger
     np.testing.assert_allclose(other["tail_bound"], 3.0 * base["tail_bound"])
     np.testing.assert_allclose(other["grad_log_bound"], base["grad_log_bound"] + np.log(10.0))
     np.testing.assert_array_equal(other["tail_count"], base["tail_count"])  # draws unchanged

@@ -71,7 +71,7 @@ def test_quick_config_reruns_a_cell(quick):
     path, config = quick
     with xr.open_dataset(path) as ds:
         cfg = json.loads(ds.attrs["config"])
-        out = run_cell(c2_threshold.EXPERIMENT, cfg, (3, 0))
+        out = run_cell(c2_threshold.EXPERIMENT, cfg, {"tau": cfg["tau"][3], "seed": 0})
         np.testing.assert_array_equal(out["g"], ds.g.isel(tau=3, seed=0).values)
         np.testing.assert_array_equal(out["U_inf"], ds.U_inf.isel(tau=3, seed=0).values)
 

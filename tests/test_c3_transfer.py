@@ -91,9 +91,9 @@ def test_kernel_matches_an_independent_recomputation():
     """One cell: the same draws, trained with the simple per-L path of sfxlin.training and
     evaluated with the plain icl functions."""
     config = dict(QUICK, n_steps=60, heldout_every=20, L=[8, 32])
-    index = (1, 0)                                        # anisotropic, seed 0
-    out = run_cell(c3.EXPERIMENT, config, index)
-    rng = cell_rng(c3.NAME, index, config["root_seed"])
+    cell = {"setting": "anisotropic", "seed": 0}
+    out = run_cell(c3.EXPERIMENT, config, cell)
+    rng = cell_rng(c3.NAME, cell, config["root_seed"])
     Sigma = np.diag(config["Sigma_anisotropic"])
     law = icl.covariate_law("gaussian", Sigma)
     tasks = icl.make_tasks(rng, 3, config["n_pairs"], config["n_queries"], 32, law)
@@ -196,7 +196,7 @@ def test_diverging_run_names_the_cell_and_the_step():
     config = dict(QUICK, lr=200.0, n_steps=20, heldout_every=20)
     c3.validate(config)
     with pytest.raises(CellError) as err:
-        run_cell(c3.EXPERIMENT, config, (1, 1))
+        run_cell(c3.EXPERIMENT, config, {"setting": "anisotropic", "seed": 1})
     msg = str(err.value)
     assert "setting='anisotropic'" in msg and "seed=1" in msg
     assert "L=" in msg and "diverged at step" in msg and "main run" in msg
@@ -210,7 +210,7 @@ def test_cells_outside_the_protocol_cost_nothing():
     import time
 
     start = time.perf_counter()
-    out = run_cell(c3.EXPERIMENT, c3.PROFILES["paper"], (2, 1))   # rademacher, seed 1: not in the protocol
+    out = run_cell(c3.EXPERIMENT, c3.PROFILES["paper"], {"setting": "rademacher", "seed": 1})  # not in the protocol
     assert time.perf_counter() - start < 1.0
     assert out["in_protocol"] == 0 and np.isnan(out["U"]).all()
     assert out["U"].shape == (2, 10, 126, 4, 4)
@@ -251,4 +251,4 @@ def test_a_non_finite_result_in_a_protocol_cell_is_an_error(monkeypatch):
     monkeypatch.setattr(c3.icl, "ridge_risk", lambda tasks, L, lam=0.0: float("nan"))
     config = dict(QUICK, n_steps=20, heldout_every=20)
     with pytest.raises(CellError, match=r"setting='isotropic', seed=1\].*non-finite values in risk_ridge"):
-        run_cell(c3.EXPERIMENT, config, (0, 1))
+        run_cell(c3.EXPERIMENT, config, {"setting": "isotropic", "seed": 1})

@@ -25,6 +25,19 @@ def _data(path):
         return {k: v.values for k, v in ds.data_vars.items()}
 
 
+#: attrs that say when and how long a run took: the only ones that differ between two runs
+TIME_STAMPS = ("created", "wall_seconds", "history")
+
+
+def _assert_same_results(a_path, b_path):
+    """Data bit for bit, and every attr but the time stamps (what the README claims of a resume)."""
+    with xr.open_dataset(a_path) as a, xr.open_dataset(b_path) as b:
+        xr.testing.assert_identical(a.drop_attrs(deep=False), b.drop_attrs(deep=False))  # exact, NaN == NaN
+        stamps = set(TIME_STAMPS)
+        assert {k: v for k, v in a.attrs.items() if k not in stamps} == \
+            {k: v for k, v in b.attrs.items() if k not in stamps}
+
+
 @pytest.mark.slow
 def test_sigkill_then_rerun_equals_an_uninterrupted_run(tmp_path):
     ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
@@ -43,45 +56,95 @@ def test_sigkill_then_rerun_equals_an_uninterrupted_run(tmp_path):
 
     res = subprocess.run(sfxlin("run", "c1", "--out", str(run_dir), *SLOW_QUICK), capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    assert f"({kept} kept from an interrupted run" in res.stdout
-    ref, again = _data(ref_dir / "c1_limit.nc"), _data(run_dir / "c1_limit.nc")
-    assert ref.keys() == again.keys()
-    for name in ref:
-        np.testing.assert_array_equal(ref[name], again[name], err_msg=name)
-    assert not cells.exists(), "kept cells are removed once the file is written"
+    assert f"({kept} kept from earlier runs in {cells}, {8 - kept} to compute)" in res.stdout
+    _assert_same_results(ref_dir / "c1_limit.nc", run_dir / "c1_limit.nc")
+    assert len(list(cells.glob("cell_*.npz"))) == 8, "every cell is kept for the next run"
+
+
+def _cell0(config):
+    return {dim: values[0] for dim, values in c1_limit.grid(config).items()}
 
 
 def test_kept_cells_are_served_instead_of_recomputed(tmp_path):
     config = c1_limit.PROFILES["quick"]
-    store = CellStore(tmp_path / "cells", c1_limit.NAME, config)
+    store = CellStore(tmp_path / "cells", c1_limit.EXPERIMENT, config)
     first = build(c1_limit.EXPERIMENT, config, store=store).compute(scheduler="synchronous")
     assert store.count() == 8
     # tamper with one kept cell: the next build must serve it as kept, proving it is not recomputed
-    path = store._path((0, 0, 0))
-    with np.load(path) as data:
-        tampered = {k: data[k] for k in data.files if k != "__config_hash__"}
+    cell = _cell0(config)
+    tampered = dict(store.load(cell))
     tampered["mse"] = tampered["mse"] * 0 + 123.0
-    store.save((0, 0, 0), tampered)
+    store.save(cell, tampered)
     second = build(c1_limit.EXPERIMENT, config, store=store).compute(scheduler="synchronous")
     assert np.all(second.mse.isel(d=0, U_norm=0, seed=0) == 123.0)
     xr.testing.assert_identical(first.mse.isel(d=1), second.mse.isel(d=1))
 
 
-def test_a_store_of_another_configuration_is_refused(tmp_path):
+def test_cells_of_another_configuration_are_not_served(tmp_path):
     config = c1_limit.PROFILES["quick"]
-    CellStore(tmp_path / "cells", c1_limit.NAME, config).save((0, 0, 0), {"x": np.zeros(2)})
-    with pytest.raises(ValueError, match="another configuration.*--fresh"):
-        CellStore(tmp_path / "cells", c1_limit.NAME, {**config, "n_prompts": 9})
-    fresh = CellStore(tmp_path / "cells", c1_limit.NAME, {**config, "n_prompts": 9}, fresh=True)
-    assert fresh.count() == 0
+    CellStore(tmp_path / "cells", c1_limit.EXPERIMENT, config).save(_cell0(config), {"x": np.zeros(2)})
+    other = CellStore(tmp_path / "cells", c1_limit.EXPERIMENT, {**config, "n_prompts": 9})
+    assert other.count() == 0 and other.load(_cell0(config)) is None
+    assert CellStore(tmp_path / "cells", c1_limit.EXPERIMENT, config).count() == 1  # still kept for its own
+    fresh = CellStore(tmp_path / "cells", c1_limit.EXPERIMENT, config, fresh=True)
+    assert fresh.count() == 0 and not (tmp_path / "cells").exists()
 
 
-def test_a_damaged_cell_file_is_recomputed(tmp_path):
+@pytest.mark.parametrize("damage", ["junk", "truncated", "emptied"])
+def test_a_damaged_cell_file_is_recomputed(tmp_path, damage):
     config = c1_limit.PROFILES["quick"]
-    store = CellStore(tmp_path / "cells", c1_limit.NAME, config)
-    store.save((0, 0, 1), {"x": np.zeros(2)})
-    store._path((0, 0, 0)).write_bytes(b"truncated")
-    assert store.load((0, 0, 0)) is None and not store._path((0, 0, 0)).exists()
+    store = CellStore(tmp_path / "cells", c1_limit.EXPERIMENT, config)
+    cell = _cell0(config)
+    store.save(cell, {"x": np.arange(5000.0)})
+    path = store._path(cell)
+    whole = path.read_bytes()
+    path.write_bytes({"junk": b"not a zip file", "truncated": whole[: len(whole) // 2], "emptied": b""}[damage])
+    assert store.load(cell) is None and not path.exists()
+
+
+def test_a_cell_file_under_another_name_is_not_served(tmp_path):
+    """A kept file copied over another cell's name (its fingerprint inside says whose it is)."""
+    config = c1_limit.PROFILES["quick"]
+    store = CellStore(tmp_path / "cells", c1_limit.EXPERIMENT, config)
+    a, b = _cell0(config), {**_cell0(config), "seed": 1}
+    store.save(a, {"x": np.zeros(2)})
+    store._path(a).replace(store._path(b))
+    assert store.load(b) is None
+
+
+_SLOW_WRITER = """
+import sys, time
+import numpy as np
+import numpy.lib.format as fmt
+from sfxlin.cellstore import CellStore
+from sfxlin.pipelines import c1_limit
+
+real = fmt.write_array
+def write_then_stall(fp, array, *args, **kwargs):   # the first array goes out, then the writer stalls
+    real(fp, array, *args, **kwargs)
+    fp.flush() if hasattr(fp, "flush") else None
+    print("writing", flush=True)
+    time.sleep(600)
+fmt.write_array = write_then_stall
+config = c1_limit.PROFILES["quick"]
+cell = {dim: values[0] for dim, values in c1_limit.grid(config).items()}
+CellStore(sys.argv[1], c1_limit.EXPERIMENT, config).save(cell, {"mse": np.ones(1000), "other": np.ones(1000)})
+"""
+
+
+@pytest.mark.slow
+def test_a_writer_killed_mid_write_leaves_no_file_under_the_final_name(tmp_path):
+    folder = tmp_path / "cells"
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_WRITER, str(folder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "writing"
+        assert any(p.name.endswith(".partial.npz") for p in folder.iterdir()), "the write had started"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    config = c1_limit.PROFILES["quick"]
+    store = CellStore(folder, c1_limit.EXPERIMENT, config)
+    assert not list(folder.glob("cell_*.npz")) and store.count() == 0 and store.load(_cell0(config)) is None
 
 
 def test_a_run_that_fails_before_any_cell_leaves_no_store(tmp_path):
@@ -90,10 +153,19 @@ def test_a_run_that_fails_before_any_cell_leaves_no_store(tmp_path):
     assert res.returncode == 2 and not (tmp_path / ".c1_limit.cells").exists()
 
 
-def test_cli_refuses_a_mismatched_store_with_one_line(tmp_path):
-    subprocess.run(sfxlin("run", "c1", "--quiet", "--out", str(tmp_path), "--set", "n_seeds=1"), check=True)
-    CellStore(tmp_path / ".c1_limit.cells", c1_limit.NAME, {"other": 1}).save((9, 9, 9), {})
-    res = subprocess.run(sfxlin("run", "c1", "--quiet", "--out", str(tmp_path)), capture_output=True, text=True)
-    assert res.returncode == 2 and "another configuration" in res.stderr and "Traceback" not in res.stderr
-    ok = subprocess.run(sfxlin("run", "c1", "--quiet", "--fresh", "--out", str(tmp_path)), capture_output=True, text=True)
-    assert ok.returncode == 0, ok.stderr
+def test_an_extended_sweep_computes_only_its_new_cells(tmp_path):
+    """d = 3 first, then d = 2, 3 listed the other way round: the d = 3 cells are reused, not
+    recomputed, and the two files agree on them bit for bit."""
+    small, large = tmp_path / "small", tmp_path / "large"
+    base = ["--set", "U_norm=0.5", "--set", "n_seeds=2", "--set", "L=16,64,256"]
+    subprocess.run(sfxlin("run", "c1", "--quiet", "--out", str(small), "--set", "d=3", *base), check=True)
+    large.mkdir()
+    (small / ".c1_limit.cells").rename(large / ".c1_limit.cells")
+    res = subprocess.run(sfxlin("run", "c1", "--out", str(large), "--set", "d=3,2", *base),
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "4 cells (2 kept from earlier runs" in res.stdout and "2 to compute)" in res.stdout
+    with xr.open_dataset(small / "c1_limit.nc") as a, xr.open_dataset(large / "c1_limit.nc") as b:
+        for name in a.data_vars:
+            if "d" in a[name].dims:
+                np.testing.assert_array_equal(a[name].sel(d=3).values, b[name].sel(d=3).values, err_msg=name)

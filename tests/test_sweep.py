@@ -2,6 +2,7 @@
 schedulers, single-cell reruns, validation of kernel outputs."""
 from __future__ import annotations
 
+import hashlib
 import itertools
 import zlib
 
@@ -13,6 +14,11 @@ import xarray as xr
 from conftest import DaskComputed, raise_if_dask_computes
 from sfxlin.pipelines import c1_limit
 from sfxlin.sweep import CellError, Experiment, Variable, build, cell_rng, run_cell
+
+
+def _cell(experiment, config, index):
+    """The cell at an integer position of the grid, as the ``{dim: value}`` mapping run_cell takes."""
+    return {dim: values[i] for (dim, values), i in zip(experiment.grid(config).items(), index)}
 
 GRID_DIMS = ("d", "U_norm", "seed")
 
@@ -165,28 +171,34 @@ def test_cells_draw_from_their_own_generator(toy, toy_config, toy_computed):
     grid = toy.grid(toy_config)
     Ls = np.asarray(toy_config["L"])
     tag = zlib.crc32(b"toy")
+
+    def key(dim, value):  # sha256 of "dim=<exact text>", first 8 bytes, little-endian
+        return int.from_bytes(hashlib.sha256(f"{dim}={value}".encode()).digest()[:8], "little")
+
     for index in itertools.product(*(range(len(v)) for v in grid.values())):
-        rng = np.random.default_rng([*index, tag, toy_config["root_seed"]])
+        d, U_norm, seed = (grid[dim][i] for dim, i in zip(grid, index))
+        rng = np.random.default_rng([key("d", str(d)), key("U_norm", repr(U_norm)), key("seed", str(seed)),
+                                     tag, toy_config["root_seed"]])
         noise, shift = toy.draws(rng, toy_config)
-        d, U_norm = grid["d"][index[0]], grid["U_norm"][index[1]]
         value = U_norm * np.cumsum(noise, axis=1)[:, Ls - 1] / Ls + d * shift[:, None]
         got = toy_computed["value"].isel(d=index[0], U_norm=index[1], seed=index[2])
         assert got.dims == ("L", "query")
         assert np.array_equal(got.values, value.T)
         assert np.array_equal(toy_computed["first"].isel(d=index[0], U_norm=index[1], seed=index[2]).values,
                               value[:, 0])
-    a = cell_rng("toy", (1, 2, 3), 1234).standard_normal(5)
-    b = np.random.default_rng([1, 2, 3, tag, 1234]).standard_normal(5)
+    a = cell_rng("toy", {"d": 3, "U_norm": 0.5, "seed": 1}, 1234).standard_normal(5)
+    b = np.random.default_rng([key("d", "3"), key("U_norm", "0.5"), key("seed", "1"), tag, 1234]).standard_normal(5)
     assert np.array_equal(a, b)
-    # distinct cells, distinct root seeds and distinct experiments give distinct streams
-    draws = {cell_rng(n, i, r).standard_normal() for n in ("toy", "other") for i in [(0, 0), (0, 1), (1, 0)]
-             for r in (1, 2)}
-    assert len(draws) == 12
+    # distinct cells, distinct root seeds and distinct experiments give distinct streams; a value is
+    # keyed with its dim (seed=1 is not d=1) and by its exact text (the float 1.0 is not the integer 1)
+    cells = [{"d": 0, "seed": 0}, {"d": 0, "seed": 1}, {"d": 1, "seed": 0}, {"d": 1.0, "seed": 0}]
+    draws = {cell_rng(n, c, r).standard_normal() for n in ("toy", "other") for c in cells for r in (1, 2)}
+    assert len(draws) == 16
 
 
 @pytest.mark.parametrize("index", [(0, 0, 0), (1, 2, 3), (0, 1, 2), (1, 0, 1)])
 def test_run_cell_reproduces_the_slice(toy, toy_config, toy_computed, index):
-    out = run_cell(toy.EXPERIMENT, toy_config, index)
+    out = run_cell(toy.EXPERIMENT, toy_config, _cell(toy.EXPERIMENT, toy_config, index))
     assert set(out) == {"value", "first", "grid_sum", "flagged"}
     cell = toy_computed.isel(dict(zip(GRID_DIMS, index)))
     for var in toy.EXPERIMENT.cell_variables(toy_config):
@@ -199,7 +211,7 @@ def test_run_cell_reproduces_the_slice(toy, toy_config, toy_computed, index):
 def test_run_cell_reproduces_a_c1_cell():
     config = c1_limit.PROFILES["quick"]
     full = build(c1_limit.EXPERIMENT, config).compute(scheduler="threads")
-    out = run_cell(c1_limit.EXPERIMENT, config, (1, 0, 1))
+    out = run_cell(c1_limit.EXPERIMENT, config, {"d": 3, "U_norm": 0.1, "seed": 1})
     cell = full.isel(d=1, U_norm=0, seed=1)
     for var in c1_limit.EXPERIMENT.cell_variables(config):
         inner_dims = [d for d in var.dims if d not in ("d", "U_norm", "seed")]
@@ -210,7 +222,6 @@ def test_run_cell_reproduces_a_c1_cell():
 # validation of kernel outputs
 # --------------------------------------------------------------------------------------------
 FAULT_CELL = {"d": 3, "U_norm": 0.5, "seed": 2}
-FAULT_INDEX = (1, 1, 2)
 
 
 def _names_the_cell(message):
@@ -227,9 +238,9 @@ def _names_the_cell(message):
 def test_invalid_cell_raises_cell_error(toy, fault, match):
     config = toy.make_config(fault=fault, fault_cell=FAULT_CELL)
     with pytest.raises(CellError, match=match) as info:
-        run_cell(toy.EXPERIMENT, config, FAULT_INDEX)
+        run_cell(toy.EXPERIMENT, config, FAULT_CELL)
     assert _names_the_cell(str(info.value)), str(info.value)
-    run_cell(toy.EXPERIMENT, config, (1, 1, 1))  # the neighbour cell is fine
+    run_cell(toy.EXPERIMENT, config, {**FAULT_CELL, "seed": 1})  # the neighbour cell is fine
     ds = build(toy.EXPERIMENT, config)  # building stays lazy and silent
     for scheduler in ("synchronous", "threads"):
         with pytest.raises(CellError, match=match) as info:

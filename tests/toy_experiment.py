@@ -102,4 +102,5 @@ VARIABLES = (
 )
 
 EXPERIMENT = Experiment(name=NAME, grid=grid, inner_coords=inner_coords, variables=VARIABLES, kernel=kernel,
-                        description="toy experiment for the engine tests", global_kernel=global_kernel)
+                        description="toy experiment for the engine tests", global_kernel=global_kernel,
+                        grid_keys=("d", "U_norm", "n_seeds"))
