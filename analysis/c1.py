@@ -3,6 +3,10 @@
 Reads only the documented schema (datasets/README.md): ``mse(law, d, U_norm, L, seed)``,
 ``mse_asymptotic``, ``bias_exact``, ``mse_query``, ``Uq_sq``, ``mse_scaled_U``,
 ``quadrature_error`` and the ``criteria`` / ``config`` attrs.
+
+A criterion whose figure cannot be taken from the file (a slope from fewer than 3 prompt lengths,
+a change along L from one) is INCONCLUSIVE with the reason; the fit table says the same and shows
+the rest.
 """
 from __future__ import annotations
 
@@ -11,10 +15,10 @@ import json
 import numpy as np
 import xarray as xr
 
-from .fits import loglog_slope, paper_form_fit
-from .verdicts import criteria_from_attrs, evaluate
+from .fits import MIN_LINE_POINTS, loglog_slope, paper_form_fit, too_few
+from .verdicts import criteria_from_attrs, evaluate, measure_unless
 
-__all__ = ["slopes", "measures", "verdicts", "fit_table", "figure", "paper_form"]
+__all__ = ["slopes", "slope_shortfall", "measures", "verdicts", "fit_table", "figure", "paper_form"]
 
 
 def slopes(ds: xr.Dataset) -> xr.Dataset:
@@ -22,25 +26,33 @@ def slopes(ds: xr.Dataset) -> xr.Dataset:
     return loglog_slope(ds.mse.sel(law="gaussian").mean("seed"), "L", test_exponent=-1.0)
 
 
+def slope_shortfall(ds: xr.Dataset) -> str | None:
+    """Why :func:`slopes` cannot be fitted (fewer than 3 prompt lengths), or None."""
+    return too_few(ds.sizes["L"], MIN_LINE_POINTS, "prompt lengths", "a log-log slope")
+
+
 def _growth(da):
     return float((da.isel(L=-1) / da.isel(L=0)).max())
 
 
 def measures(ds: xr.Dataset) -> dict:
-    """Measured figure of every C1 criterion."""
+    """Measured figure of every C1 criterion (:class:`~.verdicts.Inconclusive` with the reason
+    where the file has too few prompt lengths for it)."""
     gauss = ds.mse.sel(law="gaussian").mean("seed")
     monotone = (gauss.diff("L") < 0).all("L")
     ratio = (ds.mse.sel(law="gaussian") / ds.mse_asymptotic).isel(L=-1).mean("seed")
     top = ds.U_norm.max()
     bounded = dict(law=["rademacher", "uniform"], U_norm=top)
     mse_end = ds.mse.sel(**bounded).isel(L=-1).mean("seed")
+    no_step = too_few(ds.sizes["L"], 2, "prompt lengths", "a change along L")
     return {
         "C1-quadrature": float(ds.quadrature_error.max()),
-        "C1-slopes": slopes(ds).slope.values.ravel(),
-        "C1-monotone": float(monotone.mean()),
+        "C1-slopes": measure_unless(slope_shortfall(ds), lambda: slopes(ds).slope.values.ravel()),
+        "C1-monotone": measure_unless(no_step, lambda: float(monotone.mean())),
         "C1-sharp-constant": ratio.values.ravel(),
-        "C1-student-t-grows": _growth(ds.mse.sel(law="student_t", U_norm=top).mean("seed")),
-        "C1-sqrtL-grows": _growth(ds.mse_scaled_U.sel(U_norm=top).mean("seed")),
+        "C1-student-t-grows": measure_unless(
+            no_step, lambda: _growth(ds.mse.sel(law="student_t", U_norm=top).mean("seed"))),
+        "C1-sqrtL-grows": measure_unless(no_step, lambda: _growth(ds.mse_scaled_U.sel(U_norm=top).mean("seed"))),
         "C1-plateau": (mse_end / ds.mse_predicted.sel(**bounded).isel(L=-1).mean("seed")).values.ravel(),
     }
 
@@ -59,16 +71,22 @@ def paper_form(ds: xr.Dataset) -> xr.Dataset:
 
 
 def fit_table(ds: xr.Dataset) -> str:
-    """Plain-text table of the slopes with SE and the paper-form fit."""
-    fit = slopes(ds)
-    lines = [f"{'d':>3} {'U_norm':>7} {'slope':>8} {'SE':>7} {'95% CI':>18} {'r2':>7}  mse/asympt(L_max)"]
+    """Plain-text table of the slopes with SE (or why they are not fitted) and the paper-form fit."""
     ratio = (ds.mse.sel(law="gaussian") / ds.mse_asymptotic).isel(L=-1).mean("seed")
-    for d in fit.d.values:
-        for u in fit.U_norm.values:
-            f = fit.sel(d=d, U_norm=u)
-            ci = f"[{float(f.slope_ci_low):.3f}, {float(f.slope_ci_high):.3f}]"
-            lines.append(f"{d:>3} {u:>7.2f} {float(f.slope):>8.3f} {float(f.slope_se):>7.3f} {ci:>18} "
-                         f"{float(f.r2):>7.4f}  {float(ratio.sel(d=d, U_norm=u)):.3f}")
+    reason = slope_shortfall(ds)
+    fit = None if reason else slopes(ds)
+    if fit is None:
+        lines = [f"log-log slopes in L: not fitted, {reason}", f"{'d':>3} {'U_norm':>7}  mse/asympt(L_max)"]
+    else:
+        lines = [f"{'d':>3} {'U_norm':>7} {'slope':>8} {'SE':>7} {'95% CI':>18} {'r2':>7}  mse/asympt(L_max)"]
+    for d in ds.d.values:
+        for u in ds.U_norm.values:
+            cells = f"{d:>3} {u:>7.2f}"
+            if fit is not None:
+                f = fit.sel(d=d, U_norm=u)
+                ci = f"[{float(f.slope_ci_low):.3f}, {float(f.slope_ci_high):.3f}]"
+                cells += f" {float(f.slope):>8.3f} {float(f.slope_se):>7.3f} {ci:>18} {float(f.r2):>7.4f}"
+            lines.append(f"{cells}  {float(ratio.sel(d=d, U_norm=u)):.3f}")
     n_points = ds.Uq_sq.size
     if n_points >= 3:
         pf = paper_form(ds)

@@ -28,6 +28,10 @@ Definitions used here (all figures that depend on the assumed bound constants sa
 * trajectory: ``g`` pooled over trajectory seeds as ``sqrt(mean g^2)`` (``g`` is itself an RMS
   over tasks and replicates); fixed-parameter exponent = slope in L of ``g_L(t = 0)``, uniform
   exponent = slope in L of ``sup_t g_L(t)``, both OLS over all stored L.
+
+With fewer than 3 prompt lengths no slope can be fitted: the slope criteria are INCONCLUSIVE with
+the reason, and the tables and the figure say so and show the rest (likewise the secondary
+upper-half fit when the upper half holds fewer than 3 prompt lengths).
 """
 from __future__ import annotations
 
@@ -35,11 +39,11 @@ import numpy as np
 import xarray as xr
 from statsmodels.stats.proportion import proportion_confint
 
-from .fits import loglog_slope
-from .verdicts import criteria_from_attrs, evaluate
+from .fits import MIN_LINE_POINTS, loglog_slope, not_fitted, too_few
+from .verdicts import criteria_from_attrs, evaluate, measure_unless
 
 __all__ = ["tail_tests", "tail_summary", "clt_ratio", "gradient_slopes", "upper_half_L", "gradient_summary",
-           "trajectory_exponents", "measures", "verdicts", "fit_table", "figure"]
+           "trajectory_exponents", "slope_shortfall", "measures", "verdicts", "fit_table", "figure"]
 
 ALPHA = 0.05
 CLT_MIN_LEVEL = 1e-3
@@ -123,6 +127,13 @@ def gradient_slopes(ds: xr.Dataset, L_min=None) -> xr.Dataset:
     return loglog_slope(gap, "L", test_exponent=-1.0)
 
 
+def slope_shortfall(ds: xr.Dataset, L_min=None) -> str | None:
+    """Why slopes in L (over the stored L >= ``L_min``) cannot be fitted, or None."""
+    n = ds.sizes["L"] if L_min is None else int((ds.L >= L_min).sum())
+    return too_few(n, MIN_LINE_POINTS, "prompt lengths" + ("" if L_min is None else f" >= {L_min}"),
+                   "a log-log slope")
+
+
 def upper_half_L(ds: xr.Dataset) -> int:
     """Smallest L of the upper half of the stored prompt lengths (secondary fits)."""
     return int(ds.L.values[len(ds.L) // 2])
@@ -186,18 +197,20 @@ def trajectory_exponents(ds: xr.Dataset) -> xr.Dataset:
 
 
 def measures(ds: xr.Dataset) -> dict:
-    """Measured figure of every C2 criterion."""
+    """Measured figure of every C2 criterion (:class:`~.verdicts.Inconclusive` with the reason for
+    the slopes when the file has fewer than 3 prompt lengths)."""
     ts = tail_summary(ds)
     ratio = clt_ratio(ds).ratio.sel(level=ds.level[ds.level >= CLT_MIN_LEVEL * (1 - 1e-9)])
     gs = gradient_summary(ds)
-    tr = trajectory_exponents(ds)
+    no_slope = slope_shortfall(ds)
+    tr = None if no_slope else trajectory_exponents(ds)
     return {
         "C2-tail-violations": ts["n_violations"],
         "C2-tail-clt": ratio.values.ravel(),
         "C2-grad-violations": int(gs.violated.sum()),
-        "C2-grad-slopes": gradient_slopes(ds).slope.values.ravel(),
-        "C2-traj-fixed": tr.fixed.values.ravel(),
-        "C2-traj-uniform": tr.uniform.values.ravel(),
+        "C2-grad-slopes": measure_unless(no_slope, lambda: gradient_slopes(ds).slope.values.ravel()),
+        "C2-traj-fixed": measure_unless(no_slope, lambda: tr.fixed.values.ravel()),
+        "C2-traj-uniform": measure_unless(no_slope, lambda: tr.uniform.values.ravel()),
     }
 
 
@@ -251,10 +264,25 @@ def _tail_table(ds: xr.Dataset) -> str:
     return "\n".join(lines)
 
 
+def _slope_cells(f, ci: bool) -> str:
+    """``slope SE`` (and, with ``ci``, the 95% CI) of one fitted cell, or n/a when ``f`` is None."""
+    if f is None:
+        return f"{'n/a':>7} {'':>6} {'':>17}" if ci else f"{'n/a':>6} {'':>5}"
+    if ci:
+        ci = f"[{float(f.slope_ci_low):.3f}, {float(f.slope_ci_high):.3f}]"
+        return f"{float(f.slope):>7.3f} {float(f.slope_se):>6.3f} {ci:>17}"
+    return f"{float(f.slope):>6.3f} {float(f.slope_se):>5.3f}"
+
+
+def _in_band(slopes) -> str:
+    return f"{slopes.min():.3f} .. {slopes.max():.3f}, {np.sum((slopes >= -1.15) & (slopes <= -0.85))}/{slopes.size}"
+
+
 def _gradient_table(ds: xr.Dataset) -> str:
-    fit = gradient_slopes(ds)
     L_hi = upper_half_L(ds)
-    fit_hi = gradient_slopes(ds, L_min=L_hi)
+    no_fit, no_hi = slope_shortfall(ds), slope_shortfall(ds, L_min=L_hi)
+    fit = None if no_fit else gradient_slopes(ds)
+    fit_hi = None if no_hi else gradient_slopes(ds, L_min=L_hi)
     gs = gradient_summary(ds)
     lines = ["(b) gradient gap E||grad R_L - grad R_inf||^2 at fixed parameters (seed mean): slope in L over every L "
              f"(the criterion) and, secondary, over L >= {L_hi} ('hi'); bound with the ASSUMED constant grad_c",
@@ -263,27 +291,27 @@ def _gradient_table(ds: xr.Dataset) -> str:
              f"    {'d':>3} {'U_norm':>6} {'setting':>11} {'scale':>5} {'slope':>7} {'SE':>6} {'95% CI':>17} "
              f"{'hi':>6} {'SE':>5} {'viol':>4} {'vac':>3} {'loose':>7} {'bnd/g2':>7} {'gap/g2':>8} "
              f"{'K paper':>8} {'K sharp':>7} {'max aGa':>7}"]
-    for d in fit.d.values:
-        for u in fit.U_norm.values:
-            for s in fit.setting.values:
-                for c in fit.scale.values:
+    for d in ds.d.values:
+        for u in ds.U_norm.values:
+            for s in ds.setting.values:
+                for c in ds.scale.values:
                     at = dict(d=d, U_norm=u, setting=s, scale=c)
-                    f, h, g = fit.sel(**at), fit_hi.sel(**at), gs.sel(**at)
-                    ci = f"[{float(f.slope_ci_low):.3f}, {float(f.slope_ci_high):.3f}]"
+                    g = gs.sel(**at)
+                    f = None if fit is None else fit.sel(**at)
+                    h = None if fit_hi is None else fit_hi.sel(**at)
                     K = float(_log_mean(ds.grad_log_K.sel(**at), "seed")) / np.log(10)
                     Ks = float(np.exp(_log_mean(ds.grad_log_K_sharp.sel(**at), "seed")))
                     lines.append(
-                        f"    {d:>3} {u:>6.2f} {s:>11} {c:>5g} {float(f.slope):>7.3f} {float(f.slope_se):>6.3f} "
-                        f"{ci:>17} {float(h.slope):>6.3f} {float(h.slope_se):>5.3f} {int(g.violated):>4} "
+                        f"    {d:>3} {u:>6.2f} {s:>11} {c:>5g} {_slope_cells(f, True)} {_slope_cells(h, False)} "
+                        f"{int(g.violated):>4} "
                         f"{int(g.vacuous):>3} {'1e%.1f' % float(g.log10_looseness_median):>7} "
                         f"{'1e%.1f' % float(g.log10_bound_over_grad_sq):>7} {float(g.gap_over_grad_sq):>8.2g} "
                         f"{'1e%.1f' % K:>8} {Ks:>7.3g} {float(ds.grad_max_quad.sel(**at).max()):>7.2f}")
-    slopes, hi = fit.slope.values.ravel(), fit_hi.slope.values.ravel()
     loose10 = ((ds.grad_log_bound - np.log(ds.grad_gap_sq)) / np.log(10.0)).values.ravel()
     med = np.median(loose10)
-    lines += [f"    slopes {slopes.min():.3f} .. {slopes.max():.3f}, "
-              f"{np.sum((slopes >= -1.15) & (slopes <= -0.85))}/{slopes.size} in [-1.15, -0.85] (secondary, "
-              f"L >= {L_hi}: {hi.min():.3f} .. {hi.max():.3f}, {np.sum((hi >= -1.15) & (hi <= -0.85))}/{hi.size})",
+    main = f"not fitted, {no_fit}" if fit is None else f"{_in_band(fit.slope.values.ravel())} in [-1.15, -0.85]"
+    hi = f"not fitted, {no_hi}" if fit_hi is None else _in_band(fit_hi.slope.values.ravel())
+    lines += [f"    slopes {main} (secondary, L >= {L_hi}: {hi})",
               f"    {int(gs.violated.sum())}/{gs.violated.size} cells violated, "
               f"{int(gs.vacuous.sum())}/{gs.vacuous.size} vacuous; looseness (depends on grad_c) median 10^{med:.2f} = {10 ** med:.3g}x, "
               f"range 10^{loose10.min():.2f} .. 10^{loose10.max():.2f}"]
@@ -291,21 +319,25 @@ def _gradient_table(ds: xr.Dataset) -> str:
 
 
 def _trajectory_table(ds: xr.Dataset) -> str:
-    tr = trajectory_exponents(ds)
-    lines = ["(c) gradient gap g_L(t) along the infinite-prompt trajectory (seed-pooled), slopes in L",
-             f"    {'setting':>11} {'tr(S^-2)':>8} {'fixed':>7} {'SE':>6} {'uniform':>8} {'SE':>6} "
-             f"{'incr.':>5}  per seed (fixed / uniform)"]
-    for s in tr.setting.values:
-        r = tr.sel(setting=s)
-        per = ", ".join(f"{float(a):.3f} / {float(b):.3f}" for a, b in zip(r.fixed_seed.values, r.uniform_seed.values))
-        lines.append(f"    {s:>11} {float(ds.traj_trace_inv_sq.sel(setting=s)):>8.3g} {float(r.fixed):>7.3f} "
-                     f"{float(r.fixed_se):>6.3f} {float(r.uniform):>8.3f} {float(r.uniform_se):>6.3f} "
-                     f"{int(r.uniform_increases):>5}  {per}")
-    lines.append("    risk-gradient gap g_risk (part (b)'s definition): " + "; ".join(
-        f"{s}: fixed {float(tr.fixed_risk.sel(setting=s)):.3f}, uniform {float(tr.uniform_risk.sel(setting=s)):.3f}"
-        for s in tr.setting.values))
-    lines.append("    argmax_t of g_L(t) by L: " + "; ".join(
-        f"{s}: " + " ".join(str(int(x)) for x in tr.argmax_t.sel(setting=s).values) for s in tr.setting.values))
+    lines = ["(c) gradient gap g_L(t) along the infinite-prompt trajectory (seed-pooled), slopes in L"]
+    no_slope = slope_shortfall(ds)
+    if no_slope:
+        lines.append(f"    slopes not fitted, {no_slope}")
+    else:
+        tr = trajectory_exponents(ds)
+        lines.append(f"    {'setting':>11} {'tr(S^-2)':>8} {'fixed':>7} {'SE':>6} {'uniform':>8} {'SE':>6} "
+                     f"{'incr.':>5}  per seed (fixed / uniform)")
+        for s in tr.setting.values:
+            r = tr.sel(setting=s)
+            per = ", ".join(f"{float(a):.3f} / {float(b):.3f}" for a, b in zip(r.fixed_seed.values, r.uniform_seed.values))
+            lines.append(f"    {s:>11} {float(ds.traj_trace_inv_sq.sel(setting=s)):>8.3g} {float(r.fixed):>7.3f} "
+                         f"{float(r.fixed_se):>6.3f} {float(r.uniform):>8.3f} {float(r.uniform_se):>6.3f} "
+                         f"{int(r.uniform_increases):>5}  {per}")
+        lines.append("    risk-gradient gap g_risk (part (b)'s definition): " + "; ".join(
+            f"{s}: fixed {float(tr.fixed_risk.sel(setting=s)):.3f}, uniform {float(tr.uniform_risk.sel(setting=s)):.3f}"
+            for s in tr.setting.values))
+        lines.append("    argmax_t of g_L(t) by L: " + "; ".join(
+            f"{s}: " + " ".join(str(int(x)) for x in tr.argmax_t.sel(setting=s).values) for s in tr.setting.values))
     jump = ds.traj_risk_inf.diff("t").max("t")
     lines.append("    linear(inf) training: largest risk increase between checkpoints / final distance to theta*, "
                  "per seed: " + "; ".join(
@@ -353,15 +385,19 @@ def figure(ds: xr.Dataset, path):
                title=f"tails at L = {int(ds.L.values[iL])}, |U| = {top:g} (pooled seeds, queries)")
         ax.legend(fontsize=6)
     ax = axes[0, 2]
-    fit = gradient_slopes(ds)
-    slopes = fit.slope.stack(cell=("d", "U_norm", "setting", "scale"))
-    se = fit.slope_se.stack(cell=("d", "U_norm", "setting", "scale"))
-    ax.errorbar(np.arange(slopes.size), slopes.values, yerr=1.96 * se.values, fmt="o", ms=3)
-    ax.axhspan(-1.15, -0.85, color="g", alpha=0.1, label="criterion [-1.15, -0.85]")
-    ax.axhline(-1, color="k", lw=0.8)
+    no_slope = slope_shortfall(ds)
+    if no_slope:
+        not_fitted(ax, no_slope)
+    else:
+        fit = gradient_slopes(ds)
+        slopes = fit.slope.stack(cell=("d", "U_norm", "setting", "scale"))
+        se = fit.slope_se.stack(cell=("d", "U_norm", "setting", "scale"))
+        ax.errorbar(np.arange(slopes.size), slopes.values, yerr=1.96 * se.values, fmt="o", ms=3)
+        ax.axhspan(-1.15, -0.85, color="g", alpha=0.1, label="criterion [-1.15, -0.85]")
+        ax.axhline(-1, color="k", lw=0.8)
+        ax.legend(fontsize=7)
     ax.set(xlabel="cell (d, U_norm, setting, scale), row-major", ylabel="slope of E||grad gap||^2 in L",
            title="gradient slopes (95% CI)")
-    ax.legend(fontsize=7)
     ax = axes[1, 0]
     gap = ds.grad_gap_sq.mean("seed")
     bnd = np.exp(_log_mean(ds.grad_log_bound, "seed").clip(max=700.0))
@@ -391,12 +427,16 @@ def figure(ds: xr.Dataset, path):
     ax.set(xlabel="training step t", ylabel="g_L(t)", title="g_L(t) along theta_inf(t): iso (solid), aniso (dashed)")
     ax.legend(fontsize=6, ncol=2)
     ax = axes[1, 2]
-    tr = trajectory_exponents(ds)
+    tr = None if no_slope else trajectory_exponents(ds)
+
+    def slope(name, s):
+        return "" if tr is None else f", slope {float(tr[name].sel(setting=s)):.3f}"
+
     for s, m in zip(ds.setting.values, ["o", "s"]):
-        ax.loglog(L, pooled.sel(setting=s).isel(t=0), "-" + m, ms=4,
-                  label=f"{s}: g_L(0), slope {float(tr.fixed.sel(setting=s)):.3f}")
-        ax.loglog(L, pooled.sel(setting=s).max("t"), "--" + m, ms=4,
-                  label=f"{s}: sup_t g_L(t), slope {float(tr.uniform.sel(setting=s)):.3f}")
+        ax.loglog(L, pooled.sel(setting=s).isel(t=0), "-" + m, ms=4, label=f"{s}: g_L(0){slope('fixed', s)}")
+        ax.loglog(L, pooled.sel(setting=s).max("t"), "--" + m, ms=4, label=f"{s}: sup_t g_L(t){slope('uniform', s)}")
+    if no_slope:
+        ax.text(0.02, 0.02, f"slopes not fitted: {no_slope}", transform=ax.transAxes, fontsize=7)
     ax.loglog(L, float(pooled.isel(t=0).max()) * (L / L[0]) ** -0.5, "k:", lw=0.8, label="L^-1/2")
     ax.set(xlabel="prompt length L", ylabel="gradient gap", title="fixed-parameter vs uniform-in-time gap")
     ax.legend(fontsize=6)

@@ -26,6 +26,10 @@ The OLS SE of a slope measures the scatter about the log-log line only; the betw
 end of the trimmed grid, the data do not locate a break and the two break criteria are reported
 INCONCLUSIVE (:func:`inconclusive`), whatever the point estimate.
 
+A fit that cannot be done at all makes its criteria INCONCLUSIVE with the reason, and the tables
+and the figure say so and show the rest: the exponents need >= 3 prompt lengths, the threshold
+regression >= 6 tau values, the rank correlation >= 3.
+
 Why no sharp break is expected at these L (and none is found in the paper run): the kink at
 tau = 4 of the heuristic below is an L -> infinity statement; just above 4 the constant
 ``(1 - 2 tau^{-1/2})^{-d/2}`` is huge, so L <= 4096 is far from its asymptotic regime there and
@@ -46,12 +50,12 @@ import math
 import numpy as np
 import xarray as xr
 
-from .fits import loglog_slope
-from .threshold import threshold_regression
-from .verdicts import criteria_from_attrs, evaluate
+from .fits import MIN_LINE_POINTS, loglog_slope, not_fitted, too_few
+from .threshold import MIN_HINGE_POINTS, threshold_regression
+from .verdicts import criteria_from_attrs, evaluate, measure_unless
 
-__all__ = ["exponents", "threshold", "measures", "verdicts", "inconclusive", "fit_table", "figure", "heuristic_exponent",
-           "spearman", "X_CHOICES"]
+__all__ = ["exponents", "threshold", "shortfalls", "measures", "verdicts", "inconclusive", "fit_table", "figure",
+           "heuristic_exponent", "spearman", "X_CHOICES"]
 
 X_CHOICES = ("tau", "log_tau")
 TAU_STAR = 4.0
@@ -160,19 +164,43 @@ def threshold(ds: xr.Dataset, x: str = "auto", ex: xr.Dataset | None = None, se:
     return out
 
 
+def shortfalls(ds: xr.Dataset) -> dict:
+    """Why each fit cannot be done (None when it can): ``exponents`` (slopes in L: >= 3 prompt
+    lengths), ``threshold`` (the hinge regression: those exponents at >= 6 tau values), ``trend``
+    (the rank correlation: >= 3 tau values)."""
+    n_tau = ds.sizes["tau"]
+    no_ex = too_few(ds.sizes["L"], MIN_LINE_POINTS, "prompt lengths", "a log-log slope")
+    return {"exponents": no_ex,
+            "threshold": no_ex or too_few(n_tau, MIN_HINGE_POINTS, "tau values", "the threshold regression"),
+            "trend": no_ex or too_few(n_tau, 3, "tau values", "a rank correlation")}
+
+
+def _fits(ds: xr.Dataset):
+    """``(shortfalls, exponents or None, threshold or None)``: each fit done once, when it can be."""
+    why = shortfalls(ds)
+    ex = None if why["exponents"] else exponents(ds)
+    th = None if why["threshold"] else threshold(ds, ex=ex)
+    return why, ex, th
+
+
 def measures(ds: xr.Dataset) -> dict:
-    """Measured figure of every C2 threshold criterion."""
-    ex = exponents(ds)
-    th = threshold(ds, ex=ex)
-    u, f = ex.uniform.values, ex.fixed.values
+    """Measured figure of every C2 threshold criterion (:class:`~.verdicts.Inconclusive` with the
+    reason where its fit cannot be done)."""
+    return _measures(*_fits(ds))
+
+
+def _measures(why: dict, ex, th) -> dict:
+    no_ex, no_th = why["exponents"], why["threshold"]
+    if ex is not None:
+        u, f = ex.uniform.values, ex.fixed.values
     return {
-        "C2T-fixed-exponent": f,
-        "C2T-uniform-low-tau": float(u[0]),
-        "C2T-uniform-high-tau": float(u[-1]),
-        "C2T-uniform-trend": spearman(ex.tau.values, u),
-        "C2T-separation-low-tau": float(u[0] - f[0]),
-        "C2T-break-location": th["break_tau"],
-        "C2T-break-covers-4": 1.0 if th["covers_4"] else 0.0,
+        "C2T-fixed-exponent": measure_unless(no_ex, lambda: f),
+        "C2T-uniform-low-tau": measure_unless(no_ex, lambda: float(u[0])),
+        "C2T-uniform-high-tau": measure_unless(no_ex, lambda: float(u[-1])),
+        "C2T-uniform-trend": measure_unless(why["trend"], lambda: spearman(ex.tau.values, u)),
+        "C2T-separation-low-tau": measure_unless(no_ex, lambda: float(u[0] - f[0])),
+        "C2T-break-location": measure_unless(no_th, lambda: th["break_tau"]),
+        "C2T-break-covers-4": measure_unless(no_th, lambda: 1.0 if th["covers_4"] else 0.0),
     }
 
 
@@ -182,8 +210,12 @@ BREAK_CRITERIA = ("C2T-break-location", "C2T-break-covers-4")
 def inconclusive(ds: xr.Dataset, th: dict | None = None) -> dict:
     """Criteria to report INCONCLUSIVE whatever their value: the two break criteria when the 95%
     confidence set of the break reaches an end of the trimmed breakpoint grid (then the data do
-    not locate a break: "covers 4" would be vacuous and the point estimate is not identified)."""
-    th = threshold(ds) if th is None else th
+    not locate a break: "covers 4" would be vacuous and the point estimate is not identified).
+    Empty when the threshold regression cannot be done at all (:func:`measures` gives the reason)."""
+    if th is None:
+        if shortfalls(ds)["threshold"]:
+            return {}
+        th = threshold(ds)
     if not th["ci_truncated"]:
         return {}
     lo, hi = th["ci_tau"]
@@ -195,9 +227,11 @@ def inconclusive(ds: xr.Dataset, th: dict | None = None) -> dict:
 def verdicts(ds: xr.Dataset):
     """PASS / FAIL / INCONCLUSIVE rows of the predeclared criteria (break criteria flagged by
     :func:`inconclusive`)."""
-    ids = {c.id for c in criteria_from_attrs(ds)}
-    flags = {k: v for k, v in inconclusive(ds).items() if k in ids}
-    return evaluate(criteria_from_attrs(ds), measures(ds), inconclusive=flags)
+    criteria = criteria_from_attrs(ds)
+    why, ex, th = _fits(ds)
+    ids = {c.id for c in criteria}
+    flags = {k: v for k, v in inconclusive(ds, th).items() if k in ids}
+    return evaluate(criteria, _measures(why, ex, th), inconclusive=flags)
 
 
 def _threshold_line(th, primary, what=""):
@@ -216,32 +250,47 @@ def _threshold_line(th, primary, what=""):
 
 def fit_table(ds: xr.Dataset) -> str:
     """Plain-text table: per tau the exponents with SE, their seed spread, the heuristic, and the
-    threshold regression (chosen coordinate and the other one)."""
-    ex = exponents(ds)
+    threshold regression (chosen coordinate and the other one); a fit that cannot be done is
+    named with the reason."""
+    why, ex, th = _fits(ds)
     cc = ds.concentration_constant.isel(seed=0).values
-    lines = [f"{'tau':>7} {'s':>6} {'C(tau)':>8} {'fixed':>8} {'SE':>6} {'sd_seed':>7} {'uniform':>8} {'SE':>6} "
-             f"{'sd_seed':>7} {'heur.':>7} {'unif(R)':>8} {'argmax t':>8}"]
     s = ds.s.isel(seed=0).values
-    for i, tau in enumerate(ex.tau.values):
-        e = ex.isel(tau=i)
+    heur = heuristic_exponent(ds.tau.values)
+    if ex is None:
+        lines = [f"exponents in L: not fitted, {why['exponents']}", f"{'tau':>7} {'s':>6} {'C(tau)':>8} {'heur.':>7}"]
+    else:
+        lines = [f"{'tau':>7} {'s':>6} {'C(tau)':>8} {'fixed':>8} {'SE':>6} {'sd_seed':>7} {'uniform':>8} {'SE':>6} "
+                 f"{'sd_seed':>7} {'heur.':>7} {'unif(R)':>8} {'argmax t':>8}"]
+    for i, tau in enumerate(ds.tau.values):
         c = "inf" if not np.isfinite(cc[i]) else f"{cc[i]:.3g}"
+        if ex is None:
+            lines.append(f"{tau:>7.3f} {s[i]:>6.3f} {c:>8} {heur[i]:+7.3f}")
+            continue
+        e = ex.isel(tau=i)
         ur = f"{float(e.uniform_risk):+8.3f}" if "uniform_risk" in ex else f"{'':>8}"
         lines.append(f"{tau:>7.3f} {s[i]:>6.3f} {c:>8} {float(e.fixed):+8.3f} {float(e.fixed_se):>6.3f} "
                      f"{float(e.fixed_seed_sd):>7.3f} {float(e.uniform):+8.3f} {float(e.uniform_se):>6.3f} "
                      f"{float(e.uniform_seed_sd):>7.3f} {float(e.heuristic):+7.3f} {ur} {int(e.argmax_t):>8d}")
-    lines.append("fixed: slope in L of the seed-mean gap at t = 0; uniform: of the seed-mean sup_t gap; SE: OLS; "
-                 "sd_seed: SD over seeds of per-seed slopes; heur.: -min(sqrt(tau)/4, 1/2); unif(R): uniform "
-                 "exponent of the training-risk gap g_risk; argmax t: checkpoint of the sup at the largest L")
-    th = threshold(ds, ex=ex)
-    lines.append(_threshold_line(th, True, ", chosen: smaller weighted SSR; weights 1/SE_OLS^2"))
-    if th["alternative"] is not None:
-        lines.append(_threshold_line(th["alternative"], False, ", weights 1/SE_OLS^2"))
-    if ds.sizes["seed"] > 1:
-        ths = threshold(ds, ex=ex, se="seed")
-        lines.append(_threshold_line(ths, False, ", smaller weighted SSR; y = mean per-seed slope, weights 1/SE_seed^2"))
-        if ths["alternative"] is not None:
-            lines.append(_threshold_line(ths["alternative"], False, ", y = mean per-seed slope, weights 1/SE_seed^2"))
-    lines.append(f"Spearman(tau, uniform) = {spearman(ex.tau.values, ex.uniform.values):+.3f}")
+    if ex is not None:
+        lines.append("fixed: slope in L of the seed-mean gap at t = 0; uniform: of the seed-mean sup_t gap; SE: OLS; "
+                     "sd_seed: SD over seeds of per-seed slopes; heur.: -min(sqrt(tau)/4, 1/2); unif(R): uniform "
+                     "exponent of the training-risk gap g_risk; argmax t: checkpoint of the sup at the largest L")
+    if th is None:
+        lines.append(f"threshold regression: not fitted, {why['threshold']}")
+    else:
+        lines.append(_threshold_line(th, True, ", chosen: smaller weighted SSR; weights 1/SE_OLS^2"))
+        if th["alternative"] is not None:
+            lines.append(_threshold_line(th["alternative"], False, ", weights 1/SE_OLS^2"))
+        if ds.sizes["seed"] > 1:
+            ths = threshold(ds, ex=ex, se="seed")
+            lines.append(_threshold_line(ths, False, ", smaller weighted SSR; y = mean per-seed slope, "
+                                                     "weights 1/SE_seed^2"))
+            if ths["alternative"] is not None:
+                lines.append(_threshold_line(ths["alternative"], False, ", y = mean per-seed slope, weights 1/SE_seed^2"))
+    if why["trend"]:
+        lines.append(f"Spearman(tau, uniform): not computed, {why['trend']}")
+    else:
+        lines.append(f"Spearman(tau, uniform) = {spearman(ex.tau.values, ex.uniform.values):+.3f}")
     return "\n".join(lines)
 
 
@@ -254,24 +303,30 @@ def figure(ds: xr.Dataset, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ex = exponents(ds)
-    th = threshold(ds, ex=ex)
-    tau = ex.tau.values
+    why, ex, th = _fits(ds)
+    tau = ds.tau.values
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     ax = axes[0]
-    ax.errorbar(tau, ex.fixed, yerr=ex.fixed_se, fmt="s", ms=4, capsize=2, color="tab:blue",
-                label="fixed parameters (t = 0)")
-    ax.errorbar(tau, ex.uniform, yerr=ex.uniform_se, fmt="o", ms=4, capsize=2, color="tab:red",
-                label="uniform (sup over t)")
-    f = th["fit"]
+    if ex is None:
+        not_fitted(ax, why["exponents"])
+    else:
+        ax.errorbar(tau, ex.fixed, yerr=ex.fixed_se, fmt="s", ms=4, capsize=2, color="tab:blue",
+                    label="fixed parameters (t = 0)")
+        ax.errorbar(tau, ex.uniform, yerr=ex.uniform_se, fmt="o", ms=4, capsize=2, color="tab:red",
+                    label="uniform (sup over t)")
     xs = np.geomspace(tau.min(), tau.max(), 200)
-    xv = xs if th["x"] == "tau" else np.log(xs)
-    ax.plot(xs, f.b0 + f.b1 * xv + f.b2 * np.maximum(0.0, xv - f.c_hat), "r-", lw=1,
-            label=f"hinge in {th['x'].replace('_', ' ')}: break {th['break_tau']:.2f} "
-                  f"[{th['ci_tau'][0]:.2f}, {th['ci_tau'][1]:.2f}]")
+    if th is not None:
+        f = th["fit"]
+        xv = xs if th["x"] == "tau" else np.log(xs)
+        ax.plot(xs, f.b0 + f.b1 * xv + f.b2 * np.maximum(0.0, xv - f.c_hat), "r-", lw=1,
+                label=f"hinge in {th['x'].replace('_', ' ')}: break {th['break_tau']:.2f} "
+                      f"[{th['ci_tau'][0]:.2f}, {th['ci_tau'][1]:.2f}]")
+        ax.axvspan(*th["ci_tau"], color="r", alpha=0.08)
+    elif ex is not None:
+        ax.text(0.02, 0.02, f"threshold regression not fitted: {why['threshold']}", transform=ax.transAxes,
+                fontsize=7)
     ax.plot(xs, heuristic_exponent(xs), "k:", lw=1, label=r"heuristic $-\min(\sqrt{\tau}/4, 1/2)$")
     ax.axvline(TAU_STAR, color="gray", ls="--", lw=1, label=r"$\tau = 4$")
-    ax.axvspan(*th["ci_tau"], color="r", alpha=0.08)
     ax.set_xscale("log")
     ax.set(xlabel=r"$\tau = \mathrm{tr}(\Sigma^{-2})$", ylabel="log-log slope in L of the gradient gap",
            title="C2 threshold: exponents of the gradient gap")

@@ -18,6 +18,12 @@ Summaries (softmax model unless said otherwise), per setting, seed means:
 
 Slopes are OLS log-log slopes in ``L`` with SEs (:func:`fits.loglog_slope`); "increases" counts
 the ``L`` steps at which a seed-mean curve goes up.
+
+A criterion whose figure this file cannot give is INCONCLUSIVE with the reason: slopes and counts
+of increases need >= 3 prompt lengths (with 2 there is one step, and "<= 1 increase" cannot fail),
+ratios of L_max to L_min need 2, the control's plateau slope (over the last four) needs 4; the
+Gaussian criteria need a Gaussian setting, the control's the control, the softmax / linear gap an
+L >= 1024. The tables show the rest.
 """
 from __future__ import annotations
 
@@ -26,11 +32,11 @@ import json
 import numpy as np
 import xarray as xr
 
-from .fits import loglog_slope
-from .verdicts import criteria_from_attrs, evaluate
+from .fits import MIN_LINE_POINTS, loglog_slope, too_few
+from .verdicts import criteria_from_attrs, evaluate, measure_unless
 
-__all__ = ["CONTROL", "gaussian_settings", "summaries", "slopes", "increases", "measures", "verdicts",
-           "fit_table", "figure", "perturbation_growth"]
+__all__ = ["CONTROL", "gaussian_settings", "summaries", "slopes", "slope_shortfall", "increases", "measures",
+           "verdicts", "fit_table", "figure", "perturbation_growth"]
 
 CONTROL = "rademacher"
 
@@ -107,39 +113,56 @@ def _values(da, settings):
     return [float(da.sel(setting=s)) for s in settings]
 
 
+def slope_shortfall(ds: xr.Dataset) -> str | None:
+    """Why slopes in L cannot be fitted (fewer than 3 prompt lengths), or None."""
+    return too_few(ds.sizes["L"], MIN_LINE_POINTS, "prompt lengths", "a log-log slope")
+
+
+def _first(*reasons):
+    """The first reason given (not None), or None."""
+    return next((r for r in reasons if r), None)
+
+
 def measures(ds: xr.Dataset) -> dict:
-    """Measured figure of every C3 criterion (None when its data are absent)."""
+    """Measured figure of every C3 criterion (:class:`~.verdicts.Inconclusive` with the reason when
+    this file cannot give it, see the module doc)."""
     gs = gaussian_settings(ds)
     s = _seed_mean(summaries(ds))
     L = ds.L.values
-    sl = slopes(ds) if gs or CONTROL in ds.setting.values else None
+    no_gauss = None if gs else "no Gaussian setting in this file"
+    no_control = None if CONTROL in ds.setting.values else f"no {CONTROL} control in this file"
+    no_count = too_few(L.size, 3, "prompt lengths", "a count of increases along L")
+    no_ratio = too_few(L.size, 2, "prompt lengths", "a ratio of L_max to L_min")
+    no_big = None if (L >= 1024).any() else f"no prompt length >= 1024 in this file (largest {int(L.max())})"
     norm_T = _seed_mean(_protocol(ds, ds.norm_inf.isel(t=-1)))
     h = _seed_mean(_protocol(ds, ds.risk_heldout.sel(model="softmax")))
-    out = {
-        "C3a-monotone": _values(increases(s.D_inf), gs),
-        "C3a-slope": _values(sl.slope.sel(quantity="D_inf"), gs) if gs else [],
-        "C3a-final": _values(s.D_inf.isel(L=-1) / norm_T, gs),
-        "C3b-monotone": _values(increases(s.risk_heldout), gs),
-        "C3b-final": _values(h.isel(L=-1, t_heldout=-1) / h.isel(L=-1, t_heldout=0), gs),
-        "C3c": _values(s.dist_bayes.isel(L=-1) / s.dist_bayes.isel(L=0), gs),
-        "C3d-inf": _values(_protocol(ds, ds.off_block_inf).max(["seed", "t"]), gs),
-        "C3d-softmax": _values(_protocol(ds, ds.off_block.sel(model="softmax").isel(L=-1)).max(["seed", "t"]), gs),
-        "C3-inf-risk": _values(_protocol(ds, ds.risk_inf.isel(t=-1)).max("seed"), gs),
-        "C3-inf-bayes": _values(_protocol(ds, ds.dist_bayes_inf.isel(t=-1)).max("seed"), gs),
+
+    def per_setting(reason, compute):
+        """``compute()`` at every Gaussian setting, unless ``reason`` (or no Gaussian setting) stops it."""
+        return measure_unless(_first(no_gauss, reason), lambda: _values(compute(), gs))
+
+    def control(reason, compute):
+        """``compute(D(L))`` of the control, unless ``reason`` (or no control) stops it."""
+        return measure_unless(_first(no_control, reason), lambda: float(compute(s.D_inf.sel(setting=CONTROL))))
+
+    return {
+        "C3a-monotone": per_setting(no_count, lambda: increases(s.D_inf)),
+        "C3a-slope": per_setting(slope_shortfall(ds), lambda: slopes(ds).slope.sel(quantity="D_inf")),
+        "C3a-final": per_setting(None, lambda: s.D_inf.isel(L=-1) / norm_T),
+        "C3b-monotone": per_setting(no_count, lambda: increases(s.risk_heldout)),
+        "C3b-final": per_setting(None, lambda: h.isel(L=-1, t_heldout=-1) / h.isel(L=-1, t_heldout=0)),
+        "C3c": per_setting(no_ratio, lambda: s.dist_bayes.isel(L=-1) / s.dist_bayes.isel(L=0)),
+        "C3d-inf": per_setting(None, lambda: _protocol(ds, ds.off_block_inf).max(["seed", "t"])),
+        "C3d-softmax": per_setting(
+            None, lambda: _protocol(ds, ds.off_block.sel(model="softmax").isel(L=-1)).max(["seed", "t"])),
+        "C3-inf-risk": per_setting(None, lambda: _protocol(ds, ds.risk_inf.isel(t=-1)).max("seed")),
+        "C3-inf-bayes": per_setting(None, lambda: _protocol(ds, ds.dist_bayes_inf.isel(t=-1)).max("seed")),
+        "C3-linL-gap": measure_unless(_first(no_gauss, no_big), lambda: abs(s.D_linL / s.D_inf - 1).sel(
+            setting=gs).isel(L=np.flatnonzero(L >= 1024)).values.ravel()),
+        "C3e-drop": control(no_ratio, lambda D: D.isel(L=0) / D.isel(L=-1)),
+        "C3e-plateau": control(too_few(L.size, 4, "prompt lengths", "the slope over the last four"),
+                               lambda D: loglog_slope(D.isel(L=slice(-4, None)), "L").slope),
     }
-    big = L >= 1024
-    if big.any():
-        gap = abs(s.D_linL / s.D_inf - 1).isel(L=np.flatnonzero(big))
-        out["C3-linL-gap"] = gap.sel(setting=gs).values.ravel() if gs else []
-    else:
-        out["C3-linL-gap"] = None
-    if CONTROL in ds.setting.values and L.size >= 3:
-        D = s.D_inf.sel(setting=CONTROL)
-        out["C3e-drop"] = float(D.isel(L=0) / D.isel(L=-1))
-        out["C3e-plateau"] = float(loglog_slope(D.isel(L=slice(-4, None)), "L").slope)
-    else:
-        out["C3e-drop"] = out["C3e-plateau"] = None
-    return out
 
 
 def verdicts(ds: xr.Dataset):
@@ -158,27 +181,33 @@ def fit_table(ds: xr.Dataset) -> str:
     """Plain-text tables: slopes with SE and monotonicity per setting; values at L_max; theta_inf;
     off-block and the perturbation diagnostic; the Rademacher plateau; baselines."""
     s = _seed_mean(summaries(ds))
-    sl = slopes(ds)
+    no_slope = slope_shortfall(ds)
+    sl = None if no_slope else slopes(ds)
     settings = [str(x) for x in ds.setting.values]
     L = ds.L.values
     Lmin, Lmax = int(L[0]), int(L[-1])
-    lines = [f"C3 slopes in L (OLS on seed means, L = {Lmin}..{Lmax}; SE, 95% CI; increases along L)",
+    lines = [f"C3 slopes in L (OLS on seed means, L = {Lmin}..{Lmax}; SE, 95% CI; increases along L)"
+             + (f": not fitted, {no_slope}" if no_slope else ""),
              f"{'setting':<12} {'quantity':<40} {'slope':>8} {'SE':>7} {'95% CI':>18} {'incr':>4} "
              f"{'at L_min':>10} {'at L_max':>10}  SPEC slope"]
     for st in settings:
         for q, label in _LABELS.items():
-            f = sl.sel(quantity=q, setting=st)
-            ci = f"[{float(f.slope_ci_low):.3f}, {float(f.slope_ci_high):.3f}]"
+            if sl is None:
+                fitted = f"{'n/a':>8} {'':>7} {'':>18}"
+            else:
+                f = sl.sel(quantity=q, setting=st)
+                ci = f"[{float(f.slope_ci_low):.3f}, {float(f.slope_ci_high):.3f}]"
+                fitted = f"{float(f.slope):>8.3f} {float(f.slope_se):>7.3f} {ci:>18}"
             y = s[q].sel(setting=st)
             ref = _SPEC_SLOPES.get(q, {}).get(st)
-            lines.append(f"{st:<12} {label:<40} {float(f.slope):>8.3f} {float(f.slope_se):>7.3f} {ci:>18} "
+            lines.append(f"{st:<12} {label:<40} {fitted} "
                          f"{int(increases(y)):>4} {_fmt(y.isel(L=0)):>10} {_fmt(y.isel(L=-1)):>10}  "
                          f"{'' if ref is None else f'{ref:+.3f}'}")
     per_seed = summaries(ds)
     lines += ["", "Per-seed slopes (the seed-mean SEs above measure the roughness of one curve, not the "
-                  "spread between task draws)"]
+                  "spread between task draws)" + (f": not fitted, {no_slope}" if no_slope else "")]
     for q in ("D_inf", "risk_heldout"):
-        for st in settings:
+        for st in settings if sl is not None else ():
             y = per_seed[q].sel(setting=st).dropna("seed", how="all")
             f = loglog_slope(y, "L")
             lines.append(f"{st:<12} {_LABELS[q]:<40} " + ", ".join(

@@ -26,15 +26,21 @@ import xarray as xr
 
 __all__ = [
     "COV_TYPES",
+    "MIN_LINE_POINTS",
     "OLS_LINE_FIELDS",
     "loglog_slope",
+    "not_fitted",
     "ols_line_np",
     "paper_form_fit",
     "power_law_fit",
+    "too_few",
 ]
 
 #: covariance estimators accepted by the fits (statsmodels names).
 COV_TYPES = ("nonrobust", "HC0", "HC1", "HC2", "HC3")
+
+#: fewest points of a line fit with standard errors (:func:`ols_line_np`, :func:`loglog_slope`).
+MIN_LINE_POINTS = 3
 
 #: names (in order) of the floats returned by :func:`ols_line_np`.
 OLS_LINE_FIELDS = (
@@ -81,6 +87,18 @@ def _check_alpha(alpha: float) -> float:
     if not (0.0 < alpha < 1.0):
         raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
     return alpha
+
+
+def too_few(n: int, need: int, what: str, purpose: str) -> str | None:
+    """Why a fit cannot be done, or None: ``too_few(1, 3, "prompt lengths", "a log-log slope")`` is
+    ``"needs >= 3 prompt lengths for a log-log slope, got 1"`` (the reason of an INCONCLUSIVE verdict)."""
+    return f"needs >= {need} {what} for {purpose}, got {n}" if n < need else None
+
+
+def not_fitted(ax, reason: str) -> None:
+    """Mark a matplotlib panel whose fit could not be done: ``"not fitted: <reason>"`` at its centre."""
+    ax.text(0.5, 0.5, f"not fitted:\n{reason}", transform=ax.transAxes, ha="center", va="center", fontsize=9,
+            wrap=True, bbox=dict(facecolor="white", edgecolor="0.6"))
 
 
 def _format_coord(value) -> str:
@@ -142,8 +160,8 @@ def ols_line_np(
     if x.ndim != 1 or y.shape != x.shape:
         raise ValueError(f"x and y must be 1-D of the same length, got shapes {x.shape} and {y.shape}")
     n = x.size
-    if n < 3:
-        raise ValueError(f"a line fit with standard errors needs at least 3 points, got {n}")
+    if n < MIN_LINE_POINTS:
+        raise ValueError(f"a line fit with standard errors needs at least {MIN_LINE_POINTS} points, got {n}")
     if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
         raise ValueError("x and y must be finite")
     if np.ptp(x) == 0:
@@ -231,8 +249,8 @@ def loglog_slope(
     if dim not in da.dims:
         raise ValueError(f"dimension {dim!r} not in the DataArray's dims {da.dims}")
     n = da.sizes[dim]
-    if n < 3:
-        raise ValueError(f"loglog_slope needs at least 3 points along {dim!r}, got {n}")
+    if n < MIN_LINE_POINTS:
+        raise ValueError(f"loglog_slope needs at least {MIN_LINE_POINTS} points along {dim!r}, got {n}")
     if dim in da.coords:
         try:
             xvals = np.asarray(da[dim].values, dtype=np.float64)

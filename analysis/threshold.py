@@ -17,7 +17,11 @@ import xarray as xr
 
 from .fits import _check_alpha, _check_cov_type
 
-__all__ = ["ThresholdFit", "threshold_regression", "hinge_design_np", "hinge_ssr_np", "hansen_lr_crit"]
+__all__ = ["MIN_HINGE_POINTS", "ThresholdFit", "threshold_regression", "hinge_design_np", "hinge_ssr_np",
+           "hansen_lr_crit"]
+
+#: fewest points (with positive weight) of :func:`threshold_regression`: three coefficients and a breakpoint.
+MIN_HINGE_POINTS = 6
 
 
 def hinge_design_np(x: np.ndarray, c: float) -> np.ndarray:
@@ -263,9 +267,9 @@ def threshold_regression(
             i = int(np.argmax(w < 0))
             raise ValueError(f"threshold_regression: weights must be non-negative; found {w[i]:g} at index {i}")
     n = int(np.count_nonzero(w > 0))
-    if n < 6:
+    if n < MIN_HINGE_POINTS:
         raise ValueError(
-            f"threshold_regression needs at least 6 points (with positive weight) for a 3-parameter hinge "
+            f"threshold_regression needs at least {MIN_HINGE_POINTS} points (with positive weight) for a 3-parameter hinge "
             f"and a breakpoint, got {n}"
         )
     if not (0.0 < trim < 0.5):

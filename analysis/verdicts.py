@@ -8,6 +8,8 @@ print them with the measured figure beside each verdict.
 Rules:
 
 * measured value missing (``None``), empty or with any non-finite entry: INCONCLUSIVE;
+* measured value an :class:`Inconclusive` (a measure that could not be taken, e.g. a fit with too
+  few points): INCONCLUSIVE, its reason as the note;
 * an explicit ``inconclusive`` flag for a criterion: INCONCLUSIVE (with its reason);
 * otherwise PASS iff every measured value satisfies the comparison (for an array of values,
   all of them; the measured figure then shows ``min .. max (k/n in range)``), else FAIL.
@@ -30,10 +32,12 @@ __all__ = [
     "KINDS",
     "PASS",
     "Criterion",
+    "Inconclusive",
     "VerdictRow",
     "count_verdicts",
     "evaluate",
     "format_table",
+    "measure_unless",
     "to_markdown",
 ]
 
@@ -121,6 +125,20 @@ class Criterion:
         return _OPS[self.kind](v, self.threshold)
 
 
+@dataclass(frozen=True)
+class Inconclusive:
+    """A measured value that could not be taken, with the reason, e.g.
+    ``Inconclusive("needs >= 3 prompt lengths for a log-log slope, got 1")``: :func:`evaluate`
+    reports its criterion INCONCLUSIVE with ``reason`` as the note."""
+
+    reason: str
+
+
+def measure_unless(reason: str | None, compute):
+    """``compute()``, or ``Inconclusive(reason)`` (without calling it) when ``reason`` is given."""
+    return compute() if reason is None else Inconclusive(reason)
+
+
 @dataclass(frozen=True, eq=False)
 class VerdictRow:
     """One line of a verdict table.
@@ -128,10 +146,10 @@ class VerdictRow:
     Attributes
     ----------
     criterion : the :class:`Criterion` evaluated.
-    measured : the measured value as given (float, array or None).
+    measured : the measured value as given (float, array, None or :class:`Inconclusive`).
     measured_str : the measured figure as printed (``"-0.99"``, ``"-1.03 .. -0.97 (9/9 in range)"``, ``"n/a"``).
     verdict : ``"PASS"``, ``"FAIL"`` or ``"INCONCLUSIVE"``.
-    note : why INCONCLUSIVE (missing, non-finite, flagged with a reason), else ``""``.
+    note : why INCONCLUSIVE (missing, non-finite, not measurable or flagged, with the reason), else ``""``.
     """
 
     criterion: Criterion
@@ -210,8 +228,9 @@ def evaluate(
     Parameters
     ----------
     criteria : the predeclared criteria (ids unique).
-    measured : ``{criterion id: float | array of floats | None}``. A criterion absent from
-        ``measured`` or measured as None, empty or non-finite is INCONCLUSIVE. Keys that name no
+    measured : ``{criterion id: float | array of floats | None | Inconclusive}``. A criterion absent
+        from ``measured`` or measured as None, empty, non-finite or :class:`Inconclusive` (note: its
+        reason) is INCONCLUSIVE. Keys that name no
         criterion are an error (a typo must not turn a verdict into INCONCLUSIVE silently).
     inconclusive : criteria to report INCONCLUSIVE whatever their value: ``{id: reason}`` or
         an iterable of ids (e.g. a bound that was vacuous in this run).
@@ -239,26 +258,30 @@ def evaluate(
 
     rows = []
     for crit in criteria:
-        values = _as_values(crit, measured.get(crit.id))
         raw = measured.get(crit.id)
-        if values is None:
-            row = VerdictRow(crit, raw, "n/a", INCONCLUSIVE, "not measured")
-        elif values.size == 0:
-            row = VerdictRow(crit, raw, "n/a", INCONCLUSIVE, "no measured values")
-        elif not np.all(np.isfinite(values)):
-            bad = int(np.count_nonzero(~np.isfinite(values)))
-            row = VerdictRow(
-                crit, raw, _measured_str(crit, values, None), INCONCLUSIVE, f"{bad}/{values.size} non-finite"
-            )
-        else:
-            ok = crit.holds(values)
-            row = VerdictRow(crit, raw, _measured_str(crit, values, ok), PASS if ok.all() else FAIL)
+        row = _row(crit, raw)
         if crit.id in flags:
             reason = flags[crit.id]
             note = "flagged inconclusive" + (f": {reason}" if reason else "")
             row = VerdictRow(crit, raw, row.measured_str, INCONCLUSIVE, note)
         rows.append(row)
     return rows
+
+
+def _row(crit: Criterion, raw) -> VerdictRow:
+    """The verdict of one criterion from its measured value (before any flag)."""
+    if isinstance(raw, Inconclusive):
+        return VerdictRow(crit, raw, "n/a", INCONCLUSIVE, raw.reason)
+    values = _as_values(crit, raw)
+    if values is None:
+        return VerdictRow(crit, raw, "n/a", INCONCLUSIVE, "not measured")
+    if values.size == 0:
+        return VerdictRow(crit, raw, "n/a", INCONCLUSIVE, "no measured values")
+    if not np.all(np.isfinite(values)):
+        bad = int(np.count_nonzero(~np.isfinite(values)))
+        return VerdictRow(crit, raw, _measured_str(crit, values, None), INCONCLUSIVE, f"{bad}/{values.size} non-finite")
+    ok = crit.holds(values)
+    return VerdictRow(crit, raw, _measured_str(crit, values, ok), PASS if ok.all() else FAIL)
 
 
 def count_verdicts(rows: Iterable[VerdictRow]) -> dict[str, int]:
