@@ -1,0 +1,136 @@
+"""A cell is its coordinate values and its inputs: the same cell gives the same bits in any grid,
+and a kept cell is only ever served to a run whose kernel would recompute the same bits.
+
+For every experiment: a cell computed in two different grids (other values, another order) is
+bit-identical; and every parameter, perturbed alone, either changes the fingerprint of the
+cells it reaches (they are recomputed) or leaves their outputs bit-identical (they may be
+served from the store). The perturbation tables must name every declared parameter, so a new
+parameter cannot escape the test.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from sfxlin.cellstore import CellStore, cell_fingerprint
+from sfxlin.pipelines import c1_limit, c2_concentration, c2_threshold, c3_transfer
+from sfxlin.sweep import build, run_cell
+
+C1 = {**c1_limit.PROFILES["quick"], "d": [2], "U_norm": [0.5], "n_seeds": 1, "L": [4, 8, 16], "n_queries": 2,
+      "n_prompts": 2, "query_chunk": 1}
+C2 = {**c2_concentration.PROFILES["quick"], "d": [2], "U_norm": [0.5], "n_seeds": 1, "L": [4, 8, 16],
+      "tail_queries": 1, "tail_prompts": 8, "prompt_chunk": 4, "clt_draws": 2000, "tail_levels": [0.1, 0.03],
+      "grad_pairs": 1, "grad_queries": 1, "grad_draws": 2, "grad_scales": [1.0], "traj_pairs": 1, "traj_steps": 10,
+      "traj_ckpt_every": 10, "traj_seeds": 1, "traj_replicates": 1}
+C2T = {**c2_threshold.PROFILES["quick"], "tau": [1.0, 2.0, 4.0, 6.0, 8.0, 10.0], "n_seeds": 1, "L": [4, 8, 16],
+       "n_pairs": 1, "n_queries": 1, "n_replicates": 1, "n_steps": 20, "ckpt_every": 10}
+C3 = {**c3_transfer.PROFILES["quick"], "settings": ["isotropic", "rademacher"], "n_seeds": 1, "n_seeds_control": 1,
+      "n_pairs": 1, "n_queries": 1, "L": [4, 8, 16], "n_steps": 20, "ckpt_every": 10, "heldout_pairs": 1,
+      "heldout_queries": 1, "L_eval": 32, "heldout_every": 20}
+
+#: experiment -> (small configuration, the same cells in a larger grid listed in another order)
+GRIDS = {
+    "c1": (c1_limit, C1, {"d": [3, 2], "U_norm": [0.1, 0.5], "n_seeds": 2}),
+    "c2": (c2_concentration, C2, {"d": [3, 2], "U_norm": [0.1, 0.5], "n_seeds": 2}),
+    "c2_threshold": (c2_threshold, C2T, {"tau": [0.75, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0], "n_seeds": 2}),
+    "c3": (c3_transfer, C3, {"settings": ["anisotropic", "rademacher", "isotropic"], "n_seeds": 2}),
+}
+
+#: experiment -> parameter -> a perturbed value (valid on its own)
+PERTURBATIONS = {
+    "c1": {"d": [2, 3], "U_norm": [0.5, 0.25], "L": [4, 8, 32], "n_seeds": 2, "n_queries": 3, "n_prompts": 3,
+           "sigma": 1.5, "student_df": 4.0, "root_seed": 7, "query_chunk": 2},
+    "c2": {"d": [2, 3], "U_norm": [0.5, 0.25], "L": [4, 8, 32], "n_seeds": 2, "sigma": 1.5, "tail_queries": 2,
+           "tail_prompts": 9, "tail_levels": [0.1, 0.05], "prompt_chunk": 3, "clt_draws": 2001,
+           "tail_log_c1_per_d": 0.5, "tail_c2": 0.25, "grad_scales": [1.0, 2.0], "grad_pairs": 2,
+           "grad_queries": 2, "grad_draws": 3, "grad_c": 2.0, "traj_d": 2, "traj_pairs": 2, "traj_queries": 3,
+           "traj_replicates": 2, "traj_lr": 0.02, "traj_steps": 20, "traj_ckpt_every": 5, "traj_seeds": 2,
+           "root_seed": 7},
+    "c2_threshold": {"d": 2, "tau": [1.0, 2.0, 4.0, 6.0, 8.0, 12.0], "L": [4, 8, 32], "n_seeds": 2,
+                     "n_pairs": 2, "n_queries": 2, "n_replicates": 2, "lr": 0.02, "n_steps": 30, "ckpt_every": 5,
+                     "x_law": "rademacher", "trainer": "simple", "root_seed": 7},
+    "c3": {"d": 2, "settings": ["isotropic", "anisotropic", "rademacher"], "Sigma_isotropic": [1.0, 1.0, 2.0],
+           "Sigma_anisotropic": [3.0, 1.0, 0.5], "Sigma_rademacher": [1.0, 2.0, 1.0], "n_seeds": 2,
+           "n_seeds_control": 2, "n_pairs": 2, "n_queries": 2, "L": [4, 8, 32], "lr": 0.02, "n_steps": 40,
+           "ckpt_every": 20, "heldout_pairs": 2, "heldout_queries": 2, "L_eval": 64, "heldout_every": 10,
+           "ridge_lam": 0.1, "perturbation": 1e-10, "root_seed": 7},
+}
+# d changes the shape of Sigma_* in c3: perturb it with matching covariances
+_C3_D2 = {"Sigma_isotropic": [1.0, 1.0], "Sigma_anisotropic": [2.0, 1.0], "Sigma_rademacher": [1.0, 1.0]}
+
+
+def _cells(module, config):
+    grid = module.EXPERIMENT.grid(config)
+    return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+
+
+def _assert_same_outputs(a, b, label):
+    assert a.keys() == b.keys(), label
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=f"{label}: {name}")
+
+
+@pytest.mark.parametrize("name", sorted(GRIDS))
+def test_a_cell_computed_in_two_grids_is_bit_identical(name):
+    module, small, extension = GRIDS[name]
+    large = {**small, **extension}
+    module.validate(small)
+    module.validate(large)
+    a = build(module.EXPERIMENT, small)
+    b = build(module.EXPERIMENT, large)
+    cell_vars = [v.name for v in module.EXPERIMENT.cell_variables(small)]
+    grid = module.EXPERIMENT.grid(small)
+    a = a[cell_vars].compute(scheduler="synchronous")
+    b = b[cell_vars].sel({dim: list(values) for dim, values in grid.items()}).compute(scheduler="synchronous")
+    xr.testing.assert_identical(a.drop_attrs(deep=False), b.drop_attrs(deep=False))
+
+
+@pytest.mark.parametrize("name", sorted(PERTURBATIONS))
+def test_every_parameter_perturbed_alone_changes_the_fingerprint_or_not_the_bits(name):
+    module, base, _ = GRIDS[name]
+    table = PERTURBATIONS[name]
+    assert sorted(table) == sorted(module.PARAMETERS), "every declared parameter needs a perturbation here"
+    exp = module.EXPERIMENT
+    reused = []
+    for key, value in table.items():
+        other = {**base, key: value}
+        if name == "c3" and key == "d":
+            other.update(_C3_D2)
+        assert other[key] != base[key]
+        module.validate(other)
+        shared = [c for c in _cells(module, base) if c in _cells(module, other)]
+        assert shared, f"{key}: the perturbed grid shares no cell with the base grid"
+        for cell in shared:
+            if cell_fingerprint(exp, base, cell) == cell_fingerprint(exp, other, cell):
+                _assert_same_outputs(run_cell(exp, base, cell), run_cell(exp, other, cell), f"{key} at {cell}")
+                reused.append(key)
+    # the grid's own keys (which cells exist) keep the shared cells: that is what an extension reuses
+    assert set(exp.grid_keys or ()) <= set(reused)
+
+
+def test_the_store_serves_a_cell_only_to_its_own_fingerprint(tmp_path):
+    store = CellStore(tmp_path, c1_limit.EXPERIMENT, C1)
+    build(c1_limit.EXPERIMENT, C1, store=store).compute(scheduler="synchronous")
+    assert store.count() == 1
+    assert CellStore(tmp_path, c1_limit.EXPERIMENT, {**C1, "d": [2, 3]}).count() == 1      # extension: reused
+    assert CellStore(tmp_path, c1_limit.EXPERIMENT, {**C1, "n_prompts": 3}).count() == 0   # another input
+    assert CellStore(tmp_path, c1_limit.EXPERIMENT, {**C1, "root_seed": 1}).count() == 0
+
+
+def test_eleven_and_more_values_on_one_dimension(tmp_path):
+    """Twelve seeds: every cell lands at its own coordinate, with its own kept file."""
+    from toy_experiment import EXPERIMENT, make_config
+
+    config = make_config(d=[2], U_norm=[0.5], n_seeds=12)
+    store = CellStore(tmp_path, EXPERIMENT, config)
+    ds = build(EXPERIMENT, config, store=store).compute(scheduler="threads")
+    assert store.count() == 12 and len(list(tmp_path.glob("cell_*.npz"))) == 12
+    for seed in range(12):
+        cell = {"d": 2, "U_norm": 0.5, "seed": seed}
+        np.testing.assert_array_equal(ds.value.sel(cell).transpose("L", "query").values,
+                                      run_cell(EXPERIMENT, config, cell)["value"])
+    firsts = ds["first"].isel(query=0).values.ravel()
+    assert len(set(firsts.tolist())) == 12
