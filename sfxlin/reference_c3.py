@@ -72,6 +72,9 @@ def train_reference(model, tasks, L, *, lr, n_steps, ckpt_every, U0, v0):
             ZL = tasks.Z[:, :L, :]
             G = ZL.transpose(0, 2, 1) @ ZL / L
         else:
+            if np.any(tasks.mean):
+                raise ValueError("the reference's linear(inf) is built from the covariance: centred covariates "
+                                 f"only, got mean {tasks.mean.tolist()}")
             S, w = tasks.Sigma, tasks.w
             G = np.zeros((w.shape[0], d + 1, d + 1))
             G[:, :d, :d] = S

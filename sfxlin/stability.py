@@ -262,6 +262,10 @@ def gradient_gap(U, v, tasks, prompts, Ls, *, kind="task", t_chunk=None):
     if prompts.ndim != 4 or prompts.shape[1:2] + prompts.shape[3:] != (tasks.n_tasks, tasks.D):
         raise ValueError(f"prompts must be (R, {tasks.n_tasks}, L_max, {tasks.D}), got {prompts.shape}")
     Ls = validate_Ls(Ls, prompts.shape[2])
+    if np.any(tasks.mean):
+        raise ValueError("the gap kernel compares softmax(L) with linear(inf), its limit for centred covariates "
+                         f"only; these tasks have covariate mean {tasks.mean.tolist()} (softmax then tends to an "
+                         "affine map, not to linear(inf))")
     d, g = tasks.d, _group_size(tasks)
     x = prompts[..., :d]
     resid = np.max(np.abs(prompts[..., d] - np.einsum("rnli,ni->rnl", x, tasks.w)))
