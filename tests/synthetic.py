@@ -1,0 +1,219 @@
+"""Synthetic results files with known answers, in the schema each analysis module reads.
+
+Every factory returns a Dataset on which every predeclared criterion of its experiment PASSES,
+built from exact curves (``mse = c / L`` has log-log slope -1 to rounding), with the traps a
+wrong reduction would fall into already in place: seeds that scatter around their mean, other
+laws / models / settings / checkpoints / prompt lengths with values that would fail the criterion
+if they were read instead. Tests copy it and change one cell to make one criterion fail.
+
+The criteria are attached as the CLI stores them: ``attrs['criteria'] = json.dumps(CRITERIA)``.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import xarray as xr
+
+from sfxlin.pipelines import c1_limit, c2_concentration, c2_threshold, c3_transfer
+
+#: seed factors with mean exactly 1: per-seed curves differ from their mean
+SEED_FACTORS = np.array([0.5, 1.5])
+
+
+def _attach(ds, pipeline, config=None):
+    ds.attrs.update(experiment=pipeline.NAME, profile="synthetic", criteria=json.dumps(pipeline.CRITERIA),
+                    config=json.dumps(config or {}))
+    return ds
+
+
+def power(L, p, c=1.0):
+    """``c * (L / L[0]) ** p`` as floats: log-log slope ``p`` exactly (to rounding)."""
+    L = np.asarray(L, dtype=float)
+    return c * (L / L[0]) ** p
+
+
+# --------------------------------------------------------------------------- C1
+
+
+def c1(L=(16, 32, 64, 128, 256)):
+    """``c1_limit`` file: Gaussian error ``c(d, U_norm) / L`` exactly in its seed mean (seeds
+    scatter by +-50% with alternating sign along L), the sharp asymptotics equal to it at the
+    largest L only, bounded laws on their predicted plateau, Student-t and the sqrt(L) control
+    growing at the largest U_norm only, quadrature errors ~1e-15."""
+    laws = list(c1_limit.LAWS)
+    d, U = [2, 3], [0.1, 0.5]
+    L = np.asarray(L)
+    nL = L.size
+    c = np.array([[1.0, 2.0], [3.0, 4.0]])[:, :, None]                      # (d, U_norm, 1)
+    gauss = c * power(L, -1.0)                                               # (d, U_norm, L)
+    wiggle = 0.5 * (-1.0) ** np.arange(nL)
+    wiggle[-1] = 0.0                                                         # seeds agree at L_max
+    seeds = 1.0 + np.stack([wiggle, -wiggle], axis=-1)                       # (L, seed): mean 1
+    plateau = 0.01 + c * power(L, -1.0, 0.1)                                 # bias + constant / L
+    growth = np.where(np.array(U)[None, :, None] == max(U), power(L, 0.5), power(L, -1.0)) * c
+    mse = np.stack([gauss[..., None] * seeds, plateau[..., None] * seeds, plateau[..., None] * seeds,
+                    growth[..., None] * seeds])                              # (law, d, U_norm, L, seed)
+    # the sharp constant holds at the largest L only: off by 1.5x before
+    asym = gauss / np.where(np.arange(nL) == nL - 1, 1.0, 1.5)
+    predicted = np.stack([2.0 * gauss, plateau, plateau, np.full_like(gauss, np.nan)])
+    bias = np.stack([np.zeros((2, 2)), np.full((2, 2), 0.01), np.full((2, 2), 0.01), np.full((2, 2), np.nan)])
+    uq = np.linspace(0.1, 1.0, 3)
+    Uq_sq = np.broadcast_to(uq, (2, 2, 2, 3))                                # (d, U_norm, seed, query)
+    mse_query = np.exp(0.5 * uq)[None, None, None, None, :] / L[None, None, :, None, None] * np.ones((2, 2, 1, 2, 1))
+    scaled = growth                                                          # grows at the largest U_norm only
+    ds = xr.Dataset(
+        {"mse": (("law", "d", "U_norm", "L", "seed"), mse),
+         "mse_asymptotic": (("d", "U_norm", "L", "seed"), np.repeat(asym[..., None], 2, -1)),
+         "mse_predicted": (("law", "d", "U_norm", "L", "seed"), np.repeat(predicted[..., None], 2, -1)),
+         "bias_exact": (("law", "d", "U_norm", "seed"), np.repeat(bias[..., None], 2, -1)),
+         "mse_query": (("d", "U_norm", "L", "seed", "query"), mse_query),
+         "Uq_sq": (("d", "U_norm", "seed", "query"), Uq_sq.copy()),
+         "mse_scaled_U": (("d", "U_norm", "L", "seed"), scaled[..., None] * seeds),
+         "quadrature_error": (("D_quad",), np.array([1e-15, 2e-15, 3e-15, 4e-15]))},
+        coords={"law": laws, "d": d, "U_norm": U, "L": L, "seed": [0, 1], "query": [0, 1, 2], "D_quad": [1, 2, 3, 4]})
+    return _attach(ds, c1_limit, {"sigma": 1.0})
+
+
+# --------------------------------------------------------------------------- C2
+
+#: tail levels: exact binary fractions, the last one below the CLT criterion's 1e-3
+C2_LEVELS = [0.125, 0.03125, 0.0078125, 0.001953125, 0.00048828125]
+
+
+def c2(L=(8, 16, 32, 64, 128)):
+    """``c2_concentration`` file. Tails: ``count = n * level`` and ``clt = level`` (empirical / CLT
+    exactly 1), bound ``4 * level`` (never violated, never vacuous); at the smallest L and at the
+    level below 1e-3 the ratio is 3 (outside [0.5, 2], not read by the criterion). Gradients: gap
+    ``c / L`` in its seed mean, bound 100x above. Trajectory: ``g_L(0) ~ L^-1/2``, the sup over t
+    (at t = 20) ``~ L^-0.45``, the last checkpoint ``~ L^-0.9``."""
+    d, U, seed, query = [2, 3], [0.1, 0.5], [0, 1], [0, 1]
+    settings, scales, traj_seeds, t = list(c2_concentration.SETTINGS), [1.0, 2.0], [0, 1], [0, 20, 40]
+    L = np.asarray(L)
+    levels = np.array(C2_LEVELS)
+    n = 4096
+    tail_shape = (2, 2, 2, 2, L.size, levels.size)
+    clt = np.broadcast_to(levels, tail_shape).copy()
+    count = n * clt
+    count[..., 0, :-1] *= 3.0                                                # smallest L: ratio 3
+    count[..., -1] *= 3.0                                                    # level < 1e-3: ratio 3
+    grad_shape = (2, 2, 2, 2, 2)
+    gap = power(L, -1.0, 1e-3) * SEED_FACTORS[None, None, :, None, None, None]
+    gap = np.broadcast_to(gap, grad_shape + (L.size,)).copy()
+    g = np.stack([power(L, -0.5), power(L, -0.45, 10.0), power(L, -0.9, 0.1)], axis=-1)   # (L, t)
+    traj_g = g[None, None] * SEED_FACTORS[None, :, None, None] * np.ones((2, 1, 1, 1))
+    ds = xr.Dataset(
+        {"tail_count": (("d", "U_norm", "seed", "query", "L", "level"), count),
+         "tail_n": (("d", "U_norm", "seed"), np.full((2, 2, 2), float(n))),
+         "tail_clt": (("d", "U_norm", "seed", "query", "L", "level"), clt),
+         "tail_bound": (("d", "U_norm", "seed", "query", "L", "level"), 4.0 * clt),
+         "tail_c1_eff": (("d", "U_norm", "seed"), np.exp(2.0 / 3.0 * np.array(d, float))[:, None, None]
+                         * np.ones((2, 2, 2))),
+         "tail_c2_eff": (("d", "U_norm", "seed"), np.full((2, 2, 2), 1.0 / 3.0)),
+         "grad_gap_sq": (("d", "U_norm", "seed", "setting", "scale", "L"), gap),
+         "grad_log_bound": (("d", "U_norm", "seed", "setting", "scale", "L"), np.log(100.0 * gap)),
+         "grad_inf_sq": (("d", "U_norm", "seed", "setting", "scale"), np.ones(grad_shape)),
+         "grad_log_K": (("d", "U_norm", "seed", "setting", "scale"), np.full(grad_shape, 2.0)),
+         "grad_log_K_sharp": (("d", "U_norm", "seed", "setting", "scale"), np.full(grad_shape, 0.5)),
+         "grad_max_quad": (("d", "U_norm", "seed", "setting", "scale"), np.full(grad_shape, 0.3)),
+         "traj_g": (("setting", "traj_seed", "L", "t"), traj_g),
+         "traj_g_risk": (("setting", "traj_seed", "L", "t"), 0.5 * traj_g),
+         "traj_risk_inf": (("setting", "traj_seed", "t"), np.broadcast_to([1.0, 0.1, 0.01], (2, 2, 3)).copy()),
+         "traj_dist_bayes": (("setting", "traj_seed", "t"), np.broadcast_to([1.0, 0.1, 0.01], (2, 2, 3)).copy()),
+         "traj_trace_inv_sq": (("setting",), np.array([3.0, 5.25]))},
+        coords={"d": d, "U_norm": U, "seed": seed, "query": query, "L": L, "level": levels, "setting": settings,
+                "scale": scales, "traj_seed": traj_seeds, "t": t})
+    return _attach(ds, c2_concentration)
+
+
+# --------------------------------------------------------------------------- C2 threshold
+
+#: tau values: data points at 1.9, 2, 8 and 8.1 (either side of the break criterion's ends) and 4
+C2T_TAU = (0.5, 1.0, 1.5, 1.9, 2.0, 3.0, 4.0, 6.0, 8.0, 8.1, 10.0, 12.0, 14.0)
+
+
+def hinge(tau, break_tau=4.0):
+    """Uniform exponents with a kink at ``break_tau``: slope -0.05 per unit tau before, -0.01 after."""
+    tau = np.asarray(tau, dtype=float)
+    return -0.05 * tau + 0.04 * np.maximum(0.0, tau - break_tau)
+
+
+def c2t(tau=C2T_TAU, uniform=None, fixed=-0.5, L=(8, 16, 32, 64, 128, 256)):
+    """``c2_threshold`` file: ``g = 3 L^fixed`` at t = 0, ``5 L^uniform(tau)`` at t = 100 (the sup),
+    ``4 L^uniform`` at t = 200; ``uniform`` defaults to :func:`hinge` (break at tau = 4); seeds
+    scale the gap by 0.5 and 1.5. ``fixed`` may be a number or one value per tau."""
+    tau = np.asarray(tau, dtype=float)
+    u = hinge(tau) if uniform is None else np.asarray(uniform, dtype=float)
+    f = np.broadcast_to(np.asarray(fixed, dtype=float), tau.shape)
+    L = np.asarray(L)
+    Lr = (L / L[0])[None, :]
+    g = np.stack([3.0 * Lr ** f[:, None], 5.0 * Lr ** u[:, None], 4.0 * Lr ** u[:, None]], axis=-1)   # (tau, L, t)
+    g = g[:, None] * SEED_FACTORS[None, :, None, None]                                                   # (tau, seed, L, t)
+    cc = np.where(tau > 4.0, (1.0 - 2.0 / np.sqrt(np.maximum(tau, 4.0 + 1e-12))) ** -1.5, np.inf)
+    ds = xr.Dataset(
+        {"g": (("tau", "seed", "L", "t"), g),
+         "g_risk": (("tau", "seed", "L", "t"), 0.5 * g),
+         "s": (("tau", "seed"), np.repeat(np.sqrt(3.0 / tau)[:, None], 2, 1)),
+         "concentration_constant": (("tau", "seed"), np.repeat(cc[:, None], 2, 1))},
+        coords={"tau": tau, "seed": [0, 1], "L": L, "t": [0, 100, 200]})
+    return _attach(ds, c2_threshold)
+
+
+# --------------------------------------------------------------------------- C3
+
+C3_L = tuple(8 * 2**k for k in range(10))          # 8 .. 4096, as the paper profile
+
+
+def c3(L=C3_L):
+    """``c3_transfer`` file: Gaussian settings with ``D(L) = 0.5 (L/8)^-1/2`` (sup over t at t = 20;
+    seeds 0.5x and 1.5x), held-out risk final / initial ``0.01 (L/8)^-0.7``, distance to Bayes
+    ``(L/8)^-0.3``, exact block structure, theta_inf at 1e-12 risk and 1e-4 from Bayes, softmax
+    within 1% of linear; the Rademacher control (one seed in the protocol, the other NaN with
+    ``in_protocol = 0``) falls from 2.2 to a plateau at 0.2."""
+    settings = list(c3_transfer.SETTINGS)            # isotropic, anisotropic, rademacher
+    L = np.asarray(L)
+    nL, t, th = L.size, [0, 20, 40], [0, 40]
+    gm = ("setting", "seed", "model", "L", "t")
+    D = np.empty((3, 2, 2, nL, 3))
+    gauss = power(L, -0.5, 0.5)
+    control = 0.2 + 2.0 * power(L, -2.0)
+    for i, curve in enumerate([gauss, gauss, control]):
+        D[i, :, 0] = np.stack([0.0 * curve, curve, 0.5 * curve], axis=-1)        # softmax: sup at t = 20
+        D[i, :, 1] = np.stack([0.0 * curve, 0.9 * curve, 0.4 * curve], axis=-1)  # linear
+    D *= SEED_FACTORS[None, :, None, None, None]
+    risk_h = np.empty((3, 2, 2, nL, 2))
+    risk_h[..., 0] = 1.0
+    risk_h[..., 1] = power(L, -0.7, 0.01)
+    dist = np.stack([np.ones(nL), np.full(nL, 0.5), power(L, -0.3)], axis=-1)          # final: (L/8)^-0.3
+    dist = np.broadcast_to(dist, (3, 2, 2, nL, 3)).copy()
+    over_t = np.array([1.0, 1e-3, 1e-12])
+    one = np.ones((3, 2))
+    data = {
+        "in_protocol": (("setting", "seed"), np.array([[1.0, 1.0], [1.0, 1.0], [1.0, 0.0]])),
+        "D_inf": (gm, D),
+        "D_linL": (("setting", "seed", "L", "t"), 1.01 * D[:, :, 0]),
+        "dist_bayes": (gm, dist),
+        "off_block": (gm, np.zeros((3, 2, 2, nL, 3))),
+        "off_block_perturbed": (gm, np.full((3, 2, 2, nL, 3), 1e-12)),
+        "conservation": (gm, np.full((3, 2, 2, nL, 3), 1e-4)),
+        "risk_train": (gm, np.broadcast_to(over_t, (3, 2, 2, nL, 3)).copy()),
+        "risk_train_perturbed": (gm, np.broadcast_to(over_t, (3, 2, 2, nL, 3)).copy()),
+        "risk_heldout": (("setting", "seed", "model", "L", "t_heldout"), risk_h),
+        "risk_heldout_eval": (("setting", "seed", "model", "L", "t_heldout"), 0.9 * risk_h),
+        "norm_inf": (("setting", "seed", "t"), np.broadcast_to([0.5, 1.0, 1.0], (3, 2, 3)).copy()),
+        "risk_inf": (("setting", "seed", "t"), one[..., None] * over_t),
+        "dist_bayes_inf": (("setting", "seed", "t"), one[..., None] * np.array([1.0, 0.1, 1e-4])),
+        "off_block_inf": (("setting", "seed", "t"), np.zeros((3, 2, 3))),
+        "conservation_inf": (("setting", "seed", "t"), np.full((3, 2, 3), 1e-4)),
+        "risk_heldout_inf": (("setting", "seed", "t_heldout"), np.broadcast_to([1.0, 1e-12], (3, 2, 2)).copy()),
+        "risk_heldout_inf_eval": (("setting", "seed", "t_heldout"), np.broadcast_to([1.0, 1e-3], (3, 2, 2)).copy()),
+        "risk_ridge": (("setting", "seed", "L"), np.full((3, 2, nL), 1e-30)),
+        "risk_plugin": (("setting", "seed", "L"), np.broadcast_to(power(L, -1.0), (3, 2, nL)).copy()),
+    }
+    ds = xr.Dataset(data, coords={"setting": settings, "seed": [0, 1], "model": list(c3_transfer.MODELS), "L": L,
+                                  "t": t, "t_heldout": th})
+    outside = dict(setting="rademacher", seed=1)     # not in the protocol: NaN, as the pipeline writes it
+    for name in ds.data_vars:
+        if name != "in_protocol":
+            ds[name].loc[outside] = np.nan
+    return _attach(ds, c3_transfer, {"lr": 0.01, "n_steps": 40})
