@@ -6,7 +6,9 @@ laws, prompts, queries and all nested prompt lengths at once (prefix evaluation)
 * ``U``: Gaussian d x d matrix rescaled to Frobenius norm ``U_norm``; ``V = I_d``;
 * queries ``q ~ N(0, sigma^2 I_d)``, the same for every law;
 * for every law (Gaussian, Rademacher, Uniform, Student-t, all with covariance
-  ``sigma^2 I_d``), ``n_prompts`` independent prompts of ``L_max`` tokens *per query*;
+  ``sigma^2 I_d``), ``n_prompts`` independent prompts of ``L_max`` tokens *per query*, drawn
+  from the law's own substream of the cell's generator (``sweep.substream(rng, law=name)``,
+  query chunk after query chunk), so adding or removing a law changes no other law's prompts;
 * ``f_inf`` is the Gaussian closed form ``sigma^2 U q`` for every law: the Gaussian law
   converges to it, the bounded laws plateau at the bias of their own tilted mean
   (``bias_exact``), the Student-t law has no limit and its error grows;
@@ -20,7 +22,7 @@ import numpy as np
 from sfxlin.attention import asymptotic_mse, check_prompt_lengths, softmax_attention, softmax_attention_prefix
 from sfxlin.laws import Gaussian, Rademacher, StudentT, Uniform
 from sfxlin.quadrature import gaussian_tilted_mean_quadrature
-from sfxlin.sweep import Experiment, Variable
+from sfxlin.sweep import Experiment, Variable, substream
 
 NAME = "c1_limit"
 LAWS = ("gaussian", "rademacher", "uniform", "student_t")
@@ -106,6 +108,7 @@ def kernel(cell, rng, config):
     sigma, Ls = float(config["sigma"]), np.asarray(config["L"])
     Q, P, chunk = config["n_queries"], config["n_prompts"], config["query_chunk"]
     token_laws = laws(d, sigma, float(config["student_df"]))
+    law_rng = {name: substream(rng, law=name) for name in LAWS}
     gauss = token_laws["gaussian"]
     V = np.eye(d)
     U = rng.standard_normal((d, d))
@@ -119,7 +122,7 @@ def kernel(cell, rng, config):
     for start in range(0, Q, chunk):
         qs = slice(start, min(start + chunk, Q))
         for i, name in enumerate(LAWS):
-            Z = token_laws[name].sample(rng, (qs.stop - qs.start, P, Ls[-1]))
+            Z = token_laws[name].sample(law_rng[name], (qs.stop - qs.start, P, Ls[-1]))
             f_L = softmax_attention_prefix(Z, U, V, q[qs, None, :], Ls)  # (q, P, nL, d)
             sq_err[i, qs] = np.sum((f_L - f_inf[qs, None, None, :]) ** 2, axis=-1)
             if name == "gaussian":

@@ -8,7 +8,8 @@ so it is the engine's one global task, over its own dims ``setting x traj_seed x
 
 Every cell splits its generator (``sweep.cell_rng``, keyed by the cell's coordinate values) into three
 independent child streams (``Generator.spawn``): tails, CLT Monte Carlo, gradients; changing the
-size of one part leaves the draws of the others unchanged.
+size of one part leaves the draws of the others unchanged. Each gradient ``(setting, scale)``
+draws from its own substream of the gradient stream (``sweep.substream``), keyed by its values.
 
 (a) Output tails (SPEC section 1, C2 "output tail tests"). Tokens ``N(0, sigma^2 I_d)``,
     ``U`` a Gaussian ``d x d`` matrix rescaled to ``||U||_F = U_norm``, ``V = I_d``, queries
@@ -67,7 +68,7 @@ from sfxlin import icl
 from sfxlin.attention import check_prompt_lengths, softmax_attention_prefix
 from sfxlin.laws import Gaussian
 from sfxlin.stability import concentration_constant, gradient_gap_trajectory
-from sfxlin.sweep import Experiment, Variable, cell_rng
+from sfxlin.sweep import Experiment, Variable, cell_rng, substream
 
 NAME = "c2_concentration"
 SETTINGS = ("isotropic", "anisotropic")
@@ -377,7 +378,7 @@ def gradient_part(rng, d, U_norm, config):
             Sigma = covariance(setting, scale, d)
             U, v = gradient_parameters(Sigma, U_norm)
             tasks, gap_sq, inf_sq = gradient_gaps(
-                rng, Sigma, U, v, Ls, int(config["grad_pairs"]), int(config["grad_queries"]), n_draws)
+                substream(rng, setting=setting, scale=scale), Sigma, U, v, Ls, int(config["grad_pairs"]), int(config["grad_queries"]), n_draws)
             log_const, log_K, log_K_sharp, max_quad = gradient_log_bound_constant(tasks, U, v)
             out["grad_gap_sq"][i, j] = gap_sq.mean(axis=0)
             out["grad_gap_sq_se"][i, j] = (gap_sq.std(axis=0, ddof=1) / np.sqrt(n_draws) if n_draws > 1

@@ -40,7 +40,8 @@ import xarray as xr
 
 from .schema import coord_attrs
 
-__all__ = ["Variable", "Experiment", "CellError", "build", "cell_rng", "coordinate_key", "coordinate_text", "run_cell"]
+__all__ = ["Variable", "Experiment", "CellError", "build", "cell_rng", "coordinate_key", "coordinate_text", "run_cell",
+           "substream"]
 
 
 class CellError(RuntimeError):
@@ -134,6 +135,16 @@ def cell_rng(experiment_name: str, cell: Mapping, root_seed: int) -> np.random.G
     ``default_rng([*coordinate_key(dim, value) for each grid dim, tag(experiment), root_seed])``."""
     tag = zlib.crc32(experiment_name.encode())
     return np.random.default_rng([*(coordinate_key(dim, value) for dim, value in cell.items()), tag, int(root_seed)])
+
+
+def substream(rng: np.random.Generator, **coords) -> np.random.Generator:
+    """An independent generator for one inner slice of a cell, keyed by its coordinate values
+    (``substream(rng, law="uniform")``): derived from the seed of ``rng``, not from its state, so
+    it neither depends on nor changes what ``rng`` or any other substream draws. Adding a law or a
+    scale to an inner list then leaves the draws of the others unchanged."""
+    seq = rng.bit_generator.seed_seq
+    key = (*seq.spawn_key, *(coordinate_key(dim, value) for dim, value in coords.items()))
+    return np.random.Generator(type(rng.bit_generator)(np.random.SeedSequence(seq.entropy, spawn_key=key)))
 
 
 def cell_label(experiment_name: str, cell: Mapping) -> str:

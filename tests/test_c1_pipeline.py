@@ -1,4 +1,5 @@
 """End to end: the C1 quick profile through the CLI, the file it writes, and its analysis."""
+import hashlib
 import json
 import subprocess
 import sys
@@ -62,12 +63,16 @@ def test_cell_matches_an_independent_recomputation():
     gauss = Gaussian(cov=1.0, D=d)
     q = gauss.sample(rng, config["n_queries"])
     laws = c1_limit.laws(d, 1.0, config["student_df"])
-    # the kernel samples per query chunk and law in this order
+    # each law draws from its own substream, keyed "law=<name>" under the cell's seed sequence,
+    # query chunk after query chunk
+    seq = rng.bit_generator.seed_seq
+    law_rng = {name: np.random.default_rng(np.random.SeedSequence(seq.entropy, spawn_key=(
+        int.from_bytes(hashlib.sha256(f"law={name}".encode()).digest()[:8], "little"),))) for name in c1_limit.LAWS}
     errors = {name: [] for name in c1_limit.LAWS}
     for start in range(0, config["n_queries"], config["query_chunk"]):
         stop = min(start + config["query_chunk"], config["n_queries"])
         for name in c1_limit.LAWS:
-            Z = laws[name].sample(rng, (stop - start, config["n_prompts"], Ls[-1]))
+            Z = laws[name].sample(law_rng[name], (stop - start, config["n_prompts"], Ls[-1]))
             for j in range(stop - start):
                 for L in Ls:
                     f = softmax_attention(Z[j, :, :L, :], U, np.eye(d), q[start + j])

@@ -322,3 +322,19 @@ def test_variable_with_unknown_inner_dim(toy, toy_config):
 def test_bad_chunks(toy, toy_config, chunks, match):
     with pytest.raises(ValueError, match=match):
         build(toy.EXPERIMENT, toy_config, chunks=chunks)
+
+
+def test_substreams_depend_on_the_seed_and_the_key_only():
+    """A substream is keyed by its values under the cell's seed: it does not move when the parent
+    generator draws or when other substreams exist, and distinct keys or seeds give distinct streams."""
+    from sfxlin.sweep import substream
+
+    fresh = cell_rng("toy", {"d": 2}, 5)
+    used = cell_rng("toy", {"d": 2}, 5)
+    used.standard_normal(100)
+    substream(used, law="gaussian").standard_normal(7)
+    a = substream(fresh, law="uniform").standard_normal(5)
+    np.testing.assert_array_equal(a, substream(used, law="uniform").standard_normal(5))
+    others = [substream(fresh, law="gaussian"), substream(fresh, scale=1.0), substream(fresh, scale=2.0),
+              substream(cell_rng("toy", {"d": 3}, 5), law="uniform"), substream(cell_rng("toy", {"d": 2}, 6), law="uniform")]
+    assert len({a[0], *(g.standard_normal() for g in others)}) == 6
