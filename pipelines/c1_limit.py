@@ -22,7 +22,7 @@ import numpy as np
 from sfxlin.attention import asymptotic_mse, check_prompt_lengths, softmax_attention, softmax_attention_prefix
 from sfxlin.laws import Gaussian, Rademacher, StudentT, Uniform
 from sfxlin.quadrature import gaussian_tilted_mean_quadrature
-from sfxlin.sweep import Experiment, Variable, substream
+from sfxlin.sweep import Experiment, Variable, cell_rng, substream
 
 NAME = "c1_limit"
 LAWS = ("gaussian", "rademacher", "uniform", "student_t")
@@ -150,7 +150,7 @@ def kernel(cell, rng, config):
 
 def quadrature_check(config):
     """Closed form vs tensor Gauss-Hermite quadrature for random N(m, Sigma), a, D = 1..4."""
-    rng = np.random.default_rng([0, 1, int(config["root_seed"])])
+    rng = cell_rng(f"{NAME}/quadrature", {}, config["root_seed"])
     errors = []
     for D in range(1, 5):
         A = rng.standard_normal((D, D))
