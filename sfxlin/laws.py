@@ -1,13 +1,19 @@
 """Token laws: samplers and exact tilted means (gradients of cumulant generating functions).
 
-Every law ``mu`` on ``R^D`` exposes
+Every law ``mu`` on ``R^D`` is a subclass of :class:`Law`, which declares what a law provides:
 
+* ``name`` (the law's key in :data:`LAWS`), ``has_limit``, ``D``;
+* ``mean`` (D,) and ``cov`` (D x D), the first two moments (``cov`` defines the matching
+  Gaussian);
 * ``sample(rng, shape)`` -> array of shape ``shape + (D,)``;
 * ``tilted_mean(a)`` = ``E_mu[e^{a.z} z] / E_mu[e^{a.z}]`` = ``grad K_mu(a)``, vectorised over
   the leading axes of ``a`` (shape ``(..., D)``). This is the exact infinite-prompt read-out
   of softmax attention with logit vector ``a = U q`` (SPEC section 1);
-* ``cov`` (D x D), the covariance of the law, used to define the matching Gaussian;
-* ``snis_covariance(a)``: ``lim_L L Cov(f_L)`` (the sharp finite-L constant, delta method).
+* ``snis_covariance(a)``: ``lim_L L Cov(f_L)`` (the sharp finite-L constant, delta method);
+* ``isotropic(D, sigma)``: the law on ``R^D`` with covariance ``sigma^2 I_D``.
+
+Adding a law is a subclass of :class:`Law` with a ``name``: it is registered in :data:`LAWS`
+when the class is defined, and :func:`law_from_name` builds it.
 
 Validation errors are ``ValueError`` naming the offending argument (``TypeError`` for
 non-numeric input). A result that is finite in exact arithmetic but beyond the float64 range
@@ -15,9 +21,12 @@ raises :class:`FloatOverflowError` (a ``ValueError``), never returns inf or NaN.
 """
 from __future__ import annotations
 
+import abc
+
 import numpy as np
 
-__all__ = ["Gaussian", "Rademacher", "Uniform", "StudentT", "NoLimitError", "FloatOverflowError", "law_from_name"]
+__all__ = ["Law", "LAWS", "Gaussian", "Rademacher", "Uniform", "StudentT", "NoLimitError", "FloatOverflowError",
+           "law_from_name"]
 
 SQRT3 = np.sqrt(3.0)
 
@@ -83,17 +92,103 @@ def _check_shape(shape):
     return shape
 
 
-class _Law:
+LAWS: dict[str, type] = {}
+"""Every concrete :class:`Law` subclass by its ``name``, filled when the class is defined."""
+
+
+class Law(abc.ABC):
+    """A token law ``mu`` on ``R^D``: the interface every law provides.
+
+    A concrete subclass sets the class attribute ``name`` (a new, non-empty string) and
+    implements every abstract member below; it is then registered in :data:`LAWS` under
+    ``name`` when the class statement runs, and a missing or duplicate ``name``, or a member left
+    abstract, is refused there with a ``TypeError``. An intermediate class that is not a law by
+    itself is declared with ``class Base(Law, abstract=True)`` and is not registered. The
+    constructor must accept the dimension as a keyword ``D`` (checked against, or completing,
+    the other arguments), which is how :func:`law_from_name` calls it.
+
+    Attributes
+    ----------
+    name : str (class attribute)
+        The law's key in :data:`LAWS` and for :func:`law_from_name`.
+    has_limit : bool (class attribute)
+        Whether ``E e^{a.z} < inf`` for every ``a``, i.e. softmax attention has an
+        infinite-prompt limit; ``False`` means :meth:`tilted_mean` and :meth:`snis_covariance`
+        raise :class:`NoLimitError`.
+    D : int
+        Dimension of the tokens.
+    """
+
+    name: str
+    has_limit: bool = True
     D: int
+
+    def __init_subclass__(cls, abstract=False, **kwargs):
+        """Register a concrete subclass in :data:`LAWS` (see the class doc for the rules)."""
+        super().__init_subclass__(**kwargs)
+        if abstract:
+            return
+        name = cls.__dict__.get("name")
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"law class {cls.__qualname__} must set a class attribute name (a non-empty string, "
+                            f"its key in LAWS), got {name!r}")
+        if name in LAWS:
+            raise TypeError(f"law name {name!r} of {cls.__qualname__} is already taken by "
+                            f"{LAWS[name].__module__}.{LAWS[name].__qualname__}")
+        missing = sorted(attr for attr in dir(cls) if getattr(getattr(cls, attr, None), "__isabstractmethod__", False))
+        if missing:
+            raise TypeError(f"law class {cls.__qualname__} does not implement {missing} (declared by Law)")
+        LAWS[name] = cls
 
     def __repr__(self):
         return f"{type(self).__name__}(D={self.D})"
 
-    def tilted_mean(self, a):  # pragma: no cover - every concrete law overrides
-        raise NotImplementedError
+    @property
+    @abc.abstractmethod
+    def mean(self):
+        """Mean ``E z``, shape ``(D,)`` (zeros for the symmetric laws)."""
+
+    @property
+    @abc.abstractmethod
+    def cov(self):
+        """Covariance ``Cov(z)``, shape ``(D, D)``; ``ValueError`` if it is infinite."""
+
+    @abc.abstractmethod
+    def sample(self, rng, shape=()):
+        """``shape + (D,)`` i.i.d. tokens drawn from the ``np.random.Generator`` ``rng`` (each law
+        documents its draw order: the same ``rng`` state gives the same tokens)."""
+
+    @abc.abstractmethod
+    def tilted_mean(self, a):
+        """``E[e^{a.z} z] / E[e^{a.z}] = grad K_mu(a)`` for ``a`` of shape ``(..., D)``, same shape
+        out: the infinite-prompt limit of softmax attention at logits ``a = U q``. Raises
+        :class:`NoLimitError` when the limit does not exist (``has_limit`` is False)."""
+
+    @abc.abstractmethod
+    def snis_covariance(self, a):
+        """``lim_L L Cov(f_L)`` at ``a`` (shape ``(..., D)``), shape ``(..., D, D)``: the delta method
+        for self-normalised importance sampling, ``E[w^2 (z - m_a)(z - m_a)^T] / (E w)^2`` with
+        ``w = e^{a.z}``, ``m_a = tilted_mean(a)``. Raises :class:`NoLimitError` like
+        :meth:`tilted_mean`."""
+
+    @classmethod
+    @abc.abstractmethod
+    def isotropic(cls, D, sigma=1.0):
+        """This law on ``R^D`` with covariance ``sigma^2 I_D`` (the laws of experiment C1).
+        Law-specific shape parameters are keyword arguments; a law that has no such member
+        raises ``NotImplementedError`` saying why."""
 
 
-class Gaussian(_Law):
+def _check_sigma(sigma):
+    """``sigma`` checked to be a finite scalar >= 0 and returned unchanged (so ``isotropic`` does the
+    same float operations as the hand-built C1 laws)."""
+    s = _as_float_array(sigma, "sigma")
+    if s.ndim != 0 or not s >= 0:
+        raise ValueError(f"sigma must be a scalar >= 0, got {sigma!r}")
+    return sigma
+
+
+class Gaussian(Law):
     """``N(mean, cov)`` on ``R^D``; Lemma 2.1: ``tilted_mean(a) = mean + cov a``.
 
     ``cov`` may be a scalar (times identity, needs ``D``), a vector (diagonal) or a symmetric
@@ -112,10 +207,10 @@ class Gaussian(_Law):
                     raise ValueError("Gaussian needs mean, D, or a vector/matrix cov to know D")
                 D = c.shape[0]
             mean = np.zeros(D)
-        self.mean = _as_float_array(mean, "mean")
-        if self.mean.ndim != 1 or self.mean.shape[0] < 1:
-            raise ValueError(f"mean must be a non-empty vector, got shape {self.mean.shape}")
-        self.D = self.mean.shape[0]
+        self._mean = _as_float_array(mean, "mean")
+        if self._mean.ndim != 1 or self._mean.shape[0] < 1:
+            raise ValueError(f"mean must be a non-empty vector, got shape {self._mean.shape}")
+        self.D = self._mean.shape[0]
         if D is not None and D != self.D:
             raise ValueError(f"D = {D} does not match len(mean) = {self.D}")
         cov = _as_float_array(cov, "cov")
@@ -133,11 +228,26 @@ class Gaussian(_Law):
         eigval, eigvec = np.linalg.eigh(cov)
         if eigval.min() < -1e-10 * max(1.0, eigval.max()):
             raise ValueError(f"cov must be positive semi-definite (smallest eigenvalue {eigval.min():.3g})")
-        self.cov = cov
+        self._cov = cov
         # eigenvalues at rounding level are zero: samples stay exactly in the range of cov
         eigval = np.where(eigval <= self.D * np.finfo(float).eps * max(eigval.max(), 0.0), 0.0, eigval)
         self._root = eigvec * np.sqrt(eigval)  # cov = root @ root.T
         self._std = np.sqrt(np.diag(cov)) if np.array_equal(cov, np.diag(np.diag(cov))) else None
+
+    @classmethod
+    def isotropic(cls, D, sigma=1.0):
+        """``N(0, sigma^2 I_D)``."""
+        return cls(cov=_check_sigma(sigma) ** 2, D=D)
+
+    @property
+    def mean(self):
+        """The ``mean`` argument, shape ``(D,)``."""
+        return self._mean
+
+    @property
+    def cov(self):
+        """The ``cov`` argument as a symmetric ``D x D`` matrix."""
+        return self._cov
 
     def __repr__(self):
         return f"Gaussian(D={self.D}, trace(cov)={np.trace(self.cov):.4g})"
@@ -176,7 +286,7 @@ class Gaussian(_Law):
         return C
 
 
-class _ProductLaw(_Law):
+class _ProductLaw(Law, abstract=True):
     """``z = S r`` with i.i.d. coordinates ``r_i`` of a one-dimensional law of unit variance.
 
     Subclasses give per-coordinate ``_log_mgf(b) = log E e^{b r}``, ``_mean(b)`` (its
@@ -194,7 +304,42 @@ class _ProductLaw(_Law):
             D = s.shape[0]
         self.D = _check_D(D)
         self.S = _scale_matrix(scale, self.D)
-        self.cov = self.S @ self.S.T
+        self._cov = self.S @ self.S.T
+
+    @classmethod
+    def isotropic(cls, D, sigma=1.0):
+        """Scale ``S = sigma I_D``: covariance ``sigma^2 I_D`` (the coordinates have unit variance)."""
+        return cls(_check_sigma(sigma), D=D)
+
+    @property
+    def mean(self):
+        """Zero: the coordinates are symmetric."""
+        return np.zeros(self.D)
+
+    @property
+    def cov(self):
+        """``S S^T``."""
+        return self._cov
+
+    @staticmethod
+    @abc.abstractmethod
+    def _log_mgf(b):
+        """``log E e^{b r}`` per coordinate."""
+
+    @staticmethod
+    @abc.abstractmethod
+    def _mean(b):
+        """``d/db log E e^{b r}``, the one-dimensional tilted mean."""
+
+    @staticmethod
+    @abc.abstractmethod
+    def _var(b):
+        """The one-dimensional tilted variance (derivative of :meth:`_mean`)."""
+
+    @staticmethod
+    @abc.abstractmethod
+    def _log_rho(b):
+        """``_log_mgf(2b) - 2 _log_mgf(b)`` without cancellation."""
 
     def tilted_mean(self, a):
         a = _check_a(a, self.D)
@@ -338,7 +483,7 @@ class Uniform(_ProductLaw):
         return np.log1p(t * langevin(t))
 
 
-class StudentT(_Law):
+class StudentT(Law):
     """Multivariate Student-t: ``z = S g / sqrt(W / df)``, ``g ~ N(0, I_D)``, ``W ~ chi2(df)``
     (one ``W`` per token), ``df`` degrees of freedom.
 
@@ -347,6 +492,7 @@ class StudentT(_Law):
     """
 
     name = "student_t"
+    has_limit = False
 
     def __init__(self, df=3.0, scale=1.0, D=None):
         df_arr = _as_float_array(df, "df")
@@ -367,8 +513,26 @@ class StudentT(_Law):
     def __repr__(self):
         return f"StudentT(df={self.df:g}, D={self.D})"
 
+    @classmethod
+    def isotropic(cls, D, sigma=1.0, *, df=3.0):
+        """Scale ``sigma sqrt((df - 2) / df)``, so that the covariance is ``sigma^2 I_D``; needs
+        ``df > 2`` (finite variance)."""
+        sigma = _check_sigma(sigma)
+        df_arr = _as_float_array(df, "df")
+        if df_arr.ndim != 0 or not df_arr > 2:
+            raise ValueError(f"df must be a scalar > 2 for a finite covariance sigma^2 I, got {df!r}")
+        return cls(df, sigma * np.sqrt((df - 2) / df), D=D)
+
+    @property
+    def mean(self):
+        """Zero (symmetric law); ``ValueError`` for ``df <= 1``, where ``E |z| = inf``."""
+        if self.df <= 1:
+            raise ValueError(f"StudentT(df={self.df:g}) has no mean (needs df > 1)")
+        return np.zeros(self.D)
+
     @property
     def cov(self):
+        """``df/(df-2) S S^T``; ``ValueError`` for ``df <= 2`` (infinite variance)."""
         if self.df <= 2:
             raise ValueError(f"StudentT(df={self.df:g}) has infinite variance (needs df > 2)")
         return self.df / (self.df - 2) * self.S @ self.S.T
@@ -385,6 +549,7 @@ class StudentT(_Law):
         return z
 
     def tilted_mean(self, a):
+        """Always raises :class:`NoLimitError` (no exponential moments)."""
         raise NoLimitError(
             f"StudentT(df={self.df:g}) has no exponential moments: E exp(a.z) = inf for every a != 0, "
             "so softmax attention has no infinite-prompt limit"
@@ -394,10 +559,9 @@ class StudentT(_Law):
 
 
 def law_from_name(name, D, **kwargs):
-    """Build a standard law on ``R^D`` from its name (``gaussian``, ``rademacher``, ``uniform``,
-    ``student_t``); keyword arguments go to the constructor. Unknown names raise ValueError."""
-    table = {"gaussian": lambda: Gaussian(D=D, **kwargs), "rademacher": lambda: Rademacher(D=D, **kwargs),
-             "uniform": lambda: Uniform(D=D, **kwargs), "student_t": lambda: StudentT(D=D, **kwargs)}
-    if name not in table:
-        raise ValueError(f"unknown law name {name!r}; expected one of {sorted(table)}")
-    return table[name]()
+    """Build the law registered in :data:`LAWS` as ``name`` on ``R^D``: ``LAWS[name](D=D,
+    **kwargs)`` (keyword arguments go to the constructor). Unknown names raise ValueError
+    listing the known ones."""
+    if name not in LAWS:
+        raise ValueError(f"unknown law name {name!r}; expected one of {sorted(LAWS)}")
+    return LAWS[name](D=D, **kwargs)
