@@ -199,13 +199,16 @@ def trajectory_exponents(ds: xr.Dataset) -> xr.Dataset:
 def measures(ds: xr.Dataset) -> dict:
     """Measured figure of every C2 criterion (:class:`~.verdicts.Inconclusive` with the reason for
     the slopes when the file has fewer than 3 prompt lengths)."""
-    ts = tail_summary(ds)
+    return _measures(ds, tail_tests(ds))
+
+
+def _measures(ds: xr.Dataset, tt: xr.Dataset) -> dict:
     ratio = clt_ratio(ds).ratio.sel(level=ds.level[ds.level >= CLT_MIN_LEVEL * (1 - 1e-9)])
     gs = gradient_summary(ds)
     no_slope = slope_shortfall(ds)
     tr = None if no_slope else trajectory_exponents(ds)
     return {
-        "C2-tail-violations": ts["n_violations"],
+        "C2-tail-violations": int(tt.violated.sum()),
         "C2-tail-clt": ratio.values.ravel(),
         "C2-grad-violations": int(gs.violated.sum()),
         "C2-grad-slopes": measure_unless(no_slope, lambda: gradient_slopes(ds).slope.values.ravel()),
@@ -220,7 +223,7 @@ def verdicts(ds: xr.Dataset):
     tt = tail_tests(ds)
     if bool(tt.vacuous.all()):
         flags["C2-tail-violations"] = "every tail bound is vacuous (>= 1)"
-    return evaluate(criteria_from_attrs(ds), measures(ds), inconclusive=flags)
+    return evaluate(criteria_from_attrs(ds), _measures(ds, tt), inconclusive=flags)
 
 
 # --------------------------------------------------------------------------- tables
