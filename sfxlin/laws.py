@@ -25,8 +25,8 @@ import abc
 
 import numpy as np
 
-__all__ = ["Law", "LAWS", "Gaussian", "Rademacher", "Uniform", "StudentT", "NoLimitError", "FloatOverflowError",
-           "law_from_name"]
+__all__ = ["Law", "LAWS", "Gaussian", "Rademacher", "Uniform", "StudentT", "GaussianMixture", "NoLimitError",
+           "FloatOverflowError", "law_from_name"]
 
 SQRT3 = np.sqrt(3.0)
 
@@ -556,6 +556,186 @@ class StudentT(Law):
         )
 
     snis_covariance = tilted_mean
+
+
+class GaussianMixture(Law):
+    r"""Finite Gaussian mixture ``sum_k pi_k N(m_k, S_k)`` on ``R^D``, ``k = 1..K``.
+
+    ``weights`` (K,) positive and summing to 1 (within 1e-9; they are then divided by their
+    sum), ``means`` (K, D), ``covs`` (K, D, D) symmetric positive semi-definite matrices, (K, D)
+    diagonals or (K,) scalars (times ``I_D``), as :class:`Gaussian` accepts one covariance.
+
+    Moments: ``mean = sum_k pi_k m_k``, ``cov = sum_k pi_k (S_k + (m_k - mean)(m_k - mean)^T)``
+    (equal to ``sum_k pi_k (S_k + m_k m_k^T) - mean mean^T``, without its cancellation).
+
+    Limit. With ``M_k(a) = E_k e^{a.z} = exp(a.m_k + a^T S_k a / 2)``, tilting component ``k`` by
+    ``e^{a.z}`` gives ``N(m_k + S_k a, S_k)``, so
+
+        tilted_mean(a) = sum_k r_k(a) (m_k + S_k a),   r_k(a) = pi_k M_k(a) / sum_j pi_j M_j(a):
+
+    the tilted component means weighted by the posterior ``r_k(a)``, which moves with ``a``: the
+    limit is NOT linear (nor affine) in ``a``, unless all the components are one Gaussian (as for
+    ``K = 1``); softmax attention over mixture tokens does not tend to linear attention. The
+    ``r_k`` are a softmax of ``log pi_k + a.m_k + a^T S_k a / 2`` with the maximum
+    subtracted, so a large ``a`` (the exponentials overflow from ``a^T S_k a / 2 ~ 709``) is
+    exact; :class:`FloatOverflowError` only when the result itself is not finite in float64
+    (``a`` of order ``1e154 / ||S||``).
+
+    Attributes
+    ----------
+    weights : array (K,), the normalised ``pi_k``
+    means : array (K, D)
+    covs : array (K, D, D), symmetrised
+    K : int, the number of components
+    """
+
+    name = "gaussian_mixture"
+
+    def __init__(self, weights, means, covs, D=None):
+        if D is not None:
+            D = _check_D(D)
+        w = _as_float_array(weights, "weights")
+        if w.ndim != 1 or w.shape[0] < 1:
+            raise ValueError(f"weights must be a non-empty vector of shape (K,), got shape {w.shape}")
+        if not np.all(w > 0):
+            raise ValueError(f"weights must be positive, got {w.tolist()}")
+        if abs(w.sum() - 1.0) > 1e-9:
+            raise ValueError(f"weights must sum to 1 (within 1e-9), got sum {w.sum()!r}")
+        K = w.shape[0]
+        m = _as_float_array(means, "means")
+        if m.ndim != 2 or m.shape[0] != K or m.shape[1] < 1:
+            raise ValueError(f"means must have shape (K, D) with K = {K} (from weights), got shape {m.shape}")
+        self.D = m.shape[1]
+        if D is not None and D != self.D:
+            raise ValueError(f"D = {D} does not match means.shape[1] = {self.D}")
+        self.weights = w / w.sum()
+        self.means = m
+        self.covs = self._check_covs(covs, K, self.D)
+        self._log_weights = np.log(self.weights)
+        self._roots = np.empty_like(self.covs)  # covs[k] = roots[k] @ roots[k].T
+        for k, S in enumerate(self.covs):
+            lam, Q = np.linalg.eigh(S)
+            lam = np.where(lam <= self.D * np.finfo(float).eps * max(lam.max(), 0.0), 0.0, lam)  # as Gaussian
+            self._roots[k] = Q * np.sqrt(lam)
+        self._cum_weights = np.cumsum(self.weights)
+        self._cum_weights[-1] = 1.0  # every uniform draw in [0, 1) falls below the last bin edge
+
+    @staticmethod
+    def _check_covs(covs, K, D):
+        """``covs`` as (K, D, D) symmetric PSD matrices (from matrices, diagonals or scalars)."""
+        c = _as_float_array(covs, "covs")
+        if c.shape == (K,):
+            c = c[:, None, None] * np.eye(D)
+        elif c.shape == (K, D):
+            c = c[:, :, None] * np.eye(D)
+        elif c.shape != (K, D, D):
+            raise ValueError(f"covs must have shape (K, D, D), (K, D) (diagonals) or (K,) (scalars) with "
+                             f"K = {K}, D = {D} (from means), got shape {c.shape}")
+        for k, S in enumerate(c):
+            if not np.allclose(S, S.T, rtol=1e-12, atol=1e-12 * max(1.0, np.abs(S).max())):
+                raise ValueError(f"covs[{k}] must be symmetric")
+            lam = np.linalg.eigvalsh(0.5 * (S + S.T))
+            if lam.min() < -1e-10 * max(1.0, lam.max()):
+                raise ValueError(f"covs[{k}] must be positive semi-definite (smallest eigenvalue {lam.min():.3g})")
+        return 0.5 * (c + np.swapaxes(c, 1, 2))
+
+    @classmethod
+    def isotropic(cls, D, sigma=1.0, *, spread=0.5):
+        """Scale mixture ``N(0, (1 - spread) sigma^2 I_D) / 2 + N(0, (1 + spread) sigma^2 I_D) / 2``,
+        ``0 <= spread < 1``: covariance ``sigma^2 I_D`` and rotation invariant, but not Gaussian
+        for ``spread > 0`` (kurtosis ``3 (1 + spread^2)`` per coordinate). Its limit
+        ``r(a) sigma^2 a`` is along ``a`` with a slope ``r`` that grows from ``sigma^2`` at
+        ``a = 0`` to ``(1 + spread) sigma^2`` as ``|a| -> inf``.
+        """
+        D = _check_D(D)
+        sigma = _check_sigma(sigma)
+        s = _as_float_array(spread, "spread")
+        if s.ndim != 0 or not 0 <= s < 1:
+            raise ValueError(f"spread must be a scalar in [0, 1), got {spread!r}")
+        var = sigma**2 * np.array([1.0 - s, 1.0 + s])
+        return cls(weights=[0.5, 0.5], means=np.zeros((2, D)), covs=var)
+
+    @property
+    def K(self):
+        """Number of components."""
+        return self.weights.shape[0]
+
+    @property
+    def mean(self):
+        """``sum_k pi_k m_k``."""
+        return self.weights @ self.means
+
+    @property
+    def cov(self):
+        """``sum_k pi_k (S_k + (m_k - mean)(m_k - mean)^T)``."""
+        dm = self.means - self.mean
+        return np.einsum("k,kij->ij", self.weights, self.covs + dm[:, :, None] * dm[:, None, :])
+
+    def __repr__(self):
+        return f"GaussianMixture(K={self.K}, D={self.D})"
+
+    def sample(self, rng, shape=()):
+        """Draw order: ``rng.random(shape)`` (one uniform per token, its component is the first
+        ``k`` with ``u < pi_1 + .. + pi_k``), then ``rng.standard_normal(shape + (D,))``
+        (``z = m_k + R_k g`` with ``S_k = R_k R_k^T`` by eigen-decomposition)."""
+        shape = _check_shape(shape)
+        k = np.searchsorted(self._cum_weights, rng.random(shape), side="right")
+        g = rng.standard_normal(shape + (self.D,))
+        z = np.empty_like(g)
+        for j in range(self.K):
+            sel = k == j
+            z[sel] = self.means[j] + g[sel] @ self._roots[j].T
+        return z
+
+    def _logits(self, a, Sa):
+        """``log pi_k + a.m_k + a^T S_k a / 2``, shape ``(..., K)``."""
+        return self._log_weights + a @ self.means.T + 0.5 * np.sum(a[..., None, :] * Sa, axis=-1)
+
+    def _tilt(self, a):
+        """``(S_k a)_k`` ``(..., K, D)``, the logits ``log pi_k M_k(a)`` ``(..., K)`` and their
+        log-sum-exp ``log E e^{a.z}`` ``(..., 1)`` (maximum subtracted): the posterior is
+        ``r = exp(logits - log E e^{a.z})``."""
+        Sa = np.stack([a @ S for S in self.covs], axis=-2)
+        logits = self._logits(a, Sa)
+        top = logits.max(axis=-1, keepdims=True)
+        return Sa, logits, top + np.log(np.sum(np.exp(logits - top), axis=-1, keepdims=True))
+
+    def tilted_mean(self, a):
+        """``sum_k r_k(a) (m_k + S_k a)`` (see the class doc), shape of ``a``."""
+        a = _check_a(a, self.D)
+        with np.errstate(over="ignore", invalid="ignore"):
+            Sa, logits, log_Ew = self._tilt(a)
+            out = np.sum(np.exp(logits - log_Ew)[..., None] * (self.means + Sa), axis=-2)
+        if not np.all(np.isfinite(out)):
+            raise FloatOverflowError(f"tilted_mean overflows float64: a (max |a| = {np.abs(a).max():.3g}) is too "
+                                     "large for these covs (a^T S_k a beyond the float64 range)")
+        return out
+
+    def snis_covariance(self, a):
+        """``lim_L L Cov(f_L)`` (see :meth:`Law.snis_covariance`) in closed form.
+
+        Tilting component ``k`` by ``w^2 = e^{2a.z}`` gives mass ``pi_k M_k(2a)`` and law
+        ``N(m_k + 2 S_k a, S_k)``, so with ``m_a = tilted_mean(a)``, ``d_k = m_k + 2 S_k a - m_a``:
+
+            E[w^2 (z - m_a)(z - m_a)^T] / (E w)^2
+                = sum_k pi_k M_k(2a) (S_k + d_k d_k^T) / (sum_k pi_k M_k(a))^2,
+
+        each coefficient ``exp(log pi_k + log M_k(2a) - 2 logsumexp_j(log pi_j + log M_j(a)))``
+        formed in log space; :class:`FloatOverflowError` when it exceeds the float64 range.
+        """
+        a = _check_a(a, self.D)
+        with np.errstate(over="ignore", invalid="ignore"):
+            Sa, logits, log_Ew = self._tilt(a)
+            m_a = np.sum(np.exp(logits - log_Ew)[..., None] * (self.means + Sa), axis=-2)
+            logits2 = self._logits(2 * a, 2 * Sa)
+            coef = np.exp(logits2 - 2 * log_Ew)  # (..., K)
+            d = self.means + 2 * Sa - m_a[..., None, :]  # (..., K, D)
+            inner = self.covs + d[..., :, None] * d[..., None, :]  # (..., K, D, D)
+            C = np.sum(coef[..., None, None] * inner, axis=-3)
+        if not np.all(np.isfinite(C)):
+            raise FloatOverflowError(f"snis_covariance overflows float64: a (max |a| = {np.abs(a).max():.3g}) is "
+                                     "too large for these covs (the factor E[w^2] / (E w)^2 exceeds ~1e308)")
+        return C
 
 
 def law_from_name(name, D, **kwargs):

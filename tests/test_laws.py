@@ -1,16 +1,17 @@
 """Token laws: the Law interface and its registry, samplers, moments, isotropic members, validation,
-vectorisation, the Langevin function, limits."""
+vectorisation, the Langevin function, limits, and the Gaussian mixture."""
 from decimal import Decimal, localcontext
 
 import numpy as np
 import pytest
 
 from sfxlin import laws
-from sfxlin.laws import LAWS, Gaussian, Law, NoLimitError, Rademacher, StudentT, Uniform, langevin, law_from_name
+from sfxlin.laws import (LAWS, FloatOverflowError, Gaussian, GaussianMixture, Law, NoLimitError, Rademacher, StudentT,
+                         Uniform, langevin, law_from_name)
 
 SQRT3 = np.sqrt(3.0)
 N_MOMENTS = 200_000
-NAMES = ["gaussian", "rademacher", "uniform", "student_t"]
+NAMES = ["gaussian", "rademacher", "uniform", "student_t", "gaussian_mixture"]
 WITH_LIMIT = [name for name in NAMES if name != "student_t"]
 
 
@@ -26,7 +27,20 @@ def _laws(D, rng):
         "rademacher": Rademacher(scale=A),
         "uniform": Uniform(scale=A),
         "student_t": StudentT(df=10.0, scale=A),  # df > 4: the sample covariance has a CLT
+        "gaussian_mixture": _mixture(rng, 3, D),
     }
+
+
+def _mixture(rng, K, D):
+    """Random K-component mixture on R^D: weights in [0.2, 1] normalised, standard normal means,
+    covariances of order 1, the second one of rank 1 (singular for D >= 2)."""
+    w = rng.uniform(0.2, 1.0, K)
+    A = rng.standard_normal((K, D, D)) / np.sqrt(D)
+    covs = A @ A.transpose(0, 2, 1) + 0.1 * np.eye(D)
+    if K > 1:
+        v = rng.standard_normal(D)
+        covs[1] = np.outer(v, v) / D
+    return GaussianMixture(w / w.sum(), rng.standard_normal((K, D)), covs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -229,7 +243,7 @@ def test_module_exports():
 
 
 def test_module_exports_the_law_interface():
-    assert set(laws.__all__) >= {"Law", "LAWS", "FloatOverflowError"}
+    assert set(laws.__all__) >= {"Law", "LAWS", "GaussianMixture", "FloatOverflowError"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -254,7 +268,8 @@ def test_every_law_is_registered_once_under_its_name():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_law_from_name_builds_every_registered_law(name):
-    law = law_from_name(name, 3)
+    kwargs = {"gaussian_mixture": dict(weights=[0.25, 0.75], means=np.zeros((2, 3)), covs=[1.0, 2.0])}.get(name, {})
+    law = law_from_name(name, 3, **kwargs)
     assert type(law) is LAWS[name] and law.D == 3 and law.name == name
     assert law.mean.shape == (3,) and law.cov.shape == (3, 3)
 
@@ -263,6 +278,11 @@ def test_law_from_name_unknown_name_lists_the_known_ones():
     with pytest.raises(ValueError, match="unknown law name 'cauchy'") as info:
         law_from_name("cauchy", 2)
     assert all(repr(name) in str(info.value) for name in NAMES)
+
+
+def test_law_from_name_checks_D_against_the_mixture():
+    with pytest.raises(ValueError, match="D = 3 does not match means"):
+        law_from_name("gaussian_mixture", 3, weights=[1.0], means=np.zeros((1, 2)), covs=[1.0])
 
 
 def _law_body():
@@ -386,15 +406,139 @@ def test_isotropic_is_the_c1_construction_bit_for_bit():
     assert StudentT.isotropic(2).df == 3.0
 
 
+def test_isotropic_mixture_is_a_scale_mixture_with_a_nonlinear_limit():
+    """0.5 N(0, (1 - s) sigma^2 I) + 0.5 N(0, (1 + s) sigma^2 I): slope sigma^2 at a = 0, then
+    growing towards (1 + s) sigma^2 along a."""
+    law = GaussianMixture.isotropic(2, 2.0, spread=0.5)
+    np.testing.assert_array_equal(law.covs, [2.0 * np.eye(2), 6.0 * np.eye(2)])
+    u = np.array([0.6, 0.8])
+    slopes = [law.tilted_mean(t * u) @ u / t for t in (1e-6, 0.5, 1.0, 50.0)]
+    assert slopes[0] == pytest.approx(4.0, rel=1e-10)
+    assert np.all(np.diff(slopes) > 0) and slopes[-1] == pytest.approx(6.0, rel=1e-12)
+    np.testing.assert_array_equal(GaussianMixture.isotropic(2, 2.0, spread=0.0).cov, 4.0 * np.eye(2))
+
+
 @pytest.mark.parametrize(
     "build, match",
     [
         (lambda: StudentT.isotropic(2, 1.0, df=2.0), "df must be a scalar > 2"),
+        (lambda: GaussianMixture.isotropic(2, 1.0, spread=1.0), r"spread must be a scalar in \[0, 1\)"),
+        (lambda: GaussianMixture.isotropic(2, 1.0, spread=-0.1), "spread"),
         (lambda: Gaussian.isotropic(2, -1.0), "sigma must be a scalar >= 0"),
         (lambda: Uniform.isotropic(2, [1.0, 2.0]), "sigma must be a scalar >= 0"),
         (lambda: Rademacher.isotropic(2, np.nan), "sigma must be finite"),
+        (lambda: GaussianMixture.isotropic(0, 1.0), "D must be an integer >= 1"),
     ],
 )
 def test_isotropic_validation(build, match):
     with pytest.raises(ValueError, match=match):
         build()
+
+
+# --------------------------------------------------------------------------------------------
+# GaussianMixture
+# --------------------------------------------------------------------------------------------
+def test_mixture_of_one_component_is_the_gaussian():
+    """K = 1: r_1 = 1 exactly, so tilted_mean is mean + cov a computed by the same product
+    (identical bits); the SNIS constant goes through log space (exp(2 a.m + 2 q - 2 (a.m + q/2)),
+    q = a^T S a), so it agrees to the rounding of the exponent, ~eps * (|a.m| + q) relative."""
+    rng = _rng(20)
+    A = rng.standard_normal((3, 3))
+    mean, cov = rng.standard_normal(3), A @ A.T / 3
+    gauss, mix = Gaussian(mean, cov), GaussianMixture([1.0], mean[None], cov[None])
+    a = rng.standard_normal((50, 3))
+    np.testing.assert_array_equal(mix.tilted_mean(a), gauss.tilted_mean(a))
+    np.testing.assert_array_equal(mix.mean, gauss.mean)
+    np.testing.assert_array_equal(mix.cov, gauss.cov)
+    np.testing.assert_allclose(mix.snis_covariance(a), gauss.snis_covariance(a), rtol=1e-13, atol=1e-14)
+
+
+def test_mixture_accepts_diagonal_and_scalar_covs():
+    means = np.array([[0.0, 1.0], [2.0, -1.0]])
+    full = GaussianMixture([0.5, 0.5], means, [np.diag([1.0, 2.0]), 3.0 * np.eye(2)])
+    np.testing.assert_array_equal(GaussianMixture([0.5, 0.5], means, [[1.0, 2.0], [3.0, 3.0]]).covs, full.covs)
+    np.testing.assert_array_equal(GaussianMixture([0.5, 0.5], means, [2.0, 3.0]).covs, [2.0 * np.eye(2), full.covs[1]])
+
+
+def test_mixture_moments_closed_form():
+    """mean = sum pi m, cov = sum pi (S + m m^T) - mean mean^T, on a hand example."""
+    law = GaussianMixture([0.25, 0.75], [[2.0, 0.0], [-2.0, 4.0]], [[1.0, 2.0], [3.0, 0.5]])
+    np.testing.assert_allclose(law.mean, [-1.0, 3.0], rtol=1e-15)
+    second = 0.25 * (np.diag([1.0, 2.0]) + np.outer([2.0, 0.0], [2.0, 0.0])) \
+        + 0.75 * (np.diag([3.0, 0.5]) + np.outer([-2.0, 4.0], [-2.0, 4.0]))
+    np.testing.assert_allclose(law.cov, second - np.outer(law.mean, law.mean), rtol=1e-15, atol=1e-15)
+
+
+def test_mixture_sample_draw_order():
+    """One uniform per token picks the component (searchsorted on the cumulative weights), then
+    the standard normals: the generator ends in the state of exactly these two draws."""
+    w = np.array([0.2, 0.5, 0.3])
+    means = np.array([[-100.0, 0.0], [0.0, 100.0], [100.0, 0.0]])  # far apart: the component is legible
+    law = GaussianMixture(w, means, [1e-2, 1e-2, 1e-2])
+    z = law.sample(_rng(21), (40, 3))
+    ref = _rng(21)
+    k = np.searchsorted(np.cumsum(w), ref.random((40, 3)), side="right")
+    g = ref.standard_normal((40, 3, 2))
+    assert np.array_equal(np.argmin(np.linalg.norm(z[..., None, :] - means, axis=-1), axis=-1), k)
+    np.testing.assert_allclose(z, means[k] + 0.1 * g, rtol=0, atol=1e-13)  # diagonal root: sqrt(1e-2)
+    rng = _rng(21)
+    law.sample(rng, (40, 3))
+    assert rng.random() == ref.random()
+
+
+def test_mixture_tilted_mean_large_logits_is_the_dominant_component():
+    """|a| = 50: the logits log pi_k + a.m_k + a^T S_k a / 2 are of order 1e3 (exp overflows at
+    709) and the top two differ by more than 40 here, so the posterior sits on one component to
+    within e^{-40} ~ 4e-18: the result is that component's tilted mean m_k + S_k a to rounding
+    (~eps |S_k a| ~ 1e-14)."""
+    rng = _rng(22)
+    law = _mixture(rng, 3, 3)
+    a = 50.0 * rng.standard_normal((20, 3)) / np.sqrt(3)
+    logits = np.log(law.weights) + a @ law.means.T + 0.5 * np.einsum("bi,kij,bj->bk", a, law.covs, a)
+    top2 = np.sort(logits, axis=1)[:, -2:]
+    assert logits.max() > 709 and np.all(top2[:, 1] - top2[:, 0] > 40)
+    k = np.argmax(logits, axis=1)
+    expected = law.means[k] + np.einsum("bij,bj->bi", law.covs[k], a)
+    np.testing.assert_allclose(law.tilted_mean(a), expected, rtol=1e-13, atol=1e-12)
+
+
+def test_mixture_overflow_raises():
+    law = GaussianMixture([0.5, 0.5], [[0.0], [1.0]], [1.0, 2.0])
+    with pytest.raises(FloatOverflowError, match="tilted_mean overflows"):
+        law.tilted_mean([1e200])
+    with pytest.raises(FloatOverflowError, match="snis_covariance overflows"):
+        law.snis_covariance([30.0])  # E w^2 / (E w)^2 ~ exp(a^T S a) = exp(1800)
+    assert np.isfinite(law.snis_covariance([10.0])).all()
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(weights=[0.5, 0.6], means=np.zeros((2, 2)), covs=[1.0, 1.0]), "weights must sum to 1"),
+        (dict(weights=[0.5, 0.5 + 2e-9], means=np.zeros((2, 2)), covs=[1.0, 1.0]), "weights must sum to 1"),
+        (dict(weights=[1.5, -0.5], means=np.zeros((2, 2)), covs=[1.0, 1.0]), "weights must be positive"),
+        (dict(weights=[1.0, 0.0], means=np.zeros((2, 2)), covs=[1.0, 1.0]), "weights must be positive"),
+        (dict(weights=[[1.0]], means=np.zeros((1, 2)), covs=[1.0]), "weights must be a non-empty vector"),
+        (dict(weights=[], means=np.zeros((0, 2)), covs=[]), "weights must be a non-empty vector"),
+        (dict(weights=[np.nan, 1.0], means=np.zeros((2, 2)), covs=[1.0, 1.0]), "weights must be finite"),
+        (dict(weights=[0.5, 0.5], means=np.zeros((3, 2)), covs=[1.0, 1.0]), r"means must have shape \(K, D\) with K = 2"),
+        (dict(weights=[0.5, 0.5], means=np.zeros(2), covs=[1.0, 1.0]), "means must have shape"),
+        (dict(weights=[0.5, 0.5], means=np.zeros((2, 2)), covs=np.ones((2, 3))), "covs must have shape"),
+        (dict(weights=[0.5, 0.5], means=np.zeros((2, 2)), covs=np.ones((3,))), "covs must have shape"),
+        (dict(weights=[0.5, 0.5], means=np.zeros((2, 2)), covs=np.eye(2)[None]), "covs must have shape"),
+        (dict(weights=[0.5, 0.5], means=np.zeros((2, 2)), covs=[np.eye(2), [[1.0, 2.0], [2.0, 1.0]]]),
+         r"covs\[1\] must be positive semi-definite"),
+        (dict(weights=[0.5, 0.5], means=np.zeros((2, 2)), covs=[-1.0, 1.0]), r"covs\[0\] must be positive semi-definite"),
+        (dict(weights=[0.5, 0.5], means=np.zeros((2, 2)), covs=[np.eye(2), [[1.0, 0.5], [0.0, 1.0]]]),
+         r"covs\[1\] must be symmetric"),
+        (dict(weights=[0.5, 0.5], means=np.zeros((2, 2)), covs=[1.0, 1.0], D=3), "D = 3 does not match"),
+    ],
+)
+def test_mixture_validation_errors_name_the_argument(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        GaussianMixture(**kwargs)
+
+
+def test_mixture_weights_within_tolerance_are_normalised():
+    law = GaussianMixture([0.5, 0.5 + 5e-10], np.zeros((2, 1)), [1.0, 2.0])
+    assert law.weights.sum() == pytest.approx(1.0, abs=1e-15)
