@@ -27,6 +27,7 @@ import numpy as np
 
 __all__ = [
     "criteria_from_attrs",
+    "Criteria",
     "FAIL",
     "INCONCLUSIVE",
     "KINDS",
@@ -68,8 +69,11 @@ class Criterion:
     kind : one of :data:`KINDS`; the check is ``measured <kind> threshold``, or for ``"in"``
         ``threshold[0] <= measured <= threshold[1]`` (both ends included).
     threshold : a finite float, or a ``(low, high)`` pair for ``"in"``.
-    reference : the reference reproduction's figure as quoted in SPEC, e.g. ``"-0.982 .. -1.027"``
-        (free text; ``""`` when there is none).
+    reference : the independent reproduction's figure, e.g. ``"-0.982 .. -1.027"`` (free text;
+        ``""`` when there is none).
+    reason : one line saying why the threshold is set where it is.
+    profile : the profile the threshold is calibrated for (``"paper"``): a run of another
+        profile is judged by it all the same, and the tables say so.
     fmt : format spec of numbers in the measured figure (default ``".3g"``).
     """
 
@@ -79,6 +83,8 @@ class Criterion:
     kind: str
     threshold: float | tuple[float, float]
     reference: str = ""
+    reason: str = ""
+    profile: str = "paper"
     fmt: str = ".3g"
 
     def __post_init__(self) -> None:
@@ -116,6 +122,12 @@ class Criterion:
             return f"in [{low:g}, {high:g}]"
         return f"{self.kind} {self.threshold:g}"
 
+    def to_dict(self) -> dict:
+        """The criterion as JSON data (a results file's ``criteria`` attr holds a list of these)."""
+        return {"id": self.id, "claim": self.claim, "description": self.description, "kind": self.kind,
+                "threshold": list(self.threshold) if self.kind == "in" else self.threshold,
+                "reference": self.reference, "reason": self.reason, "profile": self.profile, "fmt": self.fmt}
+
     def holds(self, values) -> np.ndarray:
         """Boolean array: which of the (finite) ``values`` satisfy the comparison."""
         v = np.asarray(values, dtype=np.float64)
@@ -123,6 +135,57 @@ class Criterion:
             low, high = self.threshold  # type: ignore[misc]
             return (v >= low) & (v <= high)
         return _OPS[self.kind](v, self.threshold)
+
+
+class Criteria:
+    """The criteria of one claim, each declared next to the measure it reads::
+
+        CRITERIA = Criteria("C1")
+
+        @CRITERIA("C1-slopes", "log-log slope of the Gaussian error in L, every (d, U_norm)",
+                  "in", (-1.1, -0.9), reference="-0.982 .. -1.027", reason="the error is O(1/L)")
+        def _slopes(ds):
+            return slopes(ds).slope.values.ravel()
+
+    Iterating gives the :class:`Criterion` s in declaration order (what ``build()`` stores in a
+    results file); :meth:`measures` calls every measure on a results Dataset (or on what
+    ``prepare(ds)`` returns, when the measures share a computation).
+    """
+
+    def __init__(self, claim, prepare=None):
+        self.claim = claim
+        self.prepare = prepare
+        self._items: list = []
+
+    def __call__(self, id, description, kind, threshold, *, reference="", reason="", profile="paper", fmt=".3g"):
+        criterion = Criterion(id=id, claim=self.claim, description=description, kind=kind, threshold=threshold,
+                              reference=reference, reason=reason, profile=profile, fmt=fmt)
+        if any(c.id == id for c, _ in self._items):
+            raise ValueError(f"criterion {id!r} is declared twice")
+
+        def register(measure):
+            self._items.append((criterion, measure))
+            return measure
+
+        return register
+
+    def __iter__(self):
+        return (c for c, _ in self._items)
+
+    def __len__(self):
+        return len(self._items)
+
+    def measures(self, ds, ids=None) -> dict:
+        """``{criterion id: measured value}`` of every declared measure (or of those in ``ids``) on ``ds``."""
+        data = self.prepare(ds) if self.prepare is not None else ds
+        return {c.id: measure(data) for c, measure in self._items if ids is None or c.id in ids}
+
+    def verdicts(self, ds, inconclusive=None) -> list:
+        """The verdict rows of the criteria stored in the results file ``ds`` (predeclared when it
+        was made), each measured by the measure declared here under its id; a stored criterion
+        with no measure here is INCONCLUSIVE."""
+        stored = criteria_from_attrs(ds)
+        return evaluate(stored, self.measures(ds, {c.id for c in stored}), inconclusive)
 
 
 @dataclass(frozen=True)
@@ -336,3 +399,17 @@ def criteria_from_attrs(ds) -> list[Criterion]:
         raise ValueError("results file carries no 'criteria' attribute")
     return [Criterion(**{**c, "threshold": tuple(c["threshold"]) if isinstance(c["threshold"], list) else c["threshold"]})
             for c in json.loads(raw)]
+
+
+def calibration_note(ds) -> str:
+    """A line saying the file is judged by criteria calibrated for another profile (or ``""``)."""
+    import json
+
+    profiles = sorted({c.profile for c in criteria_from_attrs(ds)} - {"any"})
+    overrides = json.loads(ds.attrs.get("overrides", "[]") or "[]")
+    profile = ds.attrs.get("profile", "custom")
+    if not profiles or (profiles == [profile] and not overrides):
+        return ""
+    run = f"profile {profile!r}" + (f" with --set {' '.join(overrides)}" if overrides else "")
+    return (f"note: these criteria are calibrated for the {', '.join(profiles)} profile; this file is a {run} run, "
+            "so its verdicts are indicative, not findings")

@@ -48,11 +48,12 @@ def code_fingerprint() -> str:
     return digest.hexdigest()[:16]
 
 
-def cell_fingerprint(experiment, config, cell) -> str:
-    """The fingerprint of one cell (see the module docstring): equal fingerprints, equal bits."""
-    payload = {"experiment": experiment.name, "schema": SCHEMA_VERSION, "code": code_fingerprint(),
+def cell_fingerprint(experiment, config, cell, part="") -> str:
+    """The fingerprint of one cell of ``part`` (see the module docstring): equal fingerprints,
+    equal bits."""
+    payload = {"experiment": experiment.rng_name(part), "schema": SCHEMA_VERSION, "code": code_fingerprint(),
                "cell": {dim: coordinate_text(value) for dim, value in cell.items()},
-               "inputs": experiment.cell_inputs(config, cell)}
+               "inputs": experiment.cell_inputs(config, cell, part)}
     text = json.dumps(payload, sort_keys=True, default=_json_default)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
@@ -75,27 +76,30 @@ class CellStore:
     def __init__(self, folder, experiment, config, fresh: bool = False):
         self.folder = Path(folder)
         self.experiment_name = experiment.name
-        grid = experiment.grid(config)
-        cells = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
-        self._names = {_cell_key(cell): cell_fingerprint(experiment, config, cell) for cell in cells}
+        self._names = {}
+        for part in experiment.parts:
+            grid = part.grid(config)
+            for values in itertools.product(*grid.values()):
+                cell = dict(zip(grid, values))
+                self._names[_cell_key(cell, part.name)] = cell_fingerprint(experiment, config, cell, part.name)
         if fresh and self.folder.exists():
             shutil.rmtree(self.folder)
 
     def __repr__(self):
         return f"CellStore({str(self.folder)!r}, {self.count()} of {len(self._names)} cells kept)"
 
-    def _path(self, cell) -> Path:
-        return self._path_of_key(_cell_key(cell))
+    def _path(self, cell, part="") -> Path:
+        return self._path_of_key(_cell_key(cell, part))
 
     def _path_of_key(self, key) -> Path:
         return self.folder / f"cell_{self._names[key]}.npz"
 
-    def load(self, cell):
-        """The kept outputs of ``cell`` (a ``{dim: value}`` mapping), or None if not kept.
+    def load(self, cell, part=""):
+        """The kept outputs of ``cell`` (a ``{dim: value}`` mapping) of ``part``, or None.
 
         A file that cannot be read whole (truncated by a crash, overwritten) is removed and
         None returned: the cell is recomputed."""
-        path = self._path(cell)
+        path = self._path(cell, part)
         if not path.exists():
             return None
         try:
@@ -107,10 +111,10 @@ class CellStore:
             path.unlink(missing_ok=True)
             return None
 
-    def save(self, cell, outputs):
-        """Keep one finished cell (the folder is made by the first save)."""
+    def save(self, cell, outputs, part=""):
+        """Keep one finished cell of ``part`` (the folder is made by the first save)."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        path = self._path(cell)
+        path = self._path(cell, part)
         tmp = path.with_name(f".{path.stem}.{os.getpid()}.{threading.get_ident()}.partial.npz")
         try:
             np.savez(tmp, **{_FINGERPRINT_KEY: np.array(path.stem[len("cell_"):])}, **outputs)
@@ -127,6 +131,6 @@ class CellStore:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _cell_key(cell):
-    return tuple((dim, coordinate_text(value)) for dim, value in cell.items())
+def _cell_key(cell, part=""):
+    return (part, *((dim, coordinate_text(value)) for dim, value in cell.items()))
 

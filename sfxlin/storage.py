@@ -44,21 +44,25 @@ def _library_versions():
             "dask": dask.__version__, "netCDF4": netCDF4.__version__}
 
 
-def provenance(experiment, profile, config, wall_seconds, scheduler, call=None):
-    """Provenance attrs of DESIGN.md: enough to rerun the file from its attrs alone."""
+def provenance(experiment, config, call=None):
+    """Provenance attrs: enough to rerun the file from its attrs alone.
+
+    ``config``: a :class:`~sfxlin.params.Config` (its profile and ``--set`` overrides are
+    recorded) or a plain mapping (profile ``"custom"``). The computation adds ``wall_seconds``
+    and ``scheduler`` (:func:`sfxlin.execution.compute`)."""
     created = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
-    call = call or " ".join(["sfxlin"] + sys.argv[1:])
+    call = call or " ".join([Path(sys.argv[0]).name or "python"] + sys.argv[1:])
+    plain = json.loads(config.to_json()) if hasattr(config, "to_json") else dict(config)
     attrs = {
         "experiment": experiment,
-        "profile": profile,
-        "config": json.dumps(config, sort_keys=True),
+        "profile": getattr(config, "profile", "custom"),
+        "overrides": json.dumps(list(getattr(config, "overrides", ()))),
+        "config": json.dumps(plain, sort_keys=True),
         "sfxlin_version": __version__,
         "sfxlin_schema_version": SCHEMA_VERSION,
         "git_revision": _git_revision(),
         "library_versions": json.dumps(_library_versions(), sort_keys=True),
         "created": created,
-        "wall_seconds": float(wall_seconds),
-        "scheduler": scheduler,
         "history": f"{created}: {call} (sfxlin {__version__})",
     }
     return attrs

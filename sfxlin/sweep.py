@@ -1,21 +1,22 @@
-"""The sweep engine: an experiment's grid -> a lazy, dask-backed, labelled ``xr.Dataset``.
+"""The sweep engine: an experiment's declarations -> a lazy, dask-backed, labelled ``xr.Dataset``.
 
 An :class:`Experiment` declares once
 
-* its outer grid (``grid(config) -> {dim: coordinate values}``): one cell per combination;
-* its inner coordinates (``inner_coords(config)``): dims a cell's kernel returns whole
-  (``L``, ``query``, ``law``, ...), vectorised numpy inside the cell;
-* its output :class:`Variable` s (dims, ``long_name``, ``units``, ``description``);
-* its kernel ``kernel(cell, rng, inputs) -> {name: ndarray}``: ``cell`` maps every grid dim
-  to the cell's coordinate value, ``inputs`` is the read-only part of the configuration that
-  reaches the cell (:meth:`Experiment.cell_inputs`: the configuration less ``grid_keys``, the
-  keys that only say which cells exist), so nothing outside a cell's fingerprint can change it;
-* optionally a ``global_kernel(config) -> {name: ndarray}`` for variables over no grid dim
-  (checks that do not depend on the cell, e.g. a quadrature check), run as one more task.
+* its parameters (:class:`sfxlin.params.Param`: kind, bounds, unit, doc, value per profile) and
+  the checks that tie several together; :meth:`Experiment.configure` gives the frozen
+  configuration;
+* its parts (:class:`Part`): each a grid of cells (``grid(config) -> {dim: values}``, one cell
+  per combination, ``{}`` for a single cell) and a kernel ``kernel(cell, rng, inputs) ->
+  {name: ndarray}``: ``cell`` maps every grid dim to the cell's coordinate value, ``inputs`` is
+  the read-only part of the configuration that reaches the cell (:meth:`Experiment.cell_inputs`),
+  so nothing outside a cell's fingerprint can change it;
+* its inner coordinates (``inner_coords(config)``): dims a kernel returns whole (``L``,
+  ``query``, ``law``, ...), vectorised numpy inside the cell;
+* its output :class:`Variable` s (dims, ``long_name``, ``units``, ``description``, part).
 
 :func:`build` turns that into a Dataset whose variables are dask arrays: one dask task per
 block of cells (one cell per block by default), nothing computed until asked. Each cell
-draws from ``np.random.default_rng([*hashes of its coordinate values, experiment tag, root_seed])``
+draws from ``np.random.default_rng([*hashes of its coordinate values, tag, root_seed])``
 (:func:`cell_rng`): a cell's numbers depend on its coordinate *values* and its inputs only, never
 on its position in the grid, so they are bit-identical whatever the chunking, scheduler, worker
 count, execution order, the order in which the grid lists its values, or the other values in the
@@ -26,7 +27,9 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import importlib
 import itertools
+import json
 import math
 import types
 import zlib
@@ -50,7 +53,10 @@ class CellError(RuntimeError):
 
 @dataclass(frozen=True)
 class Variable:
-    """One output variable, declared once and copied onto the stored array."""
+    """One output variable, declared once and copied onto the stored array.
+
+    ``part`` names the :class:`Part` whose cells compute it (``""``: the main part); its dims
+    hold every grid dim of that part, in any order, and inner dims of the experiment."""
 
     name: str
     dims: tuple[str, ...]
@@ -58,6 +64,7 @@ class Variable:
     description: str
     units: str | None = None
     allow_nonfinite: bool = False
+    part: str = ""
 
     def attrs(self):
         out = {"long_name": self.long_name, "description": self.description}
@@ -67,46 +74,102 @@ class Variable:
 
 
 @dataclass(frozen=True)
-class Experiment:
-    """Declarative description of one experiment (see module docstring)."""
+class Part:
+    """One grid of cells and its kernel.
+
+    ``grid(config) -> {dim: values}`` (``{}``: a single cell, e.g. a quadrature check);
+    ``kernel(cell, rng, inputs) -> {variable: array}``; ``inputs(config, cell)``, where given,
+    says exactly what reaches a cell (default: every parameter that is not a grid parameter and
+    reaches this part, see :attr:`sfxlin.params.Param.parts`). The main part is named ``""``;
+    another part's cells draw from generators tagged ``"<experiment>/<part>"``.
+    """
 
     name: str
     grid: Callable[[Mapping], dict]
+    kernel: Callable
+    inputs: Callable[[Mapping, Mapping], dict] | None = None
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """Declarative description of one experiment (see module docstring).
+
+    ``params`` (:class:`sfxlin.params.Param`) and ``checks`` declare and validate the inputs;
+    ``parts`` the grids of cells and their kernels; ``inner_coords(config)`` the coordinates a
+    kernel returns whole; ``variables`` the outputs. ``short`` is the command-line alias
+    (``c1``), ``title`` the heading of the report, ``analysis`` the module that declares what is
+    concluded (criteria, fits, figure) from the results file.
+    """
+
+    name: str
     inner_coords: Callable[[Mapping], dict]
     variables: tuple[Variable, ...]
-    kernel: Callable
+    parts: tuple[Part, ...]
+    params: tuple = ()
+    checks: tuple[Callable, ...] = ()
     description: str = ""
-    global_kernel: Callable[[Mapping], dict] | None = None
-    grid_keys: tuple[str, ...] = ()
-    cell_config: Callable[[Mapping, Mapping], dict] | None = None
+    short: str | None = None
+    title: str = ""
+    analysis: str | None = None
 
-    def cell_inputs(self, config, cell) -> dict:
-        """The part of ``config`` that reaches the kernel of ``cell`` (and its fingerprint).
-
-        ``cell_config(config, cell)`` where the experiment declares one (a cell that needs only
-        some of the keys, e.g. the covariance of its own setting); otherwise every key but the
-        ``grid_keys`` (those only say which cells the grid has: ``d``, ``n_seeds``, ...).
-        """
-        if self.cell_config is not None:
-            return dict(self.cell_config(config, cell))
-        return {k: v for k, v in config.items() if k not in self.grid_keys}
-
-    def cell_variables(self, config):
-        grid = self.grid(config)
-        return [v for v in self.variables if any(d in grid for d in v.dims)]
-
-    def global_variables(self, config):
-        grid = self.grid(config)
-        return [v for v in self.variables if not any(d in grid for d in v.dims)]
+    def __post_init__(self):
+        names = [p.name for p in self.parts]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{self.name}: part names must be unique, got {names}")
+        for var in self.variables:
+            if var.part not in names:
+                raise ValueError(f"{self.name}.{var.name}: no part named {var.part!r} (parts: {names})")
 
     def __repr__(self):
         return (f"Experiment({self.name!r}: {', '.join(v.name for v in self.variables)}; "
                 f"{self.description})")
 
+    # ------------------------------------------------------------------ configuration
     @property
-    def tag(self) -> int:
-        """Integer stream tag of this experiment for the per-cell RNG."""
-        return zlib.crc32(self.name.encode())
+    def profiles(self) -> tuple[str, ...]:
+        """The profiles every parameter has a value for (``quick``, ``paper``)."""
+        from .params import Profiles
+
+        names = None
+        for p in self.params:
+            if isinstance(p.value, Profiles):
+                names = list(p.value) if names is None else [n for n in names if n in p.value]
+        return tuple(names or ("quick",))
+
+    def configure(self, profile="quick", overrides=(), values=None):
+        """The validated, frozen configuration (:func:`sfxlin.params.configure`)."""
+        from .params import configure
+
+        if profile is not None and profile not in self.profiles:
+            raise ValueError(f"unknown profile {profile!r} for {self.name}; expected one of {list(self.profiles)}")
+        return configure(self.params, profile, overrides, values, self.checks)
+
+    # ------------------------------------------------------------------ parts and cells
+    def part(self, name=""):
+        for part in self.parts:
+            if part.name == name:
+                return part
+        raise ValueError(f"{self.name}: no part named {name!r}")
+
+    def part_variables(self, part_name=""):
+        return [v for v in self.variables if v.part == part_name]
+
+    def rng_name(self, part_name=""):
+        """The tag of a part's cell generators: the experiment's name, ``"<name>/<part>"`` for others."""
+        return self.name if not part_name else f"{self.name}/{part_name}"
+
+    def cell_inputs(self, config, cell, part_name="") -> dict:
+        """The part of ``config`` that reaches the kernel of ``cell`` (and its fingerprint)."""
+        part = self.part(part_name)
+        if part.inputs is not None:
+            return dict(part.inputs(config, cell))
+        if not self.params:
+            return dict(config)
+        return {p.name: config[p.name] for p in self.params
+                if not p.grid and (p.parts is None or part_name in p.parts)}
+
+    def n_cells(self, config) -> int:
+        return sum(math.prod(len(v) for v in part.grid(config).values()) for part in self.parts)
 
 
 def coordinate_text(value) -> str:
@@ -156,22 +219,23 @@ def _cell_at(grid, index):
     return {dim: values[i] for (dim, values), i in zip(grid.items(), index)}
 
 
-def run_cell(experiment: Experiment, config: Mapping, cell: Mapping) -> dict:
-    """Compute one cell, given by its coordinate values (``{"d": 3, "U_norm": 0.5, "seed": 1}``),
-    and validate its outputs. The same cell gives the same bits whatever grid it belongs to."""
-    grid = experiment.grid(config)
+def run_cell(experiment: Experiment, config: Mapping, cell: Mapping, part: str = "") -> dict:
+    """Compute one cell of ``part``, given by its coordinate values (``{"d": 3, "U_norm": 0.5,
+    "seed": 1}``), and validate its outputs. The same cell gives the same bits in any grid."""
+    grid = experiment.part(part).grid(config)
     if set(cell) != set(grid):
         raise ValueError(f"{experiment.name}: a cell names every grid dim {list(grid)}, got {dict(cell)}")
     cell = {dim: cell[dim] for dim in grid}
     inner = experiment.inner_coords(config)
-    rng = cell_rng(experiment.name, cell, config["root_seed"])
-    label = cell_label(experiment.name, cell)
-    inputs = types.MappingProxyType(copy.deepcopy(experiment.cell_inputs(config, cell)))
+    name = experiment.rng_name(part)
+    rng = cell_rng(name, cell, config["root_seed"])
+    label = cell_label(name, cell)
+    inputs = types.MappingProxyType(copy.deepcopy(experiment.cell_inputs(config, cell, part)))
     try:
-        out = experiment.kernel(cell, rng, inputs)
+        out = experiment.part(part).kernel(cell, rng, inputs)
     except (FloatingPointError, ArithmeticError) as exc:
         raise CellError(f"{label}: {exc}") from exc
-    return _checked(out, experiment.cell_variables(config), inner, grid, label)
+    return _checked(out, experiment.part_variables(part), inner, grid, label)
 
 
 def _checked(out, variables, inner, grid, label):
@@ -190,29 +254,22 @@ def _checked(out, variables, inner, grid, label):
     return checked
 
 
-def _run_global(experiment, config):
-    """Compute the variables over no grid dim (one task)."""
-    inner = experiment.inner_coords(config)
-    out = experiment.global_kernel(config)
-    return _checked(out, experiment.global_variables(config), inner, {}, f"{experiment.name}[global]")
-
-
-def _run_block(experiment, config, ranges, store=None):
-    """Compute a block of cells (or load the ones ``store`` kept, keeping each new one there);
-    returns ``{name: array(block shape + inner shape)}``."""
+def _run_block(experiment, config, part, ranges, store=None):
+    """Compute a block of cells of ``part`` (or load the ones ``store`` kept, keeping each new one
+    there); returns ``{name: array(block shape + inner shape)}``."""
     shape = tuple(len(r) for r in ranges)
-    grid = experiment.grid(config)
+    grid = experiment.part(part).grid(config)
     results = []
     for idx in itertools.product(*ranges):
         cell = _cell_at(grid, idx)
-        out = store.load(cell) if store is not None else None
+        out = store.load(cell, part) if store is not None else None
         if out is None:
-            out = run_cell(experiment, config, cell)
+            out = run_cell(experiment, config, cell, part)
             if store is not None:
-                store.save(cell, out)
+                store.save(cell, out, part)
         results.append(out)
     out = {}
-    for var in experiment.cell_variables(config):
+    for var in experiment.part_variables(part):
         stacked = np.stack([r[var.name] for r in results])
         out[var.name] = stacked.reshape(shape + stacked.shape[1:])
     return out
@@ -225,46 +282,67 @@ def _chunk_ranges(n, size):
 def build(experiment: Experiment, config: Mapping, chunks: Mapping | None = None, store=None) -> xr.Dataset:
     """Lazy Dataset of ``experiment`` under ``config``; computes nothing.
 
-    ``chunks`` maps grid dims to cells per task (default 1: one task per cell). Variables
-    carry their declared attrs; dims are ordered as declared; every dim has its coordinate.
-    ``store`` (a :class:`~sfxlin.cellstore.CellStore`) keeps every finished cell on disk and
-    serves kept cells instead of recomputing them (resume after an interruption).
+    ``config``: a :class:`~sfxlin.params.Config` from ``experiment.configure(...)``, or a mapping
+    of every parameter (validated here). ``chunks`` maps grid dims to cells per task (default 1:
+    one task per cell). Variables carry their declared attrs; dims are ordered as declared;
+    every dim has its coordinate. ``store`` (a :class:`~sfxlin.cellstore.CellStore`) keeps every
+    finished cell on disk and serves kept cells instead of recomputing them. The Dataset's attrs
+    carry the configuration, the predeclared criteria of the experiment's analysis, the schema
+    version and the provenance (:func:`sfxlin.storage.provenance`): a file saved from it is as
+    complete as one written by ``sfxlin run``.
     """
-    grid = experiment.grid(config)
+    from .params import Config
+
+    if experiment.params and not isinstance(config, Config):
+        config = experiment.configure(profile=None, values=config)
     inner = experiment.inner_coords(config)
-    for dim, values in {**grid, **inner}.items():
+    grids = {part.name: part.grid(config) for part in experiment.parts}
+    coords = dict(inner)
+    for part_name, grid in grids.items():
+        for dim, values in grid.items():
+            if dim in coords and list(coords[dim]) != list(values):
+                raise ValueError(f"{experiment.name}: coordinate {dim!r} has values {list(values)} in part "
+                                 f"{part_name!r} but {list(coords[dim])} elsewhere")
+            coords[dim] = values
+    for dim, values in coords.items():
         repeated = sorted({coordinate_text(v) for v in values if list(values).count(v) > 1})
         if repeated:
             raise ValueError(f"{experiment.name}: coordinate {dim!r} repeats the value(s) {', '.join(repeated)}; "
                              "every cell and every inner slice must have its own coordinate value")
     chunks = dict(chunks or {})
-    unknown = set(chunks) - set(grid)
+    grid_dims = {dim for grid in grids.values() for dim in grid}
+    unknown = set(chunks) - grid_dims
     if unknown:
-        raise ValueError(f"chunks names dims {sorted(unknown)} that are not grid dims {list(grid)}")
+        raise ValueError(f"chunks names dims {sorted(unknown)} that are not grid dims {sorted(grid_dims)}")
     for dim, size in chunks.items():
         if not isinstance(size, (int, np.integer)) or size < 1:
             raise ValueError(f"chunk size for {dim!r} must be a positive integer, got {size!r}")
+    data_vars = {}
+    for part in experiment.parts:
+        data_vars.update(_part_variables(experiment, config, part.name, grids[part.name], inner, chunks, store))
+    ds = xr.Dataset(data_vars, coords={dim: xr.Variable(dim, np.asarray(values), attrs=coord_attrs(dim))
+                                       for dim, values in coords.items()})
+    ds.attrs.update(_declared_attrs(experiment, config))
+    return ds
+
+
+def _part_variables(experiment, config, part, grid, inner, chunks, store):
+    """The lazy arrays of one part: one dask task per block of its cells."""
     per_dim = [_chunk_ranges(len(values), chunks.get(dim, 1)) for dim, values in grid.items()]
+    prefix = f"{experiment.rng_name(part)}-block-"
     blocks = {}
     for combo in itertools.product(*[range(len(p)) for p in per_dim]):
         ranges = tuple(per_dim[k][c] for k, c in enumerate(combo))
         where = ",".join(f"{dim}[{r.start}:{r.stop}]" for dim, r in zip(grid, ranges))
-        key = f"{experiment.name}-block-{where}-{dask.base.tokenize(experiment.name, config, ranges)}"
-        blocks[combo] = dask.delayed(_run_block, pure=True)(experiment, config, ranges, store, dask_key_name=key)
-
-    data_vars = {}
+        key = f"{prefix}{where}-{dask.base.tokenize(experiment.name, part, config, ranges)}"
+        blocks[combo] = dask.delayed(_run_block, pure=True)(experiment, config, part, ranges, store,
+                                                            dask_key_name=key)
+    out = {}
     grid_dims = list(grid)
-    global_vars = experiment.global_variables(config)
-    if global_vars:
-        if experiment.global_kernel is None:
-            raise ValueError(f"{experiment.name}: {[v.name for v in global_vars]} have no grid dim but no global_kernel")
-        key = f"{experiment.name}-global-{dask.base.tokenize(experiment.name, config)}"
-        global_task = dask.delayed(_run_global, pure=True)(experiment, config, dask_key_name=key)
-        for var in global_vars:
-            shape = tuple(len(inner[d]) for d in var.dims)
-            arr = da.from_delayed(global_task[var.name], shape=shape, dtype=float)
-            data_vars[var.name] = xr.Variable(var.dims, arr, attrs=var.attrs())
-    for var in experiment.cell_variables(config):
+    for var in experiment.part_variables(part):
+        if not all(d in var.dims for d in grid_dims):
+            raise ValueError(f"{experiment.name}.{var.name}: dims {var.dims} must include every grid dim "
+                             f"{grid_dims} of part {part!r}")
         inner_dims = [d for d in var.dims if d not in grid]
         missing = [d for d in inner_dims if d not in inner]
         if missing:
@@ -276,21 +354,35 @@ def build(experiment: Experiment, config: Mapping, chunks: Mapping | None = None
             return da.from_delayed(blocks[combo][var.name], shape=shape, dtype=float)
 
         arr = _assemble([piece(c) for c in blocks], [len(p) for p in per_dim])
-        if not all(d in var.dims for d in grid_dims):
-            raise ValueError(f"{experiment.name}.{var.name}: dims {var.dims} must include every grid dim {grid_dims}")
-        stored_dims = grid_dims + inner_dims
-        data_vars[var.name] = xr.Variable(stored_dims, arr, attrs=var.attrs()).transpose(*var.dims)
+        out[var.name] = xr.Variable(grid_dims + inner_dims, arr, attrs=var.attrs()).transpose(*var.dims)
+    return out
 
-    coords = {dim: xr.Variable(dim, np.asarray(values), attrs=coord_attrs(dim)) for dim, values in {**grid, **inner}.items()}
-    ds = xr.Dataset(data_vars, coords=coords)
-    ds.attrs["experiment"] = experiment.name
-    ds.attrs["description"] = experiment.description
-    ds.attrs["n_cells"] = int(math.prod(len(v) for v in grid.values()))
-    return ds
+
+def _declared_attrs(experiment, config):
+    """What a results file says of itself before any work: name, configuration, criteria,
+    schema version and provenance (``wall_seconds`` and ``scheduler`` are set by the computation)."""
+    from .storage import provenance
+
+    attrs = {"experiment": experiment.name, "description": experiment.description,
+             "title": experiment.title or experiment.name, "n_cells": experiment.n_cells(config)}
+    if experiment.analysis:
+        attrs["analysis"] = experiment.analysis
+        attrs["criteria"] = json.dumps(criteria_of(experiment))
+    attrs.update(provenance(experiment.name, config))
+    return attrs
+
+
+def criteria_of(experiment) -> list[dict]:
+    """The predeclared criteria of ``experiment``, as data, from its analysis module's
+    ``CRITERIA`` (imported by name: the engine never imports analysis code statically)."""
+    module = importlib.import_module(experiment.analysis)
+    return [c.to_dict() if hasattr(c, "to_dict") else dict(c) for c in module.CRITERIA]
 
 
 def _assemble(flat, sizes, axis=0):
     """Concatenate a row-major list of blocks over a grid of ``sizes`` blocks (leading axes)."""
+    if not sizes:  # a part without grid dims: one block, one cell
+        return flat[0]
     if len(sizes) == 1:
         return da.concatenate(flat, axis=axis)
     step = math.prod(sizes[1:])

@@ -4,8 +4,9 @@ Module-level functions only, so the experiment pickles into worker processes
 (``scheduler="processes"``, ``LocalCluster``). Faults are injected through the config,
 which keeps the kernel a pure function of ``(cell, rng, config)``:
 
-* ``config["fault"]`` in ``{None, "nan", "inf", "shape", "missing", "fperror", "global_nan"}``;
-* ``config["fault_cell"]`` = ``{"d": ..., "U_norm": ..., "seed": ...}``, the cell that fails.
+* ``config["fault"]`` in ``{"none", "nan", "inf", "shape", "missing", "fperror", "global_nan"}``;
+* ``config["fault_cell"]`` = ``"d=3,U_norm=0.5,seed=2"``, the cell that fails (``make_config``
+  takes it as a dict).
 """
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import threading
 
 import numpy as np
 
-from sfxlin.sweep import Experiment, Variable
+from sfxlin.params import Param
+from sfxlin.sweep import Experiment, Part, Variable
 
 NAME = "toy"
 
@@ -22,10 +24,27 @@ CALLS = [0]
 _LOCK = threading.Lock()
 
 
+PARAMS = (
+    Param("d", "int_list", "dimensions", [2, 3], low=1, grid=True),
+    Param("U_norm", "float_list", "norms", [0.25, 0.5, 1.0], low=0, low_open=True, grid=True),
+    Param("n_seeds", "int", "replicates", 4, low=1, grid=True),
+    Param("L", "int_list", "prompt lengths", [8, 16, 32], low=1, order="increasing"),
+    Param("n_queries", "int", "queries", 5, low=1),
+    Param("root_seed", "int", "root seed", 1234),
+    Param("fault", "str", "the fault to inject", "none",
+          choices=("none", "nan", "inf", "shape", "missing", "fperror", "global_nan")),
+    Param("fault_cell", "str", "the cell that fails, 'd=3,U_norm=0.5,seed=2' ('' for none)", ""),
+)
+
+
 def make_config(**overrides):
-    config = {"d": [2, 3], "U_norm": [0.25, 0.5, 1.0], "n_seeds": 4, "L": [8, 16, 32],
-              "n_queries": 5, "root_seed": 1234, "fault": None, "fault_cell": None}
+    """Every parameter's value, ``overrides`` applied (``fault_cell`` may be a ``{dim: value}`` dict)."""
+    config = {p.name: p.value for p in PARAMS}
     config.update(overrides)
+    if isinstance(config["fault_cell"], dict):
+        config["fault_cell"] = ",".join(f"{k}={v!r}" for k, v in config["fault_cell"].items())
+    if config["fault"] is None:
+        config["fault"] = "none"
     return config
 
 
@@ -46,8 +65,8 @@ def draws(rng, config):
 
 
 def _is_fault_cell(cell, config):
-    target = config.get("fault_cell")
-    return target is not None and all(cell[k] == v for k, v in target.items())
+    target = config["fault_cell"]
+    return bool(target) and target == ",".join(f"{k}={cell[k]!r}" for k in ("d", "U_norm", "seed"))
 
 
 def kernel(cell, rng, config):
@@ -65,8 +84,8 @@ def kernel(cell, rng, config):
         # allowed NaN by design in the seed-0 cells
         "flagged": np.where(cell["seed"] == 0, np.nan, shift.sum()) * np.ones(len(Ls)),
     }
-    fault = config.get("fault")
-    if fault is not None and _is_fault_cell(cell, config):
+    fault = config["fault"]
+    if fault != "none" and _is_fault_cell(cell, config):
         if fault == "nan":
             out["value"] = out["value"].copy()
             out["value"][1, 2] = np.nan
@@ -82,10 +101,14 @@ def kernel(cell, rng, config):
     return out
 
 
-def global_kernel(config):
+def no_grid(config):
+    return {}
+
+
+def global_kernel(cell, rng, config):
     Ls = np.asarray(config["L"], dtype=float)
     out = {"log_L": np.log(Ls)}
-    if config.get("fault") == "global_nan":
+    if config["fault"] == "global_nan":
         out["log_L"] = out["log_L"] * np.nan
     return out
 
@@ -98,9 +121,9 @@ VARIABLES = (
     Variable("grid_sum", ("d", "U_norm", "seed"), "sum of the grid coordinates", "d + U_norm + seed"),
     Variable("flagged", ("d", "U_norm", "seed", "L"), "flagged outcome",
              "sum of the shifts, NaN by design in the seed-0 cells", allow_nonfinite=True),
-    Variable("log_L", ("L",), "log prompt length", "natural log of L (global kernel, no grid dim)"),
+    Variable("log_L", ("L",), "log prompt length", "natural log of L (a part without grid dims)", part="global"),
 )
 
-EXPERIMENT = Experiment(name=NAME, grid=grid, inner_coords=inner_coords, variables=VARIABLES, kernel=kernel,
-                        description="toy experiment for the engine tests", global_kernel=global_kernel,
-                        grid_keys=("d", "U_norm", "n_seeds"))
+EXPERIMENT = Experiment(name=NAME, params=PARAMS, inner_coords=inner_coords, variables=VARIABLES,
+                        parts=(Part("", grid, kernel), Part("global", no_grid, global_kernel)),
+                        description="toy experiment for the engine tests")

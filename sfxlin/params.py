@@ -1,0 +1,283 @@
+"""Typed parameter declarations: an experiment's inputs declared once, parsed and validated once.
+
+A :class:`Param` states a parameter's kind, bounds, unit, doc and value per profile; an
+experiment's parameters are a tuple of them. :func:`configure` turns a profile and
+``KEY=VALUE`` overrides into a frozen :class:`Config` whose values have their declared types
+(integers as ``int``, lists as tuples, a covariance as a nested tuple), so kernels read
+``config["lr"]`` without casting. Command-line text is parsed by the kind (``--set d=2,3``,
+``--set Sigma=2,1,0.5`` for a diagonal, ``--set "Sigma=2,0.3;0.3,1"`` for a full matrix, rows
+separated by ``;``); Python values are checked by the same rules.
+
+Kinds: ``int``, ``float``, ``str``, ``bool``, the lists ``int_list``, ``float_list``,
+``str_list``, and ``matrix`` (a symmetric positive-definite matrix, given whole or as its
+diagonal; stored whole). Rules: ``low``/``high`` bounds (``low_open``/``high_open`` for strict),
+``choices``, ``order`` (``"increasing"`` / ``"decreasing"``, strict) and ``min_len`` for lists,
+``unique`` (no repeated list value: a grid coordinate names each cell once).
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["Param", "Profiles", "Config", "configure", "parse_text", "KINDS"]
+
+KINDS = ("int", "float", "str", "bool", "int_list", "float_list", "str_list", "matrix")
+
+
+class Profiles(dict):
+    """A parameter's value per profile: ``Profiles(quick=[2, 3], paper=[2, 5, 10])``."""
+
+
+@dataclass(frozen=True)
+class Param:
+    """One declared input of an experiment.
+
+    ``value`` is the default of every profile, or a :class:`Profiles` giving one per profile.
+    ``grid`` marks a parameter that only says which cells the grid has (``d``, ``n_seeds``): it
+    does not reach a cell's kernel except through the cell's coordinates, so changing it keeps
+    every shared cell (an extended sweep reuses them). ``parts`` names the parts of the
+    experiment whose cells it reaches (None: every part).
+    """
+
+    name: str
+    kind: str
+    doc: str
+    value: object
+    unit: str | None = None
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    choices: tuple | None = None
+    order: str | None = None
+    min_len: int = 1
+    unique: bool = True
+    grid: bool = False
+    parts: tuple | None = None
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"parameter {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
+        if self.order not in (None, "increasing", "decreasing"):
+            raise ValueError(f"parameter {self.name!r}: order must be 'increasing' or 'decreasing'")
+
+    def default(self, profile):
+        """The value of this parameter in ``profile``."""
+        if isinstance(self.value, Profiles):
+            if profile not in self.value:
+                raise ValueError(f"parameter {self.name!r} has no value for profile {profile!r}")
+            return self.value[profile]
+        return self.value
+
+    def rule(self) -> str:
+        """The declared constraints in words (for ``sfxlin list`` and the docs)."""
+        parts = [self.kind.replace("_", " of ")]
+        lo = None if self.low is None else ("> " if self.low_open else ">= ") + f"{self.low:g}"
+        hi = None if self.high is None else ("< " if self.high_open else "<= ") + f"{self.high:g}"
+        parts += [b for b in (lo, hi) if b]
+        if self.choices:
+            parts.append("one of " + ", ".join(map(str, self.choices)))
+        if self.kind.endswith("_list"):
+            if self.order:
+                parts.append(f"strictly {self.order}")
+            if self.min_len > 1:
+                parts.append(f"at least {self.min_len} values")
+        if self.unit:
+            parts.append(f"unit: {self.unit}")
+        return ", ".join(parts)
+
+    # ------------------------------------------------------------------ checking
+    def check(self, value):
+        """``value`` converted to the declared type and checked against every rule; a ValueError
+        naming the parameter otherwise."""
+        try:
+            if self.kind == "matrix":
+                return self._matrix(value)
+            if self.kind.endswith("_list"):
+                return self._list(value)
+            return self._scalar(value, self.kind)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{self.name}: {exc}") from None
+
+    def _scalar(self, value, kind):
+        if kind == "bool":
+            if not isinstance(value, (bool, np.bool_)):
+                raise ValueError(f"expected true or false, got {value!r}")
+            return bool(value)
+        if kind == "str":
+            if not isinstance(value, str):
+                raise ValueError(f"expected a string, got {value!r}")
+            out = value
+        elif kind == "int":
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer, float, np.floating)) \
+                    or not float(value).is_integer():
+                raise ValueError(f"expected an integer, got {value!r}")
+            out = int(value)
+        else:
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+                raise ValueError(f"expected a number, got {value!r}")
+            out = float(value)
+            if not math.isfinite(out):
+                raise ValueError(f"expected a finite number, got {value!r}")
+        if self.choices is not None and out not in self.choices:
+            raise ValueError(f"expected one of {list(self.choices)}, got {out!r}")
+        if kind != "str":
+            if self.low is not None and (out < self.low or (self.low_open and out == self.low)):
+                raise ValueError(f"must be {'>' if self.low_open else '>='} {self.low:g}, got {out!r}")
+            if self.high is not None and (out > self.high or (self.high_open and out == self.high)):
+                raise ValueError(f"must be {'<' if self.high_open else '<='} {self.high:g}, got {out!r}")
+        return out
+
+    def _list(self, value):
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, np.ndarray)):
+            raise ValueError(f"expected a list, got {value!r}")
+        items = tuple(self._scalar(v, self.kind[:-len("_list")]) for v in value)
+        if len(items) < self.min_len:
+            need = f"at least {self.min_len} values" if self.min_len > 1 else "a non-empty list"
+            raise ValueError(f"needs {need}, got {list(items)}")
+        if self.unique and len(set(items)) != len(items):
+            repeated = sorted({v for v in items if items.count(v) > 1}, key=str)
+            raise ValueError(f"repeats {repeated}: every value must appear once, got {list(items)}")
+        if self.order == "increasing" and any(b <= a for a, b in zip(items, items[1:])):
+            raise ValueError(f"must be strictly increasing, got {list(items)}")
+        if self.order == "decreasing" and any(b >= a for a, b in zip(items, items[1:])):
+            raise ValueError(f"must be strictly decreasing, got {list(items)}")
+        return items
+
+    def _matrix(self, value):
+        try:
+            S = np.asarray(value, dtype=float)
+        except (TypeError, ValueError):
+            raise ValueError(f"expected numbers, got {value!r}") from None
+        if S.ndim == 1:
+            S = np.diag(S)
+        if S.ndim != 2 or S.shape[0] != S.shape[1] or S.size == 0:
+            raise ValueError(f"expected a diagonal (list) or a square matrix, got shape {S.shape}")
+        if not np.all(np.isfinite(S)):
+            raise ValueError(f"entries must be finite, got {S.tolist()}")
+        if not np.allclose(S, S.T, rtol=0, atol=1e-12 * max(1.0, np.abs(S).max())):
+            raise ValueError(f"must be symmetric, got {S.tolist()}")
+        lam = np.linalg.eigvalsh(S)
+        if lam.min() <= 0:
+            raise ValueError(f"must be positive definite (a covariance with an inverse); eigenvalues {lam.tolist()}")
+        return tuple(tuple(float(x) for x in row) for row in S)
+
+
+def parse_text(param: Param, text: str):
+    """The value of ``--set NAME=TEXT`` for ``param``: JSON if it starts with ``[``, else by kind
+    (lists comma-separated; a matrix's rows separated by ``;``)."""
+    text = text.strip()
+    if text.startswith("["):
+        try:
+            return param.check(json.loads(text))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{param.name}: {text!r} is not valid JSON ({exc.msg})") from None
+    kind = param.kind
+    try:
+        if kind == "matrix":
+            rows = [[float(x) for x in row.split(",") if x.strip()] for row in text.split(";")]
+            value = rows[0] if len(rows) == 1 else rows
+        elif kind.endswith("_list"):
+            value = [_scalar_text(item.strip(), kind[:-len("_list")]) for item in text.split(",") if item.strip()]
+        else:
+            value = _scalar_text(text, kind)
+    except ValueError:
+        raise ValueError(f"{param.name}: {text!r} is not a valid {kind.replace('_', ' of ')}") from None
+    return param.check(value)
+
+
+def _scalar_text(text, kind):
+    if kind == "int":
+        return int(text)
+    if kind == "float":
+        return float(text)
+    if kind == "bool":
+        lowered = text.lower()
+        if lowered not in ("true", "false", "1", "0"):
+            raise ValueError(text)
+        return lowered in ("true", "1")
+    return text
+
+
+@dataclass(frozen=True)
+class Config(Mapping):
+    """A validated, immutable configuration: ``config["lr"]``, ``dict(config)``, ``config.to_json()``.
+
+    ``profile`` and ``overrides`` say where the values came from (``"custom"`` for values given
+    whole); they travel into the results file's attrs, not into any computation."""
+
+    values: Mapping = field(default_factory=dict)
+    profile: str = "custom"
+    overrides: tuple = ()
+
+    def __getitem__(self, key):
+        try:
+            return self.values[key]
+        except KeyError:
+            raise KeyError(f"no parameter {key!r}; known: {sorted(self.values)}") from None
+
+    def __iter__(self):
+        return iter(self.values)
+
+    def __len__(self):
+        return len(self.values)
+
+    def __hash__(self):
+        return hash(self.to_json())
+
+    def __dask_tokenize__(self):
+        return ("sfxlin.Config", self.to_json())
+
+    def to_json(self) -> str:
+        return json.dumps(_plain(self.values), sort_keys=True)
+
+    def __repr__(self):
+        return f"Config({_plain(self.values)!r})"
+
+
+def _plain(value):
+    """JSON data of a configuration value (tuples as lists)."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def configure(params, profile="quick", overrides=(), values=None, checks=()) -> Config:
+    """The configuration of ``profile`` with ``overrides`` applied, every value checked.
+
+    ``overrides``: ``"KEY=TEXT"`` strings (the command line's ``--set``); ``values``: a mapping of
+    Python values (e.g. a file's ``config`` attr) replacing the profile's; with ``profile=None``
+    ``values`` must give every parameter. ``checks``: functions ``check(config)`` raising
+    ValueError for rules that tie several parameters together. Unknown keys, and missing ones,
+    are errors naming them.
+    """
+    table = {p.name: p for p in params}
+    raw = {} if profile is None else {p.name: p.default(profile) for p in params}
+    if values is not None:
+        unknown = sorted(set(values) - set(table))
+        if unknown:
+            raise ValueError(f"unknown parameter(s) {unknown}; known: {sorted(table)}")
+        raw.update(values)
+    missing = sorted(set(table) - set(raw))
+    if missing:
+        raise ValueError(f"missing parameter(s) {missing}")
+    parsed = {}
+    for item in overrides or ():
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        if key not in table:
+            raise ValueError(f"--set {key}: unknown parameter; known: {sorted(table)}")
+        parsed[key] = parse_text(table[key], text)
+    config = Config({name: parsed[name] if name in parsed else table[name].check(raw[name]) for name in table},
+                    profile=profile if profile is not None and values is None else "custom",
+                    overrides=tuple(overrides or ()))
+    for check in checks:
+        check(config)
+    return config
