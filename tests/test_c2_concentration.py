@@ -1,5 +1,6 @@
-"""C2 pipeline and analysis: per-cell kernels against independent computations, the quick profile
-end to end (build, compute, save, open, tables, verdicts, figure), and the bound parameters."""
+"""C2 pipeline and analysis: per-cell kernels against independent computations, the trajectory part as
+cells of their own (kept, one dask task each), the quick profile end to end (build, compute, save,
+open, tables, verdicts, figure), the bound parameters and the declared parameter rules."""
 import json
 import math
 
@@ -7,23 +8,25 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from sfxlin import icl
+from sfxlin import concentration, icl
 from sfxlin.analysis import c2 as c2_analysis
 from sfxlin.analysis.verdicts import format_table
 from sfxlin.attention import softmax_attention
+from sfxlin.cellstore import CellStore
 from sfxlin.execution import compute
 from sfxlin.laws import Gaussian
 from sfxlin.pipelines import c2_concentration as c2
-from sfxlin.storage import open_results, provenance, save
+from sfxlin.stability import concentration_constant, gradient_gap_trajectory
+from sfxlin.storage import open_results, save
 from sfxlin.sweep import build, cell_rng, run_cell
 
 from conftest import raise_if_dask_computes
 
-TINY = {**c2.PROFILES["quick"], "d": [2], "U_norm": [0.5], "n_seeds": 1, "L": [4, 8, 16],
-        "tail_queries": 2, "tail_prompts": 10, "prompt_chunk": 4, "clt_draws": 20000,
-        "grad_pairs": 2, "grad_queries": 2, "grad_draws": 3, "grad_scales": [1.5],
-        "traj_pairs": 2, "traj_steps": 20, "traj_ckpt_every": 10}
-CELL0 = {"d": 2, "U_norm": 0.5, "seed": 0}   # TINY's one cell
+TINY = c2.EXPERIMENT.configure("quick", values={
+    "d": [2], "U_norm": [0.5], "n_seeds": 1, "L": [4, 8, 16], "tail_queries": 2, "tail_prompts": 10,
+    "prompt_chunk": 4, "clt_draws": 20000, "grad_pairs": 2, "grad_queries": 2, "grad_draws": 3, "grad_scales": [1.5],
+    "traj_pairs": 2, "traj_steps": 20, "traj_ckpt_every": 10, "traj_seeds": 2})
+CELL0 = {"d": 2, "U_norm": 0.5, "seed": 0}   # TINY's one main cell
 
 
 # --------------------------------------------------------------------------- independent references
@@ -64,9 +67,9 @@ def naive_limit_gradients(U, v, Gamma, z_q, y_q):
 
 def test_gradient_gap_matches_a_naive_per_task_loop():
     d, n_pairs, n_q, Ls, n_draws = 2, 2, 2, [3, 5, 9], 3
-    Sigma = c2.covariance("anisotropic", 1.5, d)
-    U, v = c2.gradient_parameters(Sigma, 0.4)
-    tasks, gap_sq, inf_sq = c2.gradient_gaps(np.random.default_rng(11), Sigma, U, v, Ls, n_pairs, n_q, n_draws)
+    Sigma = concentration.covariance("anisotropic", 1.5, d)
+    U, v = concentration.gradient_parameters(Sigma, 0.4)
+    tasks, gap_sq, inf_sq = concentration.gradient_gaps(np.random.default_rng(11), Sigma, U, v, Ls, n_pairs, n_q, n_draws)
 
     # the documented draw order: w, prompt covariates, query covariates, then one prompt set per draw
     rng = np.random.default_rng(11)
@@ -101,10 +104,10 @@ def test_gradient_gap_matches_a_naive_per_task_loop():
 
 def test_gradient_log_bound_constant_matches_a_per_item_loop():
     d = 3
-    Sigma = c2.covariance("isotropic", 2.0, d)
-    U, v = c2.gradient_parameters(Sigma, 0.3)
+    Sigma = concentration.covariance("isotropic", 2.0, d)
+    U, v = concentration.gradient_parameters(Sigma, 0.3)
     tasks = icl.make_tasks(np.random.default_rng(3), d, 3, 2, 4, Gaussian(cov=Sigma))
-    log_c, log_K, log_K_sharp, max_quad = c2.gradient_log_bound_constant(tasks, U, v)
+    log_c, log_K, log_K_sharp, max_quad = concentration.gradient_log_bound_constant(tasks, U, v)
     KP, Ks, Kf = [], [], []
     for n in range(tasks.n_tasks):
         w = tasks.w[n]
@@ -138,13 +141,13 @@ def test_clt_monte_carlo_matches_the_chi_square_tail(d):
     c, n = 1.7, 200_000
     C = np.broadcast_to(c * np.eye(d), (2, d, d))
     levels = np.array([0.1, 0.01, 0.001])
-    radii = c2.clt_radii(np.random.default_rng(5), C, levels, n)
+    radii = concentration.clt_radii(np.random.default_rng(5), C, levels, n)
     exact_at_radii = np.array([[chi2_sf(r**2 / c, d) for r in row] for row in radii])
     # the Monte-Carlo quantiles sit where the exact tail equals the level (binomial tolerance)
     rtol = 5 * np.sqrt(1 / (n * levels)).max()
     np.testing.assert_allclose(exact_at_radii, levels[None].repeat(2, 0), atol=0, rtol=rtol)
     fixed = np.array([[1.0, 2.5, 4.0], [0.5, 3.0, 5.0]]) * np.sqrt(c * d)
-    mc = c2.clt_tail(np.random.default_rng(6), C, fixed, n)
+    mc = concentration.clt_tail(np.random.default_rng(6), C, fixed, n)
     exact = np.array([[chi2_sf(r**2 / c, d) for r in row] for row in fixed])
     se = np.sqrt(exact * (1 - exact) / n)
     assert np.all(np.abs(mc - exact) <= 5 * se + 1e-12)
@@ -186,11 +189,103 @@ def test_tail_cell_counts_match_direct_counting():
 
 def test_bound_constants_scale_the_bounds_as_documented():
     base = run_cell(c2.EXPERIMENT, TINY, CELL0)
-    other = run_cell(c2.EXPERIMENT, {**TINY, "tail_log_c1_per_d": TINY["tail_log_c1_per_d"] + math.log(3.0) / 2,
-                                     "grad_c": 10.0}, CELL0)  # d = 2: c1 three times larger
+    other = c2.EXPERIMENT.configure(profile=None, values={
+        **TINY, "tail_log_c1_per_d": TINY["tail_log_c1_per_d"] + math.log(3.0) / 2, "grad_c": 10.0})
+    other = run_cell(c2.EXPERIMENT, other, CELL0)  # d = 2: c1 three times larger
     np.testing.assert_allclose(other["tail_bound"], 3.0 * base["tail_bound"])
     np.testing.assert_allclose(other["grad_log_bound"], base["grad_log_bound"] + np.log(10.0))
     np.testing.assert_array_equal(other["tail_count"], base["tail_count"])  # draws unchanged
+
+
+# --------------------------------------------------------------------------- (c) trajectory part
+
+TRAJ_TAG = "c2_concentration/trajectory"
+
+
+@pytest.mark.parametrize("setting", c2.SETTINGS)
+def test_trajectory_cell_is_the_gap_trajectory_of_its_keyed_generator(setting):
+    """One (setting, traj_seed) cell: stability.gradient_gap_trajectory on Sigma_setting at d =
+    traj_d, drawing from cell_rng("c2_concentration/trajectory", {setting, traj_seed}, root_seed)."""
+    out = run_cell(c2.EXPERIMENT, TINY, {"setting": setting, "traj_seed": 1}, part="trajectory")
+    Sigma = np.eye(3) if setting == "isotropic" else np.diag([2.0, 1.0, 0.5])
+    rng = cell_rng(TRAJ_TAG, {"setting": setting, "traj_seed": 1}, TINY["root_seed"])
+    res = gradient_gap_trajectory(rng, Sigma, [4, 8, 16], n_pairs=2, n_queries=2, n_replicates=1, lr=0.01, n_steps=20,
+                                  ckpt_every=10, x_law="gaussian")
+    for var, key in (("traj_g", "g"), ("traj_g_risk", "g_risk"), ("traj_risk_inf", "risk_inf"),
+                     ("traj_dist_bayes", "dist_bayes"), ("traj_logit_factor", "logit_factor")):
+        np.testing.assert_array_equal(out[var], res[key], err_msg=var)
+    np.testing.assert_array_equal(out["traj_U_norm"], np.linalg.norm(res["U_inf"], axis=(-2, -1)))
+    assert out["traj_g"].shape == (3, 3)                                   # (L, t): t = 0, 10, 20
+    # another trajectory seed is another task draw
+    other = run_cell(c2.EXPERIMENT, TINY, {"setting": setting, "traj_seed": 0}, part="trajectory")
+    assert not np.array_equal(other["traj_g"], out["traj_g"])
+
+
+def test_trajectory_constants_per_setting():
+    """tr(Sigma^-2) and the concentration constant: +inf for I_3 (tr = 3 <= 4), the closed form
+    (1 - 2 tr^-1/2)^(-d/2) for diag(2, 1, 0.5) (tr = 5.25)."""
+    iso = run_cell(c2.EXPERIMENT, TINY, {"setting": "isotropic"}, part="trajectory_constants")
+    aniso = run_cell(c2.EXPERIMENT, TINY, {"setting": "anisotropic"}, part="trajectory_constants")
+    assert iso["traj_trace_inv_sq"] == 3.0 and np.isposinf(iso["traj_concentration_constant"])
+    assert aniso["traj_trace_inv_sq"] == pytest.approx(5.25, rel=1e-14)
+    assert aniso["traj_concentration_constant"] == pytest.approx((1 - 2 / math.sqrt(5.25)) ** -1.5, rel=1e-12)
+    assert aniso["traj_concentration_constant"] == concentration_constant(np.diag([2.0, 1.0, 0.5]))
+
+
+def test_each_part_receives_only_its_own_parameters():
+    """A change of a tail or gradient parameter keeps every trajectory cell, and the other way round."""
+    exp = c2.EXPERIMENT
+    traj = exp.cell_inputs(TINY, {"setting": "isotropic", "traj_seed": 0}, "trajectory")
+    assert set(traj) == {"L", "root_seed", "traj_d", "traj_pairs", "traj_queries", "traj_replicates", "traj_lr",
+                         "traj_steps", "traj_ckpt_every"}
+    main = set(exp.cell_inputs(TINY, CELL0))
+    assert main == {"L", "root_seed", "sigma", "tail_queries", "tail_prompts", "tail_levels", "prompt_chunk",
+                    "clt_draws", "tail_log_c1_per_d", "tail_c2", "grad_scales", "grad_pairs", "grad_queries",
+                    "grad_draws", "grad_c"}
+    assert exp.cell_inputs(TINY, {"setting": "isotropic"}, "trajectory_constants") == {"traj_d": 3}
+
+
+def test_trajectory_cells_are_kept_and_computed_as_their_own_tasks(tmp_path):
+    """Every part's cells go to the cell store; each (setting, traj_seed) is one dask task that
+    computes that cell alone."""
+    from dask.callbacks import Callback
+
+    n_main = len(TINY["d"]) * len(TINY["U_norm"]) * TINY["n_seeds"]
+    n_traj = len(c2.SETTINGS) * TINY["traj_seeds"]
+    n_const = len(c2.SETTINGS)
+    assert (n_main, n_traj) == (1, 4) and c2.EXPERIMENT.n_cells(TINY) == n_main + n_traj + n_const
+    with raise_if_dask_computes():
+        lazy = build(c2.EXPERIMENT, TINY, store=CellStore(tmp_path, c2.EXPERIMENT, TINY))
+    keys = [str(k) for k in lazy.__dask_graph__()]
+    traj_tasks = sorted(k for k in keys if k.startswith(f"{TRAJ_TAG}-block-"))
+    assert len(traj_tasks) == n_traj
+    assert len([k for k in keys if k.startswith(f"{TRAJ_TAG}_constants-block-")]) == n_const
+    assert len([k for k in keys if k.startswith(f"{c2.NAME}-block-")]) == n_main
+    assert lazy.traj_g.data.chunks[:2] == ((1, 1), (1, 1))               # (setting, traj_seed): a cell a chunk
+
+    ran = {}
+
+    class Seen(Callback):
+        def _posttask(self, key, result, dsk, state, worker_id):
+            if str(key).startswith(f"{TRAJ_TAG}-block-"):
+                ran[str(key)] = result["traj_g"].shape
+
+    with Seen():
+        ds = lazy.compute(scheduler="threads")
+    assert sorted(ran) == traj_tasks and set(ran.values()) == {(1, 1, 3, 3)}   # one cell per task
+
+    store = CellStore(tmp_path, c2.EXPERIMENT, TINY)
+    assert store.count() == n_main + n_traj + n_const
+    assert len(list(tmp_path.glob("cell_*.npz"))) == n_main + n_traj + n_const
+    for setting in c2.SETTINGS:
+        for seed in range(TINY["traj_seeds"]):
+            kept = store.load({"setting": setting, "traj_seed": seed}, "trajectory")
+            np.testing.assert_array_equal(kept["traj_g"], ds.traj_g.sel(setting=setting, traj_seed=seed).values)
+    # served from the store: a rebuild recomputes no cell (no kept file is written again)
+    files = {path.name: (path.stat().st_ino, path.stat().st_mtime_ns) for path in tmp_path.glob("cell_*.npz")}
+    again = build(c2.EXPERIMENT, TINY, store=store).compute(scheduler="threads")
+    xr.testing.assert_identical(again.drop_attrs(deep=False), ds.drop_attrs(deep=False))
+    assert {path.name: (path.stat().st_ino, path.stat().st_mtime_ns) for path in tmp_path.glob("cell_*.npz")} == files
 
 
 # --------------------------------------------------------------------------- analysis rules
@@ -224,13 +319,11 @@ def test_tail_test_rules_against_closed_form_clopper_pearson():
 
 @pytest.fixture(scope="module")
 def quick_file(tmp_path_factory):
-    config = json.loads(json.dumps(c2.PROFILES["quick"]))
-    c2.validate(config)
+    config = c2.EXPERIMENT.configure("quick")
     with raise_if_dask_computes():
         lazy = build(c2.EXPERIMENT, config)  # lazy: nothing computed yet
     ds, wall, label = compute(lazy, scheduler="threads", progress=False)
-    ds.attrs.update(provenance(c2.NAME, "quick", config, wall, label, call="pytest"))
-    ds.attrs["criteria"] = json.dumps(c2.CRITERIA)
+    ds.attrs.update(wall_seconds=wall, scheduler=label)
     return save(ds, tmp_path_factory.mktemp("c2") / "c2_concentration.nc")
 
 
@@ -244,9 +337,13 @@ def quick_ds(quick_file):
 
 def test_quick_profile_end_to_end(quick_file, quick_ds):
     ds = quick_ds
-    cfg = c2.PROFILES["quick"]
-    assert ds.attrs["experiment"] == c2.NAME and ds.sizes["L"] == len(cfg["L"])
+    cfg = c2.EXPERIMENT.configure("quick")
+    assert ds.attrs["experiment"] == c2.NAME and ds.attrs["profile"] == "quick" and ds.sizes["L"] == len(cfg["L"])
+    assert ds.attrs["analysis"] == "sfxlin.analysis.c2" and c2.EXPERIMENT.short == "c2"
+    assert ds.attrs["title"] == "C2: non-asymptotic concentration of outputs and gradients"
     assert ds.sizes["t"] == cfg["traj_steps"] // cfg["traj_ckpt_every"] + 1
+    assert ds.sizes["traj_seed"] == cfg["traj_seeds"] and ds.setting.values.tolist() == list(c2.SETTINGS)
+    assert ds.traj_trace_inv_sq.dims == ("setting",) and ds.traj_concentration_constant.dims == ("setting",)
     for name, var in ds.data_vars.items():
         assert {"long_name", "description"} <= set(var.attrs), name
     # counts are integers within [0, n] and decrease with the threshold (smaller level, larger t)
@@ -254,7 +351,7 @@ def test_quick_profile_end_to_end(quick_file, quick_ds):
     assert np.all(counts == np.round(counts)) and np.all((counts >= 0) & (counts <= cfg["tail_prompts"]))
     assert np.all(np.diff(counts, axis=-1) <= 0)
     rows = c2_analysis.verdicts(ds)
-    assert [r.id for r in rows] == [c["id"] for c in c2.CRITERIA]
+    assert [r.id for r in rows] == [c.id for c in c2_analysis.CRITERIA]
     by_id = {r.id: r for r in rows}
     assert by_id["C2-tail-violations"].verdict == "PASS"
     assert by_id["C2-grad-violations"].verdict == "PASS"
@@ -270,35 +367,68 @@ def test_bound_parameters_travel_in_attrs(quick_ds):
     ds = quick_ds
     config = json.loads(ds.attrs["config"])
     for key in ("tail_log_c1_per_d", "tail_c2", "grad_c"):
-        assert config[key] == c2.PROFILES["quick"][key]
+        assert config[key] == c2.EXPERIMENT.configure("quick")[key]
     assert "OUR assumption" in ds.tail_bound.attrs["description"]
     assert "OUR assumption" in ds.grad_log_bound.attrs["description"]
     d = ds.d.broadcast_like(ds.tail_c1_eff)
     np.testing.assert_allclose(ds.tail_c1_eff, np.exp(config["tail_log_c1_per_d"] * d))
     np.testing.assert_allclose(ds.tail_c2_eff, config["tail_c2"] / config["sigma"] ** 2)
     criteria = json.loads(ds.attrs["criteria"])
-    assert {c["id"] for c in criteria} == {c["id"] for c in c2.CRITERIA}
-    assert all(c["reference"] for c in criteria)
+    assert criteria == [c.to_dict() for c in c2_analysis.CRITERIA]
+    assert all(c["reference"] and c["reason"] and c["profile"] == "paper" for c in criteria)
 
 
 def test_rerun_from_attrs_reproduces_a_cell(quick_ds):
     ds = quick_ds
-    again = build(c2.EXPERIMENT, json.loads(ds.attrs["config"])).isel(d=[1], U_norm=[0], seed=[1])
-    again = again[["tail_count", "grad_gap_sq"]].compute(scheduler="synchronous")
-    xr.testing.assert_equal(again.tail_count, ds.tail_count.isel(d=[1], U_norm=[0], seed=[1]))
-    xr.testing.assert_equal(again.grad_gap_sq, ds.grad_gap_sq.isel(d=[1], U_norm=[0], seed=[1]))
+    again = build(c2.EXPERIMENT, json.loads(ds.attrs["config"]))
+    main = again.isel(d=[1], U_norm=[0], seed=[1])[["tail_count", "grad_gap_sq"]].compute(scheduler="synchronous")
+    xr.testing.assert_equal(main.tail_count, ds.tail_count.isel(d=[1], U_norm=[0], seed=[1]))
+    xr.testing.assert_equal(main.grad_gap_sq, ds.grad_gap_sq.isel(d=[1], U_norm=[0], seed=[1]))
+    traj = again.traj_g.isel(setting=[1], traj_seed=[0]).compute(scheduler="synchronous")
+    xr.testing.assert_equal(traj, ds.traj_g.isel(setting=[1], traj_seed=[0]))
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"L": [8, 16]}, "at least 3"),
-    ({"L": [16, 8, 32]}, "strictly increasing"),
-    ({"tail_levels": [0.01, 0.1]}, "decreasing"),
-    ({"tail_levels": [0.1, 0.0]}, "probabilities"),
-    ({"clt_draws": 100}, "too few"),
-    ({"tail_c2": 0.0}, "tail_c2"),
-    ({"traj_steps": 105}, "multiple"),
-    ({"grad_draws": 0}, "grad_draws"),
-])
+BAD = [
+    ({"L": [8, 16]}, r"^L: needs at least 3 values"),
+    ({"L": [16, 8, 32]}, r"^L: must be strictly increasing"),
+    ({"tail_levels": [0.01, 0.1]}, r"^tail_levels: must be strictly decreasing"),
+    ({"tail_levels": [0.1, 0.0]}, r"^tail_levels: must be > 0"),
+    ({"tail_levels": [1.0, 0.1]}, r"^tail_levels: must be < 1"),
+    ({"clt_draws": 100}, r"^clt_draws: 100 is too few for the tail level 0.001"),
+    ({"tail_c2": 0.0}, r"^tail_c2: must be > 0"),
+    ({"traj_steps": 105}, r"^traj_steps: 105 must be a multiple of traj_ckpt_every = 20"),
+    ({"traj_steps": -20}, r"^traj_steps: must be >= 0"),
+    ({"grad_draws": 0}, r"^grad_draws: must be >= 1"),
+    ({"traj_seeds": 0}, r"^traj_seeds: must be >= 1"),
+    ({"n_seeds": 1.5}, r"^n_seeds: expected an integer"),
+    ({"d": [2, 2]}, r"^d: repeats \[2\]"),
+    ({"grad_scales": [1.0, 1.0]}, r"^grad_scales: repeats \[1.0\]"),
+]
+
+
+@pytest.mark.parametrize("bad, message", BAD)
 def test_bad_configuration_is_refused(bad, message):
     with pytest.raises(ValueError, match=message):
-        c2.validate({**c2.PROFILES["quick"], **bad})
+        c2.EXPERIMENT.configure("quick", values=bad)
+    with pytest.raises(ValueError, match=message):                      # values given whole
+        c2.EXPERIMENT.configure(profile=None, values={**c2.EXPERIMENT.configure("quick"), **bad})
+
+
+@pytest.mark.parametrize("override, message", [
+    ("L=8,16", r"^L: needs at least 3 values"),
+    ("tail_levels=0.1,0", r"^tail_levels: must be > 0"),
+    ("clt_draws=100", r"^clt_draws: 100 is too few"),
+    ("traj_steps=105", r"^traj_steps: 105 must be a multiple"),
+    ("traj_ckpt_every=30", r"^traj_steps: 100 must be a multiple of traj_ckpt_every = 30"),
+])
+def test_bad_override_is_refused(override, message):
+    with pytest.raises(ValueError, match=message):
+        c2.EXPERIMENT.configure("quick", overrides=[override])
+
+
+def test_profiles_are_typed_and_valid():
+    for profile in ("quick", "paper"):
+        config = c2.EXPERIMENT.configure(profile)
+        assert isinstance(config["L"], tuple) and all(type(L) is int for L in config["L"])
+        assert type(config["traj_lr"]) is float and type(config["traj_seeds"]) is int
+    assert c2.EXPERIMENT.profiles == ("quick", "paper")
