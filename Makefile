@@ -16,11 +16,8 @@ venv: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-EXPERIMENTS := c1 c2 c2_threshold c3
-
 reproduce: $(STAMP)
-	for exp in $(EXPERIMENTS); do $(BIN)/sfxlin run $$exp --profile paper --out datasets || exit 1; done
-	$(BIN)/sfxlin report --results datasets --out datasets/report.html
+	$(BIN)/sfxlin reproduce --out datasets
 
 bench: $(STAMP)
 	$(BIN)/sfxlin bench c1

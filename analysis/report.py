@@ -1,8 +1,13 @@
 """One self-contained report of every claim: verdicts, fits, figures and provenance.
 
-Reads results files only. The HTML embeds every figure as a base64 PNG drawn afresh from the
-results file it documents (no network, no side files); the Markdown gives the same tables for
-a terminal or a pull request.
+Reads results files only: every ``*.nc`` file of the results folder, whatever its name (a run
+saved with ``sfxlin run --name``), matched to its analysis by its ``experiment`` attr. A file
+that cannot be read or analysed (damaged, of another schema, another tool's) is skipped with a
+line saying which and why, and listed in the report; the report fails only when no file is
+usable. A file names its own analysis module (``analysis`` attr) and its claim's heading
+(``title``): nothing here lists the experiments. The HTML embeds every figure as a base64 PNG drawn afresh from the results file it
+documents (no network, no side files); the Markdown gives the same tables for a terminal or a
+pull request. Both are written atomically.
 """
 from __future__ import annotations
 
@@ -12,29 +17,30 @@ import html
 import importlib
 import io
 import json
+import os
+import sys
 from pathlib import Path
 
 import xarray as xr
 
-from .verdicts import count_verdicts, to_markdown
+from ..storage import ResultsError, open_results
+from .verdicts import calibration_note, count_verdicts, to_markdown
 
-__all__ = ["ANALYSES", "analysis_for", "build_report", "write_report"]
+__all__ = ["analysis_for", "build_report", "report_paths", "write_report"]
 
-#: experiment attr of a results file -> its analysis module (in claim order)
-ANALYSES = {"c1_limit": "c1", "c2_concentration": "c2", "c2_threshold": "c2_threshold", "c3_transfer": "c3"}
-CLAIMS = {"c1_limit": "C1: softmax attention -> linear operator on the token measure",
-          "c2_concentration": "C2: non-asymptotic concentration of outputs and gradients",
-          "c2_threshold": "C2: uniform-in-time stability and the tr(Sigma^-2) > 4 threshold",
-          "c3_transfer": "C3: large-prompt softmax training inherits linear-attention training"}
 PROVENANCE = ("profile", "created", "wall_seconds", "scheduler", "git_revision", "sfxlin_version", "history")
 
 
 def analysis_for(ds: xr.Dataset):
-    """The analysis module of a results Dataset, chosen by its ``experiment`` attr."""
-    name = ds.attrs.get("experiment")
-    if name not in ANALYSES:
-        raise ValueError(f"no analysis for experiment {name!r}; known: {sorted(ANALYSES)}")
-    return importlib.import_module(f"{__package__}.{ANALYSES[name]}")
+    """The analysis module a results Dataset names in its ``analysis`` attr."""
+    name = ds.attrs.get("analysis")
+    if not name:
+        raise ValueError(f"the file names no analysis module (attr 'analysis'; experiment "
+                         f"{ds.attrs.get('experiment')!r})")
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise ValueError(f"its analysis module {name!r} cannot be imported ({exc})") from None
 
 
 def _figure_png(module, ds) -> bytes:
@@ -44,12 +50,34 @@ def _figure_png(module, ds) -> bytes:
 
 
 def _section(path: Path):
-    ds = xr.load_dataset(path)  # loaded and closed: no netCDF handle left to a garbage collector
+    ds = open_results(path)  # loaded and closed, schema version checked
     module = analysis_for(ds)
     rows = module.verdicts(ds)
-    return {"experiment": ds.attrs["experiment"], "path": path, "rows": rows, "counts": count_verdicts(rows),
+    return {"experiment": ds.attrs["experiment"], "title": ds.attrs.get("title", ds.attrs["experiment"]),
+            "note": calibration_note(ds), "path": path, "rows": rows, "counts": count_verdicts(rows),
             "fits": module.fit_table(ds), "png": _figure_png(module, ds),
             "provenance": {k: ds.attrs.get(k) for k in PROVENANCE}, "config": ds.attrs.get("config", "{}")}
+
+
+def _print_skip(path, reason):
+    print(f"sfxlin: skipped {path}: {reason}", file=sys.stderr, flush=True)
+
+
+def _sections(folder: Path, on_skip):
+    """The report sections of every usable ``*.nc`` file in ``folder`` in claim order (the
+    experiment's own file name first), and the ``(path, reason)`` of every file skipped."""
+    sections, skipped = [], []
+    for path in sorted(p for p in folder.glob("*.nc") if not p.name.startswith(".")):
+        try:
+            sections.append(_section(path))
+        except (ResultsError, ValueError, KeyError) as exc:  # unreadable, other schema, not an sfxlin file
+            reason = str(exc)
+            reason = f"it {reason[len(str(path)) + 1:]}" if reason.startswith(f"{path} ") else reason
+            skipped.append((path, reason))
+            on_skip(path, reason)
+    sections.sort(key=lambda sec: (sec["experiment"], sec["path"].name != f"{sec['experiment']}.nc",
+                                   sec["path"].name))
+    return sections, skipped
 
 
 def _html_table(rows):
@@ -70,42 +98,88 @@ table{border-collapse:collapse;margin:1em 0;font-size:0.9em}td,th{border:1px sol
 pre{background:#f6f6f6;padding:0.8em;overflow-x:auto;font-size:0.85em}img{max-width:100%}"""
 
 
-def build_report(results_dir) -> tuple[str, str]:
-    """``(html, markdown)`` of every known results file found in ``results_dir``."""
+def build_report(results_dir, on_skip=None) -> tuple[str, str]:
+    """``(html, markdown)`` of every usable results file found in ``results_dir``.
+
+    ``on_skip(path, reason)`` is called for each file skipped (default: a line on stderr,
+    ``sfxlin: skipped PATH: REASON``); raises ValueError if no file is usable.
+    """
     folder = Path(results_dir)
-    sections = [_section(folder / f"{name}.nc") for name in ANALYSES if (folder / f"{name}.nc").exists()]
+    sections, skipped = _sections(folder, on_skip or _print_skip)
+    if not sections and skipped:
+        raise ValueError(f"no usable results files in {folder} ({len(skipped)} skipped, see above)")
     if not sections:
-        raise ValueError(f"no results files in {folder} (expected some of {[n + '.nc' for n in ANALYSES]})")
+        raise ValueError(f"no results files (*.nc) in {folder}")
     stamp = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>sfxlin report</title><style>{STYLE}</style>"
              "</head><body><h1>sfxlin: softmax attention as linear attention in the large-prompt regime</h1>",
              f"<p>Report of {len(sections)} results files in <code>{html.escape(str(folder))}</code>, written {stamp}. "
-             "Verdicts follow the predeclared criteria stored in each file; the reference column quotes the "
-             "independent reproduction (SPEC.md).</p>"]
+             "Verdicts follow the predeclared criteria stored in each file; the reference column quotes an "
+             "independent plain-numpy reproduction of the paper (docs/claims.md of the sfxlin repository explains "
+             "each claim, docs/criteria.md each criterion).</p>"]
     md = ["# sfxlin report", "", f"{len(sections)} results files in `{folder}`, written {stamp}.", ""]
     for sec in sections:
-        title = CLAIMS.get(sec["experiment"], sec["experiment"])
+        title = sec["title"]
         counts = ", ".join(f"{v} {k}" for k, v in sec["counts"].items() if v)
         prov = "".join(f"<li><b>{k}</b>: {html.escape(str(v))}</li>" for k, v in sec["provenance"].items())
         png = base64.b64encode(sec["png"]).decode()
-        parts += [f"<h2 id='{sec['experiment']}'>{html.escape(title)}</h2>",
+        parts += [f"<h2 id='{html.escape(sec['path'].stem)}'>{html.escape(title)}</h2>",
                   f"<p><code>{html.escape(sec['path'].name)}</code>: {counts}</p>",
-                  _html_table(sec["rows"]), "<h3>Fits</h3>", f"<pre>{html.escape(sec['fits'])}</pre>",
+                  _html_table(sec["rows"]), f"<p><i>{html.escape(sec['note'])}</i></p>" if sec["note"] else "",
+                  "<h3>Fits</h3>", f"<pre>{html.escape(sec['fits'])}</pre>",
                   f"<img alt='{sec['experiment']} figure' src='data:image/png;base64,{png}'>",
                   "<h3>Provenance</h3>", f"<ul>{prov}</ul>",
                   f"<details><summary>configuration</summary><pre>{html.escape(json.dumps(json.loads(sec['config']), indent=1))}</pre></details>"]
-        md += [f"## {title}", "", f"`{sec['path'].name}`: {counts}", "", to_markdown(sec["rows"]), "", "```",
+        md += [f"## {title}", "", f"`{sec['path'].name}`: {counts}", "", to_markdown(sec["rows"]), "",
+               *([f"_{sec['note']}_", ""] if sec["note"] else []), "```",
                sec["fits"], "```", "", "Provenance: " + "; ".join(f"{k} {v}" for k, v in sec["provenance"].items()), ""]
+    if skipped:
+        parts += ["<h2 id='skipped'>Skipped files</h2>", "<ul>" + "".join(
+            f"<li><code>{html.escape(p.name)}</code>: {html.escape(why)}</li>" for p, why in skipped) + "</ul>"]
+        md += ["## Skipped files", ""] + [f"- `{p.name}`: {why}" for p, why in skipped] + [""]
     parts.append("</body></html>")
     return "\n".join(parts), "\n".join(md)
 
 
-def write_report(results_dir, out) -> tuple[Path, Path]:
-    """Write ``out`` (HTML) and the Markdown beside it (same stem, ``.md``)."""
-    page, md = build_report(results_dir)
+def report_paths(out) -> tuple[Path, Path]:
+    """``(html, markdown)`` paths for ``--out``: its suffix says which file it is (``.html`` or
+    ``.md``), the other is written beside it under the same stem. Any other suffix is refused."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page)
-    md_path = out.with_suffix(".md")
-    md_path.write_text(md)
-    return out, md_path
+    suffix = out.suffix.lower()
+    if suffix == ".html":
+        return out, out.with_suffix(".md")
+    if suffix == ".md":
+        return out.with_suffix(".html"), out
+    raise ValueError(f"report --out must end in .html or .md (the other is written beside it), got {out}")
+
+
+def _write_atomically(files):
+    """Write every ``(path, text)`` to a temporary file beside it, flushed to disk, then rename
+    them all into place: a failure leaves every previous file whole and no temporary file."""
+    done = []
+    try:
+        for path, text in files:
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+            done.append(tmp)
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+        for (path, _), tmp in zip(files, done):
+            os.replace(tmp, path)
+    except BaseException as exc:
+        for tmp in done:
+            tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise ResultsError(f"could not write {path}: {exc.strerror or exc}") from exc
+        raise
+
+
+def write_report(results_dir, out, on_skip=None) -> tuple[Path, Path]:
+    """Write the HTML and the Markdown report (:func:`report_paths` of ``out``), atomically;
+    returns their paths. ``on_skip`` as in :func:`build_report`."""
+    html_path, md_path = report_paths(out)
+    page, md = build_report(results_dir, on_skip)
+    html_path.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomically([(html_path, page), (md_path, md)])
+    return html_path, md_path

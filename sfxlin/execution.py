@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import time
 
@@ -47,15 +48,25 @@ def _client(workers=None, address=None):
 class CellProgress(Callback):
     """Progress of a sweep in cells (not dask tasks), with elapsed time and ETA.
 
-    Counts the tasks whose key starts with ``prefix`` (the engine names every block of cells
-    ``<experiment>-block-<token>``). ``verbose`` prints one line per finished block.
+    Counts the tasks of blocks of cells of ``experiment`` (the engine names every block
+    ``<experiment>[/<part>]-block-<cells>-<token>``, :func:`block_name`). On a terminal, one bar redrawn in place (``\\r``); written to
+    a file or a pipe (``stream.isatty()`` false), whole lines: one at the start, then one each
+    time another ``LINE_FRACTION`` of the blocks has finished or ``LINE_SECONDS`` have passed
+    since the last line, and one when the last block finishes, so a log stays short and
+    readable. ``verbose`` adds one line per finished block.
     """
 
-    def __init__(self, prefix, total, stream=None, verbose=False, width=30):
+    LINE_FRACTION = 0.05
+    LINE_SECONDS = 30.0
+
+    def __init__(self, experiment, total, stream=None, verbose=False, width=30):
         super().__init__()
-        self.prefix, self.total, self.verbose, self.width = prefix, total, verbose, width
+        self.experiment, self.total, self.verbose, self.width = experiment, total, verbose, width
         self.stream = stream or sys.stderr
+        isatty = getattr(self.stream, "isatty", None)
+        self.tty = bool(isatty and isatty())
         self.done, self.start = 0, None
+        self._line_done, self._line_time = 0, None
 
     def _start(self, dsk):
         self.start = time.perf_counter()
@@ -63,35 +74,58 @@ class CellProgress(Callback):
 
     def _posttask(self, key, result, dsk, state, worker_id):
         name = key if isinstance(key, str) else str(key[0]) if isinstance(key, tuple) else str(key)
-        if not name.startswith(self.prefix):
+        cells = block_name(name, self.experiment)
+        if cells is None:
             return
         self.done += 1
         if self.verbose:
-            cells = name[len(self.prefix):].rsplit("-", 1)[0]
-            self.stream.write(f"\r  finished cells {cells} at {time.perf_counter() - self.start:.1f} s" + " " * 30 + "\n")
+            line = f"  finished cells {cells} at {time.perf_counter() - self.start:.1f} s"
+            self.stream.write(f"\r{line}{' ' * 30}\n" if self.tty else f"{line}\n")
         self._draw()
 
     def _finish(self, dsk, state, errored):
-        self.stream.write("\n")
+        if self.tty:
+            self.stream.write("\n")
         self.stream.flush()
 
     def _draw(self):
-        elapsed = time.perf_counter() - (self.start or time.perf_counter())
+        now = time.perf_counter()
+        elapsed = now - (self.start or now)
         frac = self.done / self.total if self.total else 1.0
-        eta = f"ETA {elapsed / frac * (1 - frac):5.0f} s" if 0 < frac < 1 else " " * 9
-        bar = "#" * int(round(self.width * frac))
-        self.stream.write(f"\r[{bar:<{self.width}}] {self.done}/{self.total} tasks of cells, "
-                          f"{elapsed:5.0f} s elapsed, {eta}")
+        if self.tty:
+            eta = f"ETA {elapsed / frac * (1 - frac):5.0f} s" if 0 < frac < 1 else " " * 9
+            bar = "#" * int(round(self.width * frac))
+            self.stream.write(f"\r[{bar:<{self.width}}] {self.done}/{self.total} tasks of cells, "
+                              f"{elapsed:5.0f} s elapsed, {eta}")
+        else:
+            due = (self._line_time is None or self.done == self.total
+                   or self.done - self._line_done >= self.LINE_FRACTION * self.total
+                   or now - self._line_time >= self.LINE_SECONDS)
+            if not due:
+                return
+            self._line_done, self._line_time = self.done, now
+            eta = f", ETA {elapsed / frac * (1 - frac):.0f} s" if 0 < frac < 1 else ""
+            self.stream.write(f"{self.done}/{self.total} tasks of cells, {elapsed:.0f} s elapsed{eta}\n")
         self.stream.flush()
 
 
-def _n_block_tasks(ds, prefix):
+def block_name(key, experiment):
+    """``"part:d[0:1],seed[2:3]"`` for the task key of a block of cells of ``experiment``, else None."""
+    match = re.match(rf"{re.escape(experiment)}(?:/(\w+))?-block-(.*)-[0-9a-f]+$", key)
+    if match is None:
+        return None
+    part, where = match.groups()
+    return f"{part}:{where}" if part else where
+
+
+def _n_block_tasks(ds, experiment):
     keys = ds.__dask_graph__().keys()
-    return sum(1 for k in keys if (k if isinstance(k, str) else str(k)).startswith(prefix))
+    return sum(1 for k in keys if block_name(k if isinstance(k, str) else str(k), experiment) is not None)
 
 
 def compute(ds: xr.Dataset, scheduler=None, workers=None, address=None, progress=True, verbose=False):
-    """Compute ``ds`` and return ``(computed_ds, wall_seconds, scheduler_label)``.
+    """Compute ``ds`` and return ``(computed_ds, wall_seconds, scheduler_label)``; the result's
+    attrs record ``wall_seconds`` and ``scheduler``.
 
     Shows a progress bar counting blocks of cells with an ETA locally (:class:`CellProgress`),
     the distributed progress bar (one bar per task kind, ``*-block`` being the cells) under a
@@ -115,8 +149,10 @@ def compute(ds: xr.Dataset, scheduler=None, workers=None, address=None, progress
         else:
             bar = contextlib.nullcontext()
             if progress:
-                prefix = f"{ds.attrs.get('experiment', '')}-block-"
-                bar = CellProgress(prefix, _n_block_tasks(ds, prefix), verbose=verbose)
+                name = ds.attrs.get("experiment", "")
+                bar = CellProgress(name, _n_block_tasks(ds, name), verbose=verbose)
             with bar, dask.config.set(scheduler=scheduler or "threads"):
                 result = ds.compute()
-    return result, time.perf_counter() - start, label
+    wall = time.perf_counter() - start
+    result.attrs.update(wall_seconds=float(wall), scheduler=label)
+    return result, wall, label

@@ -279,7 +279,8 @@ def _chunk_ranges(n, size):
     return [range(start, min(start + size, n)) for start in range(0, n, size)]
 
 
-def build(experiment: Experiment, config: Mapping, chunks: Mapping | None = None, store=None) -> xr.Dataset:
+def build(experiment: Experiment, config: Mapping, chunks: Mapping | None = None, store=None,
+          call: str | None = None) -> xr.Dataset:
     """Lazy Dataset of ``experiment`` under ``config``; computes nothing.
 
     ``config``: a :class:`~sfxlin.params.Config` from ``experiment.configure(...)``, or a mapping
@@ -289,7 +290,8 @@ def build(experiment: Experiment, config: Mapping, chunks: Mapping | None = None
     finished cell on disk and serves kept cells instead of recomputing them. The Dataset's attrs
     carry the configuration, the predeclared criteria of the experiment's analysis, the schema
     version and the provenance (:func:`sfxlin.storage.provenance`): a file saved from it is as
-    complete as one written by ``sfxlin run``.
+    complete as one written by ``sfxlin run``; ``call`` is the command recorded in its ``history``
+    (default: this process's command line).
     """
     from .params import Config
 
@@ -322,7 +324,7 @@ def build(experiment: Experiment, config: Mapping, chunks: Mapping | None = None
         data_vars.update(_part_variables(experiment, config, part.name, grids[part.name], inner, chunks, store))
     ds = xr.Dataset(data_vars, coords={dim: xr.Variable(dim, np.asarray(values), attrs=coord_attrs(dim))
                                        for dim, values in coords.items()})
-    ds.attrs.update(_declared_attrs(experiment, config))
+    ds.attrs.update(_declared_attrs(experiment, config, call))
     return ds
 
 
@@ -358,7 +360,7 @@ def _part_variables(experiment, config, part, grid, inner, chunks, store):
     return out
 
 
-def _declared_attrs(experiment, config):
+def _declared_attrs(experiment, config, call=None):
     """What a results file says of itself before any work: name, configuration, criteria,
     schema version and provenance (``wall_seconds`` and ``scheduler`` are set by the computation)."""
     from .storage import provenance
@@ -368,7 +370,7 @@ def _declared_attrs(experiment, config):
     if experiment.analysis:
         attrs["analysis"] = experiment.analysis
         attrs["criteria"] = json.dumps(criteria_of(experiment))
-    attrs.update(provenance(experiment.name, config))
+    attrs.update(provenance(experiment.name, config, call))
     return attrs
 
 

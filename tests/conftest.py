@@ -1,11 +1,9 @@
 """Shared fixtures: the toy experiment, a laziness guard, a computed toy dataset."""
 from __future__ import annotations
 
-import contextlib
 import sys
 from pathlib import Path
 
-import dask
 import pytest
 
 # the toy experiment lives beside the tests; make it importable whatever the import mode
@@ -15,23 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import toy_experiment  # noqa: E402
 
 
-class DaskComputed(AssertionError):
-    """Raised by :func:`raise_if_dask_computes` when something computes."""
-
-
-@contextlib.contextmanager
-def raise_if_dask_computes(max_computes=0):
-    """Fail if dask computes more than ``max_computes`` times inside the block (as in flox)."""
-    total = {"n": 0}
-
-    def scheduler(dsk, keys, **kwargs):
-        total["n"] += 1
-        if total["n"] > max_computes:
-            raise DaskComputed(f"dask computed {total['n']} time(s), {max_computes} allowed")
-        return dask.get(dsk, keys, **kwargs)
-
-    with dask.config.set(scheduler=scheduler):
-        yield total
+from sfxlin.testing import DaskComputed, raise_if_dask_computes  # noqa: E402,F401  (re-exported for the tests)
 
 
 @pytest.fixture(scope="session")

@@ -31,7 +31,7 @@ def test_quick_run_writes_a_self_describing_file(quick_run):
         "'var_attrs': {k: sorted(v.attrs) for k, v in ds.data_vars.items()}}))" % (quick_run / "c1_limit.nc")
     )
     info = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
-    cfg = c1_limit.PROFILES["quick"]
+    cfg = c1_limit.EXPERIMENT.configure("quick")
     assert info["L"] == cfg["L"]
     assert info["dims"]["d"] == len(cfg["d"]) and info["dims"]["seed"] == cfg["n_seeds"]
     for key in ("experiment", "profile", "config", "sfxlin_version", "git_revision", "created", "wall_seconds",
@@ -51,7 +51,7 @@ def test_quick_run_config_reruns_the_file(quick_run):
 
 def test_cell_matches_an_independent_recomputation():
     """One cell recomputed with plain loops over queries and laws from the same draws."""
-    config = c1_limit.PROFILES["quick"]
+    config = c1_limit.EXPERIMENT.configure("quick")
     cell = {"d": config["d"][1], "U_norm": config["U_norm"][0], "seed": 1}
     out = run_cell(c1_limit.EXPERIMENT, config, cell)
     from sfxlin.sweep import cell_rng
@@ -111,7 +111,7 @@ def test_gaussian_slopes_recover_one_over_L(quick_run):
 ])
 def test_bad_configuration_is_refused(bad, message):
     with pytest.raises(ValueError, match=message):
-        c1_limit.validate({**c1_limit.PROFILES["quick"], **bad})
+        c1_limit.validate({**c1_limit.EXPERIMENT.configure("quick"), **bad})
 
 
 def test_student_t_has_no_limit_and_bounded_laws_have_exact_snis_constants():

@@ -13,28 +13,28 @@ import itertools
 
 import numpy as np
 import pytest
-import xarray as xr
 
 from sfxlin.cellstore import CellStore, cell_fingerprint
 from sfxlin.pipelines import c1_limit, c2_concentration, c2_threshold, c3_transfer
 from sfxlin.sweep import build, run_cell
+from sfxlin.testing import TIME_STAMPS, assert_same_results
 
-C1 = {**c1_limit.PROFILES["quick"], "d": [2], "U_norm": [0.5], "n_seeds": 1, "L": [4, 8, 16], "n_queries": 2,
+C1 = {**c1_limit.EXPERIMENT.configure("quick"), "d": [2], "U_norm": [0.5], "n_seeds": 1, "L": [4, 8, 16], "n_queries": 2,
       "n_prompts": 2, "query_chunk": 1}
-C2 = {**c2_concentration.PROFILES["quick"], "d": [2], "U_norm": [0.5], "n_seeds": 1, "L": [4, 8, 16],
+C2 = {**c2_concentration.EXPERIMENT.configure("quick"), "d": [2], "U_norm": [0.5], "n_seeds": 1, "L": [4, 8, 16],
       "tail_queries": 1, "tail_prompts": 8, "prompt_chunk": 4, "clt_draws": 2000, "tail_levels": [0.1, 0.03],
       "grad_pairs": 1, "grad_queries": 1, "grad_draws": 2, "grad_scales": [1.0], "traj_pairs": 1, "traj_steps": 10,
       "traj_ckpt_every": 10, "traj_seeds": 1, "traj_replicates": 1}
-C2T = {**c2_threshold.PROFILES["quick"], "tau": [1.0, 2.0, 4.0, 6.0, 8.0, 10.0], "n_seeds": 1, "L": [4, 8, 16],
+C2T = {**c2_threshold.EXPERIMENT.configure("quick"), "tau": [1.0, 2.0, 4.0, 6.0, 8.0, 10.0], "n_seeds": 1, "L": [4, 8, 16],
        "n_pairs": 1, "n_queries": 1, "n_replicates": 1, "n_steps": 20, "ckpt_every": 10}
-C3 = {**c3_transfer.PROFILES["quick"], "settings": ["isotropic", "rademacher"], "n_seeds": 1, "n_seeds_control": 1,
+C3 = {**c3_transfer.EXPERIMENT.configure("quick"), "settings": ["isotropic", "rademacher"], "n_seeds": 1, "n_seeds_control": 1,
       "n_pairs": 1, "n_queries": 1, "L": [4, 8, 16], "n_steps": 20, "ckpt_every": 10, "heldout_pairs": 1,
       "heldout_queries": 1, "L_eval": 32, "heldout_every": 20}
 
 #: experiment -> (small configuration, the same cells in a larger grid listed in another order)
 GRIDS = {
     "c1": (c1_limit, C1, {"d": [3, 2], "U_norm": [0.1, 0.5], "n_seeds": 2}),
-    "c2": (c2_concentration, C2, {"d": [3, 2], "U_norm": [0.1, 0.5], "n_seeds": 2}),
+    "c2": (c2_concentration, C2, {"d": [3, 2], "U_norm": [0.1, 0.5], "n_seeds": 2, "traj_seeds": 2}),
     "c2_threshold": (c2_threshold, C2T, {"tau": [0.75, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0], "n_seeds": 2}),
     "c3": (c3_transfer, C3, {"settings": ["anisotropic", "rademacher", "isotropic"], "n_seeds": 2}),
 }
@@ -62,9 +62,17 @@ PERTURBATIONS = {
 _C3_D2 = {"Sigma_isotropic": [1.0, 1.0], "Sigma_anisotropic": [2.0, 1.0], "Sigma_rademacher": [1.0, 1.0]}
 
 
+def _configure(module, values):
+    return module.EXPERIMENT.configure(profile=None, values=values)
+
+
 def _cells(module, config):
-    grid = module.EXPERIMENT.grid(config)
-    return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+    """``(part, cell)`` of every cell of every part."""
+    out = []
+    for part in module.EXPERIMENT.parts:
+        grid = part.grid(config)
+        out += [(part.name, dict(zip(grid, values))) for values in itertools.product(*grid.values())]
+    return out
 
 
 def _assert_same_outputs(a, b, label):
@@ -76,39 +84,36 @@ def _assert_same_outputs(a, b, label):
 @pytest.mark.parametrize("name", sorted(GRIDS))
 def test_a_cell_computed_in_two_grids_is_bit_identical(name):
     module, small, extension = GRIDS[name]
-    large = {**small, **extension}
-    module.validate(small)
-    module.validate(large)
-    a = build(module.EXPERIMENT, small)
+    small, large = _configure(module, small), _configure(module, {**small, **extension})
+    a = build(module.EXPERIMENT, small).compute(scheduler="synchronous")
     b = build(module.EXPERIMENT, large)
-    cell_vars = [v.name for v in module.EXPERIMENT.cell_variables(small)]
-    grid = module.EXPERIMENT.grid(small)
-    a = a[cell_vars].compute(scheduler="synchronous")
-    b = b[cell_vars].sel({dim: list(values) for dim, values in grid.items()}).compute(scheduler="synchronous")
-    xr.testing.assert_identical(a.drop_attrs(deep=False), b.drop_attrs(deep=False))
+    b = b.sel({dim: a[dim].values.tolist() for dim in a.dims}).compute(scheduler="synchronous")
+    assert_same_results(a, b, ignore=TIME_STAMPS + ("config", "n_cells"))
 
 
 @pytest.mark.parametrize("name", sorted(PERTURBATIONS))
 def test_every_parameter_perturbed_alone_changes_the_fingerprint_or_not_the_bits(name):
     module, base, _ = GRIDS[name]
-    table = PERTURBATIONS[name]
-    assert sorted(table) == sorted(module.PARAMETERS), "every declared parameter needs a perturbation here"
     exp = module.EXPERIMENT
+    table = PERTURBATIONS[name]
+    assert sorted(table) == sorted(p.name for p in exp.params), "every declared parameter needs a perturbation here"
+    base = _configure(module, base)
     reused = []
     for key, value in table.items():
         other = {**base, key: value}
         if name == "c3" and key == "d":
             other.update(_C3_D2)
+        other = _configure(module, other)
         assert other[key] != base[key]
-        module.validate(other)
         shared = [c for c in _cells(module, base) if c in _cells(module, other)]
         assert shared, f"{key}: the perturbed grid shares no cell with the base grid"
-        for cell in shared:
-            if cell_fingerprint(exp, base, cell) == cell_fingerprint(exp, other, cell):
-                _assert_same_outputs(run_cell(exp, base, cell), run_cell(exp, other, cell), f"{key} at {cell}")
+        for part, cell in shared:
+            if cell_fingerprint(exp, base, cell, part) == cell_fingerprint(exp, other, cell, part):
+                _assert_same_outputs(run_cell(exp, base, cell, part), run_cell(exp, other, cell, part),
+                                     f"{key} at {part}{cell}")
                 reused.append(key)
-    # the grid's own keys (which cells exist) keep the shared cells: that is what an extension reuses
-    assert set(exp.grid_keys or ()) <= set(reused)
+    # the grid's own parameters (which cells exist) keep the shared cells: what an extension reuses
+    assert {p.name for p in exp.params if p.grid} <= set(reused)
 
 
 def test_the_store_serves_a_cell_only_to_its_own_fingerprint(tmp_path):

@@ -1,20 +1,18 @@
 """Determinism matrix: every experiment's quick profile gives the same bits on every scheduler,
 chunking and worker count (issue: sweeps that survive)."""
-import importlib
-
 import numpy as np
 import pytest
 
-from sfxlin.cli import EXPERIMENTS
 from sfxlin.execution import compute
+from sfxlin.experiments import experiments
 from sfxlin.sweep import build
 
-MODULES = sorted(EXPERIMENTS.values())
+MODULES = sorted(experiments())
 
 
 def _quick(name):
-    module = importlib.import_module(f"sfxlin.pipelines.{name}")
-    return module, module.PROFILES["quick"]
+    experiment = experiments()[name]
+    return experiment, experiment.configure("quick")
 
 
 def _assert_same_bits(a, b):
@@ -25,13 +23,13 @@ def _assert_same_bits(a, b):
 
 @pytest.fixture(scope="module", params=MODULES)
 def reference(request):
-    module, config = _quick(request.param)
-    ds, _, _ = compute(build(module.EXPERIMENT, config), scheduler="synchronous", progress=False)
-    return module, config, ds
+    experiment, config = _quick(request.param)
+    ds, _, _ = compute(build(experiment, config), scheduler="synchronous", progress=False)
+    return experiment, config, ds
 
 
-def _chunkings(module, config):
-    grid = module.EXPERIMENT.grid(config)
+def _chunkings(experiment, config):
+    grid = experiment.part().grid(config)
     last = list(grid)[-1]
     return [{}, {last: len(grid[last])}, {dim: len(values) for dim, values in grid.items()}]
 
@@ -40,9 +38,9 @@ def _chunkings(module, config):
 @pytest.mark.parametrize("scheduler", ["threads", "processes"])
 @pytest.mark.parametrize("chunking", [0, 1, 2])
 def test_local_schedulers_and_chunkings(reference, scheduler, chunking):
-    module, config, ref = reference
-    chunks = _chunkings(module, config)[chunking]
-    ds, _, label = compute(build(module.EXPERIMENT, config, chunks=chunks), scheduler=scheduler, progress=False)
+    experiment, config, ref = reference
+    chunks = _chunkings(experiment, config)[chunking]
+    ds, _, label = compute(build(experiment, config, chunks=chunks), scheduler=scheduler, progress=False)
     _assert_same_bits(ds, ref)
     assert label == scheduler or label.startswith(scheduler)
 
@@ -50,8 +48,8 @@ def test_local_schedulers_and_chunkings(reference, scheduler, chunking):
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_distributed_worker_counts(reference, workers):
-    module, config, ref = reference
-    chunks = _chunkings(module, config)[workers]
-    ds, _, label = compute(build(module.EXPERIMENT, config, chunks=chunks), workers=workers, progress=False)
+    experiment, config, ref = reference
+    chunks = _chunkings(experiment, config)[workers]
+    ds, _, label = compute(build(experiment, config, chunks=chunks), workers=workers, progress=False)
     _assert_same_bits(ds, ref)
     assert f"n_workers={workers}" in label

@@ -66,7 +66,7 @@ def _cell0(config):
 
 
 def test_kept_cells_are_served_instead_of_recomputed(tmp_path):
-    config = c1_limit.PROFILES["quick"]
+    config = c1_limit.EXPERIMENT.configure("quick")
     store = CellStore(tmp_path / "cells", c1_limit.EXPERIMENT, config)
     first = build(c1_limit.EXPERIMENT, config, store=store).compute(scheduler="synchronous")
     assert store.count() == 8
@@ -81,7 +81,7 @@ def test_kept_cells_are_served_instead_of_recomputed(tmp_path):
 
 
 def test_cells_of_another_configuration_are_not_served(tmp_path):
-    config = c1_limit.PROFILES["quick"]
+    config = c1_limit.EXPERIMENT.configure("quick")
     CellStore(tmp_path / "cells", c1_limit.EXPERIMENT, config).save(_cell0(config), {"x": np.zeros(2)})
     other = CellStore(tmp_path / "cells", c1_limit.EXPERIMENT, {**config, "n_prompts": 9})
     assert other.count() == 0 and other.load(_cell0(config)) is None
@@ -92,7 +92,7 @@ def test_cells_of_another_configuration_are_not_served(tmp_path):
 
 @pytest.mark.parametrize("damage", ["junk", "truncated", "emptied"])
 def test_a_damaged_cell_file_is_recomputed(tmp_path, damage):
-    config = c1_limit.PROFILES["quick"]
+    config = c1_limit.EXPERIMENT.configure("quick")
     store = CellStore(tmp_path / "cells", c1_limit.EXPERIMENT, config)
     cell = _cell0(config)
     store.save(cell, {"x": np.arange(5000.0)})
@@ -104,7 +104,7 @@ def test_a_damaged_cell_file_is_recomputed(tmp_path, damage):
 
 def test_a_cell_file_under_another_name_is_not_served(tmp_path):
     """A kept file copied over another cell's name (its fingerprint inside says whose it is)."""
-    config = c1_limit.PROFILES["quick"]
+    config = c1_limit.EXPERIMENT.configure("quick")
     store = CellStore(tmp_path / "cells", c1_limit.EXPERIMENT, config)
     a, b = _cell0(config), {**_cell0(config), "seed": 1}
     store.save(a, {"x": np.zeros(2)})
@@ -126,7 +126,7 @@ def write_then_stall(fp, array, *args, **kwargs):   # the first array goes out, 
     print("writing", flush=True)
     time.sleep(600)
 fmt.write_array = write_then_stall
-config = c1_limit.PROFILES["quick"]
+config = c1_limit.EXPERIMENT.configure("quick")
 cell = {dim: values[0] for dim, values in c1_limit.grid(config).items()}
 CellStore(sys.argv[1], c1_limit.EXPERIMENT, config).save(cell, {"mse": np.ones(1000), "other": np.ones(1000)})
 """
@@ -142,7 +142,7 @@ def test_a_writer_killed_mid_write_leaves_no_file_under_the_final_name(tmp_path)
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-    config = c1_limit.PROFILES["quick"]
+    config = c1_limit.EXPERIMENT.configure("quick")
     store = CellStore(folder, c1_limit.EXPERIMENT, config)
     assert not list(folder.glob("cell_*.npz")) and store.count() == 0 and store.load(_cell0(config)) is None
 

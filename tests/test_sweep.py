@@ -14,11 +14,12 @@ import xarray as xr
 from conftest import DaskComputed, raise_if_dask_computes
 from sfxlin.pipelines import c1_limit
 from sfxlin.sweep import CellError, Experiment, Variable, build, cell_rng, run_cell
+from sfxlin.testing import assert_same_results
 
 
 def _cell(experiment, config, index):
     """The cell at an integer position of the grid, as the ``{dim: value}`` mapping run_cell takes."""
-    return {dim: values[i] for (dim, values), i in zip(experiment.grid(config).items(), index)}
+    return {dim: values[i] for (dim, values), i in zip(experiment.part().grid(config).items(), index)}
 
 GRID_DIMS = ("d", "U_norm", "seed")
 
@@ -33,9 +34,7 @@ def _block_keys(ds, name):
 
 
 def _assert_bitwise_identical(a, b):
-    xr.testing.assert_identical(a, b)
-    for name in a.data_vars:
-        assert np.array_equal(a[name].values, b[name].values, equal_nan=True), name
+    assert_same_results(a, b)
 
 
 # --------------------------------------------------------------------------------------------
@@ -52,7 +51,7 @@ def test_build_computes_nothing(toy, toy_config):
     with raise_if_dask_computes():
         ds = build(toy.EXPERIMENT, toy_config)
         ds = build(toy.EXPERIMENT, toy_config, chunks={"seed": 2})
-        ds = build(c1_limit.EXPERIMENT, c1_limit.PROFILES["quick"])
+        ds = build(c1_limit.EXPERIMENT, c1_limit.EXPERIMENT.configure("quick"))
     assert toy.CALLS[0] == before
     for name in ds.data_vars:
         assert isinstance(ds[name].data, dask.array.Array), name
@@ -77,14 +76,14 @@ def test_each_cell_runs_once_for_all_variables(toy, toy_config):
     ds = build(toy.EXPERIMENT, toy_config)
     before = toy.CALLS[0]
     ds.compute(scheduler="synchronous")
-    assert toy.CALLS[0] - before == ds.attrs["n_cells"] == 24
+    assert toy.CALLS[0] - before == 24 and ds.attrs["n_cells"] == 24 + 1  # + the global part's cell
 
 
 def test_c1_quick_has_one_task_per_cell():
-    config = c1_limit.PROFILES["quick"]
+    config = c1_limit.EXPERIMENT.configure("quick")
     ds = build(c1_limit.EXPERIMENT, config)
     n_cells = len(config["d"]) * len(config["U_norm"]) * config["n_seeds"]
-    assert ds.attrs["n_cells"] == n_cells
+    assert ds.attrs["n_cells"] == n_cells + 1  # and the quadrature check's one cell
     assert len(_block_keys(ds, c1_limit.NAME)) == n_cells
 
 
@@ -107,8 +106,8 @@ def test_dims_and_coords_carry_real_values(toy, toy_config):
 
 
 @pytest.mark.parametrize("experiment, config", [
-    (c1_limit.EXPERIMENT, c1_limit.PROFILES["quick"]),
-    (c1_limit.EXPERIMENT, c1_limit.PROFILES["paper"]),
+    (c1_limit.EXPERIMENT, c1_limit.EXPERIMENT.configure("quick")),
+    (c1_limit.EXPERIMENT, c1_limit.EXPERIMENT.configure("paper")),
     ("toy", None),
 ])
 def test_every_variable_and_dim_is_labelled(toy, experiment, config):
@@ -123,7 +122,7 @@ def test_every_variable_and_dim_is_labelled(toy, experiment, config):
     for dim in ds.dims:
         assert dim in ds.coords, dim
         assert ds[dim].size == ds.sizes[dim]
-    grid = experiment.grid(config)
+    grid = experiment.part().grid(config)
     inner = experiment.inner_coords(config)
     for dim, values in {**grid, **inner}.items():
         assert ds[dim].values.tolist() == list(values), dim
@@ -147,7 +146,7 @@ def test_values_do_not_depend_on_scheduler(toy, toy_config, toy_computed):
 
 
 def test_c1_quick_does_not_depend_on_chunking_or_scheduler():
-    config = c1_limit.PROFILES["quick"]
+    config = c1_limit.EXPERIMENT.configure("quick")
     one = build(c1_limit.EXPERIMENT, config).compute(scheduler="synchronous")
     blocked = build(c1_limit.EXPERIMENT, config, chunks={"U_norm": 2, "seed": 2}).compute(scheduler="threads")
     _assert_bitwise_identical(one, blocked)
@@ -201,7 +200,7 @@ def test_run_cell_reproduces_the_slice(toy, toy_config, toy_computed, index):
     out = run_cell(toy.EXPERIMENT, toy_config, _cell(toy.EXPERIMENT, toy_config, index))
     assert set(out) == {"value", "first", "grid_sum", "flagged"}
     cell = toy_computed.isel(dict(zip(GRID_DIMS, index)))
-    for var in toy.EXPERIMENT.cell_variables(toy_config):
+    for var in toy.EXPERIMENT.part_variables():
         inner_dims = [d for d in var.dims if d not in GRID_DIMS]
         expected = cell[var.name].transpose(*inner_dims).values
         assert np.array_equal(out[var.name], expected, equal_nan=True), var.name
@@ -209,11 +208,11 @@ def test_run_cell_reproduces_the_slice(toy, toy_config, toy_computed, index):
 
 
 def test_run_cell_reproduces_a_c1_cell():
-    config = c1_limit.PROFILES["quick"]
+    config = c1_limit.EXPERIMENT.configure("quick")
     full = build(c1_limit.EXPERIMENT, config).compute(scheduler="threads")
     out = run_cell(c1_limit.EXPERIMENT, config, {"d": 3, "U_norm": 0.1, "seed": 1})
     cell = full.isel(d=1, U_norm=0, seed=1)
-    for var in c1_limit.EXPERIMENT.cell_variables(config):
+    for var in c1_limit.EXPERIMENT.part_variables():
         inner_dims = [d for d in var.dims if d not in ("d", "U_norm", "seed")]
         assert np.array_equal(out[var.name], cell[var.name].transpose(*inner_dims).values, equal_nan=True)
 
@@ -265,23 +264,23 @@ def test_allow_nonfinite_variables_keep_their_nan(toy_computed):
 
 def test_global_variables(toy, toy_config, toy_computed):
     ds = build(toy.EXPERIMENT, toy_config)
-    assert [v.name for v in toy.EXPERIMENT.global_variables(toy_config)] == ["log_L"]
+    assert [v.name for v in toy.EXPERIMENT.part_variables("global")] == ["log_L"]
     assert ds["log_L"].dims == ("L",)
     assert ds["log_L"].attrs["long_name"] == "log prompt length"
     np.testing.assert_array_equal(toy_computed["log_L"].values, np.log([8.0, 16.0, 32.0]))
-    # one task for the global kernel
+    # one task for the part without grid dims
     globals_ = {k[0] if isinstance(k, tuple) else k for k in ds.__dask_graph__()}
-    assert len({k for k in globals_ if isinstance(k, str) and k.startswith("toy-global-")}) == 1
+    assert len({k for k in globals_ if isinstance(k, str) and k.startswith("toy/global-block-")}) == 1
 
 
 def test_global_kernel_output_is_validated(toy):
     config = toy.make_config(fault="global_nan")
-    with pytest.raises(CellError, match=r"toy\[global\]: non-finite values in log_L"):
+    with pytest.raises(CellError, match=r"toy/global\[\]: non-finite values in log_L"):
         build(toy.EXPERIMENT, config).compute(scheduler="synchronous")
 
 
 def test_c1_global_quadrature_check():
-    ds = build(c1_limit.EXPERIMENT, c1_limit.PROFILES["quick"])
+    ds = build(c1_limit.EXPERIMENT, c1_limit.EXPERIMENT.configure("quick"))
     err = ds["quadrature_error"].compute(scheduler="synchronous")
     assert err.dims == ("D_quad",) and err.sizes["D_quad"] == 4
     assert float(err.max()) < 1e-8
@@ -291,15 +290,15 @@ def test_c1_global_quadrature_check():
 # declaration errors
 # --------------------------------------------------------------------------------------------
 def _experiment(toy, **kw):
-    fields = dict(name="toy", grid=toy.grid, inner_coords=toy.inner_coords, variables=toy.VARIABLES,
-                  kernel=toy.kernel, global_kernel=toy.global_kernel)
+    fields = dict(name="toy", params=toy.PARAMS, inner_coords=toy.inner_coords, variables=toy.VARIABLES,
+                  parts=toy.EXPERIMENT.parts)
     fields.update(kw)
     return Experiment(**fields)
 
 
-def test_global_variable_without_global_kernel(toy, toy_config):
-    with pytest.raises(ValueError, match="global_kernel"):
-        build(_experiment(toy, global_kernel=None), toy_config)
+def test_a_variable_of_an_undeclared_part_is_refused(toy):
+    with pytest.raises(ValueError, match=r"toy.log_L: no part named 'global'"):
+        _experiment(toy, parts=toy.EXPERIMENT.parts[:1])
 
 
 def test_variable_missing_a_grid_dim(toy, toy_config):
