@@ -5,9 +5,10 @@ Reads only the documented schema (datasets/README.md): ``D_inf(setting, seed, mo
 (setting, seed, model, L, t_heldout)``, ``risk_heldout_eval``, the ``theta_inf`` variables
 (``risk_inf``, ``dist_bayes_inf``, ``off_block_inf``, ``norm_inf``), the baselines ``risk_ridge``
 and ``risk_plugin``, the perturbation diagnostic ``off_block_perturbed``, ``in_protocol`` and the
-``criteria`` attr. Setting names are part of the schema: ``rademacher`` is the control, every
-other setting has Gaussian covariates. Cells outside the protocol are NaN and ``in_protocol = 0``;
-seed means skip them.
+``criteria`` attr (the criteria declared below, :data:`CRITERIA`, as stored when the file was made).
+Setting names are part of the schema: ``rademacher`` is the control, every other setting has
+Gaussian covariates. Cells outside the protocol are NaN and ``in_protocol = 0``; seed means skip
+them.
 
 Summaries (softmax model unless said otherwise), per setting, seed means:
 
@@ -33,10 +34,10 @@ import numpy as np
 import xarray as xr
 
 from .fits import MIN_LINE_POINTS, loglog_slope, too_few
-from .verdicts import criteria_from_attrs, evaluate, measure_unless
+from .verdicts import Criteria, measure_unless
 
-__all__ = ["CONTROL", "gaussian_settings", "summaries", "slopes", "slope_shortfall", "increases", "measures",
-           "verdicts", "fit_table", "figure", "perturbation_growth"]
+__all__ = ["CRITERIA", "CONTROL", "gaussian_settings", "summaries", "slopes", "slope_shortfall", "increases",
+           "measures", "verdicts", "fit_table", "figure", "perturbation_growth"]
 
 CONTROL = "rademacher"
 
@@ -123,51 +124,154 @@ def _first(*reasons):
     return next((r for r in reasons if r), None)
 
 
+# --------------------------------------------------------------------------- criteria
+# Gaussian criteria are measured per Gaussian setting (isotropic, anisotropic), on seed means; every
+# value must satisfy the comparison. D(L) = max_t ||theta_L^softmax(t) - theta_inf(t)||_F.
+
+
+class _Shared:
+    """What several C3 measures read, computed once: the seed-mean summaries, the settings present,
+    the final held-out risks and ``||theta_inf(T)||``, and why a figure cannot be taken from this
+    file (``None`` when it can). ``attrs`` are the file's (its stored criteria)."""
+
+    def __init__(self, ds: xr.Dataset):
+        self.ds = ds
+        self.attrs = ds.attrs
+        self.gs = gaussian_settings(ds)
+        self.s = _seed_mean(summaries(ds))
+        L = ds.L.values
+        self.L = L
+        self.no_gauss = None if self.gs else "no Gaussian setting in this file"
+        self.no_control = None if CONTROL in ds.setting.values else f"no {CONTROL} control in this file"
+        self.no_count = too_few(L.size, 3, "prompt lengths", "a count of increases along L")
+        self.no_ratio = too_few(L.size, 2, "prompt lengths", "a ratio of L_max to L_min")
+        self.no_big = None if (L >= 1024).any() else f"no prompt length >= 1024 in this file (largest {int(L.max())})"
+        self.norm_T = _seed_mean(_protocol(ds, ds.norm_inf.isel(t=-1)))
+        self.h = _seed_mean(_protocol(ds, ds.risk_heldout.sel(model="softmax")))
+
+    def per_setting(self, reason, compute):
+        """``compute()`` at every Gaussian setting, unless ``reason`` (or no Gaussian setting) stops it."""
+        return measure_unless(_first(self.no_gauss, reason), lambda: _values(compute(), self.gs))
+
+    def control(self, reason, compute):
+        """``compute(D(L))`` of the control, unless ``reason`` (or no control) stops it."""
+        return measure_unless(_first(self.no_control, reason),
+                              lambda: float(compute(self.s.D_inf.sel(setting=CONTROL))))
+
+
+def _shared(ds) -> _Shared:
+    """The shared computations of ``ds`` (``ds`` itself when they are already made)."""
+    return ds if isinstance(ds, _Shared) else _Shared(ds)
+
+
+CRITERIA = Criteria("C3", prepare=_shared)
+
+
+@CRITERIA("C3a-monotone", "increases of seed-mean D(L) = max_t ||theta_L^softmax(t) - theta_inf(t)|| along L, "
+          "per Gaussian setting", "<=", 1, reference="non-monotone bump at L = 128..256", fmt="g",
+          reason="reference's: D should fall with L; one increase is tolerated for seed noise (2 seeds)")
+def _a_monotone(sh):
+    return sh.per_setting(sh.no_count, lambda: increases(sh.s.D_inf))
+
+
+@CRITERIA("C3a-slope", "log-log slope in L of seed-mean D(L), per Gaussian setting", "in", (-0.65, -0.35),
+          reference="-0.134 (iso) / -0.176 (aniso)",
+          reason="reference's: the band brackets -1/2, the rate of the gradient gap that drives the distance")
+def _a_slope(sh):
+    return sh.per_setting(slope_shortfall(sh.ds), lambda: slopes(sh.ds).slope.sel(quantity="D_inf"))
+
+
+@CRITERIA("C3a-final", "D(L_max) / ||theta_inf(T)||, per Gaussian setting", "<", 0.05, reference="15.7% / 11.1%",
+          reason="reference's: at L = 4096 softmax is within 5% of the infinite-prompt trajectory")
+def _a_final(sh):
+    return sh.per_setting(None, lambda: sh.s.D_inf.isel(L=-1) / sh.norm_T)
+
+
+@CRITERIA("C3b-monotone", "increases along L of the seed-mean final held-out risk of softmax(L) at its training L",
+          "<=", 1, reference="monotone (0)", fmt="g", reason="reference's: longer prompts train better predictors")
+def _b_monotone(sh):
+    return sh.per_setting(sh.no_count, lambda: increases(sh.s.risk_heldout))
+
+
+@CRITERIA("C3b-final", "final / initial held-out risk of softmax(L_max) at L_max (seed mean), per Gaussian setting",
+          "<", 0.02, reference="0.95% / 0.64%",
+          reason="reference's: the paper's literal claim, training at large L succeeds")
+def _b_final(sh):
+    return sh.per_setting(None, lambda: sh.h.isel(L=-1, t_heldout=-1) / sh.h.isel(L=-1, t_heldout=0))
+
+
+@CRITERIA("C3c", "final distance of softmax(L) to the Bayes optimum, L_max over L_min (seed mean), per Gaussian "
+          "setting", "<", 0.25, reference="(PASS in the reference)",
+          reason="reference's: a 4x approach between L = 8 and 4096 (a -1/2 rate would give 1/22.6)")
+def _c(sh):
+    return sh.per_setting(sh.no_ratio, lambda: sh.s.dist_bayes.isel(L=-1) / sh.s.dist_bayes.isel(L=0))
+
+
+@CRITERIA("C3d-inf", "max over t and seeds of the off-block mass of theta_inf, per Gaussian setting", "<", 1e-8,
+          reference="~1e-18",
+          reason="reference's: the odd symmetry is exact, so only rounding (~1e-16) is allowed, with margin")
+def _d_inf(sh):
+    return sh.per_setting(None, lambda: _protocol(sh.ds, sh.ds.off_block_inf).max(["seed", "t"]))
+
+
+@CRITERIA("C3d-softmax", "max over t and seeds of the off-block mass of softmax(L_max), per Gaussian setting", "<",
+          1e-2, reference="~1e-17",
+          reason="reference's: allows rounding amplified along unstable directions, catches an O(1) loss of "
+                 "structure")
+def _d_softmax(sh):
+    return sh.per_setting(
+        None, lambda: _protocol(sh.ds, sh.ds.off_block.sel(model="softmax").isel(L=-1)).max(["seed", "t"]))
+
+
+@CRITERIA("C3e-drop", "Rademacher control: D(L_min) / D(L_max) (seed mean)", ">=", 5.0,
+          reference="falls fast, then plateaus at 0.20",
+          reason="reference's: the control first converges like the Gaussian settings")
+def _e_drop(sh):
+    return sh.control(sh.no_ratio, lambda D: D.isel(L=0) / D.isel(L=-1))
+
+
+@CRITERIA("C3e-plateau", "Rademacher control: log-log slope of D(L) over the last four L", ">", -0.25,
+          reference="plateau at 0.20 from L = 1024",
+          reason="reference's: Rademacher covariates converge to their own limit, not to linear(inf), so D must "
+                 "flatten")
+def _e_plateau(sh):
+    return sh.control(too_few(sh.L.size, 4, "prompt lengths", "the slope over the last four"),
+                      lambda D: loglog_slope(D.isel(L=slice(-4, None)), "L").slope)
+
+
+# supplementary checks of figures quoted in SPEC's C3 text (not predeclared by the reference)
+@CRITERIA("C3-inf-risk", "supplementary: final training risk of theta_inf, max over seeds, per Gaussian setting",
+          "<=", 1e-6, reference="~1e-11 .. 1e-25",
+          reason="ours: linear(inf) gradient descent converges; margin for the slower anisotropic setting "
+                 "(condition number 4)")
+def _inf_risk(sh):
+    return sh.per_setting(None, lambda: _protocol(sh.ds, sh.ds.risk_inf.isel(t=-1)).max("seed"))
+
+
+@CRITERIA("C3-inf-bayes", "supplementary: final distance of theta_inf to the Bayes optimum, max over seeds, per "
+          "Gaussian setting", "<=", 2e-3, reference="~1e-3", reason="ours: twice the reference's figure")
+def _inf_bayes(sh):
+    return sh.per_setting(None, lambda: _protocol(sh.ds, sh.ds.dist_bayes_inf.isel(t=-1)).max("seed"))
+
+
+@CRITERIA("C3-linL-gap", "supplementary: |max_t ||theta_L^softmax - theta_L^linear|| / D(L) - 1| for L >= 1024 "
+          "(seed means), Gaussian settings", "<", 0.05, reference="equal to 3 digits",
+          reason="ours: within 5% the residual gap is the softmax nonlinearity, not covariance-estimation noise")
+def _linL_gap(sh):
+    s, L = sh.s, sh.L
+    return measure_unless(_first(sh.no_gauss, sh.no_big), lambda: abs(s.D_linL / s.D_inf - 1).sel(
+        setting=sh.gs).isel(L=np.flatnonzero(L >= 1024)).values.ravel())
+
+
 def measures(ds: xr.Dataset) -> dict:
     """Measured figure of every C3 criterion (:class:`~.verdicts.Inconclusive` with the reason when
     this file cannot give it, see the module doc)."""
-    gs = gaussian_settings(ds)
-    s = _seed_mean(summaries(ds))
-    L = ds.L.values
-    no_gauss = None if gs else "no Gaussian setting in this file"
-    no_control = None if CONTROL in ds.setting.values else f"no {CONTROL} control in this file"
-    no_count = too_few(L.size, 3, "prompt lengths", "a count of increases along L")
-    no_ratio = too_few(L.size, 2, "prompt lengths", "a ratio of L_max to L_min")
-    no_big = None if (L >= 1024).any() else f"no prompt length >= 1024 in this file (largest {int(L.max())})"
-    norm_T = _seed_mean(_protocol(ds, ds.norm_inf.isel(t=-1)))
-    h = _seed_mean(_protocol(ds, ds.risk_heldout.sel(model="softmax")))
-
-    def per_setting(reason, compute):
-        """``compute()`` at every Gaussian setting, unless ``reason`` (or no Gaussian setting) stops it."""
-        return measure_unless(_first(no_gauss, reason), lambda: _values(compute(), gs))
-
-    def control(reason, compute):
-        """``compute(D(L))`` of the control, unless ``reason`` (or no control) stops it."""
-        return measure_unless(_first(no_control, reason), lambda: float(compute(s.D_inf.sel(setting=CONTROL))))
-
-    return {
-        "C3a-monotone": per_setting(no_count, lambda: increases(s.D_inf)),
-        "C3a-slope": per_setting(slope_shortfall(ds), lambda: slopes(ds).slope.sel(quantity="D_inf")),
-        "C3a-final": per_setting(None, lambda: s.D_inf.isel(L=-1) / norm_T),
-        "C3b-monotone": per_setting(no_count, lambda: increases(s.risk_heldout)),
-        "C3b-final": per_setting(None, lambda: h.isel(L=-1, t_heldout=-1) / h.isel(L=-1, t_heldout=0)),
-        "C3c": per_setting(no_ratio, lambda: s.dist_bayes.isel(L=-1) / s.dist_bayes.isel(L=0)),
-        "C3d-inf": per_setting(None, lambda: _protocol(ds, ds.off_block_inf).max(["seed", "t"])),
-        "C3d-softmax": per_setting(
-            None, lambda: _protocol(ds, ds.off_block.sel(model="softmax").isel(L=-1)).max(["seed", "t"])),
-        "C3-inf-risk": per_setting(None, lambda: _protocol(ds, ds.risk_inf.isel(t=-1)).max("seed")),
-        "C3-inf-bayes": per_setting(None, lambda: _protocol(ds, ds.dist_bayes_inf.isel(t=-1)).max("seed")),
-        "C3-linL-gap": measure_unless(_first(no_gauss, no_big), lambda: abs(s.D_linL / s.D_inf - 1).sel(
-            setting=gs).isel(L=np.flatnonzero(L >= 1024)).values.ravel()),
-        "C3e-drop": control(no_ratio, lambda D: D.isel(L=0) / D.isel(L=-1)),
-        "C3e-plateau": control(too_few(L.size, 4, "prompt lengths", "the slope over the last four"),
-                               lambda D: loglog_slope(D.isel(L=slice(-4, None)), "L").slope),
-    }
+    return CRITERIA.measures(ds)
 
 
 def verdicts(ds: xr.Dataset):
-    """PASS / FAIL / INCONCLUSIVE rows of the predeclared criteria (``attrs['criteria']``)."""
-    return evaluate(criteria_from_attrs(ds), measures(ds))
+    """PASS / FAIL / INCONCLUSIVE rows of the predeclared criteria stored in the file (``attrs['criteria']``)."""
+    return CRITERIA.verdicts(ds)
 
 
 # --------------------------------------------------------------------------- tables

@@ -37,9 +37,9 @@ import math
 import numpy as np
 
 from sfxlin import icl
-from sfxlin.attention import check_prompt_lengths
+from sfxlin.params import Param, Profiles
 from sfxlin.stability import TRAINERS, concentration_constant, gradient_gap_trajectory
-from sfxlin.sweep import Experiment, Variable
+from sfxlin.sweep import Experiment, Part, Variable
 from sfxlin.training import checkpoint_steps
 
 NAME = "c2_threshold"
@@ -52,87 +52,36 @@ def _tau_grid(lo, hi, n):
 
 TAU_MAX = 3.0 / 0.45**2   # 14.8148: s = 0.45 (and tau = 0.75 is s = 2), as in the reference sweep
 
-PROFILES = {
-    "quick": {"d": 3, "tau": _tau_grid(0.75, TAU_MAX, 6), "L": [2**k for k in range(3, 10)], "n_seeds": 1,
-              "n_pairs": 4, "n_queries": 2, "n_replicates": 2, "lr": 0.01, "n_steps": 200, "ckpt_every": 50,
-              "x_law": "gaussian", "trainer": "pairs", "root_seed": 20251211},
-    "paper": {"d": 3, "tau": _tau_grid(0.75, TAU_MAX, 14), "L": [2**k for k in range(3, 13)], "n_seeds": 10,
-              "n_pairs": 48, "n_queries": 2, "n_replicates": 6, "lr": 0.01, "n_steps": 2500, "ckpt_every": 100,
-              "x_law": "gaussian", "trainer": "pairs", "root_seed": 20251211},
-}
-
-PARAMETERS = {
-    "d": "covariate dimension (int >= 1); Sigma = s I_d with s = sqrt(d / tau)",
-    "tau": "values of tau = tr(Sigma^-2) (increasing list of float > 0); the threshold is tau = 4",
-    "L": "nested prompt lengths (increasing list of int >= 1)",
-    "n_seeds": "independent replicates (tasks, queries, prompts) per tau",
-    "n_pairs": "antithetic task pairs (w, -w) per cell",
-    "n_queries": "query points per task",
-    "n_replicates": "independent prompt sets per cell for the gap (same tasks and queries)",
-    "lr": "gradient-descent step size of linear(inf)",
-    "n_steps": "gradient-descent steps T (a multiple of ckpt_every)",
-    "ckpt_every": "steps between checkpoints at which the gap is measured",
-    "x_law": "covariate law: 'gaussian' (the study) or 'rademacher'",
-    "trainer": "'pairs' (antithetic partners summed first: the off-block gradient cancels exactly) or 'simple' "
-               "(training.train; its rounding seeds a GD instability of the block structure at small tau)",
-    "root_seed": "root of every cell's random generator",
-}
-
-# Predeclared criteria (SPEC C2, threshold study), stored in the results file's attrs.
-# "fixed" exponent: log-log slope in L of the seed-mean gap at t = 0; "uniform" exponent: slope of
-# the seed-mean of sup_t g_L(t). The break is the threshold (hinge) regression of the uniform
-# exponent on tau (or log tau), weighted by 1/SE^2 (analysis/c2_threshold.py).
-CRITERIA = [
-    {"id": "C2T-fixed-exponent", "claim": "C2",
-     "description": "fixed-parameter exponent (slope in L of the seed-mean gap at t = 0), every tau",
-     "kind": "in", "threshold": [-0.65, -0.35], "reference": "near -1/2 at every tau (C2, Sigma = I: -0.526)"},
-    {"id": "C2T-uniform-low-tau", "claim": "C2",
-     "description": "uniform exponent (slope in L of the seed-mean sup_t gap) at the smallest tau: no convergence",
-     "kind": ">", "threshold": -0.1, "reference": "+0.000 +- 0.029 (tau = 0.75)"},
-    {"id": "C2T-uniform-high-tau", "claim": "C2",
-     "description": "uniform exponent at the largest tau: uniform convergence",
-     "kind": "<", "threshold": -0.25, "reference": "-0.386 (tau = 14.81)"},
-    {"id": "C2T-uniform-trend", "claim": "C2",
-     "description": "Spearman rank correlation of the uniform exponent with tau (monotone decrease)",
-     "kind": "<=", "threshold": -0.8, "reference": "monotone (rank correlation -1)"},
-    {"id": "C2T-separation-low-tau", "claim": "C2",
-     "description": "uniform minus fixed-parameter exponent at the smallest tau",
-     "kind": ">", "threshold": 0.2, "reference": "about +0.5 (0.000 vs about -1/2)"},
-    {"id": "C2T-break-location", "claim": "C2",
-     "description": "break (tau units) of the threshold regression of the uniform exponent",
-     "kind": "in", "threshold": [2.0, 8.0], "reference": "near 4"},
-    {"id": "C2T-break-covers-4", "claim": "C2",
-     "description": "1 if the 95% LR confidence set of the break contains tau = 4, else 0",
-     "kind": ">=", "threshold": 1.0, "reference": "(expected: tau = 4)"},
-]
+PARAMS = (
+    Param("d", "int", "covariate dimension; Sigma = s I_d with s = sqrt(d / tau)", 3, low=1),
+    Param("tau", "float_list", "values of tau = tr(Sigma^-2); the threshold is tau = 4 (at least 6: the analysis "
+          "fits a hinge in tau)", Profiles(quick=_tau_grid(0.75, TAU_MAX, 6), paper=_tau_grid(0.75, TAU_MAX, 14)),
+          low=0, low_open=True, order="increasing", min_len=6, grid=True),
+    Param("L", "int_list", "nested prompt lengths (at least 3: the analysis fits log-log slopes in L)",
+          Profiles(quick=[2**k for k in range(3, 10)], paper=[2**k for k in range(3, 13)]), unit="tokens",
+          low=1, order="increasing", min_len=3),
+    Param("n_seeds", "int", "independent replicates (tasks, queries, prompts) per tau", Profiles(quick=1, paper=10),
+          low=1, grid=True),
+    Param("n_pairs", "int", "antithetic task pairs (w, -w) per cell", Profiles(quick=4, paper=48), low=1),
+    Param("n_queries", "int", "query points per task", 2, low=1),
+    Param("n_replicates", "int", "independent prompt sets per cell for the gap (same tasks and queries)",
+          Profiles(quick=2, paper=6), low=1),
+    Param("lr", "float", "gradient-descent step size of linear(inf)", 0.01, low=0, low_open=True),
+    Param("n_steps", "int", "gradient-descent steps T (a multiple of ckpt_every)", Profiles(quick=200, paper=2500),
+          unit="steps", low=0),
+    Param("ckpt_every", "int", "steps between checkpoints at which the gap is measured", Profiles(quick=50, paper=100),
+          unit="steps", low=1),
+    Param("x_law", "str", "covariate law: 'gaussian' (the study) or 'rademacher'", "gaussian", choices=X_LAWS),
+    Param("trainer", "str", "'pairs' (antithetic partners summed first: the off-block gradient cancels exactly) or "
+          "'simple' (training.train; its rounding seeds a GD instability of the block structure at small tau)",
+          "pairs", choices=TRAINERS),
+    Param("root_seed", "int", "root of every cell's random generator", 20251211),
+)
 
 
-def _int(config, key, lo=1):
-    val = config[key]
-    if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < lo:
-        raise ValueError(f"{key} must be an integer >= {lo}, got {val!r}")
-    return int(val)
-
-
-def validate(config):
-    """Raise ValueError for an inconsistent configuration."""
-    for key in ("d", "n_seeds", "n_pairs", "n_queries", "n_replicates", "ckpt_every"):
-        _int(config, key)
-    _int(config, "n_steps", 0)
-    check_prompt_lengths(config["L"])
-    tau = np.asarray(config["tau"], dtype=float)
-    if tau.ndim != 1 or tau.size == 0 or not np.all(np.isfinite(tau)) or np.any(tau <= 0):
-        raise ValueError(f"tau must be a non-empty list of positive numbers, got {config['tau']}")
-    if np.any(np.diff(tau) <= 0):
-        raise ValueError(f"tau must be strictly increasing, got {config['tau']}")
-    lr = float(config["lr"])
-    if not (math.isfinite(lr) and lr > 0):
-        raise ValueError(f"lr must be a positive number, got {config['lr']}")
-    checkpoint_steps(int(config["n_steps"]), int(config["ckpt_every"]))
-    if config["x_law"] not in X_LAWS:
-        raise ValueError(f"x_law must be one of {X_LAWS}, got {config['x_law']!r}")
-    if config["trainer"] not in TRAINERS:
-        raise ValueError(f"trainer must be one of {TRAINERS}, got {config['trainer']!r}")
+def _steps_fit_checkpoints(config):
+    if config["n_steps"] % config["ckpt_every"]:
+        raise ValueError(f"n_steps: {config['n_steps']} must be a multiple of ckpt_every = {config['ckpt_every']}")
 
 
 def sigma_scale(tau, d):
@@ -141,24 +90,24 @@ def sigma_scale(tau, d):
 
 
 def grid(config):
-    return {"tau": [float(t) for t in config["tau"]], "seed": list(range(config["n_seeds"]))}
+    return {"tau": list(config["tau"]), "seed": list(range(config["n_seeds"]))}
 
 
 def inner_coords(config):
-    D = int(config["d"]) + 1
-    return {"L": list(config["L"]), "t": checkpoint_steps(int(config["n_steps"]), int(config["ckpt_every"])).tolist(),
+    D = config["d"] + 1
+    return {"L": list(config["L"]), "t": checkpoint_steps(config["n_steps"], config["ckpt_every"]).tolist(),
             "row": list(range(D)), "col": list(range(D))}
 
 
 def kernel(cell, rng, config):
-    d, tau = int(config["d"]), float(cell["tau"])
+    d, tau = config["d"], cell["tau"]
     s = sigma_scale(tau, d)
     Sigma = s * np.eye(d)
     out = gradient_gap_trajectory(
-        rng, Sigma, [int(L) for L in config["L"]], n_pairs=int(config["n_pairs"]),
-        n_queries=int(config["n_queries"]), n_replicates=int(config["n_replicates"]), lr=float(config["lr"]),
-        n_steps=int(config["n_steps"]), ckpt_every=int(config["ckpt_every"]), x_law=config["x_law"],
-        trainer=config["trainer"], label=f"{NAME}[tau={tau:g}, seed={cell['seed']}]")
+        rng, Sigma, list(config["L"]), n_pairs=config["n_pairs"], n_queries=config["n_queries"],
+        n_replicates=config["n_replicates"], lr=config["lr"], n_steps=config["n_steps"],
+        ckpt_every=config["ckpt_every"], x_law=config["x_law"], trainer=config["trainer"],
+        label=f"{NAME}[tau={tau:g}, seed={cell['seed']}]")
     return {
         "g": out["g"],
         "g_risk": out["g_risk"],
@@ -200,6 +149,8 @@ VARIABLES = (
              "(the expectation diverges); the same for every seed", allow_nonfinite=True),
 )
 
-EXPERIMENT = Experiment(name=NAME, grid=grid, inner_coords=inner_coords, variables=VARIABLES, kernel=kernel,
-                        description="C2 threshold: uniform-in-time gradient stability vs tau = tr(Sigma^-2)",
-                        grid_keys=("tau", "n_seeds"))
+EXPERIMENT = Experiment(
+    name=NAME, short="c2_threshold", params=PARAMS, checks=(_steps_fit_checkpoints,), inner_coords=inner_coords,
+    variables=VARIABLES, analysis="sfxlin.analysis.c2_threshold", parts=(Part("", grid, kernel),),
+    title="C2: uniform-in-time stability and the tr(Sigma^-2) > 4 threshold",
+    description="C2 threshold: uniform-in-time gradient stability vs tau = tr(Sigma^-2)")

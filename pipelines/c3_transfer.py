@@ -54,12 +54,11 @@ structure is stable.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from sfxlin import icl, training
-from sfxlin.sweep import Experiment, Variable
+from sfxlin.params import Param, Profiles
+from sfxlin.sweep import Experiment, Part, Variable
 
 NAME = "c3_transfer"
 
@@ -68,133 +67,73 @@ SETTINGS = {"isotropic": "gaussian", "anisotropic": "gaussian", "rademacher": "r
 CONTROL = "rademacher"
 MODELS = ("softmax", "linear")  # the finite-L models, coordinate ``model``
 
-_PAPER_L = [8 * 2**k for k in range(10)]
+_MATRIX = "d diagonal entries or a d x d symmetric positive-definite matrix"
 
-PROFILES = {
-    "quick": {"d": 3, "settings": ["isotropic", "anisotropic", "rademacher"],
-              "Sigma_isotropic": [1.0, 1.0, 1.0], "Sigma_anisotropic": [2.0, 1.0, 0.5],
-              "Sigma_rademacher": [1.0, 1.0, 1.0], "n_seeds": 2, "n_seeds_control": 1,
-              "n_pairs": 4, "n_queries": 2, "L": [8, 16, 32, 64], "lr": 0.01, "n_steps": 200, "ckpt_every": 20,
-              "heldout_pairs": 8, "heldout_queries": 2, "L_eval": 128, "heldout_every": 100,
-              "ridge_lam": 0.0, "perturbation": 1e-12, "root_seed": 20251211},
-    "paper": {"d": 3, "settings": ["isotropic", "anisotropic", "rademacher"],
-              "Sigma_isotropic": [1.0, 1.0, 1.0], "Sigma_anisotropic": [2.0, 1.0, 0.5],
-              "Sigma_rademacher": [1.0, 1.0, 1.0], "n_seeds": 2, "n_seeds_control": 1,
-              "n_pairs": 48, "n_queries": 2, "L": _PAPER_L, "lr": 0.01, "n_steps": 2500, "ckpt_every": 20,
-              "heldout_pairs": 256, "heldout_queries": 4, "L_eval": 4096, "heldout_every": 500,
-              "ridge_lam": 0.0, "perturbation": 1e-12, "root_seed": 20251211},
-}
-
-PARAMETERS = {
-    "d": "covariate dimension (int >= 1); tokens (x, y) have D = d + 1",
-    "settings": f"covariate settings (subset of {sorted(SETTINGS)}; 'rademacher' is the control)",
-    "Sigma_isotropic": "covariance of the 'isotropic' setting: d diagonal entries or a d x d symmetric positive-definite matrix",
-    "Sigma_anisotropic": "covariance of the 'anisotropic' setting (as Sigma_isotropic)",
-    "Sigma_rademacher": "covariance of the Rademacher control, x = Sigma^{1/2} r (as Sigma_isotropic)",
-    "n_seeds": "seeds of the Gaussian settings",
-    "n_seeds_control": "seeds of the Rademacher control (the grid runs max of both; extra cells are NaN, in_protocol = 0)",
-    "n_pairs": "antithetic training task pairs (w, -w) per cell",
-    "n_queries": "query points per training task",
-    "L": "nested training prompt lengths (strictly increasing list of int >= 1)",
-    "lr": "gradient-descent step size (> 0)",
-    "n_steps": "gradient-descent steps T (>= 1, a multiple of ckpt_every)",
-    "ckpt_every": "steps between checkpoints t",
-    "heldout_pairs": "antithetic held-out task pairs per cell",
-    "heldout_queries": "query points per held-out task",
-    "L_eval": "long held-out prompt length at which every trained model is also evaluated",
-    "heldout_every": "steps between held-out evaluations t_heldout (a multiple of ckpt_every dividing n_steps)",
-    "ridge_lam": "ridge penalty of the baseline on the prompt (0: minimum-norm least squares)",
-    "perturbation": "norm of the off-block perturbation of (U0, v0) in the diagnostic run (> 0)",
-    "root_seed": "root of every cell's random generator",
-}
-
-# Predeclared criteria (SPEC C3), stored in the results file's attrs so analysis reads them from data.
-# Gaussian criteria are measured per Gaussian setting (isotropic, anisotropic), on seed means; every
-# value must satisfy the comparison. D(L) = max_t ||theta_L^softmax(t) - theta_inf(t)||_F.
-CRITERIA = [
-    {"id": "C3a-monotone", "claim": "C3",
-     "description": "increases of seed-mean D(L) = max_t ||theta_L^softmax(t) - theta_inf(t)|| along L, per Gaussian setting",
-     "kind": "<=", "threshold": 1, "reference": "non-monotone bump at L = 128..256", "fmt": "g"},
-    {"id": "C3a-slope", "claim": "C3",
-     "description": "log-log slope in L of seed-mean D(L), per Gaussian setting",
-     "kind": "in", "threshold": [-0.65, -0.35], "reference": "-0.134 (iso) / -0.176 (aniso)"},
-    {"id": "C3a-final", "claim": "C3",
-     "description": "D(L_max) / ||theta_inf(T)||, per Gaussian setting",
-     "kind": "<", "threshold": 0.05, "reference": "15.7% / 11.1%"},
-    {"id": "C3b-monotone", "claim": "C3",
-     "description": "increases along L of the seed-mean final held-out risk of softmax(L) at its training L",
-     "kind": "<=", "threshold": 1, "reference": "monotone (0)", "fmt": "g"},
-    {"id": "C3b-final", "claim": "C3",
-     "description": "final / initial held-out risk of softmax(L_max) at L_max (seed mean), per Gaussian setting",
-     "kind": "<", "threshold": 0.02, "reference": "0.95% / 0.64%"},
-    {"id": "C3c", "claim": "C3",
-     "description": "final distance of softmax(L) to the Bayes optimum, L_max over L_min (seed mean), per Gaussian setting",
-     "kind": "<", "threshold": 0.25, "reference": "(PASS in the reference)"},
-    {"id": "C3d-inf", "claim": "C3",
-     "description": "max over t and seeds of the off-block mass of theta_inf, per Gaussian setting",
-     "kind": "<", "threshold": 1e-8, "reference": "~1e-18"},
-    {"id": "C3d-softmax", "claim": "C3",
-     "description": "max over t and seeds of the off-block mass of softmax(L_max), per Gaussian setting",
-     "kind": "<", "threshold": 1e-2, "reference": "~1e-17"},
-    {"id": "C3e-drop", "claim": "C3",
-     "description": "Rademacher control: D(L_min) / D(L_max) (seed mean)",
-     "kind": ">=", "threshold": 5.0, "reference": "falls fast, then plateaus at 0.20"},
-    {"id": "C3e-plateau", "claim": "C3",
-     "description": "Rademacher control: log-log slope of D(L) over the last four L",
-     "kind": ">", "threshold": -0.25, "reference": "plateau at 0.20 from L = 1024"},
-    # supplementary checks of figures quoted in SPEC's C3 text (not predeclared by the reference)
-    {"id": "C3-inf-risk", "claim": "C3",
-     "description": "supplementary: final training risk of theta_inf, max over seeds, per Gaussian setting",
-     "kind": "<=", "threshold": 1e-6, "reference": "~1e-11 .. 1e-25"},
-    {"id": "C3-inf-bayes", "claim": "C3",
-     "description": "supplementary: final distance of theta_inf to the Bayes optimum, max over seeds, per Gaussian setting",
-     "kind": "<=", "threshold": 2e-3, "reference": "~1e-3"},
-    {"id": "C3-linL-gap", "claim": "C3",
-     "description": "supplementary: |max_t ||theta_L^softmax - theta_L^linear|| / D(L) - 1| for L >= 1024 (seed means), Gaussian settings",
-     "kind": "<", "threshold": 0.05, "reference": "equal to 3 digits"},
-]
+PARAMS = (
+    Param("d", "int", "covariate dimension; tokens (x, y) have D = d + 1", 3, low=1),
+    Param("settings", "str_list", "covariate settings ('rademacher' is the control)",
+          ["isotropic", "anisotropic", "rademacher"], choices=tuple(SETTINGS), grid=True),
+    Param("Sigma_isotropic", "matrix", f"covariance of the 'isotropic' setting: {_MATRIX}", [1.0, 1.0, 1.0]),
+    Param("Sigma_anisotropic", "matrix", f"covariance of the 'anisotropic' setting: {_MATRIX}", [2.0, 1.0, 0.5]),
+    Param("Sigma_rademacher", "matrix", f"covariance of the Rademacher control, x = Sigma^{{1/2}} r: {_MATRIX}",
+          [1.0, 1.0, 1.0]),
+    Param("n_seeds", "int", "seeds of the Gaussian settings", 2, low=1, grid=True),
+    Param("n_seeds_control", "int", "seeds of the Rademacher control (the grid runs max of both; extra cells are "
+          "NaN, in_protocol = 0)", 1, low=1, grid=True),
+    Param("n_pairs", "int", "antithetic training task pairs (w, -w) per cell", Profiles(quick=4, paper=48), low=1),
+    Param("n_queries", "int", "query points per training task", 2, low=1),
+    Param("L", "int_list", "nested training prompt lengths (at least 3: the analysis fits log-log slopes in L)",
+          Profiles(quick=[8, 16, 32, 64], paper=[8 * 2**k for k in range(10)]), unit="tokens", low=1,
+          order="increasing", min_len=3),
+    Param("lr", "float", "gradient-descent step size", 0.01, low=0, low_open=True),
+    Param("n_steps", "int", "gradient-descent steps T (a multiple of ckpt_every)", Profiles(quick=200, paper=2500),
+          unit="steps", low=1),
+    Param("ckpt_every", "int", "steps between checkpoints t", 20, unit="steps", low=1),
+    Param("heldout_pairs", "int", "antithetic held-out task pairs per cell", Profiles(quick=8, paper=256), low=1),
+    Param("heldout_queries", "int", "query points per held-out task", Profiles(quick=2, paper=4), low=1),
+    Param("L_eval", "int", "long held-out prompt length at which every trained model is also evaluated",
+          Profiles(quick=128, paper=4096), unit="tokens", low=1),
+    Param("heldout_every", "int", "steps between held-out evaluations t_heldout (a multiple of ckpt_every "
+          "dividing n_steps)", Profiles(quick=100, paper=500), unit="steps", low=1),
+    Param("ridge_lam", "float", "ridge penalty of the baseline on the prompt (0: minimum-norm least squares)", 0.0,
+          low=0),
+    Param("perturbation", "float", "norm of the off-block perturbation of (U0, v0) in the diagnostic run", 1e-12,
+          low=0, low_open=True),
+    Param("root_seed", "int", "root of every cell's random generator", 20251211),
+)
 
 
 # --------------------------------------------------------------------------- configuration
 
 
-def _int(config, key, lo=1):
-    val = config[key]
-    if isinstance(val, (bool, np.bool_)) or not isinstance(val, (int, np.integer)) or val < lo:
-        raise ValueError(f"{key} must be an integer >= {lo}, got {val!r}")
-    return int(val)
+def _steps_fit_checkpoints(config):
+    if config["n_steps"] % config["ckpt_every"]:
+        raise ValueError(f"n_steps: {config['n_steps']} must be a multiple of ckpt_every = {config['ckpt_every']}")
 
 
-def sigma_of(config, setting):
-    """The covariance matrix of ``setting`` (``d x d``), validated symmetric positive definite."""
-    return _sigma_matrix(config[f"Sigma_{setting}"], int(config["d"]), f"Sigma_{setting}")
+def _heldout_on_checkpoints(config):
+    he, ce, T = config["heldout_every"], config["ckpt_every"], config["n_steps"]
+    if he % ce or T % he:
+        raise ValueError(f"heldout_every: {he} must be a multiple of ckpt_every = {ce} and divide n_steps = {T}")
 
 
-def _sigma_matrix(value, d, key):
-    try:
-        S = np.asarray(value, dtype=float)
-    except (TypeError, ValueError):
-        raise ValueError(f"{key} must be numbers, got {value!r}") from None
-    if S.ndim == 1:
-        S = np.diag(S)
-    if S.shape != (d, d):
-        raise ValueError(f"{key} must be {d} diagonal entries or a {d} x {d} matrix, got shape {S.shape}")
-    if not np.all(np.isfinite(S)) or not np.allclose(S, S.T, rtol=0, atol=1e-12 * max(1.0, np.abs(S).max())):
-        raise ValueError(f"{key} must be finite and symmetric, got {S.tolist()}")
-    lam = np.linalg.eigvalsh(S)
-    if lam.min() <= 0:
-        raise ValueError(f"{key} must be positive definite (a covariance with an inverse for the Bayes "
-                         f"optimum); its eigenvalues are {lam.tolist()}")
-    return S
+def _sigmas_are_d_by_d(config):
+    d = config["d"]
+    for setting in config["settings"]:
+        key = f"Sigma_{setting}"
+        shape = np.shape(config[key])
+        if shape != (d, d):
+            raise ValueError(f"{key}: must be {d} diagonal entries or a {d} x {d} matrix (d = {d}), got "
+                             f"{shape[0]} x {shape[1]}")
 
 
 def seeds_of(config, setting):
     """Number of seeds of ``setting`` in the protocol."""
-    return int(config["n_seeds_control"] if setting == CONTROL else config["n_seeds"])
+    return config["n_seeds_control"] if setting == CONTROL else config["n_seeds"]
 
 
 def in_protocol(config, setting, seed):
-    return int(seed) < seeds_of(config, setting)
+    return seed < seeds_of(config, setting)
 
 
 def cell_inputs(config, cell):
@@ -208,46 +147,6 @@ def cell_inputs(config, cell):
     return inputs
 
 
-def validate(config):
-    """Raise ValueError for an inconsistent configuration."""
-    missing = sorted(set(PARAMETERS) - set(config))
-    if missing:
-        raise ValueError(f"configuration misses {missing}")
-    d = _int(config, "d")
-    for key in ("n_seeds", "n_seeds_control", "n_pairs", "n_queries", "heldout_pairs", "heldout_queries",
-                "ckpt_every", "heldout_every", "L_eval"):
-        _int(config, key)
-    n_steps = config["n_steps"]
-    if isinstance(n_steps, (bool, np.bool_)) or not isinstance(n_steps, (int, np.integer)) or n_steps < 1:
-        raise ValueError(f"n_steps (T) must be an integer >= 1, got {n_steps!r}")
-    settings = config["settings"]
-    if isinstance(settings, str) or not list(settings):
-        raise ValueError(f"settings must be a non-empty list of names from {sorted(SETTINGS)}, got {settings!r}")
-    unknown = [s for s in settings if s not in SETTINGS]
-    if unknown:
-        raise ValueError(f"unknown setting(s) {unknown}; expected names from {sorted(SETTINGS)}")
-    if len(set(settings)) != len(settings):
-        raise ValueError(f"settings must not repeat, got {settings}")
-    for s in settings:
-        sigma_of(config, s)
-    training.validate_Ls(config["L"])
-    lr = config["lr"]
-    if isinstance(lr, bool) or not isinstance(lr, (int, float, np.number)) or not (math.isfinite(lr) and lr > 0):
-        raise ValueError(f"lr must be a positive finite number, got {lr!r}")
-    training.checkpoint_steps(int(n_steps), int(config["ckpt_every"]))
-    he, ce = int(config["heldout_every"]), int(config["ckpt_every"])
-    if he % ce or n_steps % he:
-        raise ValueError(f"heldout_every = {he} must be a multiple of ckpt_every = {ce} and divide n_steps = {n_steps}")
-    lam = float(config["ridge_lam"])
-    if not (math.isfinite(lam) and lam >= 0):
-        raise ValueError(f"ridge_lam must be a finite number >= 0, got {config['ridge_lam']!r}")
-    eps = float(config["perturbation"])
-    if not (math.isfinite(eps) and eps > 0):
-        raise ValueError(f"perturbation must be a positive finite number, got {config['perturbation']!r}")
-    if d < 1:  # pragma: no cover (checked by _int)
-        raise ValueError("d must be >= 1")
-
-
 # --------------------------------------------------------------------------- grid and kernel
 
 
@@ -257,10 +156,10 @@ def grid(config):
 
 
 def inner_coords(config):
-    D = int(config["d"]) + 1
-    return {"model": list(MODELS), "L": [int(L) for L in config["L"]],
-            "t": training.checkpoint_steps(int(config["n_steps"]), int(config["ckpt_every"])).tolist(),
-            "t_heldout": training.checkpoint_steps(int(config["n_steps"]), int(config["heldout_every"])).tolist(),
+    D = config["d"] + 1
+    return {"model": list(MODELS), "L": list(config["L"]),
+            "t": training.checkpoint_steps(config["n_steps"], config["ckpt_every"]).tolist(),
+            "t_heldout": training.checkpoint_steps(config["n_steps"], config["heldout_every"]).tolist(),
             "row": list(range(D)), "col": list(range(D))}
 
 
@@ -328,14 +227,13 @@ def kernel(cell, rng, config):
     setting = cell["setting"]
     if not config["in_protocol"]:
         return _nan_cell(config)
-    d = int(config["d"])
-    Sigma = _sigma_matrix(config["Sigma"], d, f"Sigma_{setting}")
+    d = config["d"]
+    Sigma = np.asarray(config["Sigma"], dtype=float)
     law = icl.covariate_law(SETTINGS[setting], Sigma)
-    Ls = tuple(int(L) for L in config["L"])
-    L_eval = int(config["L_eval"])
-    kw = dict(lr=float(config["lr"]), n_steps=int(config["n_steps"]), ckpt_every=int(config["ckpt_every"]))
-    tasks = icl.make_tasks(rng, d, int(config["n_pairs"]), int(config["n_queries"]), Ls[-1], law)
-    held = icl.make_tasks(rng, d, int(config["heldout_pairs"]), int(config["heldout_queries"]), max(Ls[-1], L_eval), law)
+    Ls, L_eval = config["L"], config["L_eval"]
+    kw = dict(lr=config["lr"], n_steps=config["n_steps"], ckpt_every=config["ckpt_every"])
+    tasks = icl.make_tasks(rng, d, config["n_pairs"], config["n_queries"], Ls[-1], law)
+    held = icl.make_tasks(rng, d, config["heldout_pairs"], config["heldout_queries"], max(Ls[-1], L_eval), law)
     direction = rng.standard_normal(2 * d)
 
     # 1. main run: softmax(L), linear(L) for every L and linear(inf), same tasks, same init
@@ -347,17 +245,17 @@ def kernel(cell, rng, config):
 
     # 2. held-out risks at a subset of checkpoints, and the baselines per L
     t = res["t"]
-    sub = np.flatnonzero(np.isin(t, training.checkpoint_steps(kw["n_steps"], int(config["heldout_every"]))))
+    sub = np.flatnonzero(np.isin(t, training.checkpoint_steps(kw["n_steps"], config["heldout_every"])))
     at_L, at_eval, inf_ho, inf_eval = heldout_risks(
         held, Ls, L_eval, {m: U[i][:, sub] for i, m in enumerate(MODELS)}, {m: v[i][:, sub] for i, m in enumerate(MODELS)},
         U_inf[sub], v_inf[sub])
-    lam = float(config["ridge_lam"])
+    lam = config["ridge_lam"]
     risk_ridge = np.array([icl.ridge_risk(held, L, lam) for L in Ls])
     risk_plugin = np.array([icl.risk("linear", U_star, v_star, held, L) for L in Ls])
 
     # 3. perturbation diagnostic
     U0, v0 = icl.init_theta(d, Sigma)
-    U0p, v0p = perturbed_init(U0, v0, direction, float(config["perturbation"]))
+    U0p, v0p = perturbed_init(U0, v0, direction, config["perturbation"])
     pert = training.train_all_arrays(tasks, Ls, models=("softmax", "linear", "linear_inf"), U0=U0p, v0=v0p,
                                      label="perturbed run", **kw)
 
@@ -464,6 +362,9 @@ VARIABLES = (
        "engine diagnostic: steps whose cached log-sum-exp shift was out of range and were recomputed exactly"),
 )
 
-EXPERIMENT = Experiment(name=NAME, grid=grid, inner_coords=inner_coords, variables=VARIABLES, kernel=kernel,
-                        description="C3: large-prompt softmax attention inherits linear-attention optimisation",
-                        cell_config=cell_inputs)
+EXPERIMENT = Experiment(
+    name=NAME, short="c3", params=PARAMS,
+    checks=(_steps_fit_checkpoints, _heldout_on_checkpoints, _sigmas_are_d_by_d), inner_coords=inner_coords,
+    variables=VARIABLES, analysis="sfxlin.analysis.c3", parts=(Part("", grid, kernel, inputs=cell_inputs),),
+    title="C3: large-prompt softmax training inherits linear-attention training",
+    description="C3: large-prompt softmax attention inherits linear-attention optimisation")

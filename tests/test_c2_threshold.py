@@ -12,26 +12,19 @@ from sfxlin.analysis import c2_threshold as analysis
 from sfxlin.analysis.verdicts import FAIL, INCONCLUSIVE, PASS, format_table
 from sfxlin.execution import compute
 from sfxlin.pipelines import c2_threshold
-from sfxlin.storage import provenance, save
+from sfxlin.storage import save
 from sfxlin.sweep import build, run_cell
 from sfxlin.training import checkpoint_steps
 
-
-def _config(profile="quick", **overrides):
-    config = json.loads(json.dumps(c2_threshold.PROFILES[profile]))
-    config.update(overrides)
-    c2_threshold.validate(config)
-    return config
+EXPERIMENT = c2_threshold.EXPERIMENT
 
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
-    config = _config()
+    config = EXPERIMENT.configure("quick")
     with raise_if_dask_computes():
-        lazy = build(c2_threshold.EXPERIMENT, config)
-    ds, wall, label = compute(lazy, progress=False)
-    ds.attrs.update(provenance(c2_threshold.NAME, "quick", config, wall, label, call="pytest"))
-    ds.attrs["criteria"] = json.dumps(c2_threshold.CRITERIA)
+        lazy = build(EXPERIMENT, config)
+    ds, _, _ = compute(lazy, progress=False)   # records wall_seconds and scheduler in the attrs
     path = save(ds, tmp_path_factory.mktemp("c2t") / "c2_threshold.nc")
     return path, config
 
@@ -39,9 +32,12 @@ def quick(tmp_path_factory):
 def test_quick_file_schema(quick):
     path, config = quick
     with xr.open_dataset(path) as ds:
-        assert ds.attrs["experiment"] == "c2_threshold"
+        assert ds.attrs["experiment"] == "c2_threshold" and ds.attrs["profile"] == "quick"
+        assert ds.attrs["analysis"] == "sfxlin.analysis.c2_threshold" and EXPERIMENT.short == "c2_threshold"
+        assert ds.attrs["title"] == "C2: uniform-in-time stability and the tr(Sigma^-2) > 4 threshold"
         for key in ("profile", "config", "criteria", "git_revision", "created", "wall_seconds", "history"):
             assert key in ds.attrs
+        assert json.loads(ds.attrs["config"]) == json.loads(config.to_json())
         for name, var in ds.data_vars.items():
             assert {"long_name", "description"} <= set(var.attrs), name
         for dim in ds.dims:   # every dim has a coordinate with its real values
@@ -64,14 +60,17 @@ def test_quick_file_schema(quick):
         # training risk decreases, the trajectory keeps its block structure (never imposed)
         assert np.all(ds.risk_inf.isel(t=-1) < ds.risk_inf.isel(t=0))
         assert float(ds.off_block.max()) < 1e-12
-        np.testing.assert_array_equal(json.loads(ds.attrs["criteria"]), c2_threshold.CRITERIA)
+        criteria = json.loads(ds.attrs["criteria"])
+        assert criteria == [c.to_dict() for c in analysis.CRITERIA]
+        assert all(c["reference"] and c["reason"] and c["profile"] == "paper" for c in criteria)
 
 
 def test_quick_config_reruns_a_cell(quick):
     path, config = quick
     with xr.open_dataset(path) as ds:
-        cfg = json.loads(ds.attrs["config"])
-        out = run_cell(c2_threshold.EXPERIMENT, cfg, {"tau": cfg["tau"][3], "seed": 0})
+        cfg = EXPERIMENT.configure(profile=None, values=json.loads(ds.attrs["config"]))
+        assert dict(cfg) == dict(config)
+        out = run_cell(EXPERIMENT, cfg, {"tau": cfg["tau"][3], "seed": 0})
         np.testing.assert_array_equal(out["g"], ds.g.isel(tau=3, seed=0).values)
         np.testing.assert_array_equal(out["U_inf"], ds.U_inf.isel(tau=3, seed=0).values)
 
@@ -91,18 +90,67 @@ def test_quick_analysis_tables_verdicts_figure(quick, tmp_path):
         table = analysis.fit_table(ds)
         assert "threshold regression" in table and "sensitivity" in table
         rows = analysis.verdicts(ds)
-        assert [r.id for r in rows] == [c["id"] for c in c2_threshold.CRITERIA]
+        assert [r.id for r in rows] == [c.id for c in analysis.CRITERIA]
         assert all(r.verdict in (PASS, FAIL, INCONCLUSIVE) for r in rows)
         assert "C2T-break-covers-4" in format_table(rows)
         fig = analysis.figure(ds, tmp_path / "c2t.png")
         assert fig.stat().st_size > 10_000
 
 
-def test_validate_rejects_bad_configs():
-    for bad in [dict(tau=[2.0, 1.0]), dict(tau=[0.0, 1.0]), dict(n_steps=210), dict(L=[8, 8]),
-                dict(lr=-0.1), dict(x_law="student_t"), dict(n_replicates=0), dict(trainer="adam")]:
-        with pytest.raises(ValueError):
-            _config(**bad)
+_TAU6 = [0.75, 1.5, 3.0, 4.5, 9.0, 14.8]
+BAD = [
+    ({"tau": [2.0, 1.0, 3.0, 4.0, 5.0, 6.0]}, r"^tau: must be strictly increasing"),
+    ({"tau": [0.0, *_TAU6[1:]]}, r"^tau: must be > 0"),
+    ({"tau": _TAU6[:5]}, r"^tau: needs at least 6 values"),
+    ({"n_steps": 210}, r"^n_steps: 210 must be a multiple of ckpt_every = 50"),
+    ({"n_steps": -50}, r"^n_steps: must be >= 0"),
+    ({"ckpt_every": 0}, r"^ckpt_every: must be >= 1"),
+    ({"L": [8, 8, 16]}, r"^L: repeats \[8\]"),
+    ({"L": [8, 32, 16]}, r"^L: must be strictly increasing"),
+    ({"L": [8, 16]}, r"^L: needs at least 3 values"),
+    ({"lr": -0.1}, r"^lr: must be > 0"),
+    ({"lr": 0.0}, r"^lr: must be > 0"),
+    ({"x_law": "student_t"}, r"^x_law: expected one of \['gaussian', 'rademacher'\]"),
+    ({"n_replicates": 0}, r"^n_replicates: must be >= 1"),
+    ({"n_seeds": 1.5}, r"^n_seeds: expected an integer"),
+    ({"trainer": "adam"}, r"^trainer: expected one of \['pairs', 'simple'\]"),
+    ({"d": 0}, r"^d: must be >= 1"),
+]
+
+
+@pytest.mark.parametrize("bad, message", BAD)
+def test_bad_configuration_is_refused(bad, message):
+    with pytest.raises(ValueError, match=message):
+        EXPERIMENT.configure("quick", values=bad)
+    with pytest.raises(ValueError, match=message):                      # values given whole
+        EXPERIMENT.configure(profile=None, values={**EXPERIMENT.configure("quick"), **bad})
+
+
+@pytest.mark.parametrize("override, message", [
+    ("tau=1,2,3,4,5", r"^tau: needs at least 6 values"),
+    ("n_steps=210", r"^n_steps: 210 must be a multiple of ckpt_every = 50"),
+    ("ckpt_every=30", r"^n_steps: 200 must be a multiple of ckpt_every = 30"),
+    ("trainer=adam", r"^trainer: expected one of"),
+])
+def test_bad_override_is_refused(override, message):
+    with pytest.raises(ValueError, match=message):
+        EXPERIMENT.configure("quick", overrides=[override])
+
+
+def test_profiles_are_typed_and_valid():
+    for profile in ("quick", "paper"):
+        config = EXPERIMENT.configure(profile)
+        assert isinstance(config["tau"], tuple) and all(type(t) is float for t in config["tau"])
+        assert isinstance(config["L"], tuple) and all(type(L) is int for L in config["L"])
+        assert type(config["lr"]) is float and type(config["n_steps"]) is int and type(config["d"]) is int
+    paper = EXPERIMENT.configure("paper")
+    assert len(paper["tau"]) == 14 and sum(t < 4 for t in paper["tau"]) == 8
+    assert paper["tau"][0] == 0.75 and paper["tau"][-1] == round(c2_threshold.TAU_MAX, 4)
+    assert EXPERIMENT.profiles == ("quick", "paper")
+    # the grid parameters only say which cells exist: they do not reach a cell's kernel
+    assert {p.name for p in c2_threshold.PARAMS if p.grid} == {"tau", "n_seeds"}
+    inputs = EXPERIMENT.cell_inputs(paper, {"tau": 0.75, "seed": 0})
+    assert "tau" not in inputs and "n_seeds" not in inputs and inputs["d"] == 3
 
 
 def _synthetic(break_tau=4.0, n_seeds=3, seed=0):
@@ -125,7 +173,7 @@ def _synthetic(break_tau=4.0, n_seeds=3, seed=0):
          "s": (("tau", "seed"), np.repeat(np.sqrt(3 / tau)[:, None], n_seeds, 1)),
          "concentration_constant": (("tau", "seed"), np.repeat(cc[:, None], n_seeds, 1))},
         coords={"tau": tau, "seed": np.arange(n_seeds), "L": L.astype(int), "t": t})
-    ds.attrs["criteria"] = json.dumps(c2_threshold.CRITERIA)
+    ds.attrs["criteria"] = json.dumps([c.to_dict() for c in analysis.CRITERIA])
     return ds, p_unif
 
 

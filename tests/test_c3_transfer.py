@@ -17,16 +17,19 @@ from sfxlin.sweep import CellError, build, cell_rng, run_cell
 
 from conftest import raise_if_dask_computes
 
-QUICK = c3.PROFILES["quick"]
+EXPERIMENT = c3.EXPERIMENT
+QUICK = EXPERIMENT.configure("quick")
+
+
+def _quick(**values):
+    """The quick profile with ``values`` replaced, validated."""
+    return EXPERIMENT.configure("quick", values=values)
 
 
 @pytest.fixture(scope="module")
 def quick_file(tmp_path_factory):
-    """The quick profile built, computed, saved with provenance and reopened from disk."""
-    c3.validate(QUICK)
-    ds, wall, label = compute(build(c3.EXPERIMENT, QUICK), progress=False)
-    ds.attrs.update(storage.provenance(c3.NAME, "quick", QUICK, wall, label))
-    ds.attrs["criteria"] = json.dumps(c3.CRITERIA)
+    """The quick profile built (its attrs: provenance, criteria), computed, saved and reopened from disk."""
+    ds, _, _ = compute(build(EXPERIMENT, QUICK), progress=False)   # records wall_seconds and scheduler
     path = storage.save(ds, tmp_path_factory.mktemp("c3") / f"{c3.NAME}.nc")
     with xr.open_dataset(path) as opened:
         yield opened.load(), path
@@ -38,13 +41,13 @@ def _cell(ds, setting, seed):
 
 def test_build_is_lazy_and_labelled():
     with raise_if_dask_computes():
-        ds = build(c3.EXPERIMENT, QUICK)
+        ds = build(EXPERIMENT, QUICK)
     assert ds.U.dims == ("setting", "seed", "model", "L", "t", "row", "col")
     assert ds.U_inf.dims == ("setting", "seed", "t", "row", "col")
     assert ds.D_linL.dims == ("setting", "seed", "L", "t")
     assert ds.off_block_perturbed.dims == ("setting", "seed", "model", "L", "t")
     assert ds.risk_heldout.dims == ("setting", "seed", "model", "L", "t_heldout")
-    assert ds.L.values.tolist() == QUICK["L"] and ds.model.values.tolist() == ["softmax", "linear"]
+    assert ds.L.values.tolist() == list(QUICK["L"]) and ds.model.values.tolist() == ["softmax", "linear"]
     assert ds.t_heldout.values.tolist() == [0, 100, 200]
     assert ds.seed.values.tolist() == [0, 1]
     for name, var in ds.data_vars.items():
@@ -53,7 +56,14 @@ def test_build_is_lazy_and_labelled():
 
 def test_quick_profile_end_to_end(quick_file, tmp_path):
     ds, path = quick_file
-    assert ds.attrs["experiment"] == c3.NAME and json.loads(ds.attrs["config"]) == QUICK
+    assert ds.attrs["experiment"] == c3.NAME and json.loads(ds.attrs["config"]) == json.loads(QUICK.to_json())
+    assert ds.attrs["profile"] == "quick" and ds.attrs["analysis"] == "sfxlin.analysis.c3" and EXPERIMENT.short == "c3"
+    assert ds.attrs["title"] == "C3: large-prompt softmax training inherits linear-attention training"
+    for key in ("git_revision", "created", "wall_seconds", "scheduler", "history"):
+        assert key in ds.attrs, key
+    criteria = json.loads(ds.attrs["criteria"])
+    assert criteria == [c.to_dict() for c in c3_analysis.CRITERIA]
+    assert all(c["reference"] and c["reason"] and c["profile"] == "paper" for c in criteria)
     # protocol mask: the Rademacher control runs one seed; its second cell is NaN, flagged
     assert ds.in_protocol.values.tolist() == [[1, 1], [1, 1], [1, 0]]
     extra = _cell(ds, "rademacher", 1)
@@ -69,7 +79,7 @@ def test_quick_profile_end_to_end(quick_file, tmp_path):
     table = c3_analysis.fit_table(ds)
     assert "slope" in table and "Perturbation diagnostic" in table and "Rademacher control" in table
     rows = c3_analysis.verdicts(ds)
-    assert [r.id for r in rows] == [c["id"] for c in c3.CRITERIA]
+    assert [r.id for r in rows] == [c.id for c in c3_analysis.CRITERIA]
     by_id = {r.id: r for r in rows}
     # exact at any size: the engine never creates off-block mass from a block-structured init
     assert by_id["C3d-inf"].verdict == "PASS" and by_id["C3d-softmax"].verdict == "PASS"
@@ -83,18 +93,19 @@ def test_quick_profile_end_to_end(quick_file, tmp_path):
 def test_rerun_from_config_attr(quick_file):
     ds, _ = quick_file
     config = json.loads(ds.attrs["config"])
-    again = build(c3.EXPERIMENT, config).isel(setting=[1], seed=[0]).compute(scheduler="synchronous")
+    again = build(EXPERIMENT, config).isel(setting=[1], seed=[0]).compute(scheduler="synchronous")
     xr.testing.assert_equal(again.D_inf, ds.D_inf.isel(setting=[1], seed=[0]))
 
 
 def test_kernel_matches_an_independent_recomputation():
     """One cell: the same draws, trained with the simple per-L path of sfxlin.training and
     evaluated with the plain icl functions."""
-    config = dict(QUICK, n_steps=60, heldout_every=20, L=[8, 32])
+    config = _quick(n_steps=60, heldout_every=20, L=[8, 16, 32])
     cell = {"setting": "anisotropic", "seed": 0}
-    out = run_cell(c3.EXPERIMENT, config, cell)
+    out = run_cell(EXPERIMENT, config, cell)
     rng = cell_rng(c3.NAME, cell, config["root_seed"])
-    Sigma = np.diag(config["Sigma_anisotropic"])
+    Sigma = np.diag([2.0, 1.0, 0.5])
+    assert np.array_equal(config["Sigma_anisotropic"], Sigma)   # the profile's diagonal, stored whole
     law = icl.covariate_law("gaussian", Sigma)
     tasks = icl.make_tasks(rng, 3, config["n_pairs"], config["n_queries"], 32, law)
     held = icl.make_tasks(rng, 3, config["heldout_pairs"], config["heldout_queries"], config["L_eval"], law)
@@ -119,8 +130,9 @@ def test_kernel_matches_an_independent_recomputation():
             np.testing.assert_allclose(out["risk_heldout_eval"][i, j], icl.risk(model, Us, vs, held, config["L_eval"]),
                                        rtol=1e-9)
             # perturbed run: same maths from the perturbed init. At L = 8 these 4-pair tasks make the
-            # block structure unstable (rounding-level differences grow after step 40), so the two
-            # implementations are compared before that; at L = 32 it is stable: compared throughout
+            # block structure unstable (rounding-level differences grow after step 40; at L = 16 they
+            # grow too, 5e-6 .. 4e-5 relative by step 60), so the two implementations are compared
+            # before that; at L = 32 it is stable: compared throughout
             U0p, v0p = c3.perturbed_init(*icl.init_theta(3, Sigma), direction, config["perturbation"])
             pert = training.train(model, tasks, L, U0=U0p, v0=v0p, **kw)
             upto = None if L == 32 else 3
@@ -171,46 +183,97 @@ def test_perturbed_init_touches_only_active_off_block_coordinates():
     assert np.array_equal(U[:3, :], U0[:3, :]) and U[3, 3] == 0 and v[3] == v0[3]
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"Sigma_anisotropic": [2.0, -1.0, 0.5]}, "positive definite"),
-    ({"Sigma_isotropic": [[1.0, 2.0, 0.0], [2.0, 1.0, 0.0], [0.0, 0.0, 1.0]]}, "positive definite"),
-    ({"Sigma_isotropic": [[1.0, 0.5, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]}, "symmetric"),
-    ({"Sigma_isotropic": [1.0, 1.0]}, "diagonal entries"),
-    ({"lr": 0.0}, "lr must be"),
-    ({"lr": -0.01}, "lr must be"),
-    ({"n_steps": 0}, "T"),
-    ({"L": [8, 32, 16]}, "strictly increasing"),
-    ({"L": [8, 8, 16]}, "strictly increasing"),
-    ({"settings": ["isotropic", "gaussian"]}, "unknown setting"),
-    ({"settings": []}, "non-empty"),
-    ({"heldout_every": 30}, "heldout_every"),
-    ({"perturbation": 0.0}, "perturbation"),
-    ({"n_seeds": 0}, "n_seeds"),
-])
+BAD = [
+    ({"Sigma_anisotropic": [2.0, -1.0, 0.5]}, r"^Sigma_anisotropic: must be positive definite"),
+    ({"Sigma_isotropic": [[1.0, 2.0, 0.0], [2.0, 1.0, 0.0], [0.0, 0.0, 1.0]]},
+     r"^Sigma_isotropic: must be positive definite"),
+    ({"Sigma_isotropic": [[1.0, 0.5, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]}, r"^Sigma_isotropic: must be symmetric"),
+    ({"Sigma_isotropic": [1.0, 1.0]},
+     r"^Sigma_isotropic: must be 3 diagonal entries or a 3 x 3 matrix \(d = 3\), got 2 x 2"),
+    ({"d": 2}, r"^Sigma_isotropic: must be 2 diagonal entries or a 2 x 2 matrix"),
+    ({"lr": 0.0}, r"^lr: must be > 0"),
+    ({"lr": -0.01}, r"^lr: must be > 0"),
+    ({"n_steps": 0}, r"^n_steps: must be >= 1"),
+    ({"n_steps": 210}, r"^n_steps: 210 must be a multiple of ckpt_every = 20"),
+    ({"L": [8, 32, 16]}, r"^L: must be strictly increasing"),
+    ({"L": [8, 8, 16]}, r"^L: repeats \[8\]"),
+    ({"L": [8, 16]}, r"^L: needs at least 3 values"),
+    ({"settings": ["isotropic", "gaussian"]}, r"^settings: expected one of \['isotropic', 'anisotropic', 'rademacher'\]"),
+    ({"settings": []}, r"^settings: needs a non-empty list"),
+    ({"settings": ["isotropic", "isotropic"]}, r"^settings: repeats \['isotropic'\]"),
+    ({"heldout_every": 30}, r"^heldout_every: 30 must be a multiple of ckpt_every = 20 and divide n_steps = 200"),
+    ({"heldout_every": 60}, r"^heldout_every: 60 must be a multiple of ckpt_every = 20 and divide n_steps = 200"),
+    ({"perturbation": 0.0}, r"^perturbation: must be > 0"),
+    ({"ridge_lam": -1.0}, r"^ridge_lam: must be >= 0"),
+    ({"n_seeds": 0}, r"^n_seeds: must be >= 1"),
+    ({"n_seeds_control": 0}, r"^n_seeds_control: must be >= 1"),
+    ({"n_pairs": 1.5}, r"^n_pairs: expected an integer"),
+]
+
+
+@pytest.mark.parametrize("bad, message", BAD)
 def test_bad_configuration_is_refused(bad, message):
     with pytest.raises(ValueError, match=message):
-        c3.validate({**QUICK, **bad})
+        EXPERIMENT.configure("quick", values=bad)
+    with pytest.raises(ValueError, match=message):                      # values given whole
+        EXPERIMENT.configure(profile=None, values={**QUICK, **bad})
+
+
+@pytest.mark.parametrize("override, message", [
+    ("Sigma_isotropic=2,0.3;0.3,1", r"^Sigma_isotropic: must be 3 diagonal entries or a 3 x 3 matrix"),
+    ("settings=isotropic,gaussian", r"^settings: expected one of"),
+    ("ckpt_every=30", r"^n_steps: 200 must be a multiple of ckpt_every = 30"),
+    ("L=8,16", r"^L: needs at least 3 values"),
+])
+def test_bad_override_is_refused(override, message):
+    with pytest.raises(ValueError, match=message):
+        EXPERIMENT.configure("quick", overrides=[override])
+
+
+def test_covariances_are_typed_matrices():
+    """A diagonal or a full matrix, from Python or the command line, stored whole; only the
+    settings in the grid must match d."""
+    for profile in ("quick", "paper"):
+        config = EXPERIMENT.configure(profile)
+        assert config["Sigma_anisotropic"] == ((2.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 0.5))
+        assert isinstance(config["L"], tuple) and all(type(L) is int for L in config["L"])
+        assert type(config["lr"]) is float and type(config["ridge_lam"]) is float and type(config["d"]) is int
+    assert EXPERIMENT.profiles == ("quick", "paper")
+    full = EXPERIMENT.configure("quick", overrides=["Sigma_isotropic=1,0.5,0;0.5,1,0;0,0,1"])
+    assert full["Sigma_isotropic"] == ((1.0, 0.5, 0.0), (0.5, 1.0, 0.0), (0.0, 0.0, 1.0))
+    assert full.overrides == ("Sigma_isotropic=1,0.5,0;0.5,1,0;0,0,1",)
+    d2 = _quick(d=2, settings=["isotropic"], Sigma_isotropic=[1.0, 2.0])
+    assert d2["Sigma_isotropic"] == ((1.0, 0.0), (0.0, 2.0))
+
+
+def test_a_cell_receives_its_own_covariance_and_protocol_flag():
+    config = _quick(Sigma_rademacher=[1.0, 2.0, 3.0])
+    for setting, seed, flag in [("isotropic", 1, True), ("rademacher", 0, True), ("rademacher", 1, False)]:
+        inputs = EXPERIMENT.cell_inputs(config, {"setting": setting, "seed": seed})
+        assert inputs["Sigma"] == config[f"Sigma_{setting}"] and inputs["in_protocol"] is flag
+        assert not any(k.startswith("Sigma_") for k in inputs)
+        assert not {"settings", "n_seeds", "n_seeds_control"} & set(inputs)
+    assert {p.name for p in c3.PARAMS if p.grid} == {"settings", "n_seeds", "n_seeds_control"}
 
 
 def test_diverging_run_names_the_cell_and_the_step():
-    config = dict(QUICK, lr=200.0, n_steps=20, heldout_every=20)
-    c3.validate(config)
+    config = _quick(lr=200.0, n_steps=20, heldout_every=20)
     with pytest.raises(CellError) as err:
-        run_cell(c3.EXPERIMENT, config, {"setting": "anisotropic", "seed": 1})
+        run_cell(EXPERIMENT, config, {"setting": "anisotropic", "seed": 1})
     msg = str(err.value)
     assert "setting='anisotropic'" in msg and "seed=1" in msg
     assert "L=" in msg and "diverged at step" in msg and "main run" in msg
     assert isinstance(err.value.__cause__, FloatingPointError)
     # through dask as well: computing the lazy Dataset raises the same error
     with pytest.raises(CellError, match=r"setting='isotropic', seed=0\].*diverged at step \d+"):
-        build(c3.EXPERIMENT, config).D_inf.isel(setting=0, seed=0).compute(scheduler="synchronous")
+        build(EXPERIMENT, config).D_inf.isel(setting=0, seed=0).compute(scheduler="synchronous")
 
 
 def test_cells_outside_the_protocol_cost_nothing():
     import time
 
     start = time.perf_counter()
-    out = run_cell(c3.EXPERIMENT, c3.PROFILES["paper"], {"setting": "rademacher", "seed": 1})  # not in the protocol
+    out = run_cell(EXPERIMENT, EXPERIMENT.configure("paper"), {"setting": "rademacher", "seed": 1})  # not in the protocol
     assert time.perf_counter() - start < 1.0
     assert out["in_protocol"] == 0 and np.isnan(out["U"]).all()
     assert out["U"].shape == (2, 10, 126, 4, 4)
@@ -249,6 +312,6 @@ def test_analysis_measures_on_a_synthetic_file(quick_file):
 def test_a_non_finite_result_in_a_protocol_cell_is_an_error(monkeypatch):
     """The variables allow NaN (cells outside the protocol), so the kernel checks its own cells."""
     monkeypatch.setattr(c3.icl, "ridge_risk", lambda tasks, L, lam=0.0: float("nan"))
-    config = dict(QUICK, n_steps=20, heldout_every=20)
+    config = _quick(n_steps=20, heldout_every=20)
     with pytest.raises(CellError, match=r"setting='isotropic', seed=1\].*non-finite values in risk_ridge"):
-        run_cell(c3.EXPERIMENT, config, {"setting": "isotropic", "seed": 1})
+        run_cell(EXPERIMENT, config, {"setting": "isotropic", "seed": 1})
