@@ -32,10 +32,10 @@ def test_quick_run_writes_a_self_describing_file(quick_run):
     )
     info = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     cfg = c1_limit.EXPERIMENT.configure("quick")
-    assert info["L"] == cfg["L"]
+    assert info["L"] == list(cfg["L"])
     assert info["dims"]["d"] == len(cfg["d"]) and info["dims"]["seed"] == cfg["n_seeds"]
     for key in ("experiment", "profile", "config", "sfxlin_version", "git_revision", "created", "wall_seconds",
-                "scheduler", "history", "criteria", "library_versions"):
+                "scheduler", "history", "criteria", "library_versions", "analysis", "title", "overrides"):
         assert key in info["attrs"]
     for name, attrs in info["var_attrs"].items():
         assert {"long_name", "description"} <= set(attrs), name
@@ -62,22 +62,25 @@ def test_cell_matches_an_independent_recomputation():
     U *= config["U_norm"][0] / np.linalg.norm(U)
     gauss = Gaussian(cov=1.0, D=d)
     q = gauss.sample(rng, config["n_queries"])
-    laws = c1_limit.laws(d, 1.0, config["student_df"])
+    df = config["student_df"]
+    laws = {"gaussian": Gaussian(cov=1.0, D=d), "rademacher": Rademacher(1.0, D=d), "uniform": Uniform(1.0, D=d),
+            "student_t": StudentT(df, np.sqrt((df - 2) / df), D=d)}  # covariance I_d each
+    assert list(laws) == list(config["laws"])
     # each law draws from its own substream, keyed "law=<name>" under the cell's seed sequence,
     # query chunk after query chunk
     seq = rng.bit_generator.seed_seq
     law_rng = {name: np.random.default_rng(np.random.SeedSequence(seq.entropy, spawn_key=(
-        int.from_bytes(hashlib.sha256(f"law={name}".encode()).digest()[:8], "little"),))) for name in c1_limit.LAWS}
-    errors = {name: [] for name in c1_limit.LAWS}
+        int.from_bytes(hashlib.sha256(f"law={name}".encode()).digest()[:8], "little"),))) for name in config["laws"]}
+    errors = {name: [] for name in config["laws"]}
     for start in range(0, config["n_queries"], config["query_chunk"]):
         stop = min(start + config["query_chunk"], config["n_queries"])
-        for name in c1_limit.LAWS:
+        for name in config["laws"]:
             Z = laws[name].sample(law_rng[name], (stop - start, config["n_prompts"], Ls[-1]))
             for j in range(stop - start):
                 for L in Ls:
                     f = softmax_attention(Z[j, :, :L, :], U, np.eye(d), q[start + j])
                     errors[name].append(np.sum((f - U @ q[start + j]) ** 2, axis=-1).mean())
-    for i, name in enumerate(c1_limit.LAWS):
+    for i, name in enumerate(config["laws"]):
         ref = np.array(errors[name]).reshape(config["n_queries"], len(Ls)).mean(axis=0)
         np.testing.assert_allclose(out["mse"][i], ref, rtol=1e-10)
     np.testing.assert_allclose(out["mse_asymptotic"], asymptotic_mse(gauss, U, np.eye(d), q[:, None], Ls).mean(0))
@@ -88,7 +91,7 @@ def test_cell_matches_an_independent_recomputation():
 def test_analysis_reports_every_criterion(quick_run):
     ds = xr.load_dataset(quick_run / "c1_limit.nc")
     rows = c1_analysis.verdicts(ds)
-    assert [r.id for r in rows] == [c["id"] for c in c1_limit.CRITERIA]
+    assert [r.id for r in rows] == [c.id for c in c1_analysis.CRITERIA]
     by_id = {r.id: r for r in rows}
     # robust even at quick size: exact checks and the 1/L rate
     for key in ("C1-quadrature", "C1-slopes", "C1-student-t-grows", "C1-sqrtL-grows"):
@@ -103,15 +106,31 @@ def test_gaussian_slopes_recover_one_over_L(quick_run):
 
 
 @pytest.mark.parametrize("bad, message", [
-    ({"L": [16, 8]}, "strictly increasing"),
-    ({"L": [0, 8]}, ">= 1"),
-    ({"d": [0]}, "d must be"),
-    ({"U_norm": [-0.1]}, "U_norm"),
-    ({"student_df": 2.0}, "student_df"),
+    ({"L": [16, 8, 32]}, "L: must be strictly increasing"),
+    ({"L": [0, 8, 16]}, "L: must be >= 1"),
+    ({"L": [8, 16]}, "L: needs at least 3 values"),
+    ({"d": [0]}, "d: must be >= 1"),
+    ({"U_norm": [-0.1]}, "U_norm: must be > 0"),
+    ({"student_df": 2.0}, "student_df: must be > 2"),
+    ({"laws": ["uniform", "student_t"]}, "laws: 'gaussian' is needed"),
+    ({"laws": ["gaussian", "cauchy"]}, r"laws: expected one of \['gaussian'"),
 ])
 def test_bad_configuration_is_refused(bad, message):
     with pytest.raises(ValueError, match=message):
-        c1_limit.validate({**c1_limit.EXPERIMENT.configure("quick"), **bad})
+        c1_limit.EXPERIMENT.configure(profile=None, values={**c1_limit.EXPERIMENT.configure("quick"), **bad})
+
+
+def test_a_new_law_joins_c1_by_name_and_leaves_the_others_unchanged():
+    """A law of sfxlin.laws (here the Gaussian mixture) is one more value of ``laws``: its own slice
+    (finite exact bias, plateau criterion) and every other law's prompts bit-identical."""
+    base = c1_limit.EXPERIMENT.configure("quick", ["d=2", "U_norm=0.5", "n_seeds=1", "L=16,64,256"])
+    more = c1_limit.EXPERIMENT.configure("quick", ["d=2", "U_norm=0.5", "n_seeds=1", "L=16,64,256",
+                                                   "laws=gaussian,rademacher,uniform,student_t,gaussian_mixture"])
+    a = build(c1_limit.EXPERIMENT, base).compute(scheduler="synchronous")
+    b = build(c1_limit.EXPERIMENT, more).compute(scheduler="synchronous")
+    np.testing.assert_array_equal(a.mse.values, b.mse.sel(law=list(a.law.values)).values)
+    assert np.isfinite(b.bias_exact.sel(law="gaussian_mixture")).all()
+    assert "gaussian_mixture" in c1_analysis.own_limit_laws(b)
 
 
 def test_student_t_has_no_limit_and_bounded_laws_have_exact_snis_constants():

@@ -119,9 +119,9 @@ def test_every_parameter_perturbed_alone_changes_the_fingerprint_or_not_the_bits
 def test_the_store_serves_a_cell_only_to_its_own_fingerprint(tmp_path):
     store = CellStore(tmp_path, c1_limit.EXPERIMENT, C1)
     build(c1_limit.EXPERIMENT, C1, store=store).compute(scheduler="synchronous")
-    assert store.count() == 1
-    assert CellStore(tmp_path, c1_limit.EXPERIMENT, {**C1, "d": [2, 3]}).count() == 1      # extension: reused
-    assert CellStore(tmp_path, c1_limit.EXPERIMENT, {**C1, "n_prompts": 3}).count() == 0   # another input
+    assert store.count() == 2  # the cell and the quadrature check
+    assert CellStore(tmp_path, c1_limit.EXPERIMENT, {**C1, "d": [2, 3]}).count() == 2      # extension: reused
+    assert CellStore(tmp_path, c1_limit.EXPERIMENT, {**C1, "n_prompts": 3}).count() == 1   # only the check
     assert CellStore(tmp_path, c1_limit.EXPERIMENT, {**C1, "root_seed": 1}).count() == 0
 
 

@@ -51,14 +51,14 @@ def test_sigkill_then_rerun_equals_an_uninterrupted_run(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     kept = len(list(cells.glob("cell_*.npz")))
-    assert 3 <= kept < 8, f"kill landed after {kept} of 8 cells"
+    assert 3 <= kept < 9, f"kill landed after {kept} of 9 cells (8 and the quadrature check)"
     assert not (run_dir / "c1_limit.nc").exists()
 
     res = subprocess.run(sfxlin("run", "c1", "--out", str(run_dir), *SLOW_QUICK), capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    assert f"({kept} kept from earlier runs in {cells}, {8 - kept} to compute)" in res.stdout
+    assert f"({kept} kept from earlier runs in {cells}, {9 - kept} to compute)" in res.stdout
     _assert_same_results(ref_dir / "c1_limit.nc", run_dir / "c1_limit.nc")
-    assert len(list(cells.glob("cell_*.npz"))) == 8, "every cell is kept for the next run"
+    assert len(list(cells.glob("cell_*.npz"))) == 9, "every cell is kept for the next run"
 
 
 def _cell0(config):
@@ -69,7 +69,7 @@ def test_kept_cells_are_served_instead_of_recomputed(tmp_path):
     config = c1_limit.EXPERIMENT.configure("quick")
     store = CellStore(tmp_path / "cells", c1_limit.EXPERIMENT, config)
     first = build(c1_limit.EXPERIMENT, config, store=store).compute(scheduler="synchronous")
-    assert store.count() == 8
+    assert store.count() == 9  # 8 cells and the quadrature check
     # tamper with one kept cell: the next build must serve it as kept, proving it is not recomputed
     cell = _cell0(config)
     tampered = dict(store.load(cell))
@@ -164,7 +164,8 @@ def test_an_extended_sweep_computes_only_its_new_cells(tmp_path):
     res = subprocess.run(sfxlin("run", "c1", "--out", str(large), "--set", "d=3,2", *base),
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    assert "4 cells (2 kept from earlier runs" in res.stdout and "2 to compute)" in res.stdout
+    # 4 cells and the quadrature check; the d = 3 cells and the check (same inputs) are kept
+    assert "5 cells (3 kept from earlier runs" in res.stdout and "2 to compute)" in res.stdout
     with xr.open_dataset(small / "c1_limit.nc") as a, xr.open_dataset(large / "c1_limit.nc") as b:
         for name in a.data_vars:
             if "d" in a[name].dims:
