@@ -110,8 +110,11 @@ class CellProgress(Callback):
 
 
 def block_name(key, experiment):
-    """``"part:d[0:1],seed[2:3]"`` for the task key of a block of cells of ``experiment``, else None."""
-    match = re.match(rf"{re.escape(experiment)}(?:/(\w+))?-block-(.*)-[0-9a-f]+$", key)
+    """``"part:d[0:1],seed[2:3]"`` for the task key of a block of cells of ``experiment``, else None.
+
+    Searched anywhere in the key: dask's graph optimisation fuses a block with the one task that
+    reads it (a part with a single variable) under a longer name that still contains it."""
+    match = re.search(rf"(?:^|-){re.escape(experiment)}(?:/(\w+))?-block-((?:[\w.]+\[\d+:\d+\],?)*)", key)
     if match is None:
         return None
     part, where = match.groups()

@@ -42,7 +42,7 @@ GRIDS = {
 #: experiment -> parameter -> a perturbed value (valid on its own)
 PERTURBATIONS = {
     "c1": {"d": [2, 3], "U_norm": [0.5, 0.25], "L": [4, 8, 32], "n_seeds": 2, "n_queries": 3, "n_prompts": 3,
-           "sigma": 1.5, "student_df": 4.0, "root_seed": 7, "query_chunk": 2},
+           "laws": ["gaussian", "uniform"], "sigma": 1.5, "student_df": 4.0, "root_seed": 7, "query_chunk": 2},
     "c2": {"d": [2, 3], "U_norm": [0.5, 0.25], "L": [4, 8, 32], "n_seeds": 2, "sigma": 1.5, "tail_queries": 2,
            "tail_prompts": 9, "tail_levels": [0.1, 0.05], "prompt_chunk": 3, "clt_draws": 2001,
            "tail_log_c1_per_d": 0.5, "tail_c2": 0.25, "grad_scales": [1.0, 2.0], "grad_pairs": 2,
@@ -132,7 +132,7 @@ def test_eleven_and_more_values_on_one_dimension(tmp_path):
     config = make_config(d=[2], U_norm=[0.5], n_seeds=12)
     store = CellStore(tmp_path, EXPERIMENT, config)
     ds = build(EXPERIMENT, config, store=store).compute(scheduler="threads")
-    assert store.count() == 12 and len(list(tmp_path.glob("cell_*.npz"))) == 12
+    assert store.count() == 13 and len(list(tmp_path.glob("cell_*.npz"))) == 13  # and the global part's cell
     for seed in range(12):
         cell = {"d": 2, "U_norm": 0.5, "seed": seed}
         np.testing.assert_array_equal(ds.value.sel(cell).transpose("L", "query").values,

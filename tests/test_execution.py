@@ -34,7 +34,7 @@ def test_local_schedulers(toy, toy_config, toy_computed, scheduler):
 
 def test_progress_bar_counts_blocks_of_cells(toy, toy_config, capsys):
     ds = build(toy.EXPERIMENT, toy_config, chunks={"seed": 4})
-    n_blocks = ds.attrs["n_cells"] // 4
+    n_blocks = (ds.attrs["n_cells"] - 1) // 4 + 1  # blocks of 4 seeds, and the global part's cell
     compute(ds, scheduler="synchronous", progress=True)
     err = capsys.readouterr().err
     assert f"0/{n_blocks} tasks of cells" in err and f"{n_blocks}/{n_blocks} tasks of cells" in err
@@ -45,8 +45,8 @@ def test_verbose_progress_names_the_finished_cells(toy, toy_config, capsys):
     ds = build(toy.EXPERIMENT, toy_config)
     compute(ds, scheduler="synchronous", progress=True, verbose=True)
     err = capsys.readouterr().err
-    assert err.count("finished cells") == ds.attrs["n_cells"]
-    assert "seed[0:1]" in err
+    assert err.count("finished cells") == ds.attrs["n_cells"]  # the global part's cell too
+    assert "seed[0:1]" in err and "finished cells global:" in err
 
 
 def test_compute_propagates_cell_errors(toy):

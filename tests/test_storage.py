@@ -15,6 +15,7 @@ import xarray as xr
 
 import sfxlin
 from sfxlin.schema import SCHEMA_VERSION
+from sfxlin.testing import assert_same_results
 from sfxlin.storage import ResultsError, open_results, provenance, save
 
 PROVENANCE_KEYS = ("experiment", "profile", "config", "sfxlin_version", "sfxlin_schema_version", "git_revision",
@@ -25,7 +26,8 @@ PROVENANCE_KEYS = ("experiment", "profile", "config", "sfxlin_version", "sfxlin_
 def results(toy, toy_computed):
     """The computed toy dataset with its provenance attached."""
     ds = toy_computed.copy()
-    ds.attrs.update(provenance("toy", "quick", toy.make_config(), 1.25, "synchronous", call="sfxlin run toy"))
+    config = toy.EXPERIMENT.configure("quick")
+    ds.attrs.update(provenance("toy", config, call="sfxlin run toy"), wall_seconds=1.25, scheduler="synchronous")
     return ds
 
 
@@ -45,19 +47,20 @@ def _listing(folder):
 # provenance and the file format
 # --------------------------------------------------------------------------------------------
 def test_provenance_attrs(toy):
-    config = toy.make_config()
-    attrs = provenance("toy", "quick", config, 3, "threads(4)", call="sfxlin run toy --profile quick")
-    assert set(PROVENANCE_KEYS) <= set(attrs)
-    assert json.loads(attrs["config"]) == config
+    config = toy.EXPERIMENT.configure("quick", ["n_seeds=3"])
+    attrs = provenance("toy", config, call="sfxlin run toy --profile quick --set n_seeds=3")
+    assert set(PROVENANCE_KEYS) - {"wall_seconds", "scheduler"} <= set(attrs)  # those come with the computation
+    assert json.loads(attrs["config"]) == json.loads(config.to_json()) == {**toy.make_config(), "n_seeds": 3}
+    assert attrs["profile"] == "quick" and json.loads(attrs["overrides"]) == ["n_seeds=3"]
     assert attrs["sfxlin_version"] == sfxlin.__version__
     assert attrs["sfxlin_schema_version"] == SCHEMA_VERSION
-    assert attrs["wall_seconds"] == 3.0 and isinstance(attrs["wall_seconds"], float)
-    assert attrs["scheduler"] == "threads(4)"
     created = dt.datetime.fromisoformat(attrs["created"])
     assert created.tzinfo is not None
     assert abs((dt.datetime.now(dt.timezone.utc) - created).total_seconds()) < 60
     assert attrs["history"].startswith(attrs["created"])
     assert "sfxlin run toy --profile quick" in attrs["history"] and sfxlin.__version__ in attrs["history"]
+    plain = provenance("toy", toy.make_config())  # a plain mapping: a custom configuration
+    assert plain["profile"] == "custom" and json.loads(plain["overrides"]) == []
     assert attrs["git_revision"]
     versions = json.loads(attrs["library_versions"])
     assert {"numpy", "xarray", "dask", "netCDF4", "python"} <= set(versions)
@@ -128,7 +131,7 @@ def test_save_computes_a_lazy_dataset(toy, tmp_path, toy_computed):
 
     save(build(toy.EXPERIMENT, toy.make_config()), tmp_path / "lazy.nc")
     with xr.open_dataset(tmp_path / "lazy.nc") as back:
-        xr.testing.assert_identical(back.load(), toy_computed)
+        assert_same_results(back.load(), toy_computed)
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ def _kill(pid):
 
 @pytest.mark.slow
 def test_killing_a_worker_mid_sweep_changes_nothing():
-    config = {**c1_limit.PROFILES["quick"], "n_prompts": 40, "L": [16, 64, 256, 1024, 4096]}
+    config = {**c1_limit.EXPERIMENT.configure("quick"), "n_prompts": 40, "L": [16, 64, 256, 1024, 4096]}
     reference = build(c1_limit.EXPERIMENT, config).compute(scheduler="threads")
     lazy = build(c1_limit.EXPERIMENT, config)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
