@@ -6,7 +6,8 @@ wrong reduction would fall into already in place: seeds that scatter around thei
 laws / models / settings / checkpoints / prompt lengths with values that would fail the criterion
 if they were read instead. Tests copy it and change one cell to make one criterion fail.
 
-The criteria are attached as the CLI stores them: ``attrs['criteria'] = json.dumps(CRITERIA)``.
+The criteria are attached as ``build()`` stores them: ``attrs['criteria']``, the JSON list of
+the experiment's declared criteria (:func:`sfxlin.sweep.criteria_of`), with the ``analysis`` attr.
 """
 from __future__ import annotations
 
@@ -16,14 +17,16 @@ import numpy as np
 import xarray as xr
 
 from sfxlin.pipelines import c1_limit, c2_concentration, c2_threshold, c3_transfer
+from sfxlin.sweep import criteria_of
 
 #: seed factors with mean exactly 1: per-seed curves differ from their mean
 SEED_FACTORS = np.array([0.5, 1.5])
 
 
 def _attach(ds, pipeline, config=None):
-    ds.attrs.update(experiment=pipeline.NAME, profile="synthetic", criteria=json.dumps(pipeline.CRITERIA),
-                    config=json.dumps(config or {}))
+    exp = pipeline.EXPERIMENT
+    ds.attrs.update(experiment=exp.name, analysis=exp.analysis, title=exp.title, profile="synthetic",
+                    criteria=json.dumps(criteria_of(exp)), config=json.dumps(config or {}))
     return ds
 
 
@@ -41,7 +44,7 @@ def c1(L=(16, 32, 64, 128, 256)):
     scatter by +-50% with alternating sign along L), the sharp asymptotics equal to it at the
     largest L only, bounded laws on their predicted plateau, Student-t and the sqrt(L) control
     growing at the largest U_norm only, quadrature errors ~1e-15."""
-    laws = list(c1_limit.LAWS)
+    laws = ["gaussian", "rademacher", "uniform", "student_t"]
     d, U = [2, 3], [0.1, 0.5]
     L = np.asarray(L)
     nL = L.size

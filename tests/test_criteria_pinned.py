@@ -1,12 +1,13 @@
 """The predeclared criteria, pinned: the literal table below is the spec.
 
 Every criterion of every experiment (id, claim, kind, threshold), in order, as the documented
-protocol states it (SPEC; the reference reproduction's predeclared criteria: C1 quadrature < 1e-8,
+protocol states it (docs/criteria.md; the reference reproduction's predeclared criteria: C1 quadrature < 1e-8,
 C1 slopes in [-1.1, -0.9]; C3a <= 1 increase, slope in [-0.65, -0.35], final distance < 5% of
 ||theta_inf||; C3b <= 1 increase, risk(4096) < 2% of the initial; C3c distance to Bayes at 4096 <
 25% of that at 8; C3d off-block < 1e-8 (theta_inf), < 1e-2 (softmax at 4096); C3e(i) D(8) >=
-5 D(4096); C3e(ii) control slope over the last four L > -0.25). A pipeline whose CRITERIA differ
-from this table in any of these fields fails here: changing a direction or a bound is a change of
+5 D(4096); C3e(ii) control slope over the last four L > -0.25). An experiment whose declared
+criteria (its analysis module's CRITERIA, as build() stores them) differ from this table in any of
+these fields fails here: changing a direction or a bound is a change of
 the protocol and must change this file too. Each criterion must also have a measure in its
 analysis module, and each measure a criterion.
 """
@@ -20,6 +21,7 @@ import xarray as xr
 import synthetic
 from sfxlin.analysis import c1, c2, c2_threshold, c3
 from sfxlin.analysis.verdicts import FAIL, PASS, Criterion, criteria_from_attrs, evaluate
+from sfxlin.sweep import criteria_of
 from sfxlin.pipelines import c1_limit, c2_concentration, c2_threshold as c2_threshold_pipeline, c3_transfer
 
 PINNED = {
@@ -67,6 +69,11 @@ PINNED = {
 }
 
 PIPELINES = {p.NAME: p for p in (c1_limit, c2_concentration, c2_threshold_pipeline, c3_transfer)}
+
+
+def _stored(name):
+    """The criteria as build() stores them in a results file (JSON data of the analysis declarations)."""
+    return criteria_of(PIPELINES[name].EXPERIMENT)
 ANALYSES = {"c1_limit": (c1, synthetic.c1), "c2_concentration": (c2, synthetic.c2),
             "c2_threshold": (c2_threshold, synthetic.c2t), "c3_transfer": (c3, synthetic.c3)}
 
@@ -83,7 +90,7 @@ def test_the_pinned_table_covers_every_experiment():
 
 @pytest.mark.parametrize("name", sorted(PINNED))
 def test_pipeline_criteria_equal_the_pinned_table(name):
-    criteria = PIPELINES[name].CRITERIA
+    criteria = _stored(name)
     assert [_pinned_form(c) for c in criteria] == PINNED[name]
     for c in criteria:
         # exact types: a bound written as a string or an interval as a scalar is a different criterion
@@ -93,13 +100,15 @@ def test_pipeline_criteria_equal_the_pinned_table(name):
         else:
             assert type(thr) in (int, float), c["id"]
         assert isinstance(c["description"], str) and c["description"], c["id"]
-        assert set(c) <= {"id", "claim", "description", "kind", "threshold", "reference", "fmt"}, c["id"]
+        assert set(c) <= {"id", "claim", "description", "kind", "threshold", "reference", "reason", "profile",
+                          "fmt"}, c["id"]
+        assert c["reason"], f"{c['id']}: every criterion says why its threshold is set where it is"
 
 
 @pytest.mark.parametrize("name", sorted(PINNED))
 def test_criteria_survive_the_results_file_attribute(name):
     """As the CLI stores them (JSON in attrs['criteria']) and the analysis reads them back."""
-    read = criteria_from_attrs(xr.Dataset(attrs={"criteria": json.dumps(PIPELINES[name].CRITERIA)}))
+    read = criteria_from_attrs(xr.Dataset(attrs={"criteria": json.dumps(_stored(name))}))
     assert [(c.id, c.claim, c.kind, c.threshold) for c in read] == PINNED[name]
 
 

@@ -19,7 +19,6 @@ from statsmodels.stats.proportion import proportion_confint
 import synthetic
 from sfxlin.analysis import c1, c2, c2_threshold, c3
 from sfxlin.analysis.verdicts import FAIL, INCONCLUSIVE, PASS, Criterion, Inconclusive, evaluate
-from sfxlin.pipelines import c2_threshold as c2_threshold_pipeline
 
 HAIR = 1e-6     # relative step across a bound: far above rounding, far below any bound's meaning
 
@@ -408,8 +407,8 @@ FEW = [
     pytest.param(c2_threshold, lambda: synthetic.c2t(tau=(1.0, 2.0, 4.0, 8.0, 12.0)), {
         k: "needs >= 6 tau values for the threshold regression, got 5" for k in c2_threshold.BREAK_CRITERIA},
         id="c2_threshold-tau5"),
-    pytest.param(c2_threshold, lambda: synthetic.c2t(L=(8,)), {c["id"]: SLOPE.format(1) for c in c2_threshold_pipeline.CRITERIA}, id="c2_threshold-L1"),
-    pytest.param(c2_threshold, lambda: synthetic.c2t(L=(8, 16)), {c["id"]: SLOPE.format(2) for c in c2_threshold_pipeline.CRITERIA},
+    pytest.param(c2_threshold, lambda: synthetic.c2t(L=(8,)), {c.id: SLOPE.format(1) for c in c2_threshold.CRITERIA}, id="c2_threshold-L1"),
+    pytest.param(c2_threshold, lambda: synthetic.c2t(L=(8, 16)), {c.id: SLOPE.format(2) for c in c2_threshold.CRITERIA},
                  id="c2_threshold-L2"),
     pytest.param(c3, lambda: synthetic.c3(L=(8,)), {
         "C3a-monotone": "needs >= 3 prompt lengths for a count of increases along L, got 1",
