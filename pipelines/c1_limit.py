@@ -31,9 +31,10 @@ PARAMS = (
     Param("d", "int_list", "token dimensions", Profiles(quick=[2, 3], paper=[2, 5, 10]), low=1, grid=True),
     Param("U_norm", "float_list", "Frobenius norms of U", Profiles(quick=[0.1, 0.5], paper=[0.1, 0.3, 0.5]),
           low=0, low_open=True, grid=True),
-    Param("L", "int_list", "nested prompt lengths (at least 3: the analysis fits log-log slopes in L)",
+    Param("L", "int_list", "nested prompt lengths",
           Profiles(quick=[2**k for k in range(4, 11)], paper=[2**k for k in range(4, 15)]), unit="tokens",
-          low=1, order="increasing", min_len=3),
+          low=1, order="increasing", min_len=3,
+          why="the analysis fits log-log slopes in L"),
     Param("n_seeds", "int", "independent replicates per (d, U_norm)", Profiles(quick=2, paper=4), low=1, grid=True),
     Param("laws", "str_list", "token laws, each with covariance sigma^2 I_d (LAWS of sfxlin.laws with an "
           "isotropic member); 'gaussian' is needed (its limit sigma^2 U q is the reference of every law)",

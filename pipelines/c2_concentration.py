@@ -70,10 +70,10 @@ PARAMS = (
           grid=True),
     Param("U_norm", "float_list", "Frobenius norms of U", Profiles(quick=[0.1, 0.5], paper=[0.1, 0.3, 0.5]),
           low=0, low_open=True, grid=True),
-    Param("L", "int_list", "nested prompt lengths, shared by the main and trajectory parts (at least 3: the "
-          "analysis fits log-log slopes in L)",
+    Param("L", "int_list", "nested prompt lengths, shared by the main and trajectory parts",
           Profiles(quick=[8, 16, 32, 64, 128, 256], paper=[2**k for k in range(3, 13)]), unit="tokens", low=1,
-          order="increasing", min_len=3),
+          order="increasing", min_len=3,
+          why="the analysis fits log-log slopes in L"),
     Param("n_seeds", "int", "independent replicates per (d, U_norm): new U, queries, tasks",
           Profiles(quick=2, paper=4), low=1, grid=True),
     Param("sigma", "float", "token standard deviation of the tail part (covariance sigma^2 I)", 1.0, low=0,

@@ -54,12 +54,13 @@ TAU_MAX = 3.0 / 0.45**2   # 14.8148: s = 0.45 (and tau = 0.75 is s = 2), as in t
 
 PARAMS = (
     Param("d", "int", "covariate dimension; Sigma = s I_d with s = sqrt(d / tau)", 3, low=1),
-    Param("tau", "float_list", "values of tau = tr(Sigma^-2); the threshold is tau = 4 (at least 6: the analysis "
-          "fits a hinge in tau)", Profiles(quick=_tau_grid(0.75, TAU_MAX, 6), paper=_tau_grid(0.75, TAU_MAX, 14)),
-          low=0, low_open=True, order="increasing", min_len=6, grid=True),
-    Param("L", "int_list", "nested prompt lengths (at least 3: the analysis fits log-log slopes in L)",
+    Param("tau", "float_list", "values of tau = tr(Sigma^-2); the threshold is tau = 4", Profiles(quick=_tau_grid(0.75, TAU_MAX, 6), paper=_tau_grid(0.75, TAU_MAX, 14)),
+          low=0, low_open=True, order="increasing", min_len=6,
+          why="the threshold regression fits a hinge in tau", grid=True),
+    Param("L", "int_list", "nested prompt lengths",
           Profiles(quick=[2**k for k in range(3, 10)], paper=[2**k for k in range(3, 13)]), unit="tokens",
-          low=1, order="increasing", min_len=3),
+          low=1, order="increasing", min_len=3,
+          why="the analysis fits log-log slopes in L"),
     Param("n_seeds", "int", "independent replicates (tasks, queries, prompts) per tau", Profiles(quick=1, paper=10),
           low=1, grid=True),
     Param("n_pairs", "int", "antithetic task pairs (w, -w) per cell", Profiles(quick=4, paper=48), low=1),

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .experiments import experiments
 from .experiments import get as get_experiment
-from .storage import ResultsError, ensure_writable, open_results, save
+from .storage import ResultsError, ensure_writable, results_path, save
 
 __all__ = ["main"]
 
@@ -218,10 +218,9 @@ def cmd_info(args):
 
     from .schema import SCHEMA_VERSION
 
+    path = results_path(args.file)
     try:
-        ds = xr.load_dataset(args.file, engine="netcdf4")
-    except FileNotFoundError:
-        raise ResultsError(f"no such file: {args.file}") from None
+        ds = xr.load_dataset(path, engine="netcdf4")
     except Exception as exc:  # netCDF4/HDF5 raise OSError, ValueError, KeyError for damaged files
         raise ResultsError(f"{args.file} is not a readable netCDF file ({type(exc).__name__}: {exc})") from None
     print(f"{args.file}: experiment {ds.attrs.get('experiment')!r}, profile {ds.attrs.get('profile')!r}")

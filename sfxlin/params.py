@@ -40,7 +40,8 @@ class Param:
     ``grid`` marks a parameter that only says which cells the grid has (``d``, ``n_seeds``): it
     does not reach a cell's kernel except through the cell's coordinates, so changing it keeps
     every shared cell (an extended sweep reuses them). ``parts`` names the parts of the
-    experiment whose cells it reaches (None: every part).
+    experiment whose cells it reaches (None: every part). ``why`` says why a list needs
+    ``min_len`` values (what the analysis fits with them).
     """
 
     name: str
@@ -55,6 +56,7 @@ class Param:
     choices: tuple | None = None
     order: str | None = None
     min_len: int = 1
+    why: str = ""
     unique: bool = True
     grid: bool = False
     parts: tuple | None = None
@@ -136,16 +138,17 @@ class Param:
         if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, np.ndarray)):
             raise ValueError(f"expected a list, got {value!r}")
         items = tuple(self._scalar(v, self.kind[:-len("_list")]) for v in value)
-        if len(items) < self.min_len:
-            need = f"at least {self.min_len} values" if self.min_len > 1 else "a non-empty list"
-            raise ValueError(f"needs {need}, got {list(items)}")
         if self.unique and len(set(items)) != len(items):
             repeated = sorted({v for v in items if items.count(v) > 1}, key=str)
-            raise ValueError(f"repeats {repeated}: every value must appear once, got {list(items)}")
+            raise ValueError(f"repeats the value {', '.join(map(str, repeated))}: every value must appear once, "
+                             f"got {list(items)}")
         if self.order == "increasing" and any(b <= a for a, b in zip(items, items[1:])):
             raise ValueError(f"must be strictly increasing, got {list(items)}")
         if self.order == "decreasing" and any(b >= a for a, b in zip(items, items[1:])):
             raise ValueError(f"must be strictly decreasing, got {list(items)}")
+        if len(items) < self.min_len:
+            need = f"at least {self.min_len} values" if self.min_len > 1 else "a non-empty list"
+            raise ValueError(f"needs {need}" + (f" ({self.why})" if self.why else "") + f", got {list(items)}")
         return items
 
     def _matrix(self, value):
@@ -248,21 +251,21 @@ def _plain(value):
     return value
 
 
-def configure(params, profile="quick", overrides=(), values=None, checks=()) -> Config:
+def configure(params, profile="quick", overrides=(), values=None, checks=(), name="the experiment") -> Config:
     """The configuration of ``profile`` with ``overrides`` applied, every value checked.
 
     ``overrides``: ``"KEY=TEXT"`` strings (the command line's ``--set``); ``values``: a mapping of
     Python values (e.g. a file's ``config`` attr) replacing the profile's; with ``profile=None``
     ``values`` must give every parameter. ``checks``: functions ``check(config)`` raising
     ValueError for rules that tie several parameters together. Unknown keys, and missing ones,
-    are errors naming them.
+    are errors naming them (and ``name``, the experiment's).
     """
     table = {p.name: p for p in params}
     raw = {} if profile is None else {p.name: p.default(profile) for p in params}
     if values is not None:
         unknown = sorted(set(values) - set(table))
         if unknown:
-            raise ValueError(f"unknown parameter(s) {unknown}; known: {sorted(table)}")
+            raise ValueError(f"unknown parameter(s) {unknown} of {name}; known: {sorted(table)}")
         raw.update(values)
     missing = sorted(set(table) - set(raw))
     if missing:
@@ -273,8 +276,11 @@ def configure(params, profile="quick", overrides=(), values=None, checks=()) -> 
         if not sep:
             raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
         if key not in table:
-            raise ValueError(f"--set {key}: unknown parameter; known: {sorted(table)}")
-        parsed[key] = parse_text(table[key], text)
+            raise ValueError(f"--set {key}: unknown parameter of {name}; known: {sorted(table)}")
+        try:
+            parsed[key] = parse_text(table[key], text)
+        except ValueError as exc:
+            raise ValueError(f"--set {exc}") from None
     config = Config({name: parsed[name] if name in parsed else table[name].check(raw[name]) for name in table},
                     profile=profile if profile is not None and values is None else "custom",
                     overrides=tuple(overrides or ()))

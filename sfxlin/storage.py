@@ -14,7 +14,7 @@ import xarray as xr
 from ._version import __version__
 from .schema import SCHEMA_VERSION
 
-__all__ = ["save", "ensure_writable", "open_results", "provenance", "default_results_dir", "ResultsError"]
+__all__ = ["save", "ensure_writable", "open_results", "results_path", "provenance", "default_results_dir", "ResultsError"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -104,6 +104,19 @@ def default_results_dir() -> Path:
     return Path(os.environ.get("SFXLIN_RESULTS", REPO_ROOT / "datasets"))
 
 
+def results_path(name_or_path, results_dir=None) -> Path:
+    """The file ``name_or_path`` names: a path, or an experiment name in the results folder."""
+    folder = Path(results_dir) if results_dir is not None else default_results_dir()
+    path = Path(name_or_path)
+    if path.exists():
+        return path
+    candidate = folder / f"{name_or_path}.nc"
+    if not candidate.exists():
+        available = sorted(p.stem for p in folder.glob("*.nc"))
+        raise ResultsError(f"no results file {name_or_path!r} (looked in {folder}; available: {available})")
+    return candidate
+
+
 def open_results(name_or_path=None, results_dir=None):
     """Open a results file by path, or by experiment name in the results folder.
 
@@ -114,13 +127,7 @@ def open_results(name_or_path=None, results_dir=None):
     folder = Path(results_dir) if results_dir is not None else default_results_dir()
     if name_or_path is None:
         return sorted(p.stem for p in folder.glob("*.nc"))
-    path = Path(name_or_path)
-    if not path.exists():
-        candidate = folder / f"{name_or_path}.nc"
-        if not candidate.exists():
-            available = sorted(p.stem for p in folder.glob("*.nc"))
-            raise ResultsError(f"no results file {name_or_path!r} (looked in {folder}; available: {available})")
-        path = candidate
+    path = results_path(name_or_path, folder)
     try:
         # loaded into memory and closed at once: results files are small, and a netCDF handle left
         # open could be closed by the garbage collector in a dask worker thread while another

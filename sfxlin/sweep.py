@@ -142,7 +142,7 @@ class Experiment:
 
         if profile is not None and profile not in self.profiles:
             raise ValueError(f"unknown profile {profile!r} for {self.name}; expected one of {list(self.profiles)}")
-        return configure(self.params, profile, overrides, values, self.checks)
+        return configure(self.params, profile, overrides, values, self.checks, name=self.name)
 
     # ------------------------------------------------------------------ parts and cells
     def part(self, name=""):

@@ -67,10 +67,10 @@ def no_cell_computed(monkeypatch):
 # 1. what the analysis needs is checked before any work
 # --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("experiment, sets, fragments", [
-    ("c1", ["L=16,32"], ["L", "at least 3 prompt lengths", "[16, 32]"]),
-    ("c2", ["L=8,16"], ["L", "at least 3 prompt lengths"]),
-    ("c2_threshold", ["L=8,16"], ["L", "at least 3 prompt lengths"]),
-    ("c3", ["L=8,16"], ["L", "at least 3 prompt lengths"]),
+    ("c1", ["L=16,32"], ["L", "at least 3 values", "log-log slopes", "[16, 32]"]),
+    ("c2", ["L=8,16"], ["L", "at least 3 values", "log-log slopes"]),
+    ("c2_threshold", ["L=8,16"], ["L", "at least 3 values", "log-log slopes"]),
+    ("c3", ["L=8,16"], ["L", "at least 3 values", "log-log slopes"]),
     ("c2_threshold", ["tau=1,8"], ["tau", "at least 6 values", "threshold regression", "[1.0, 8.0]"]),
     ("c1", ["d=3,3"], ["d", "repeats the value 3"]),
     ("c1", ["U_norm=0.5,0.1,0.5"], ["U_norm", "repeats the value 0.5"]),
@@ -259,10 +259,10 @@ def test_ctrl_c_says_how_many_cells_are_kept_and_the_command_that_resumes(tmp_pa
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
     kept = len(list(cells.glob("cell_*.npz")))
-    assert 1 <= kept < 8, f"the interrupt landed after {kept} of 8 cells"
+    assert 1 <= kept < 9, f"the interrupt landed after {kept} of 9 cells"
     assert "Traceback" not in stderr and stdout == ""
     resume = shlex.join(["sfxlin", *[a for a in args if a != "--fresh"]])  # --fresh would discard them
-    assert stderr == f"sfxlin: interrupted; {kept} of 8 cells kept in {cells}; the same command resumes: {resume}\n"
+    assert stderr == f"sfxlin: interrupted; {kept} of 9 cells kept in {cells}; the same command resumes: {resume}\n"
     assert not (out / "c1_limit.nc").exists()
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,7 @@ import sfxlin.cellstore
 import sfxlin.sweep
 from sfxlin.cli import main
 from sfxlin.schema import SCHEMA_VERSION
+from sfxlin.storage import ResultsError, open_results
 
 # a small C1 configuration: one cell per task, synchronous, a couple of seconds in-process
 TINY = ["--quiet", "--local-scheduler", "synchronous", "--set", "d=2", "--set", "U_norm=0.1", "--set", "L=16,32,64",
@@ -78,7 +80,7 @@ def good_file(tmp_path_factory):
     (["--set", "n_seeds=x"], "--set n_seeds: 'x' is not a valid int"),
     (["--set", "n_seeds"], "--set expects KEY=VALUE, got 'n_seeds'"),
     (["--set", "L=64,32"], "strictly increasing"),
-    (["--set", "U_norm=-1"], "U_norm must be > 0"),
+    (["--set", "U_norm=-1"], "U_norm: must be > 0"),
     (["--chunks", "seed=0"], "chunk size for 'seed' must be a positive integer"),
     (["--chunks", "zeta=2"], "not grid dims"),
 ])
@@ -147,7 +149,7 @@ def test_full_disk_while_writing_the_results_file(tmp_path, monkeypatch, capsys)
     assert temporaries(out) == []
     # the finished cells are kept (and only they): once space is back, the rerun resumes from them
     kept = listing(out / ".c1_limit.cells")
-    assert len(kept) == 1 and kept[0].startswith("cell_") and kept[0].endswith(".npz")
+    assert len(kept) == 2 and all(k.startswith("cell_") and k.endswith(".npz") for k in kept)  # and the check
     monkeypatch.undo()
     computed = []
     real_run_cell = sfxlin.sweep.run_cell
@@ -271,14 +273,19 @@ def test_info_on_a_file_of_another_schema_version(good_file, tmp_path, capsys, v
             nc.delncattr("sfxlin_schema_version")
         else:
             nc.setncattr("sfxlin_schema_version", version)
+    """``info`` describes any netCDF file and says what the analysis would need; opening it as
+    results (``open_results``, the report) refuses it with one line."""
     if version == SCHEMA_VERSION + 1:  # once through the real command line
         res = run_cli("info", str(path))
         code, out, err = res.returncode, res.stdout, res.stderr
     else:
         code = main(["info", str(path)])
         out, err = capsys.readouterr()
-    assert code == 2 and out == ""
-    error_line(err, str(path), "schema version", repr(version), f"reads version {SCHEMA_VERSION}")
+    assert code == 0 and err == ""
+    assert f"schema version {version!r}; this sfxlin reads version {SCHEMA_VERSION}" in out
+    assert "dims:" in out and "coord L:" in out
+    with pytest.raises(ResultsError, match=f"schema version {re.escape(repr(version))}"):
+        open_results(path)
     assert listing(tmp_path) == ["other.nc"]
 
 
