@@ -41,9 +41,9 @@ __all__ = ["CRITERIA", "CONTROL", "gaussian_settings", "summaries", "slopes", "s
 
 CONTROL = "rademacher"
 
-#: SPEC C3 reference figures of the slopes (isotropic, anisotropic)
-_SPEC_SLOPES = {"D_inf": {"isotropic": -0.134, "anisotropic": -0.176},
-                "risk_heldout": {"isotropic": -0.722, "anisotropic": -0.757}}
+#: the reference reproduction's C3 slopes (isotropic, anisotropic; docs/claims.md)
+_REFERENCE_SLOPES = {"D_inf": {"isotropic": -0.134, "anisotropic": -0.176},
+                     "risk_heldout": {"isotropic": -0.722, "anisotropic": -0.757}}
 _LABELS = {
     "D_inf": "max_t D_inf (softmax)",
     "D_inf_linear": "max_t D_inf (linear)",
@@ -239,7 +239,7 @@ def _e_plateau(sh):
                       lambda D: loglog_slope(D.isel(L=slice(-4, None)), "L").slope)
 
 
-# supplementary checks of figures quoted in SPEC's C3 text (not predeclared by the reference)
+# supplementary checks of figures quoted in the reference's C3 text (not predeclared by it; docs/criteria.md)
 @CRITERIA("C3-inf-risk", "supplementary: final training risk of theta_inf, max over seeds, per Gaussian setting",
           "<=", 1e-6, reference="~1e-11 .. 1e-25",
           reason="ours: linear(inf) gradient descent converges; margin for the slower anisotropic setting "
@@ -293,7 +293,7 @@ def fit_table(ds: xr.Dataset) -> str:
     lines = [f"C3 slopes in L (OLS on seed means, L = {Lmin}..{Lmax}; SE, 95% CI; increases along L)"
              + (f": not fitted, {no_slope}" if no_slope else ""),
              f"{'setting':<12} {'quantity':<40} {'slope':>8} {'SE':>7} {'95% CI':>18} {'incr':>4} "
-             f"{'at L_min':>10} {'at L_max':>10}  SPEC slope"]
+             f"{'at L_min':>10} {'at L_max':>10}  reference slope"]
     for st in settings:
         for q, label in _LABELS.items():
             if sl is None:
@@ -303,7 +303,7 @@ def fit_table(ds: xr.Dataset) -> str:
                 ci = f"[{float(f.slope_ci_low):.3f}, {float(f.slope_ci_high):.3f}]"
                 fitted = f"{float(f.slope):>8.3f} {float(f.slope_se):>7.3f} {ci:>18}"
             y = s[q].sel(setting=st)
-            ref = _SPEC_SLOPES.get(q, {}).get(st)
+            ref = _REFERENCE_SLOPES.get(q, {}).get(st)
             lines.append(f"{st:<12} {label:<40} {fitted} "
                          f"{int(increases(y)):>4} {_fmt(y.isel(L=0)):>10} {_fmt(y.isel(L=-1)):>10}  "
                          f"{'' if ref is None else f'{ref:+.3f}'}")
@@ -371,7 +371,7 @@ def fit_table(ds: xr.Dataset) -> str:
         tail = D.where(D.L >= 1024, drop=True)
         lines += ["", "Rademacher control: D(L) = " + ", ".join(f"{int(x)}: {float(y):.3f}" for x, y in zip(L, D.values))]
         if tail.size:
-            lines.append(f"  plateau (L >= 1024): mean {float(tail.mean()):.3f} (SPEC: 0.20)")
+            lines.append(f"  plateau (L >= 1024): mean {float(tail.mean()):.3f} (reference: 0.20)")
     lines += ["", "Held-out baselines per L (seed means): softmax(L) final | linear(L) final | plug-in "
                   "(linear(L) at the Bayes optimum) | ridge/least squares on the prompt"]
     for st in settings:

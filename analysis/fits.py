@@ -414,7 +414,7 @@ def paper_form_fit(
     cov_type: str = "nonrobust",
     alpha: float = 0.05,
 ) -> xr.Dataset:
-    """Paper-form fit of SPEC C1: ``L * E||f_L - f_inf||^2 = c1 * exp(c2 * x)``, pooled OLS.
+    """Paper-form fit of claim C1 (docs/claims.md): ``L * E||f_L - f_inf||^2 = c1 * exp(c2 * x)``, pooled OLS.
 
     Maths: OLS of ``log(L_mse)`` on ``[1, x]`` over every point pooled, where ``L_mse`` is
     ``L * E||f_L - f_inf||^2`` and ``x = sigma^2 ||U q||^2``; then ``log c1`` is the intercept,

@@ -23,7 +23,7 @@ changing the size of one part leaves the draws of the others unchanged. Each gra
 ``(setting, scale)`` draws from its own substream of the gradient stream (``sweep.substream``),
 keyed by its values.
 
-(a) Output tails (SPEC section 1, C2 "output tail tests"; :func:`sfxlin.concentration.output_tails`).
+(a) Output tails (docs/models.md, section 1; C2 "output tail tests"; :func:`sfxlin.concentration.output_tails`).
     Tokens ``N(0, sigma^2 I_d)``, ``U`` a Gaussian ``d x d`` matrix rescaled to
     ``||U||_F = U_norm``, ``V = I_d``, queries ``q ~ N(0, sigma^2 I_d)``. Per query,
     ``tail_prompts`` independent prompts of ``L_max`` tokens; all nested ``L`` in one prefix pass.
@@ -34,7 +34,7 @@ keyed by its values.
     ``K(a) = exp(4 sigma^2 ||U q||^2)``, ``c1 = exp(tail_log_c1_per_d * d)``,
     ``c2 = tail_c2 / sigma^2``: OUR assumed constants (Hsu-Kakade-Zhang, defaults 2/3 and 1/3).
 
-(b) Gradient concentration at fixed parameters (SPEC section 2;
+(b) Gradient concentration at fixed parameters (docs/models.md, section 2;
     :func:`sfxlin.concentration.gradient_concentration`). Per cell and per inner
     ``(setting, scale)``: covariates ``N(0, scale * Sigma_setting)``, parameters on the training
     manifold along the Bayes direction, ``grad_pairs`` antithetic pairs x ``grad_queries``

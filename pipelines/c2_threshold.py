@@ -1,8 +1,8 @@
 """C2 threshold study: uniform-in-time stability of the softmax gradient vs tr(Sigma^-2).
 
-SPEC section 2: at the Bayes optimum the query-averaged concentration constant
+docs/models.md, section 2: at the Bayes optimum the query-averaged concentration constant
 ``E exp(x_q^T Sigma^-1 x_q / c^2) = (1 - 2 tau^{-1/2})^{-d/2}``, ``tau = tr(Sigma^-2)``, is finite
-iff ``tau > 4``. SPEC C2 ("threshold study"): sweeping ``tau`` moves the exponent of the gradient
+iff ``tau > 4``. Claim C2 ("threshold study", docs/claims.md): sweeping ``tau`` moves the exponent of the gradient
 gap taken uniformly over the training trajectory (sup over t) from about 0 to about -0.4, while
 the exponent at fixed parameters stays near -1/2.
 
@@ -136,7 +136,7 @@ VARIABLES = (
              "sqrt(||U - U*||_F^2 + ||v - v*||^2), (U*, v*) of Remark 5.2 (balanced manifold)"),
     Variable("logit_factor", ("tau", "seed", "t"), "empirical logit factor exp(a^T Gamma_w a)",
              "mean over tasks and queries of exp(a^T Gamma_w a), a = U z_q, at theta_inf(t): the exponential "
-             "factor of the finite-L constant (SPEC section 1)"),
+             "factor of the finite-L constant (docs/models.md, section 1)"),
     Variable("off_block", ("tau", "seed", "t"), "off-block mass of theta_inf(t)",
              "norm of U outside its top-left d x d block together with v[:d] (measured, never imposed)"),
     Variable("U_inf", ("tau", "seed", "t", "row", "col"), "attention matrix U of linear(inf)",

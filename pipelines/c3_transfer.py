@@ -1,4 +1,5 @@
-"""C3: large-prompt softmax attention inherits the optimisation of linear attention (SPEC section 2, C3).
+"""C3: large-prompt softmax attention inherits the optimisation of linear attention (docs/claims.md,
+C3; the models: docs/models.md, section 2).
 
 Grid (one dask task per cell): ``setting x seed``.
 
@@ -34,9 +35,10 @@ then the direction of the off-block perturbation. Then
    perturbation there would stay constant and hide any decay) and records the off-block mass of all
    three models over ``t``.
 
-Paper profile = the SPEC protocol: d = 3; 48 pairs x 2 queries; L = 8 .. 4096 doubling; lr 0.01;
-T = 2500; checkpoints every 20 steps; 2 seeds (control: 1); held-out 256 pairs x 4 queries at the
-training L and at 4096 (every 500 steps: 6 checkpoints); perturbation 1e-12.
+Paper profile = the reference protocol (docs/protocols.md): d = 3; 48 pairs x 2 queries;
+L = 8 .. 4096 doubling; lr 0.01; T = 2500; checkpoints every 20 steps; 2 seeds (control: 1);
+held-out 256 pairs x 4 queries at the training L and at 4096 (every 500 steps: 6 checkpoints);
+perturbation 1e-12.
 Cost of one protocol cell (CPU seconds, one core): main run ~7 s, perturbed run ~12 s (once
 ``U[d, :d] != 0`` the antithetic partners' logits differ, so their softmax cannot be shared and
 needs the quadratic features), held-out ~2 s; about 105 CPU s for the five cells, so about 60 s

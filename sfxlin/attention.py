@@ -1,6 +1,6 @@
 """Attention operators at finite prompt length and their exact infinite-prompt limits.
 
-Notation (SPEC section 1): tokens ``Z`` of shape ``(..., L, D)``, query ``q`` of shape
+Notation (docs/models.md, section 1): tokens ``Z`` of shape ``(..., L, D)``, query ``q`` of shape
 ``(..., D)``, ``U`` (D x D), read-out ``V`` (D_out x D). Logits are raw: ``s_k = z_k^T U q``.
 All functions broadcast over leading axes and are pure numpy.
 

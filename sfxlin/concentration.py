@@ -3,7 +3,7 @@
 The science of the ``c2_concentration`` experiment; the pipeline only maps its configuration
 and cell onto these functions.
 
-Output tails (SPEC section 1, C2 "output tail tests"), :func:`output_tails`. Tokens
+Output tails (docs/models.md, section 1; C2 "output tail tests", docs/protocols.md), :func:`output_tails`. Tokens
 ``N(0, sigma^2 I_d)``, ``U`` a Gaussian ``d x d`` matrix rescaled to ``||U||_F = U_norm``,
 ``V = I_d``, queries ``q ~ N(0, sigma^2 I_d)``. Per query, ``n_prompts`` independent prompts of
 ``L_max`` tokens; all nested ``L`` in one prefix pass. ``f_inf = sigma^2 U q`` (Lemma 2.1).
@@ -24,7 +24,7 @@ Thm 1) give ``P(||X||^2 > s^2 (d + 2 sqrt(d u) + 2 u)) <= e^-u``; with
 is tested.) Because ``t ~ 1 / sqrt(L)``, ``L t^2`` and hence the bound and the CLT tail do not
 depend on ``L``.
 
-Gradient concentration at fixed parameters (SPEC section 2), :func:`gradient_concentration`.
+Gradient concentration at fixed parameters (docs/models.md, section 2), :func:`gradient_concentration`.
 Covariates ``N(0, Sigma)``, ``Sigma = scale * Sigma_setting`` (:func:`covariance`: isotropic
 ``I_d``; anisotropic ``diag(geomspace(2, 0.5, d))``, which is diag(2, 1, 0.5) at d = 3);
 parameters on the training manifold (:func:`gradient_parameters`): ``U = U_norm *

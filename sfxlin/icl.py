@@ -1,4 +1,4 @@
-"""In-context linear regression (SPEC section 2, paper Sec. 5, Eq. 7): tasks, the three models
+"""In-context linear regression (docs/models.md, section 2; paper Sec. 5, Eq. 7): tasks, the three models
 and their analytic gradients.
 
 Tasks: ``w ~ N(0, I_d)``, covariates ``x ~ x_law`` on ``R^d`` (mean ``m``, covariance ``Sigma``;
@@ -8,7 +8,7 @@ tokens ``z = (x, y)`` in ``R^D``, ``D = d + 1``, masked queries ``z_q = (x_q, 0)
 tokens and query points): task ``2i`` has ``w_i`` and task ``2i + 1`` has ``-w_i``. Prompts are
 nested: the length-``L`` prompt is the first ``L`` tokens.
 
-Models, all read out by ``v`` in ``R^D`` with ``U`` a ``D x D`` matrix (raw logits, SPEC section 1):
+Models, all read out by ``v`` in ``R^D`` with ``U`` a ``D x D`` matrix (raw logits, docs/models.md, section 1):
 
 * ``softmax(L)``: ``pred = v^T sum_k softmax_k(z_k^T U z_q) z_k``;
 * ``linear(L)``: ``pred = v^T Ghat_L U z_q`` with ``Ghat_L = (1/L) sum_k z_k z_k^T``;

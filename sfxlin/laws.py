@@ -8,7 +8,7 @@ Every law ``mu`` on ``R^D`` is a subclass of :class:`Law`, which declares what a
 * ``sample(rng, shape)`` -> array of shape ``shape + (D,)``;
 * ``tilted_mean(a)`` = ``E_mu[e^{a.z} z] / E_mu[e^{a.z}]`` = ``grad K_mu(a)``, vectorised over
   the leading axes of ``a`` (shape ``(..., D)``). This is the exact infinite-prompt read-out
-  of softmax attention with logit vector ``a = U q`` (SPEC section 1);
+  of softmax attention with logit vector ``a = U q`` (docs/models.md, section 1);
 * ``snis_covariance(a)``: ``lim_L L Cov(f_L)`` (the sharp finite-L constant, delta method);
 * ``isotropic(D, sigma)``: the law on ``R^D`` with covariance ``sigma^2 I_D``.
 
@@ -273,7 +273,7 @@ class Gaussian(Law):
 
         ``f_L`` is a ratio of empirical means of ``w z`` and ``w``, ``w = e^{a.z}``; the delta
         method gives ``E[w^2 (z - m_a)(z - m_a)^T] / (E w)^2``, which for ``N(m, Sigma)`` is
-        ``exp(a^T Sigma a) (Sigma + Sigma a a^T Sigma)`` (SPEC section 1).
+        ``exp(a^T Sigma a) (Sigma + Sigma a a^T Sigma)`` (docs/models.md, section 1).
         """
         a = _check_a(a, self.D)
         with np.errstate(over="ignore", invalid="ignore"):

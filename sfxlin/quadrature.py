@@ -4,7 +4,7 @@ The tilted mean of a law ``mu`` on ``R^D`` at logit vector ``a`` is
 
     T_mu(a) = E_mu[e^{a.z} z] / E_mu[e^{a.z}] = grad K_mu(a),
 
-the infinite-prompt read-out of softmax attention (SPEC section 1). This module computes it by
+the infinite-prompt read-out of softmax attention (docs/models.md, section 1). This module computes it by
 brute-force tensor-product quadrature, without using any closed form, so that the closed forms
 of :mod:`sfxlin.laws` can be checked against it. It deliberately imports nothing from
 ``sfxlin.laws``.

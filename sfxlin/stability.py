@@ -1,5 +1,6 @@
-"""Gradient stability along the infinite-prompt trajectory (SPEC C2, "trajectory stability" and
-"threshold study"), and the query-averaged concentration constant of SPEC section 2.
+"""Gradient stability along the infinite-prompt trajectory (claim C2, "trajectory stability" and
+"threshold study": docs/claims.md, docs/protocols.md), and the query-averaged concentration
+constant (docs/models.md, section 2).
 
 * :func:`gradient_gap_trajectory` trains ``linear(inf)`` (the Lemma 2.1 limit, matrix
   ``Gamma_w``) by gradient descent and, at every checkpoint ``theta_inf(t)`` and every prompt
@@ -50,7 +51,7 @@ _GEMM_MNK = 200_000
 
 
 def concentration_constant(Sigma, d=None):
-    """Query-averaged concentration constant at the Bayes optimum (SPEC section 2):
+    """Query-averaged concentration constant at the Bayes optimum (docs/models.md, section 2):
     ``E_{x ~ N(0, Sigma)} exp(x^T Sigma^{-1} x / c^2) = (1 - 2 tr(Sigma^-2)^{-1/2})^{-d/2}`` with
     ``c^2 = ||Sigma^{-1}||_F = tr(Sigma^-2)^{1/2}``; ``+inf`` when ``tr(Sigma^-2) <= 4``.
 
@@ -315,7 +316,7 @@ def gradient_gap_trajectory(rng, Sigma, Ls, *, n_pairs, n_queries, n_replicates,
     * ``dist_bayes (n_ckpt,)``: ``||theta_inf(t) - theta*||`` (``icl.bayes_optimum``);
     * ``U_inf (n_ckpt, D, D)``, ``v_inf (n_ckpt, D)``: the trajectory;
     * ``logit_factor (n_ckpt,)``: mean over tasks and queries of ``exp(a^T Gamma_w a)``,
-      ``a = U z_q`` (the exponential factor of the finite-L constant, SPEC section 1).
+      ``a = U z_q`` (the exponential factor of the finite-L constant, docs/models.md, section 1).
     """
     Ls = validate_Ls(Ls)
     if isinstance(n_replicates, bool) or not isinstance(n_replicates, (int, np.integer)) or n_replicates < 1:

@@ -1,4 +1,4 @@
-"""Gradient-descent training of the C3 models (SPEC section 2): ``softmax(L)``, ``linear(L)``,
+"""Gradient-descent training of the C3 models (docs/models.md, section 2): ``softmax(L)``, ``linear(L)``,
 ``linear(inf)``.
 
 Two paths:

@@ -1,4 +1,4 @@
-"""The predeclared criteria, pinned: the literal table below is the spec.
+"""The predeclared criteria, pinned: the literal table below is the protocol (docs/criteria.md).
 
 Every criterion of every experiment (id, claim, kind, threshold), in order, as the documented
 protocol states it (docs/criteria.md; the reference reproduction's predeclared criteria: C1 quadrature < 1e-8,
