@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
+    "calibration_note",
     "criteria_from_attrs",
     "Criteria",
     "FAIL",

@@ -36,22 +36,27 @@ __all__ = ["CellStore", "cell_fingerprint", "code_fingerprint"]
 _FINGERPRINT_KEY = "__cell_fingerprint__"
 
 
-@functools.lru_cache(maxsize=1)
-def code_fingerprint() -> str:
-    """Hash of the source files of ``sfxlin`` and ``sfxlin.pipelines`` (the code of every kernel)."""
+@functools.lru_cache(maxsize=None)
+def code_fingerprint(extra_modules=()) -> str:
+    """Hash of the source files of ``sfxlin``, ``sfxlin.pipelines`` and ``extra_modules`` (the
+    modules of an experiment's kernels that live elsewhere, e.g. found through
+    ``$SFXLIN_PIPELINES``): the code of every kernel."""
     digest = hashlib.sha256()
-    for package in ("sfxlin", "sfxlin.pipelines"):
-        for folder in importlib.import_module(package).__path__:
-            for path in sorted(Path(folder).glob("*.py")):
-                digest.update(f"{package}/{path.name}\0".encode())
-                digest.update(path.read_bytes())
+    paths = [(package, path) for package in ("sfxlin", "sfxlin.pipelines")
+             for folder in importlib.import_module(package).__path__ for path in sorted(Path(folder).glob("*.py"))]
+    paths += [(name, Path(importlib.import_module(name).__file__)) for name in sorted(extra_modules)]
+    for package, path in paths:
+        digest.update(f"{package}/{path.name}\0".encode())
+        digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
 def cell_fingerprint(experiment, config, cell, part="") -> str:
     """The fingerprint of one cell of ``part`` (see the module docstring): equal fingerprints,
     equal bits."""
-    payload = {"experiment": experiment.rng_name(part), "schema": SCHEMA_VERSION, "code": code_fingerprint(),
+    outside = tuple(sorted({p.kernel.__module__ for p in experiment.parts} - {"__main__"}))
+    outside = tuple(m for m in outside if not m.startswith("sfxlin."))
+    payload = {"experiment": experiment.rng_name(part), "schema": SCHEMA_VERSION, "code": code_fingerprint(outside),
                "cell": {dim: coordinate_text(value) for dim, value in cell.items()},
                "inputs": experiment.cell_inputs(config, cell, part)}
     text = json.dumps(payload, sort_keys=True, default=_json_default)

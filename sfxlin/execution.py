@@ -7,6 +7,7 @@ existing cluster (``tcp://host:8786``; dask-jobqueue clusters on SLURM/PBS expos
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import sys
@@ -126,9 +127,34 @@ def _n_block_tasks(ds, experiment):
     return sum(1 for k in keys if block_name(k if isinstance(k, str) else str(k), experiment) is not None)
 
 
+class CellTimeline(Callback):
+    """When each block of cells ran, on which thread: ``[[block, thread, start, end], ...]``
+    (seconds from the start of the computation). Where a run spends its time, and whether every
+    core stayed busy to the end (no serial tail), is read off it."""
+
+    def __init__(self, experiment):
+        super().__init__()
+        self.experiment, self.rows, self._open = experiment, [], {}
+
+    def _start(self, dsk):
+        self.t0 = time.perf_counter()
+
+    def _pretask(self, key, dsk, state):
+        self._open[key] = time.perf_counter() - self.t0
+
+    def _posttask(self, key, result, dsk, state, worker_id):
+        name = key if isinstance(key, str) else str(key[0]) if isinstance(key, tuple) else str(key)
+        block = block_name(name, self.experiment)
+        start = self._open.pop(key, None)
+        if block is not None and start is not None:
+            thread = 0 if worker_id is None else int(worker_id)  # the synchronous scheduler has none
+            self.rows.append([block, thread, round(start, 3), round(time.perf_counter() - self.t0, 3)])
+
+
 def compute(ds: xr.Dataset, scheduler=None, workers=None, address=None, progress=True, verbose=False):
     """Compute ``ds`` and return ``(computed_ds, wall_seconds, scheduler_label)``; the result's
-    attrs record ``wall_seconds`` and ``scheduler``.
+    attrs record ``wall_seconds``, ``scheduler`` and, on a local scheduler, ``cell_timeline``
+    (JSON of :class:`CellTimeline`: each block of cells with its thread, start and end).
 
     Shows a progress bar counting blocks of cells with an ETA locally (:class:`CellProgress`),
     the distributed progress bar (one bar per task kind, ``*-block`` being the cells) under a
@@ -151,11 +177,13 @@ def compute(ds: xr.Dataset, scheduler=None, workers=None, address=None, progress
             result = persisted.compute()
         else:
             bar = contextlib.nullcontext()
+            name = ds.attrs.get("experiment", "")
             if progress:
-                name = ds.attrs.get("experiment", "")
                 bar = CellProgress(name, _n_block_tasks(ds, name), verbose=verbose)
-            with bar, dask.config.set(scheduler=scheduler or "threads"):
+            timeline = CellTimeline(name)
+            with bar, timeline, dask.config.set(scheduler=scheduler or "threads"):
                 result = ds.compute()
+            result.attrs["cell_timeline"] = json.dumps(sorted(timeline.rows, key=lambda row: row[2]))
     wall = time.perf_counter() - start
     result.attrs.update(wall_seconds=float(wall), scheduler=label)
     return result, wall, label

@@ -77,7 +77,7 @@ class Param:
 
     def rule(self) -> str:
         """The declared constraints in words (for ``sfxlin list`` and the docs)."""
-        parts = [self.kind.replace("_", " of ")]
+        parts = [f"list of {self.kind[:-len('_list')]}" if self.kind.endswith("_list") else self.kind]
         lo = None if self.low is None else ("> " if self.low_open else ">= ") + f"{self.low:g}"
         hi = None if self.high is None else ("< " if self.high_open else "<= ") + f"{self.high:g}"
         parts += [b for b in (lo, hi) if b]
@@ -189,7 +189,8 @@ def parse_text(param: Param, text: str):
         else:
             value = _scalar_text(text, kind)
     except ValueError:
-        raise ValueError(f"{param.name}: {text!r} is not a valid {kind.replace('_', ' of ')}") from None
+        what = f"list of {kind[:-len('_list')]}" if kind.endswith("_list") else kind
+        raise ValueError(f"{param.name}: {text!r} is not a valid {what}") from None
     return param.check(value)
 
 

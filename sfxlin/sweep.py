@@ -43,8 +43,8 @@ import xarray as xr
 
 from .schema import coord_attrs
 
-__all__ = ["Variable", "Experiment", "CellError", "build", "cell_rng", "coordinate_key", "coordinate_text", "run_cell",
-           "substream"]
+__all__ = ["Variable", "Part", "Experiment", "CellError", "build", "cell_label", "cell_rng", "coordinate_key",
+           "coordinate_text", "criteria_of", "run_cell", "substream"]
 
 
 class CellError(RuntimeError):

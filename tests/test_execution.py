@@ -90,3 +90,15 @@ def test_bad_arguments(toy, toy_config, kwargs, match):
     ds = build(toy.EXPERIMENT, toy_config)
     with raise_if_dask_computes(), pytest.raises(ValueError, match=match):
         compute(ds, progress=False, **kwargs)
+
+
+def test_the_cell_timeline_says_when_each_block_ran_and_on_which_thread(toy, toy_config):
+    import json
+
+    ds = build(toy.EXPERIMENT, toy_config, chunks={"seed": 2})
+    result, wall, _ = compute(ds, scheduler="threads", progress=False)
+    rows = json.loads(result.attrs["cell_timeline"])
+    assert len(rows) == (ds.attrs["n_cells"] - 1) // 2 + 1  # every block, the global part's cell too
+    assert {r[0] for r in rows} >= {"d[0:1],U_norm[0:1],seed[0:2]", "global:"}
+    for block, thread, start, end in rows:
+        assert 0 <= start <= end <= wall + 0.01 and isinstance(thread, int)
