@@ -69,8 +69,17 @@ PARAMETERS = {
 
 
 def validate(config):
-    """Raise ValueError for an inconsistent configuration."""
-    check_prompt_lengths(config["L"])
+    """Raise ValueError for an inconsistent configuration, or one the analysis cannot use (checked
+    before any work: at least 3 prompt lengths for the slopes in L, no value listed twice)."""
+    Ls = check_prompt_lengths(config["L"])
+    if len(Ls) < 3:
+        raise ValueError(f"L needs at least 3 prompt lengths (the log-log slope in L of C1-slopes), got {Ls.tolist()}")
+    for key in ("d", "U_norm"):
+        values = list(config[key])
+        repeated = list(dict.fromkeys(v for i, v in enumerate(values) if v in values[:i]))
+        if repeated:
+            raise ValueError(f"{key} repeats the value{'s' * (len(repeated) > 1)} {', '.join(map(repr, repeated))}: "
+                             f"each value is one cell of the sweep, list it once (got {values})")
     if any(int(d) < 1 for d in config["d"]):
         raise ValueError(f"d must be >= 1, got {config['d']}")
     if any(not float(u) > 0 for u in config["U_norm"]):

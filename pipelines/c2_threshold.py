@@ -115,16 +115,22 @@ def _int(config, key, lo=1):
 
 
 def validate(config):
-    """Raise ValueError for an inconsistent configuration."""
+    """Raise ValueError for an inconsistent configuration, or one the analysis cannot use (checked
+    before any work: at least 3 prompt lengths for the exponents, 6 tau values for the hinge)."""
     for key in ("d", "n_seeds", "n_pairs", "n_queries", "n_replicates", "ckpt_every"):
         _int(config, key)
     _int(config, "n_steps", 0)
-    check_prompt_lengths(config["L"])
+    Ls = check_prompt_lengths(config["L"])
+    if len(Ls) < 3:
+        raise ValueError(f"L needs at least 3 prompt lengths (the exponents are log-log slopes in L), got {Ls.tolist()}")
     tau = np.asarray(config["tau"], dtype=float)
     if tau.ndim != 1 or tau.size == 0 or not np.all(np.isfinite(tau)) or np.any(tau <= 0):
         raise ValueError(f"tau must be a non-empty list of positive numbers, got {config['tau']}")
     if np.any(np.diff(tau) <= 0):
         raise ValueError(f"tau must be strictly increasing, got {config['tau']}")
+    if tau.size < 6:
+        raise ValueError(f"tau needs at least 6 values for the threshold regression (a 3-parameter hinge of the "
+                         f"uniform exponent in tau), got {tau.tolist()}")
     lr = float(config["lr"])
     if not (math.isfinite(lr) and lr > 0):
         raise ValueError(f"lr must be a positive number, got {config['lr']}")

@@ -209,7 +209,8 @@ def cell_inputs(config, cell):
 
 
 def validate(config):
-    """Raise ValueError for an inconsistent configuration."""
+    """Raise ValueError for an inconsistent configuration, or one the analysis cannot use (checked
+    before any work: at least 3 prompt lengths for the slopes in L, no setting listed twice)."""
     missing = sorted(set(PARAMETERS) - set(config))
     if missing:
         raise ValueError(f"configuration misses {missing}")
@@ -230,7 +231,9 @@ def validate(config):
         raise ValueError(f"settings must not repeat, got {settings}")
     for s in settings:
         sigma_of(config, s)
-    training.validate_Ls(config["L"])
+    Ls = training.validate_Ls(config["L"])
+    if len(Ls) < 3:
+        raise ValueError(f"L needs at least 3 prompt lengths (the log-log slopes in L of C3), got {list(Ls)}")
     lr = config["lr"]
     if isinstance(lr, bool) or not isinstance(lr, (int, float, np.number)) or not (math.isfinite(lr) and lr > 0):
         raise ValueError(f"lr must be a positive finite number, got {lr!r}")
