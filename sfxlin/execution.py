@@ -48,14 +48,24 @@ class CellProgress(Callback):
     """Progress of a sweep in cells (not dask tasks), with elapsed time and ETA.
 
     Counts the tasks whose key starts with ``prefix`` (the engine names every block of cells
-    ``<experiment>-block-<token>``). ``verbose`` prints one line per finished block.
+    ``<experiment>-block-<token>``). On a terminal, one bar redrawn in place (``\\r``); written to
+    a file or a pipe (``stream.isatty()`` false), whole lines: one at the start, then one each
+    time another ``LINE_FRACTION`` of the blocks has finished or ``LINE_SECONDS`` have passed
+    since the last line, and one when the last block finishes, so a log stays short and
+    readable. ``verbose`` adds one line per finished block.
     """
+
+    LINE_FRACTION = 0.05
+    LINE_SECONDS = 30.0
 
     def __init__(self, prefix, total, stream=None, verbose=False, width=30):
         super().__init__()
         self.prefix, self.total, self.verbose, self.width = prefix, total, verbose, width
         self.stream = stream or sys.stderr
+        isatty = getattr(self.stream, "isatty", None)
+        self.tty = bool(isatty and isatty())
         self.done, self.start = 0, None
+        self._line_done, self._line_time = 0, None
 
     def _start(self, dsk):
         self.start = time.perf_counter()
@@ -68,20 +78,33 @@ class CellProgress(Callback):
         self.done += 1
         if self.verbose:
             cells = name[len(self.prefix):].rsplit("-", 1)[0]
-            self.stream.write(f"\r  finished cells {cells} at {time.perf_counter() - self.start:.1f} s" + " " * 30 + "\n")
+            line = f"  finished cells {cells} at {time.perf_counter() - self.start:.1f} s"
+            self.stream.write(f"\r{line}{' ' * 30}\n" if self.tty else f"{line}\n")
         self._draw()
 
     def _finish(self, dsk, state, errored):
-        self.stream.write("\n")
+        if self.tty:
+            self.stream.write("\n")
         self.stream.flush()
 
     def _draw(self):
-        elapsed = time.perf_counter() - (self.start or time.perf_counter())
+        now = time.perf_counter()
+        elapsed = now - (self.start or now)
         frac = self.done / self.total if self.total else 1.0
-        eta = f"ETA {elapsed / frac * (1 - frac):5.0f} s" if 0 < frac < 1 else " " * 9
-        bar = "#" * int(round(self.width * frac))
-        self.stream.write(f"\r[{bar:<{self.width}}] {self.done}/{self.total} tasks of cells, "
-                          f"{elapsed:5.0f} s elapsed, {eta}")
+        if self.tty:
+            eta = f"ETA {elapsed / frac * (1 - frac):5.0f} s" if 0 < frac < 1 else " " * 9
+            bar = "#" * int(round(self.width * frac))
+            self.stream.write(f"\r[{bar:<{self.width}}] {self.done}/{self.total} tasks of cells, "
+                              f"{elapsed:5.0f} s elapsed, {eta}")
+        else:
+            due = (self._line_time is None or self.done == self.total
+                   or self.done - self._line_done >= self.LINE_FRACTION * self.total
+                   or now - self._line_time >= self.LINE_SECONDS)
+            if not due:
+                return
+            self._line_done, self._line_time = self.done, now
+            eta = f", ETA {elapsed / frac * (1 - frac):.0f} s" if 0 < frac < 1 else ""
+            self.stream.write(f"{self.done}/{self.total} tasks of cells, {elapsed:.0f} s elapsed{eta}\n")
         self.stream.flush()
 
 

@@ -1,16 +1,22 @@
 """Behaviour of ``sfxlin run`` and ``sfxlin report`` a user relies on.
 
 * configurations the analysis cannot use are refused before any work (too few prompt lengths for
-  a slope, too few tau values for the hinge, repeated values in a list).
+  a slope, too few tau values for the hinge, repeated values in a list);
+* progress written to a file or a pipe is whole lines, not carriage-return fragments.
 """
 from __future__ import annotations
 
+import io
+import re
 from pathlib import Path
 
+import dask
 import pytest
 
 import sfxlin.sweep
 from sfxlin.cli import config_for, main, pipeline
+from sfxlin.execution import CellProgress
+from sfxlin.sweep import build
 
 
 def listing(folder):
@@ -68,5 +74,48 @@ def test_configurations_the_analysis_cannot_use_are_refused_before_any_work(
     captured = capsys.readouterr()
     error_line(captured.err, *fragments)
     assert captured.out == "" and listing(tmp_path) == []  # not even the output folder
+
+
+# --------------------------------------------------------------------------------------------
+# 6. progress to a file or a pipe: whole lines
+# --------------------------------------------------------------------------------------------
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def _progress(stream, toy, toy_config, **kwargs):
+    ds = build(toy.EXPERIMENT, toy_config, chunks={"seed": 2})
+    prefix = f"{toy.EXPERIMENT.name}-block-"
+    n_blocks = ds.attrs["n_cells"] // 2
+    with CellProgress(prefix, n_blocks, stream=stream, **kwargs), dask.config.set(scheduler="synchronous"):
+        ds.compute()
+    return stream.getvalue(), n_blocks
+
+
+def test_progress_to_a_file_or_pipe_is_whole_lines(toy, toy_config):
+    text, n = _progress(io.StringIO(), toy, toy_config)
+    assert "\r" not in text and text.endswith("\n")
+    lines = text.splitlines()
+    assert lines[0].startswith(f"0/{n} tasks of cells") and lines[-1].startswith(f"{n}/{n} tasks of cells")
+    assert all(re.fullmatch(rf"\d+/{n} tasks of cells, +\d+ s elapsed(, ETA +\d+ s)?", line) for line in lines), lines
+    verbose, _ = _progress(io.StringIO(), toy, toy_config, verbose=True)
+    assert "\r" not in verbose and verbose.count("finished cells") == n
+
+
+def test_progress_to_a_file_is_throttled_to_every_5_percent():
+    stream = io.StringIO()
+    bar = CellProgress("exp-block-", 1000, stream=stream)
+    bar._start({})
+    for i in range(1000):
+        bar._posttask(f"exp-block-seed[{i}:{i + 1}]-token", None, {}, {}, 0)
+    bar._finish({}, {}, False)
+    lines = stream.getvalue().splitlines()
+    assert 20 <= len(lines) <= 22 and lines[-1].startswith("1000/1000 tasks of cells")
+
+
+def test_progress_to_a_terminal_is_a_bar(toy, toy_config):
+    text, n = _progress(Terminal(), toy, toy_config)
+    assert text.count("\r") >= n and f"[{'#' * 30}] {n}/{n} tasks of cells" in text
 
 
