@@ -1,8 +1,12 @@
 """One self-contained report of every claim: verdicts, fits, figures and provenance.
 
-Reads results files only. The HTML embeds every figure as a base64 PNG drawn afresh from the
-results file it documents (no network, no side files); the Markdown gives the same tables for
-a terminal or a pull request.
+Reads results files only: every ``*.nc`` file of the results folder, whatever its name (a run
+saved with ``sfxlin run --name``), matched to its analysis by its ``experiment`` attr. A file
+that cannot be read or analysed (damaged, of another schema, another tool's) is skipped with a
+line saying which and why, and listed in the report; the report fails only when no file is
+usable. The HTML embeds every figure as a base64 PNG drawn afresh from the results file it
+documents (no network, no side files); the Markdown gives the same tables for a terminal or a
+pull request. Both are written atomically.
 """
 from __future__ import annotations
 
@@ -12,13 +16,16 @@ import html
 import importlib
 import io
 import json
+import os
+import sys
 from pathlib import Path
 
 import xarray as xr
 
+from ..storage import ResultsError, open_results
 from .verdicts import count_verdicts, to_markdown
 
-__all__ = ["ANALYSES", "analysis_for", "build_report", "write_report"]
+__all__ = ["ANALYSES", "analysis_for", "build_report", "report_paths", "write_report"]
 
 #: experiment attr of a results file -> its analysis module (in claim order)
 ANALYSES = {"c1_limit": "c1", "c2_concentration": "c2", "c2_threshold": "c2_threshold", "c3_transfer": "c3"}
@@ -44,12 +51,34 @@ def _figure_png(module, ds) -> bytes:
 
 
 def _section(path: Path):
-    ds = xr.load_dataset(path)  # loaded and closed: no netCDF handle left to a garbage collector
+    ds = open_results(path)  # loaded and closed, schema version checked
     module = analysis_for(ds)
     rows = module.verdicts(ds)
     return {"experiment": ds.attrs["experiment"], "path": path, "rows": rows, "counts": count_verdicts(rows),
             "fits": module.fit_table(ds), "png": _figure_png(module, ds),
             "provenance": {k: ds.attrs.get(k) for k in PROVENANCE}, "config": ds.attrs.get("config", "{}")}
+
+
+def _print_skip(path, reason):
+    print(f"sfxlin: skipped {path}: {reason}", file=sys.stderr, flush=True)
+
+
+def _sections(folder: Path, on_skip):
+    """The report sections of every usable ``*.nc`` file in ``folder`` in claim order (the
+    experiment's own file name first), and the ``(path, reason)`` of every file skipped."""
+    sections, skipped = [], []
+    for path in sorted(p for p in folder.glob("*.nc") if not p.name.startswith(".")):
+        try:
+            sections.append(_section(path))
+        except (ResultsError, ValueError, KeyError) as exc:  # unreadable, other schema, not an sfxlin file
+            reason = str(exc)
+            reason = f"it {reason[len(str(path)) + 1:]}" if reason.startswith(f"{path} ") else reason
+            skipped.append((path, reason))
+            on_skip(path, reason)
+    order = list(ANALYSES)
+    sections.sort(key=lambda sec: (order.index(sec["experiment"]), sec["path"].name != f"{sec['experiment']}.nc",
+                                   sec["path"].name))
+    return sections, skipped
 
 
 def _html_table(rows):
@@ -70,10 +99,16 @@ table{border-collapse:collapse;margin:1em 0;font-size:0.9em}td,th{border:1px sol
 pre{background:#f6f6f6;padding:0.8em;overflow-x:auto;font-size:0.85em}img{max-width:100%}"""
 
 
-def build_report(results_dir) -> tuple[str, str]:
-    """``(html, markdown)`` of every known results file found in ``results_dir``."""
+def build_report(results_dir, on_skip=None) -> tuple[str, str]:
+    """``(html, markdown)`` of every usable results file found in ``results_dir``.
+
+    ``on_skip(path, reason)`` is called for each file skipped (default: a line on stderr,
+    ``sfxlin: skipped PATH: REASON``); raises ValueError if no file is usable.
+    """
     folder = Path(results_dir)
-    sections = [_section(folder / f"{name}.nc") for name in ANALYSES if (folder / f"{name}.nc").exists()]
+    sections, skipped = _sections(folder, on_skip or _print_skip)
+    if not sections and skipped:
+        raise ValueError(f"no usable results files in {folder} ({len(skipped)} skipped, see above)")
     if not sections:
         raise ValueError(f"no results files in {folder} (expected some of {[n + '.nc' for n in ANALYSES]})")
     stamp = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
@@ -88,7 +123,7 @@ def build_report(results_dir) -> tuple[str, str]:
         counts = ", ".join(f"{v} {k}" for k, v in sec["counts"].items() if v)
         prov = "".join(f"<li><b>{k}</b>: {html.escape(str(v))}</li>" for k, v in sec["provenance"].items())
         png = base64.b64encode(sec["png"]).decode()
-        parts += [f"<h2 id='{sec['experiment']}'>{html.escape(title)}</h2>",
+        parts += [f"<h2 id='{html.escape(sec['path'].stem)}'>{html.escape(title)}</h2>",
                   f"<p><code>{html.escape(sec['path'].name)}</code>: {counts}</p>",
                   _html_table(sec["rows"]), "<h3>Fits</h3>", f"<pre>{html.escape(sec['fits'])}</pre>",
                   f"<img alt='{sec['experiment']} figure' src='data:image/png;base64,{png}'>",
@@ -96,16 +131,53 @@ def build_report(results_dir) -> tuple[str, str]:
                   f"<details><summary>configuration</summary><pre>{html.escape(json.dumps(json.loads(sec['config']), indent=1))}</pre></details>"]
         md += [f"## {title}", "", f"`{sec['path'].name}`: {counts}", "", to_markdown(sec["rows"]), "", "```",
                sec["fits"], "```", "", "Provenance: " + "; ".join(f"{k} {v}" for k, v in sec["provenance"].items()), ""]
+    if skipped:
+        parts += ["<h2 id='skipped'>Skipped files</h2>", "<ul>" + "".join(
+            f"<li><code>{html.escape(p.name)}</code>: {html.escape(why)}</li>" for p, why in skipped) + "</ul>"]
+        md += ["## Skipped files", ""] + [f"- `{p.name}`: {why}" for p, why in skipped] + [""]
     parts.append("</body></html>")
     return "\n".join(parts), "\n".join(md)
 
 
-def write_report(results_dir, out) -> tuple[Path, Path]:
-    """Write ``out`` (HTML) and the Markdown beside it (same stem, ``.md``)."""
-    page, md = build_report(results_dir)
+def report_paths(out) -> tuple[Path, Path]:
+    """``(html, markdown)`` paths for ``--out``: its suffix says which file it is (``.html`` or
+    ``.md``), the other is written beside it under the same stem. Any other suffix is refused."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page)
-    md_path = out.with_suffix(".md")
-    md_path.write_text(md)
-    return out, md_path
+    suffix = out.suffix.lower()
+    if suffix == ".html":
+        return out, out.with_suffix(".md")
+    if suffix == ".md":
+        return out.with_suffix(".html"), out
+    raise ValueError(f"report --out must end in .html or .md (the other is written beside it), got {out}")
+
+
+def _write_atomically(files):
+    """Write every ``(path, text)`` to a temporary file beside it, flushed to disk, then rename
+    them all into place: a failure leaves every previous file whole and no temporary file."""
+    done = []
+    try:
+        for path, text in files:
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+            done.append(tmp)
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+        for (path, _), tmp in zip(files, done):
+            os.replace(tmp, path)
+    except BaseException as exc:
+        for tmp in done:
+            tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise ResultsError(f"could not write {path}: {exc.strerror or exc}") from exc
+        raise
+
+
+def write_report(results_dir, out, on_skip=None) -> tuple[Path, Path]:
+    """Write the HTML and the Markdown report (:func:`report_paths` of ``out``), atomically;
+    returns their paths. ``on_skip`` as in :func:`build_report`."""
+    html_path, md_path = report_paths(out)
+    page, md = build_report(results_dir, on_skip)
+    html_path.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomically([(html_path, page), (md_path, md)])
+    return html_path, md_path

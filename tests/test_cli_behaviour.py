@@ -2,21 +2,30 @@
 
 * configurations the analysis cannot use are refused before any work (too few prompt lengths for
   a slope, too few tau values for the hinge, repeated values in a list);
+* ``sfxlin report --out``: the suffix says which file is which, a bad results file is skipped
+  with a line saying why, the report files are written atomically;
 * progress written to a file or a pipe is whole lines, not carriage-return fragments.
 """
 from __future__ import annotations
 
+import errno
 import io
+import os
 import re
 from pathlib import Path
 
 import dask
 import pytest
+import xarray as xr
 
 import sfxlin.sweep
 from sfxlin.cli import config_for, main, pipeline
 from sfxlin.execution import CellProgress
 from sfxlin.sweep import build
+
+# a small C1 configuration: a couple of seconds in-process
+TINY = ["--local-scheduler", "synchronous", "--set", "d=2", "--set", "U_norm=0.1", "--set", "L=16,32,64",
+        "--set", "n_seeds=1", "--set", "n_queries=3", "--set", "n_prompts=2"]
 
 
 def listing(folder):
@@ -74,6 +83,81 @@ def test_configurations_the_analysis_cannot_use_are_refused_before_any_work(
     captured = capsys.readouterr()
     error_line(captured.err, *fragments)
     assert captured.out == "" and listing(tmp_path) == []  # not even the output folder
+
+
+# --------------------------------------------------------------------------------------------
+# 3. sfxlin report: suffixes, bad files skipped, atomic writes
+# --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("results")
+    assert main(["run", "c1", *TINY, "--quiet", "--out", str(out)]) == 0
+    return out
+
+
+@pytest.mark.parametrize("name, markdown, page", [("report.html", "report.md", "report.html"),
+                                                  ("notes.md", "notes.md", "notes.html")])
+def test_report_out_suffix_says_which_file_is_which(results, tmp_path, capsys, name, markdown, page):
+    assert main(["report", "--results", str(results), "--out", str(tmp_path / name)]) == 0
+    assert (tmp_path / page).read_text().startswith("<!doctype html>")
+    assert (tmp_path / markdown).read_text().startswith("# sfxlin report")
+    assert sorted(os.listdir(tmp_path)) == sorted({markdown, page})
+    assert capsys.readouterr().out == f"wrote {tmp_path / page} and {tmp_path / markdown}\n"
+
+
+def test_report_refuses_an_unknown_suffix_before_reading_anything(results, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(xr, "load_dataset", lambda *a, **k: pytest.fail("a results file was read"))
+    assert main(["report", "--results", str(results), "--out", str(tmp_path / "report.txt")]) == 2
+    error_line(capsys.readouterr().err, "report.txt", ".html", ".md")
+    assert listing(tmp_path) == []
+
+
+def test_report_skips_unreadable_and_foreign_files_and_says_why(results, tmp_path, capsys):
+    folder = tmp_path / "results"
+    folder.mkdir()
+    (folder / "c1_limit.nc").write_bytes((results / "c1_limit.nc").read_bytes())
+    whole = (results / "c1_limit.nc").read_bytes()
+    (folder / "c2_concentration.nc").write_bytes(whole[: len(whole) // 3])  # truncated
+    xr.Dataset({"x": ("t", [1.0, 2.0])}).to_netcdf(folder / "other_tool.nc")  # netCDF, not ours
+    assert main(["report", "--results", str(folder), "--out", str(tmp_path / "report.html")]) == 0
+    captured = capsys.readouterr()
+    skipped = captured.err.splitlines()
+    assert len(skipped) == 2, captured.err
+    assert any(str(folder / "c2_concentration.nc") in line and "not a readable netCDF file" in line for line in skipped)
+    assert any(str(folder / "other_tool.nc") in line and "schema version" in line for line in skipped)
+    assert all(line.startswith("sfxlin: skipped ") for line in skipped)
+    page = (tmp_path / "report.html").read_text()
+    assert "C1-slopes" in page and "other_tool.nc" in page  # the skipped files are named in the report too
+    assert "C1-slopes" in (tmp_path / "report.md").read_text()
+
+
+def test_report_fails_only_when_no_file_is_usable(tmp_path, capsys):
+    (tmp_path / "c1_limit.nc").write_text("not netCDF")
+    assert main(["report", "--results", str(tmp_path), "--out", str(tmp_path / "report.html")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"sfxlin: skipped {tmp_path / 'c1_limit.nc'}: ")
+    assert err[1].startswith("sfxlin: error: no usable results files in ")
+    assert listing(tmp_path) == ["c1_limit.nc"]
+
+
+def test_report_files_are_written_atomically(results, tmp_path, capsys, monkeypatch):
+    """A full disk while writing leaves the previous report pair whole and no temporary file."""
+    (tmp_path / "report.html").write_text("previous html")
+    (tmp_path / "report.md").write_text("previous md")
+    real_fsync = os.fsync
+    calls = []
+
+    def fsync_then_full(fd):
+        calls.append(fd)
+        if len(calls) == 2:  # the second report file: the first one is complete by now
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
+    monkeypatch.setattr(os, "fsync", fsync_then_full)
+    assert main(["report", "--results", str(results), "--out", str(tmp_path / "report.html")]) == 2
+    error_line(capsys.readouterr().err, "No space left on device")
+    assert (tmp_path / "report.html").read_text() == "previous html"
+    assert (tmp_path / "report.md").read_text() == "previous md"
+    assert listing(tmp_path) == ["report.html", "report.md"]
 
 
 # --------------------------------------------------------------------------------------------
