@@ -1,12 +1,16 @@
 """The ``sfxlin`` command: run experiments, benchmark the engines, inspect results files.
 
-    sfxlin run c1 [--profile quick|paper] [--set KEY=VALUE ...] [--out DIR] [--workers N | --scheduler ADDR]
+    sfxlin run c1 [--profile quick|paper] [--set KEY=VALUE ...] [--out DIR] [--name NAME] [--force]
+                  [--workers N | --scheduler ADDR]
     sfxlin bench c1
     sfxlin list
+    sfxlin report [--results DIR] [--out FILE.html|FILE.md]
     sfxlin info FILE
 
 Errors (bad input, unreadable files, a cell that failed) print one line ``sfxlin: error: ...``
-and exit with status 2, without a traceback.
+and exit with status 2, without a traceback; the exit status never depends on ``--quiet``.
+Ctrl-C exits with status 130 and, during a run, says how many cells are kept and which command
+resumes.
 """
 from __future__ import annotations
 
@@ -14,6 +18,8 @@ import argparse
 import importlib
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -80,6 +86,14 @@ def _positive_int(text):
     return value
 
 
+def _file_stem(text):
+    """argparse type of ``--name``: a plain file stem (``NAME.nc`` and ``NAME.png`` are written)."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", text) or text.lower().endswith((".nc", ".png")):
+        raise argparse.ArgumentTypeError(f"expected a file stem of letters, digits, '.', '_' or '-', without folder "
+                                         f"or suffix (NAME.nc and NAME.png are written), got {text!r}")
+    return text
+
+
 def _parse_chunks(items):
     chunks = {}
     for item in items or []:
@@ -90,13 +104,49 @@ def _parse_chunks(items):
     return chunks
 
 
-def report(ds, out_dir, quiet=False):
-    """Print the fit and verdict tables of a results Dataset and save its figure beside it."""
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a run; the message says what is kept and which command resumes."""
+
+
+def check_replaceable(path, experiment, config):
+    """Refuse, before any work, to replace a results file made by another experiment or under
+    another configuration (its ``experiment`` and ``config`` attrs), or one that is not a results
+    file at all. The same configuration (a rerun) may replace it."""
+    path = Path(path)
+    if not path.exists():
+        return
+    import xarray as xr
+
+    hint = "--force replaces it, --name NAME writes NAME.nc beside it"
+    try:
+        with xr.open_dataset(path, engine="netcdf4") as old:
+            made_by, made_with = old.attrs.get("experiment"), json.loads(old.attrs["config"])
+    except Exception as exc:  # netCDF4/HDF5 raise OSError, ValueError, KeyError for foreign files
+        raise ResultsError(f"{path} exists and is not a results file of sfxlin "
+                           f"({type(exc).__name__}: {exc}); {hint}") from None
+    if made_by != experiment:
+        raise ResultsError(f"{path} holds a {made_by} run, not {experiment}; {hint}")
+    if made_with != config:
+        changed = "; ".join(f"{key}: {json.dumps(made_with.get(key))} -> {json.dumps(config.get(key))}"
+                            for key in sorted(set(made_with) | set(config)) if made_with.get(key) != config.get(key))
+        raise ResultsError(f"{path} holds a run under another configuration ({changed}); {hint}")
+
+
+def resume_command(argv):
+    """The command line that resumes an interrupted run: the same one, less ``--fresh`` (which
+    would discard the cells kept so far; argparse also accepts it abbreviated)."""
+    return shlex.join(["sfxlin", *(a for a in argv if not (len(a) > 3 and "--fresh".startswith(a)))])
+
+
+def report(ds, figure, quiet=False):
+    """Analyse a results Dataset: save its figure at ``figure`` and compute its fit and verdict
+    tables, printed unless ``quiet``. The analysis runs either way: ``quiet`` only silences it,
+    so a failing analysis fails the command with or without ``--quiet``."""
     from .analysis.report import analysis_for
     from .analysis.verdicts import format_table
 
     module = analysis_for(ds)
-    figure = Path(out_dir) / f"{ds.attrs['experiment']}.png"
+    figure = Path(figure)
     # drawn beside its final name and renamed, as the results file is (storage.save): a full disk or
     # an interruption while matplotlib writes never leaves a truncated PNG under the final name
     tmp = figure.with_name(f".{figure.stem}.{os.getpid()}.partial.png")
@@ -106,10 +156,12 @@ def report(ds, out_dir, quiet=False):
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    fits = module.fit_table(ds)
+    verdicts = format_table(module.verdicts(ds))
     if not quiet:
-        print(module.fit_table(ds))
+        print(fits)
         print()
-        print(format_table(module.verdicts(ds)))
+        print(verdicts)
         print(f"\nfigure: {figure}")
 
 
@@ -121,23 +173,31 @@ def cmd_run(args):
     module = pipeline(args.experiment)
     config = config_for(module, args.profile, args.set)
     out_dir = Path(args.out or ("datasets" if args.profile == "paper" and not args.set else f"runs/{args.profile}"))
+    path = out_dir / f"{args.name or module.NAME}.nc"
+    if not args.force:
+        check_replaceable(path, module.NAME, config)  # before --fresh discards any kept cell
     store = CellStore(out_dir / f".{module.NAME}.cells", module.EXPERIMENT, config, fresh=args.fresh)
     lazy = build(module.EXPERIMENT, config, chunks=_parse_chunks(args.chunks), store=store)
     ensure_writable(out_dir)  # after every check of the command line (a bad one creates nothing), before any work
+    n_cells = lazy.attrs["n_cells"]
     if not args.quiet:
         kept = store.count()
-        print(f"{module.NAME}: profile {args.profile}, {lazy.attrs['n_cells']} cells"
-              + (f" ({kept} kept from earlier runs in {store.folder}, {lazy.attrs['n_cells'] - kept} to compute)"
+        print(f"{module.NAME}: profile {args.profile}, {n_cells} cells"
+              + (f" ({kept} kept from earlier runs in {store.folder}, {n_cells - kept} to compute)"
                  if kept else ""), flush=True)
-    ds, wall, label = compute(lazy, scheduler=args.local_scheduler, workers=args.workers,
-                              address=args.scheduler, progress=not args.quiet, verbose=args.verbose)
-    ds.attrs.update(provenance(module.NAME, args.profile, config, wall, label))
-    ds.attrs["overrides"] = json.dumps(args.set or [])
-    ds.attrs["criteria"] = json.dumps(module.CRITERIA)
-    path = save(ds, out_dir / f"{module.NAME}.nc")
-    if not args.quiet:
-        print(f"wrote {path} in {wall:.1f} s ({label})\n")
-    report(ds, out_dir, quiet=args.quiet)
+    try:
+        ds, wall, label = compute(lazy, scheduler=args.local_scheduler, workers=args.workers,
+                                  address=args.scheduler, progress=not args.quiet, verbose=args.verbose)
+        ds.attrs.update(provenance(module.NAME, args.profile, config, wall, label))
+        ds.attrs["overrides"] = json.dumps(args.set or [])
+        ds.attrs["criteria"] = json.dumps(module.CRITERIA)
+        save(ds, path)
+        if not args.quiet:
+            print(f"wrote {path} in {wall:.1f} s ({label})\n")
+        report(ds, path.with_suffix(".png"), quiet=args.quiet)
+    except KeyboardInterrupt:
+        raise Interrupted(f"{store.count()} of {n_cells} cells kept in {store.folder}; "
+                          f"the same command resumes: {resume_command(args.argv)}") from None
 
 
 # glibc returns large freed blocks to the OS by default, so a reference that allocates fresh
@@ -238,11 +298,18 @@ def parser():
     run.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="override a parameter of the profile (lists comma-separated), e.g. --set d=2,3")
     run.add_argument("--chunks", action="append", metavar="DIM=N", help="cells per dask task along a grid dim")
+    run.add_argument("--name", type=_file_stem,
+                     help="file stem of the results: NAME.nc and NAME.png in --out (default: the experiment's "
+                          "full name, e.g. c1_limit)")
+    run.add_argument("--force", action="store_true",
+                     help="replace a results file of the same name made under another configuration (by "
+                          "default refused before any work; a rerun of the same configuration replaces it)")
     run.add_argument("--fresh", action="store_true",
                      help="discard the kept cells of this experiment in --out (by default a cell computed by an "
                           "earlier or interrupted run with the same inputs and code is reused)")
     talk = run.add_mutually_exclusive_group()
-    talk.add_argument("--quiet", action="store_true", help="no progress bar or tables")
+    talk.add_argument("--quiet", action="store_true",
+                      help="no progress bar or tables (the analysis still runs: same exit status)")
     talk.add_argument("--verbose", action="store_true", help="also one line per finished block of cells")
     run.set_defaults(func=cmd_run)
     bench = sub.add_parser("bench", help="benchmark an engine against its reference, ratio in one run")
@@ -252,7 +319,8 @@ def parser():
     lst.set_defaults(func=cmd_list)
     rep = sub.add_parser("report", help="one self-contained HTML page (and Markdown) of every claim")
     rep.add_argument("--results", default="datasets", help="folder of results files (default: datasets)")
-    rep.add_argument("--out", default="datasets/report.html", help="HTML file; the Markdown goes beside it")
+    rep.add_argument("--out", default="datasets/report.html",
+                     help="FILE.html (the Markdown goes beside it as FILE.md) or FILE.md (the HTML beside it)")
     rep.set_defaults(func=cmd_report)
     schema = sub.add_parser("schema", help="markdown schema of every results file (datasets/README.md)")
     schema.set_defaults(func=cmd_schema)
@@ -263,13 +331,15 @@ def parser():
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser().parse_args(argv)
+    args.argv = argv
     try:
         status = args.func(args)
     except BrokenPipeError:  # output piped into head & co.
         return 0
-    except KeyboardInterrupt:
-        print("sfxlin: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # Interrupted: "; N of M cells kept in ...; the same command resumes: ..."
+        print("sfxlin: interrupted" + (f"; {exc}" if str(exc) else ""), file=sys.stderr)
         return 130
     except (ValueError, TypeError, ResultsError, RuntimeError, OSError) as exc:
         print(f"sfxlin: error: {exc}", file=sys.stderr)

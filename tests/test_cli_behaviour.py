@@ -2,8 +2,11 @@
 
 * configurations the analysis cannot use are refused before any work (too few prompt lengths for
   a slope, too few tau values for the hinge, repeated values in a list);
+* the exit status does not depend on ``--quiet`` (the analysis runs either way);
 * ``sfxlin report --out``: the suffix says which file is which, a bad results file is skipped
   with a line saying why, the report files are written atomically;
+* a run never silently replaces the file of another configuration (``--force``, ``--name``);
+* Ctrl-C says how many cells are kept and which command resumes;
 * progress written to a file or a pipe is whole lines, not carriage-return fragments.
 """
 from __future__ import annotations
@@ -12,6 +15,11 @@ import errno
 import io
 import os
 import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import dask
@@ -19,6 +27,7 @@ import pytest
 import xarray as xr
 
 import sfxlin.sweep
+from sfxlin.analysis import c1 as c1_analysis
 from sfxlin.cli import config_for, main, pipeline
 from sfxlin.execution import CellProgress
 from sfxlin.sweep import build
@@ -83,6 +92,26 @@ def test_configurations_the_analysis_cannot_use_are_refused_before_any_work(
     captured = capsys.readouterr()
     error_line(captured.err, *fragments)
     assert captured.out == "" and listing(tmp_path) == []  # not even the output folder
+
+
+# --------------------------------------------------------------------------------------------
+# 2. one exit status, with or without --quiet
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("quiet", [False, True])
+def test_the_analysis_runs_and_decides_the_exit_status_with_or_without_quiet(tmp_path, monkeypatch, capsys, quiet):
+    def broken(ds):
+        raise ValueError("the verdicts cannot be computed")
+    monkeypatch.setattr(c1_analysis, "verdicts", broken)
+    status = main(["run", "c1", *TINY, "--out", str(tmp_path), *(["--quiet"] if quiet else [])])
+    assert status == 2
+    assert "sfxlin: error: the verdicts cannot be computed" in capsys.readouterr().err
+
+
+def test_quiet_prints_nothing_but_still_draws_the_figure(tmp_path, capsys):
+    assert main(["run", "c1", *TINY, "--out", str(tmp_path), "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ""
+    assert (tmp_path / "c1_limit.png").exists()
 
 
 # --------------------------------------------------------------------------------------------
@@ -158,6 +187,82 @@ def test_report_files_are_written_atomically(results, tmp_path, capsys, monkeypa
     assert (tmp_path / "report.html").read_text() == "previous html"
     assert (tmp_path / "report.md").read_text() == "previous md"
     assert listing(tmp_path) == ["report.html", "report.md"]
+
+
+# --------------------------------------------------------------------------------------------
+# 4. another configuration never silently replaces a results file
+# --------------------------------------------------------------------------------------------
+def test_a_run_of_another_configuration_does_not_replace_the_file(tmp_path, capsys, monkeypatch):
+    assert main(["run", "c1", *TINY, "--quiet", "--out", str(tmp_path)]) == 0
+    first = (tmp_path / "c1_limit.nc").read_bytes()
+    cells = listing(tmp_path / ".c1_limit.cells")
+    computed = []
+    real_run_cell = sfxlin.sweep.run_cell
+    monkeypatch.setattr(sfxlin.sweep, "run_cell", lambda *a: computed.append(a) or real_run_cell(*a))
+
+    other = [*TINY, "--set", "n_prompts=3"]
+    assert main(["run", "c1", *other, "--quiet", "--fresh", "--out", str(tmp_path)]) == 2
+    line = error_line(capsys.readouterr().err, str(tmp_path / "c1_limit.nc"), "another configuration",
+                      "n_prompts", "--force", "--name")
+    assert "n_prompts: 2 -> 3" in line
+    assert computed == [] and (tmp_path / "c1_limit.nc").read_bytes() == first
+    assert listing(tmp_path / ".c1_limit.cells") == cells  # --fresh did not discard the kept cells
+
+    # --name writes beside it
+    assert main(["run", "c1", *other, "--quiet", "--name", "more_prompts", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "c1_limit.nc").read_bytes() == first
+    assert {"more_prompts.nc", "more_prompts.png"} <= set(os.listdir(tmp_path))
+    with xr.open_dataset(tmp_path / "more_prompts.nc") as ds:
+        assert '"n_prompts": 3' in ds.attrs["config"] and ds.attrs["experiment"] == "c1_limit"
+
+    # the same configuration again (a rerun) may overwrite; --force replaces another one
+    assert main(["run", "c1", *TINY, "--quiet", "--out", str(tmp_path)]) == 0
+    assert main(["run", "c1", *other, "--quiet", "--force", "--out", str(tmp_path)]) == 0
+    with xr.open_dataset(tmp_path / "c1_limit.nc") as ds:
+        assert '"n_prompts": 3' in ds.attrs["config"]
+
+
+def test_a_file_of_another_experiment_under_the_name_is_not_replaced(results, tmp_path, capsys, no_cell_computed):
+    (tmp_path / "c3_transfer.nc").write_bytes((results / "c1_limit.nc").read_bytes())
+    assert main(["run", "c3", "--quiet", "--out", str(tmp_path)]) == 2
+    error_line(capsys.readouterr().err, str(tmp_path / "c3_transfer.nc"), "c1_limit", "--force")
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "../up", ".hidden", "mine.nc", "white space"])
+def test_bad_names_are_usage_errors(tmp_path, capsys, name):
+    with pytest.raises(SystemExit) as info:
+        main(["run", "c1", "--name", name, "--out", str(tmp_path / "out")])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: sfxlin") and "--name" in err.splitlines()[-1]
+    assert listing(tmp_path) == []
+
+
+# --------------------------------------------------------------------------------------------
+# 5. Ctrl-C says what is kept and how to resume
+# --------------------------------------------------------------------------------------------
+SLOW_QUICK = ["--set", "n_prompts=48", "--set", "L=16,64,256,1024,4096", "--local-scheduler", "synchronous"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_says_how_many_cells_are_kept_and_the_command_that_resumes(tmp_path):
+    out = tmp_path / "out"
+    cells = out / ".c1_limit.cells"
+    args = ["run", "c1", "--quiet", "--fresh", "--out", str(out), *SLOW_QUICK]
+    proc = subprocess.Popen([sys.executable, "-m", "sfxlin.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(cells.glob("cell_*.npz")):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    kept = len(list(cells.glob("cell_*.npz")))
+    assert 1 <= kept < 8, f"the interrupt landed after {kept} of 8 cells"
+    assert "Traceback" not in stderr and stdout == ""
+    resume = shlex.join(["sfxlin", *[a for a in args if a != "--fresh"]])  # --fresh would discard them
+    assert stderr == f"sfxlin: interrupted; {kept} of 8 cells kept in {cells}; the same command resumes: {resume}\n"
+    assert not (out / "c1_limit.nc").exists()
 
 
 # --------------------------------------------------------------------------------------------
