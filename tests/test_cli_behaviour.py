@@ -35,6 +35,7 @@ from sfxlin.sweep import build
 # a small C1 configuration: a couple of seconds in-process
 TINY = ["--local-scheduler", "synchronous", "--set", "d=2", "--set", "U_norm=0.1", "--set", "L=16,32,64",
         "--set", "n_seeds=1", "--set", "n_queries=3", "--set", "n_prompts=2"]
+README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def listing(folder):
@@ -308,3 +309,15 @@ def test_progress_to_a_terminal_is_a_bar(toy, toy_config):
     assert text.count("\r") >= n and f"[{'#' * 30}] {n}/{n} tasks of cells" in text
 
 
+# --------------------------------------------------------------------------------------------
+# 7. the README says what a resume gives and what the kept cells are
+# --------------------------------------------------------------------------------------------
+def test_readme_says_what_is_identical_after_a_resume_and_what_the_kept_cells_are():
+    from test_resume import TIME_STAMPS  # the attrs test_resume lets differ between the two files
+
+    paragraph = next(p for p in README.read_text().split("\n\n") if "OUT/.EXP.cells/" in p)
+    paragraph = " ".join(paragraph.split())
+    assert "bit for bit" not in paragraph  # the time stamps differ: not the whole file
+    for stamp in TIME_STAMPS:
+        assert f"`{stamp}`" in paragraph, stamp
+    assert "--fresh" in paragraph and "extended sweep" in paragraph and "new cells" in paragraph
