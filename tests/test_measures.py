@@ -311,6 +311,12 @@ def _bump(setting, *at, var="D_inf", t=20, **sel):
     return mutate
 
 
+def _flat(setting, i, **sel):
+    """Make D(L) of ``setting`` flat at the ``i``-th L step (equal to the previous L): no increase."""
+    where = dict(setting=setting, **sel)
+    return lambda ds: put(ds, "D_inf", lambda v: ds.D_inf.loc[dict(where, L=L_C3[i - 1])].values, **where, L=L_C3[i])
+
+
 def _gauss(var, value, **sel):
     return lambda ds: put(ds, var, value, setting="anisotropic", **sel)
 
@@ -328,6 +334,8 @@ def _plateau_slope(p):
 C3_CASES = [
     case("monotone-one-increase", "C3a-monotone", PASS, _bump("anisotropic", 3, **SM)),
     case("monotone-two-increases-one-setting", "C3a-monotone", FAIL, _bump("anisotropic", 3, 6, **SM)),
+    case("monotone-flat-step-is-no-increase", "C3a-monotone", PASS,
+         lambda ds: _flat("anisotropic", 6, **SM)(_bump("anisotropic", 3, **SM)(ds))),
     case("monotone-linear-model-ignored", "C3a-monotone", PASS, _bump("anisotropic", 3, 5, 7, model="linear")),
     case("monotone-control-ignored", "C3a-monotone", PASS, _bump("rademacher", 3, 5, 7, **SM)),
     case("slope-one-setting-off", "C3a-slope", FAIL, _gauss("D_inf", tilt(0.2), **SM)),
