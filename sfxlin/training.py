@@ -32,9 +32,11 @@ Two paths:
 
 The off-block part (``U`` outside the top-left block, ``v[:d]``) is computed, never imposed.
 From a block-structured init on antithetic tasks the partners' off-block contributions are exact
-opposites, so it stays exactly 0 (with ``pair_first`` by construction; the plain pairwise sums
-cancelled them exactly too in our runs); perturb ``(U0, v0)`` (e.g. by 1e-12 off-block) to study
-the stability of the block structure.
+opposites, so it stays exactly 0 with ``pair_first`` (by construction). The plain pairwise sums
+leave rounding noise (~1e-17) there, which grows like an off-block perturbation wherever gradient
+descent is unstable off-block (``lr * lambda_max(H_off) > 2``; on some BLAS kernels linear(L=4)
+diverges at lr 0.05 that way); perturb ``(U0, v0)`` (e.g. by 1e-12 off-block) to study the
+stability of the block structure.
 
 Non-finite or exploding risk/parameters raise :class:`TrainingDiverged` (a
 ``FloatingPointError``) naming the cell label, the model, ``L`` and the step: never a silent NaN.
@@ -510,9 +512,9 @@ def train_all_arrays(tasks, Ls, *, models=icl.MODELS, lr=0.01, n_steps=2500, ckp
     exactly zero (then their logits are bitwise identical): about 1.5x faster, exact. ``None``
     (default): True when the tasks are antithetic pairs sharing covariates, else False.
     Either way the off-block part is computed, never imposed: from a block-structured init on
-    antithetic tasks it stays exactly 0 (the partners' contributions are exact opposites and
-    cancel; the plain pairwise sums did too in our runs), and any off-block perturbation in
-    ``(U0, v0)`` evolves freely.
+    antithetic tasks it stays exactly 0 with ``pair_first`` (the partners' contributions are exact
+    opposites and cancel; the plain pairwise sums leave ~1e-17 of rounding, which grows where the
+    off-block dynamics are unstable), and any off-block perturbation in ``(U0, v0)`` evolves freely.
 
     Returns a dict: ``t (n_ckpt,)``, ``L (nL,)``, and per model a dict with ``U``, ``v``,
     ``risk``: shapes ``(nL, n_ckpt, D, D)``, ``(nL, n_ckpt, D)``, ``(nL, n_ckpt)`` for softmax and

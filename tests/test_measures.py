@@ -122,7 +122,7 @@ def _plateau(r, U_norm=0.5):
 def _flat_student_t(ds, d=(2, 3)):
     """Student-t error constant in L (growth exactly 1) at the largest U_norm for ``d``."""
     for dv in d:
-        put(ds, "mse", lambda m: m * 0 + float(dv), law="student_t", d=dv, U_norm=0.5)
+        put(ds, "mse", lambda m, v=float(dv): m * 0 + v, law="student_t", d=dv, U_norm=0.5)
     return ds
 
 
@@ -252,6 +252,7 @@ def _ranks(*swaps):
 
 
 def _fixed(i, value):
+    """Fixed-parameter exponents -1/2 with the one at tau index ``i`` replaced by ``value``."""
     f = np.full(TAU.size, -0.5)
     f[i] = value
     return f
@@ -267,8 +268,8 @@ C2T_CASES = [
     ("low-tau-just-below", "C2T-uniform-low-tau", FAIL, dict(uniform=_uniform(0, -0.1 - HAIR))),
     ("high-tau-just-below", "C2T-uniform-high-tau", PASS, dict(uniform=_uniform(-1, -0.25 - HAIR))),
     ("high-tau-just-above", "C2T-uniform-high-tau", FAIL, dict(uniform=_uniform(-1, -0.25 + HAIR))),
-    ("trend-rank-correlation-0.802", "C2T-uniform-trend", PASS, dict(uniform=_ranks((0, 6)))),
-    ("trend-rank-correlation-0.797", "C2T-uniform-trend", FAIL, dict(uniform=_ranks((0, 6), (8, 9)))),
+    ("trend-rho-minus-0.802", "C2T-uniform-trend", PASS, dict(uniform=_ranks((0, 6)))),
+    ("trend-rho-minus-0.797", "C2T-uniform-trend", FAIL, dict(uniform=_ranks((0, 6), (8, 9)))),
     ("separation-just-above", "C2T-separation-low-tau", PASS, dict(uniform=_uniform(0, -0.3 + HAIR))),
     ("separation-just-below", "C2T-separation-low-tau", FAIL, dict(uniform=_uniform(0, -0.3 - HAIR))),
     ("break-at-2", "C2T-break-location", PASS, dict(uniform=synthetic.hinge(TAU, 2.0))),
@@ -310,6 +311,12 @@ def _bump(setting, *at, var="D_inf", t=20, **sel):
     return mutate
 
 
+def _flat(setting, i, **sel):
+    """Make D(L) of ``setting`` flat at the ``i``-th L step (equal to the previous L): no increase."""
+    where = dict(setting=setting, **sel)
+    return lambda ds: put(ds, "D_inf", lambda v: ds.D_inf.loc[dict(where, L=L_C3[i - 1])].values, **where, L=L_C3[i])
+
+
 def _gauss(var, value, **sel):
     return lambda ds: put(ds, var, value, setting="anisotropic", **sel)
 
@@ -327,6 +334,8 @@ def _plateau_slope(p):
 C3_CASES = [
     case("monotone-one-increase", "C3a-monotone", PASS, _bump("anisotropic", 3, **SM)),
     case("monotone-two-increases-one-setting", "C3a-monotone", FAIL, _bump("anisotropic", 3, 6, **SM)),
+    case("monotone-flat-step-is-no-increase", "C3a-monotone", PASS,
+         lambda ds: _flat("anisotropic", 6, **SM)(_bump("anisotropic", 3, **SM)(ds))),
     case("monotone-linear-model-ignored", "C3a-monotone", PASS, _bump("anisotropic", 3, 5, 7, model="linear")),
     case("monotone-control-ignored", "C3a-monotone", PASS, _bump("rademacher", 3, 5, 7, **SM)),
     case("slope-one-setting-off", "C3a-slope", FAIL, _gauss("D_inf", tilt(0.2), **SM)),
