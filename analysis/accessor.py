@@ -2,7 +2,7 @@
 
     ds = sfxlin.open_results("c1_limit")
     ds.mse.sel(law="gaussian").mean("seed").sfx.loglog_slope("L")
-    ds.sfx.verdicts()            # PASS / FAIL / INCONCLUSIVE table
+    ds.sfx.verdicts()            # PASS / FAIL / INCONCLUSIVE, a DataFrame (ds.sfx.verdict_table(): text)
     ds.sfx.figure("c1.png")
 
 Registered when ``sfxlin`` is imported. Statsmodels and matplotlib load on first use only.
@@ -63,13 +63,18 @@ class SfxDatasetAccessor:
         return {k: self._ds.attrs.get(k) for k in keys}
 
     def verdicts(self):
-        """Rows of the predeclared criteria (``print`` them, or ``str(...)`` via :meth:`verdict_table`)."""
-        return self._module().verdicts(self._ds)
+        """The verdicts of the predeclared criteria as a DataFrame indexed by criterion id (the text
+        rendering is :meth:`verdict_table`)."""
+        from .verdicts import to_frame
+
+        return to_frame(self._module().verdicts(self._ds))
 
     def verdict_table(self) -> str:
-        from .verdicts import format_table
+        """The verdict table as text, with a note when the criteria are calibrated for another profile."""
+        from .verdicts import calibration_note, format_table
 
-        return format_table(self.verdicts())
+        note = calibration_note(self._ds)
+        return format_table(self._module().verdicts(self._ds)) + (f"\n{note}" if note else "")
 
     def fit_table(self) -> str:
         return self._module().fit_table(self._ds)

@@ -37,6 +37,7 @@ __all__ = [
     "Inconclusive",
     "VerdictRow",
     "count_verdicts",
+    "to_frame",
     "evaluate",
     "format_table",
     "measure_unless",
@@ -346,6 +347,14 @@ def _row(crit: Criterion, raw) -> VerdictRow:
         return VerdictRow(crit, raw, _measured_str(crit, values, None), INCONCLUSIVE, f"{bad}/{values.size} non-finite")
     ok = crit.holds(values)
     return VerdictRow(crit, raw, _measured_str(crit, values, ok), PASS if ok.all() else FAIL)
+
+
+def to_frame(rows: Sequence[VerdictRow]):
+    """The verdict rows as a ``pandas.DataFrame`` indexed by criterion id (columns: claim,
+    description, measured, threshold, reference, verdict, note): the data behind the tables."""
+    import pandas as pd
+
+    return pd.DataFrame([r.to_dict() for r in rows]).set_index("criterion")
 
 
 def count_verdicts(rows: Iterable[VerdictRow]) -> dict[str, int]:

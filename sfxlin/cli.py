@@ -186,12 +186,13 @@ def cmd_report(args):
 
 
 def cmd_reproduce(args):
-    """Every experiment found (sfxlin list) at its paper profile into ``--out``, then the report."""
+    """Every experiment found (sfxlin list) at its paper profile into ``--out`` (replacing the
+    files there: regenerating them is the point), then the report."""
     for experiment in experiments().values():
         if "paper" not in experiment.profiles:
             print(f"{experiment.name}: no paper profile, skipped")
             continue
-        status = main(["run", experiment.name, "--profile", "paper", "--out", str(args.out)]
+        status = main(["run", experiment.name, "--profile", "paper", "--out", str(args.out), "--force"]
                       + (["--quiet"] if args.quiet else []))
         if status:
             return status

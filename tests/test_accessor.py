@@ -23,7 +23,10 @@ def test_dataarray_accessor_is_the_fit_function(ds):
 
 
 def test_dataset_accessor_gives_verdicts_fits_figure_and_provenance(ds, tmp_path):
-    assert [r.id for r in ds.sfx.verdicts()][0] == "C1-quadrature"
+    frame = ds.sfx.verdicts()
+    assert frame.index[0] == "C1-quadrature" and set(frame.verdict) <= {"PASS", "FAIL", "INCONCLUSIVE"}
+    assert list(frame.columns) == ["claim", "description", "measured", "threshold", "reference", "verdict", "note"]
+    assert frame.loc["C1-quadrature", "verdict"] == "PASS"
     assert "PASS" in ds.sfx.verdict_table()
     assert "slope" in ds.sfx.fit_table()
     assert ds.sfx.figure(tmp_path / "f.png").stat().st_size > 10_000

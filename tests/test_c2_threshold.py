@@ -105,7 +105,7 @@ BAD = [
     ({"n_steps": 210}, r"^n_steps: 210 must be a multiple of ckpt_every = 50"),
     ({"n_steps": -50}, r"^n_steps: must be >= 0"),
     ({"ckpt_every": 0}, r"^ckpt_every: must be >= 1"),
-    ({"L": [8, 8, 16]}, r"^L: repeats \[8\]"),
+    ({"L": [8, 8, 16]}, r"^L: repeats the value 8:"),
     ({"L": [8, 32, 16]}, r"^L: must be strictly increasing"),
     ({"L": [8, 16]}, r"^L: needs at least 3 values"),
     ({"lr": -0.1}, r"^lr: must be > 0"),
@@ -127,10 +127,10 @@ def test_bad_configuration_is_refused(bad, message):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("tau=1,2,3,4,5", r"^tau: needs at least 6 values"),
+    ("tau=1,2,3,4,5", r"^--set tau: needs at least 6 values"),
     ("n_steps=210", r"^n_steps: 210 must be a multiple of ckpt_every = 50"),
     ("ckpt_every=30", r"^n_steps: 200 must be a multiple of ckpt_every = 30"),
-    ("trainer=adam", r"^trainer: expected one of"),
+    ("trainer=adam", r"^--set trainer: expected one of"),
 ])
 def test_bad_override_is_refused(override, message):
     with pytest.raises(ValueError, match=message):
