@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .validation import finite_array, numeric_array
+
 from .laws import FloatOverflowError
 
 __all__ = [
@@ -23,22 +25,6 @@ __all__ = [
     "asymptotic_mse",
     "check_prompt_lengths",
 ]
-
-
-def _as_finite(x, name, finite=True):
-    """``x`` as a float array; TypeError (non-numeric) or ValueError (non-finite) naming ``name``."""
-    try:
-        arr = np.asarray(x, dtype=float)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be a numeric array, got {type(x).__name__} ({exc})") from None
-    if finite:
-        _require_finite(arr, name)
-    return arr
-
-
-def _require_finite(arr, name):
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} must contain only finite values")
 
 
 def _check_logits(s, func):
@@ -60,10 +46,10 @@ def _read_out(mean, V, func):
 
 
 def _check_operands(Z, U, V, q, check_Z=True):
-    Z = _as_finite(Z, "Z", finite=check_Z)
-    U = _as_finite(U, "U")
-    V = _as_finite(V, "V")
-    q = _as_finite(q, "q")
+    Z = (finite_array(Z, "Z") if check_Z else numeric_array(Z, "Z"))
+    U = finite_array(U, "U")
+    V = finite_array(V, "V")
+    q = finite_array(q, "q")
     if Z.ndim < 2:
         raise ValueError(f"Z must have shape (..., L, D), got {Z.shape}")
     D = Z.shape[-1]
@@ -110,7 +96,7 @@ def check_prompt_lengths(Ls, L_max=None):
     if Ls.ndim != 1 or Ls.size == 0:
         raise ValueError(f"Ls must be a non-empty 1-D list of prompt lengths, got {Ls!r}")
     if not np.issubdtype(Ls.dtype, np.integer):
-        as_float = _as_finite(Ls, "Ls (prompt lengths)")
+        as_float = finite_array(Ls, "Ls (prompt lengths)")
         if not np.all(as_float == np.round(as_float)) or np.abs(as_float).max() > 2.0**62:
             raise ValueError(f"prompt lengths Ls must be integers (below 2**62), got {Ls.tolist()}")
         Ls = Ls.astype(np.int64)
@@ -136,7 +122,7 @@ def softmax_attention_prefix(Z, U, V, q, Ls):
     """
     Z, U, V, q = _check_operands(Z, U, V, q, check_Z=False)
     Ls = check_prompt_lengths(Ls, Z.shape[-2])
-    _require_finite(Z[..., : Ls[-1], :], "Z")  # tokens beyond the largest L are never read
+    finite_array(Z[..., : Ls[-1], :], "Z")  # tokens beyond the largest L are never read
     s = _logits(Z[..., : Ls[-1], :], U, q)  # (..., L_max): logits once for every L
     _check_logits(s, "softmax_attention_prefix")
     out = None
@@ -169,9 +155,9 @@ def linear_attention(Z, U, V, q):
 
 def _law_logits(law, U, V, q, func):
     """Validate ``U``, ``V``, ``q`` against a token law; return ``V`` and the logit vector ``a = U q``."""
-    U = _as_finite(U, "U")
-    V = _as_finite(V, "V")
-    q = _as_finite(q, "q")
+    U = finite_array(U, "U")
+    V = finite_array(V, "V")
+    q = finite_array(q, "q")
     if U.shape != (law.D, law.D):
         raise ValueError(f"U must be {law.D}x{law.D} to match the law, got {U.shape}")
     if V.ndim != 2 or V.shape[1] != law.D:
@@ -205,7 +191,7 @@ def asymptotic_mse(law, U, V, q, L=1):
     ``L`` (broadcast over leading axes of ``q`` and over ``L``). Raises
     :class:`~sfxlin.laws.NoLimitError` for laws without exponential moments.
     """
-    L = _as_finite(L, "L")
+    L = finite_array(L, "L")
     if np.any(L < 1):
         raise ValueError(f"L must be >= 1, got {L}")
     V, a = _law_logits(law, U, V, q, "asymptotic_mse")

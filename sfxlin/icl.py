@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .validation import finite_array, numeric_array
+
 __all__ = [
     "Tasks", "make_tasks", "covariate_law", "Ghat", "Gamma_w", "init_alpha", "init_theta",
     "bayes_optimum", "off_block_mass", "theta_distance", "ridge_risk",
@@ -67,21 +69,21 @@ class Tasks:
 
     def __post_init__(self):
         """Validate (see the class doc) and store the arrays as float64, ``Sigma`` as ``d x d``."""
-        Z = _finite(self.Z, "Tasks.Z")
+        Z = finite_array(self.Z, "Tasks.Z")
         if Z.ndim != 3 or Z.shape[0] < 1 or Z.shape[1] < 1 or Z.shape[2] < 2:
             raise ValueError(f"Tasks.Z must have shape (n, L_max, D) with n, L_max >= 1 and D = d + 1 >= 2, "
                              f"got {Z.shape}")
         n, _, D = Z.shape
         d = D - 1
-        w = _finite(self.w, "Tasks.w")
+        w = finite_array(self.w, "Tasks.w")
         if w.shape != (n, d):
             raise ValueError(f"Tasks.w must have shape (n, d) = {(n, d)} (from Z {Z.shape}), got {w.shape}")
-        x_q = _finite(self.x_q, "Tasks.x_q")
+        x_q = finite_array(self.x_q, "Tasks.x_q")
         if x_q.ndim != 3 or x_q.shape[0] != n or x_q.shape[1] < 1 or x_q.shape[2] != d:
             raise ValueError(f"Tasks.x_q must have shape (n, n_queries, d) = ({n}, n_queries, {d}) "
                              f"(n and d from Z {Z.shape}), got {x_q.shape}")
         q = x_q.shape[1]
-        y_q = _finite(self.y_q, "Tasks.y_q")
+        y_q = finite_array(self.y_q, "Tasks.y_q")
         if y_q.shape != (n, q):
             raise ValueError(f"Tasks.y_q must have shape (n, n_queries) = {(n, q)} (from x_q {x_q.shape}), "
                              f"got {y_q.shape}")
@@ -89,7 +91,7 @@ class Tasks:
         lam = np.linalg.eigvalsh(Sigma)
         if not lam[0] > 0:
             raise ValueError(f"Tasks.Sigma must be positive definite, smallest eigenvalue {lam[0]:.3g}")
-        mean = np.zeros(d) if self.mean is None else _finite(self.mean, "Tasks.mean")
+        mean = np.zeros(d) if self.mean is None else finite_array(self.mean, "Tasks.mean")
         if mean.shape != (d,):
             raise ValueError(f"Tasks.mean must have shape (d,) = {(d,)} (from Z {Z.shape}), got {mean.shape}")
         for name, value in (("Z", Z), ("w", w), ("x_q", x_q), ("y_q", y_q), ("Sigma", Sigma), ("mean", mean)):
@@ -149,14 +151,6 @@ def _check_L(L, L_max):
     return int(L)
 
 
-def _float(x, name):
-    """``x`` as a float64 array; a non-numeric input is a TypeError naming ``name``."""
-    try:
-        return np.asarray(x, dtype=float)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be a numeric array, got {type(x).__name__} ({exc})") from None
-
-
 def _positive_int(value, name):
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -177,22 +171,10 @@ def covariate_law(name, Sigma):
     raise ValueError(f"unknown covariate law {name!r}; expected 'gaussian' or 'rademacher'")
 
 
-def _finite(x, name):
-    """``x`` as a float64 array with finite entries; a ValueError names ``name`` and the first
-    non-finite entry."""
-    a = _float(x, name)
-    bad = ~np.isfinite(a)
-    if bad.any():
-        first = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(f"{name} has {int(bad.sum())} non-finite entries (the first, {a[first]}, at index "
-                         f"{first}); every entry must be finite")
-    return a
-
-
 def _as_sigma(Sigma, d=None):
     """``Sigma`` as a finite symmetric ``d x d`` float64 matrix (a length-``d`` vector is its
     diagonal). Symmetry is checked relative to the largest entry, so it holds at any scale."""
-    S = _float(Sigma, "Sigma")
+    S = numeric_array(Sigma, "Sigma")
     if S.ndim == 1:
         S = np.diag(S)
     if S.ndim != 2 or S.shape[0] != S.shape[1] or (d is not None and S.shape[0] != d):
@@ -248,7 +230,7 @@ def Ghat(Z, L=None):
 
     ``Z (..., L_max, D)`` -> ``(..., D, D)``; ``L=None`` uses all tokens.
     """
-    Z = _float(Z, "Z")
+    Z = numeric_array(Z, "Z")
     if Z.ndim < 2:
         raise ValueError(f"Z must have shape (..., L, D), got {Z.shape}")
     if L is not None:
@@ -262,13 +244,13 @@ def Gamma_w(Sigma, w, mean=None):
     (``M = Sigma`` when centred). ``w (..., d)`` -> ``(..., D, D)``. ``Sigma`` is a ``d x d`` matrix
     or a length-``d`` diagonal, as everywhere in this module."""
     Sigma = _as_sigma(Sigma)
-    w = _float(w, "w")
+    w = numeric_array(w, "w")
     d = Sigma.shape[0]
     if w.shape[-1] != d:
         raise ValueError(f"w must have trailing dimension d = {d}, got shape {w.shape}")
     M = Sigma
     if mean is not None:
-        m = _finite(mean, "mean")
+        m = finite_array(mean, "mean")
         if m.shape != (d,):
             raise ValueError(f"mean must have shape (d,) = {(d,)}, got {m.shape}")
         M = Sigma + np.outer(m, m)
@@ -357,8 +339,8 @@ def ridge_risk(tasks, L, lam=0.0):
 
 
 def _params(U, v):
-    U = _float(U, "U")
-    v = _float(v, "v")
+    U = numeric_array(U, "U")
+    v = numeric_array(v, "v")
     D = U.shape[-1]
     if U.ndim < 2 or U.shape[-2] != D or v.shape[-1:] != (D,):
         raise ValueError(f"U must be (..., D, D) and v (..., D), got {U.shape} and {v.shape}")
@@ -367,7 +349,7 @@ def _params(U, v):
 
 def _softmax_moments(U, Z, z_q):
     """``p = softmax(Z U z_q)`` over tokens (max-subtracted) -> ``(P (..., n, q, L), mbar)``."""
-    Z, z_q = _float(Z, "Z"), _float(z_q, "z_q")
+    Z, z_q = numeric_array(Z, "Z"), numeric_array(z_q, "z_q")
     a = np.einsum("...ij,nqj->...nqi", U, z_q)
     S = a @ np.swapaxes(Z, -1, -2)  # (..., n, q, L)
     S -= S.max(axis=-1, keepdims=True)
@@ -398,7 +380,7 @@ def softmax_risk_grad(U, v, Z, z_q, y_q):
     Returns ``(risk (...,), grad_U (..., D, D), grad_v (..., D))``.
     """
     U, v = _params(U, v)
-    Z = _float(Z, "Z")
+    Z = numeric_array(Z, "Z")
     P, mbar = _softmax_moments(U, Z, z_q)
     pred = np.einsum("...nqi,...i->...nq", mbar, v)
     r = pred - y_q

@@ -25,6 +25,8 @@ import abc
 
 import numpy as np
 
+from .validation import component_covariances, finite_array
+
 __all__ = ["Law", "LAWS", "Gaussian", "Rademacher", "Uniform", "StudentT", "GaussianMixture", "NoLimitError",
            "FloatOverflowError", "law_from_name"]
 
@@ -41,16 +43,6 @@ class FloatOverflowError(ValueError, FloatingPointError):
     reports it with the cell's label."""
 
 
-def _as_float_array(x, name):
-    try:
-        arr = np.asarray(x, dtype=float)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be numeric, got {type(x).__name__}") from exc
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} must be finite, got {x!r}")
-    return arr
-
-
 def _check_D(D):
     if isinstance(D, bool) or not isinstance(D, (int, np.integer)) or D < 1:
         raise ValueError(f"D must be an integer >= 1, got {D!r}")
@@ -59,7 +51,7 @@ def _check_D(D):
 
 def _scale_matrix(scale, D, name="scale"):
     """Scalar, vector (diagonal) or square matrix -> D x D matrix ``S``."""
-    S = _as_float_array(scale, name)
+    S = finite_array(scale, name)
     if S.ndim == 0:
         return S * np.eye(D)
     if S.ndim == 1:
@@ -79,7 +71,7 @@ def _apply_scale(r, S):
 
 
 def _check_a(a, D):
-    a = _as_float_array(a, "a")
+    a = finite_array(a, "a")
     if a.ndim == 0 or a.shape[-1] != D:
         raise ValueError(f"a must have trailing dimension D = {D}, got shape {a.shape}")
     return a
@@ -182,7 +174,7 @@ class Law(abc.ABC):
 def _check_sigma(sigma):
     """``sigma`` checked to be a finite scalar >= 0 and returned unchanged (so ``isotropic`` does the
     same float operations as the hand-built C1 laws)."""
-    s = _as_float_array(sigma, "sigma")
+    s = finite_array(sigma, "sigma")
     if s.ndim != 0 or not s >= 0:
         raise ValueError(f"sigma must be a scalar >= 0, got {sigma!r}")
     return sigma
@@ -202,18 +194,18 @@ class Gaussian(Law):
             D = _check_D(D)
         if mean is None:
             if D is None:
-                c = _as_float_array(cov, "cov")
+                c = finite_array(cov, "cov")
                 if c.ndim == 0:
                     raise ValueError("Gaussian needs mean, D, or a vector/matrix cov to know D")
                 D = c.shape[0]
             mean = np.zeros(D)
-        self._mean = _as_float_array(mean, "mean")
+        self._mean = finite_array(mean, "mean")
         if self._mean.ndim != 1 or self._mean.shape[0] < 1:
             raise ValueError(f"mean must be a non-empty vector, got shape {self._mean.shape}")
         self.D = self._mean.shape[0]
         if D is not None and D != self.D:
             raise ValueError(f"D = {D} does not match len(mean) = {self.D}")
-        cov = _as_float_array(cov, "cov")
+        cov = finite_array(cov, "cov")
         if cov.ndim == 0:
             cov = cov * np.eye(self.D)
         elif cov.ndim == 1:
@@ -297,7 +289,7 @@ class _ProductLaw(Law, abstract=True):
     """
 
     def __init__(self, scale=1.0, D=None):
-        s = _as_float_array(scale, "scale")
+        s = finite_array(scale, "scale")
         if D is None:
             if s.ndim == 0:
                 raise ValueError(f"{type(self).__name__} with a scalar scale needs D")
@@ -495,14 +487,14 @@ class StudentT(Law):
     has_limit = False
 
     def __init__(self, df=3.0, scale=1.0, D=None):
-        df_arr = _as_float_array(df, "df")
+        df_arr = finite_array(df, "df")
         if df_arr.ndim != 0:
             raise ValueError(f"df must be a scalar, got shape {df_arr.shape}")
         df = float(df_arr)
         if not df > 0:
             raise ValueError(f"df must be > 0, got {df}")
         self.df = df
-        s = _as_float_array(scale, "scale")
+        s = finite_array(scale, "scale")
         if D is None:
             if s.ndim == 0:
                 raise ValueError("StudentT with a scalar scale needs D")
@@ -518,7 +510,7 @@ class StudentT(Law):
         """Scale ``sigma sqrt((df - 2) / df)``, so that the covariance is ``sigma^2 I_D``; needs
         ``df > 2`` (finite variance)."""
         sigma = _check_sigma(sigma)
-        df_arr = _as_float_array(df, "df")
+        df_arr = finite_array(df, "df")
         if df_arr.ndim != 0 or not df_arr > 2:
             raise ValueError(f"df must be a scalar > 2 for a finite covariance sigma^2 I, got {df!r}")
         return cls(df, sigma * np.sqrt((df - 2) / df), D=D)
@@ -594,7 +586,7 @@ class GaussianMixture(Law):
     def __init__(self, weights, means, covs, D=None):
         if D is not None:
             D = _check_D(D)
-        w = _as_float_array(weights, "weights")
+        w = finite_array(weights, "weights")
         if w.ndim != 1 or w.shape[0] < 1:
             raise ValueError(f"weights must be a non-empty vector of shape (K,), got shape {w.shape}")
         if not np.all(w > 0):
@@ -602,7 +594,7 @@ class GaussianMixture(Law):
         if abs(w.sum() - 1.0) > 1e-9:
             raise ValueError(f"weights must sum to 1 (within 1e-9), got sum {w.sum()!r}")
         K = w.shape[0]
-        m = _as_float_array(means, "means")
+        m = finite_array(means, "means")
         if m.ndim != 2 or m.shape[0] != K or m.shape[1] < 1:
             raise ValueError(f"means must have shape (K, D) with K = {K} (from weights), got shape {m.shape}")
         self.D = m.shape[1]
@@ -623,14 +615,7 @@ class GaussianMixture(Law):
     @staticmethod
     def _check_covs(covs, K, D):
         """``covs`` as (K, D, D) symmetric PSD matrices (from matrices, diagonals or scalars)."""
-        c = _as_float_array(covs, "covs")
-        if c.shape == (K,):
-            c = c[:, None, None] * np.eye(D)
-        elif c.shape == (K, D):
-            c = c[:, :, None] * np.eye(D)
-        elif c.shape != (K, D, D):
-            raise ValueError(f"covs must have shape (K, D, D), (K, D) (diagonals) or (K,) (scalars) with "
-                             f"K = {K}, D = {D} (from means), got shape {c.shape}")
+        c = component_covariances(covs, K, D)
         for k, S in enumerate(c):
             if not np.allclose(S, S.T, rtol=1e-12, atol=1e-12 * max(1.0, np.abs(S).max())):
                 raise ValueError(f"covs[{k}] must be symmetric")
@@ -649,7 +634,7 @@ class GaussianMixture(Law):
         """
         D = _check_D(D)
         sigma = _check_sigma(sigma)
-        s = _as_float_array(spread, "spread")
+        s = finite_array(spread, "spread")
         if s.ndim != 0 or not 0 <= s < 1:
             raise ValueError(f"spread must be a scalar in [0, 1), got {spread!r}")
         var = sigma**2 * np.array([1.0 - s, 1.0 + s])

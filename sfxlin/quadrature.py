@@ -35,6 +35,8 @@ import numpy as np
 from numpy.polynomial.hermite_e import hermegauss
 from numpy.polynomial.legendre import leggauss
 
+from .validation import component_covariances, finite_array
+
 __all__ = ["gaussian_tilted_mean_quadrature", "product_law_tilted_mean_quadrature", "gaussian_mixture_rule",
            "gaussian_mixture_tilted_mean_quadrature", "MAX_DIM"]
 
@@ -48,16 +50,6 @@ _PRODUCT_KINDS = ("rademacher", "uniform")
 # --------------------------------------------------------------------------------------------
 # validation
 # --------------------------------------------------------------------------------------------
-def _finite_array(x, name):
-    try:
-        arr = np.asarray(x, dtype=float)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be a numeric array, got {type(x).__name__}") from exc
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} must contain only finite values")
-    return arr
-
-
 def _check_dim(D, name):
     if D < 1 or D > MAX_DIM:
         raise ValueError(
@@ -67,7 +59,7 @@ def _check_dim(D, name):
 
 
 def _check_logits(a, D):
-    a = _finite_array(a, "a")
+    a = finite_array(a, "a")
     if a.ndim == 0 or a.shape[-1] != D:
         raise ValueError(f"a must have shape (..., {D}) (trailing dimension D = {D}), got shape {a.shape}")
     return a
@@ -203,12 +195,12 @@ def gaussian_tilted_mean_quadrature(mean, cov, a, n_nodes=40):
         not symmetric or not positive semi-definite, ``a`` without trailing dimension ``D``,
         ``D > 4``, ``n_nodes`` not a positive integer or ``n_nodes**D > 2**25``.
     """
-    mean = _finite_array(mean, "mean")
+    mean = finite_array(mean, "mean")
     if mean.ndim != 1:
         raise ValueError(f"mean must be a vector of shape (D,), got shape {mean.shape}")
     D = mean.shape[0]
     _check_dim(D, "mean")
-    cov = _finite_array(cov, "cov")
+    cov = finite_array(cov, "cov")
     if cov.shape != (D, D):
         raise ValueError(f"cov must have shape ({D}, {D}) to match mean, got shape {cov.shape}")
     scale = max(1.0, float(np.abs(cov).max()))
@@ -232,7 +224,7 @@ def gaussian_tilted_mean_quadrature(mean, cov, a, n_nodes=40):
 # product laws z = S u: Uniform (Gauss-Legendre) and Rademacher (enumeration)
 # --------------------------------------------------------------------------------------------
 def _scale_from(S, a):
-    S = _finite_array(S, "S")
+    S = finite_array(S, "S")
     if S.ndim == 0:
         a_arr = np.asarray(a)
         if a_arr.ndim == 0:
@@ -307,7 +299,7 @@ def product_law_tilted_mean_quadrature(kind, S, a, n_nodes=40):
 def _check_mixture(weights, means, covs):
     """Validated ``(pi (K,), means (K, D), covs (K, D, D))``; covs may be (K, D) diagonals or (K,)
     scalars."""
-    w = _finite_array(weights, "weights")
+    w = finite_array(weights, "weights")
     if w.ndim != 1 or w.shape[0] < 1:
         raise ValueError(f"weights must be a non-empty vector of shape (K,), got shape {w.shape}")
     if not np.all(w > 0):
@@ -315,19 +307,12 @@ def _check_mixture(weights, means, covs):
     if abs(w.sum() - 1.0) > 1e-9:
         raise ValueError(f"weights must sum to 1 (within 1e-9), got sum {w.sum()!r}")
     K = w.shape[0]
-    m = _finite_array(means, "means")
+    m = finite_array(means, "means")
     if m.ndim != 2 or m.shape[0] != K:
         raise ValueError(f"means must have shape (K, D) with K = {K} (from weights), got shape {m.shape}")
     D = m.shape[1]
     _check_dim(D, "means")
-    c = _finite_array(covs, "covs")
-    if c.shape == (K,):
-        c = c[:, None, None] * np.eye(D)
-    elif c.shape == (K, D):
-        c = c[:, :, None] * np.eye(D)
-    elif c.shape != (K, D, D):
-        raise ValueError(f"covs must have shape ({K}, {D}, {D}), ({K}, {D}) or ({K},) to match weights and "
-                         f"means, got shape {c.shape}")
+    c = component_covariances(covs, K, D)
     return w / w.sum(), m, c
 
 
