@@ -180,52 +180,6 @@ def _theta_norm_sq(U, v):
     return np.sum(U**2, axis=(-2, -1)) + np.sum(v**2, axis=-1)
 
 
-def perturbed_init(U0, v0, direction, eps):
-    """``(U0, v0)`` plus ``eps * direction / ||direction||`` on the active off-block coordinates
-    ``(U[d, :d], v[:d])`` (``direction`` has ``2 d`` entries): the off-block mass of the result is
-    exactly ``eps`` when ``(U0, v0)`` is block structured."""
-    d = U0.shape[-1] - 1
-    delta = eps * np.asarray(direction, dtype=float) / np.linalg.norm(direction)
-    U, v = U0.copy(), v0.copy()
-    U[d, :d] += delta[:d]
-    v[:d] += delta[d:]
-    return U, v
-
-
-def heldout_risks(held, Ls, L_eval, U, v, U_inf, v_inf):
-    """Held-out risks of trained parameters.
-
-    ``U[m] (nL, k, D, D)``, ``v[m] (nL, k, D)`` for ``m`` in ``MODELS`` (``k`` checkpoints),
-    ``U_inf (k, D, D)``, ``v_inf (k, D)``. Returns ``at_L (2, nL, k)`` (each model at its training
-    ``L``), ``at_eval (2, nL, k)`` (at ``L_eval``), ``inf (k,)`` (theta_inf under linear(inf)) and
-    ``inf_eval (k,)`` (theta_inf under softmax(L_eval)). Exact: the softmax risks use the prefix
-    engine of :mod:`sfxlin.training` (its ``step`` evaluates parameter ``i`` at ``Ls[i]``)."""
-    nL, k = U["softmax"].shape[:2]
-    at_L = np.empty((2, nL, k))
-    at_eval = np.empty((2, nL, k))
-    inf_eval = np.empty(k)
-    eng = training.SoftmaxPrefixEngine(held, Ls)
-    eng_eval = training.SoftmaxPrefixEngine(held, (L_eval,))
-    for j in range(k):
-        at_L[0, :, j] = eng.step(U["softmax"][:, j], v["softmax"][:, j])[0]
-        for i in range(nL):
-            if i and np.array_equal(U["softmax"][i, j], U["softmax"][0, j]) and np.array_equal(v["softmax"][i, j],
-                                                                                               v["softmax"][0, j]):
-                at_eval[0, i, j] = at_eval[0, 0, j]   # same parameters (the shared init at t = 0)
-                continue
-            at_eval[0, i, j] = eng_eval.step(U["softmax"][i, j][None], v["softmax"][i, j][None])[0][0]
-        inf_eval[j] = eng_eval.step(U_inf[j][None], v_inf[j][None])[0][0]
-    z_q, y_q = held.z_q, held.y_q
-    G_eval = icl.Ghat(held.Z, L_eval)
-    for i, L in enumerate(Ls):
-        G = icl.Ghat(held.Z, int(L))
-        at_L[1, i] = 0.5 * np.mean((icl.linear_predict(U["linear"][i], v["linear"][i], G, z_q) - y_q) ** 2, axis=(-2, -1))
-        at_eval[1, i] = 0.5 * np.mean((icl.linear_predict(U["linear"][i], v["linear"][i], G_eval, z_q) - y_q) ** 2,
-                                      axis=(-2, -1))
-    inf = icl.risk("linear_inf", U_inf, v_inf, held)
-    return at_L, at_eval, inf, inf_eval
-
-
 def kernel(cell, rng, config):
     setting = cell["setting"]
     if not config["in_protocol"]:
@@ -249,7 +203,7 @@ def kernel(cell, rng, config):
     # 2. held-out risks at a subset of checkpoints, and the baselines per L
     t = res["t"]
     sub = np.flatnonzero(np.isin(t, training.checkpoint_steps(kw["n_steps"], config["heldout_every"])))
-    at_L, at_eval, inf_ho, inf_eval = heldout_risks(
+    at_L, at_eval, inf_ho, inf_eval = training.heldout_risks(
         held, Ls, L_eval, {m: U[i][:, sub] for i, m in enumerate(MODELS)}, {m: v[i][:, sub] for i, m in enumerate(MODELS)},
         U_inf[sub], v_inf[sub])
     lam = config["ridge_lam"]
@@ -258,7 +212,7 @@ def kernel(cell, rng, config):
 
     # 3. perturbation diagnostic
     U0, v0 = icl.init_theta(d, Sigma)
-    U0p, v0p = perturbed_init(U0, v0, direction, config["perturbation"])
+    U0p, v0p = training.perturbed_init(U0, v0, direction, config["perturbation"])
     pert = training.train_all_arrays(tasks, Ls, models=("softmax", "linear", "linear_inf"), U0=U0p, v0=v0p,
                                      label="perturbed run", **kw)
 

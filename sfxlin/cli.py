@@ -30,7 +30,7 @@ from .storage import ResultsError, ensure_writable, results_path, save
 
 __all__ = ["main"]
 
-BENCHES = {"c1": "sfxlin.bench:bench_c1", "c3": "sfxlin.bench_c3:bench_c3"}
+BENCHES = {"c1": "sfxlin.benchmarks.c1:bench_c1", "c3": "sfxlin.benchmarks.c3:bench_c3"}
 
 
 def _positive_int(text):

@@ -50,7 +50,7 @@ from . import icl
 from ._version import __version__
 
 __all__ = ["TrainingDiverged", "train", "train_all", "train_all_arrays", "validate_Ls",
-           "checkpoint_steps", "SoftmaxPrefixEngine", "LinearEngine"]
+           "checkpoint_steps", "SoftmaxPrefixEngine", "LinearEngine", "heldout_risks", "perturbed_init"]
 
 FINITE_MODELS = ("softmax", "linear")
 _TINY, _HUGE = 1e-200, 1e200
@@ -610,3 +610,51 @@ def train_all(tasks, Ls, *, models=icl.MODELS, lr=0.01, n_steps=2500, ckpt_every
                            "n_shared_steps": int(res["n_shared_steps"]),
                            "sfxlin_version": __version__})
     return _annotate(ds)
+
+
+def perturbed_init(U0, v0, direction, eps):
+    """``(U0, v0)`` plus ``eps * direction / ||direction||`` on the active off-block coordinates
+    ``(U[d, :d], v[:d])`` (``direction`` has ``2 d`` entries): the off-block mass of the result is
+    exactly ``eps`` when ``(U0, v0)`` is block structured."""
+    d = U0.shape[-1] - 1
+    delta = eps * np.asarray(direction, dtype=float) / np.linalg.norm(direction)
+    U, v = U0.copy(), v0.copy()
+    U[d, :d] += delta[:d]
+    v[:d] += delta[d:]
+    return U, v
+
+
+def heldout_risks(held, Ls, L_eval, U, v, U_inf, v_inf):
+    """Held-out risks of trained parameters.
+
+    ``U[m] (nL, k, D, D)``, ``v[m] (nL, k, D)`` for ``m`` in ``("softmax", "linear")`` (``k``
+    checkpoints, held-out tasks ``held`` with prompts of at least ``max(max(Ls), L_eval)`` tokens),
+    ``U_inf (k, D, D)``, ``v_inf (k, D)``. Returns ``at_L (2, nL, k)`` (each model at its training
+    ``L``), ``at_eval (2, nL, k)`` (at ``L_eval``), ``inf (k,)`` (theta_inf under linear(inf)) and
+    ``inf_eval (k,)`` (theta_inf under softmax(L_eval)). Exact: the softmax risks use the prefix
+    engine (its ``step`` evaluates parameter ``i`` at ``Ls[i]``); each softmax model is evaluated at
+    ``L_eval`` once per distinct parameter (the shared init at ``t = 0`` once)."""
+    nL, k = U["softmax"].shape[:2]
+    at_L = np.empty((2, nL, k))
+    at_eval = np.empty((2, nL, k))
+    inf_eval = np.empty(k)
+    eng = SoftmaxPrefixEngine(held, Ls)
+    eng_eval = SoftmaxPrefixEngine(held, (L_eval,))
+    for j in range(k):
+        at_L[0, :, j] = eng.step(U["softmax"][:, j], v["softmax"][:, j])[0]
+        for i in range(nL):
+            if i and np.array_equal(U["softmax"][i, j], U["softmax"][0, j]) and np.array_equal(v["softmax"][i, j],
+                                                                                               v["softmax"][0, j]):
+                at_eval[0, i, j] = at_eval[0, 0, j]   # same parameters (the shared init at t = 0)
+                continue
+            at_eval[0, i, j] = eng_eval.step(U["softmax"][i, j][None], v["softmax"][i, j][None])[0][0]
+        inf_eval[j] = eng_eval.step(U_inf[j][None], v_inf[j][None])[0][0]
+    z_q, y_q = held.z_q, held.y_q
+    G_eval = icl.Ghat(held.Z, L_eval)
+    for i, L in enumerate(Ls):
+        G = icl.Ghat(held.Z, int(L))
+        at_L[1, i] = 0.5 * np.mean((icl.linear_predict(U["linear"][i], v["linear"][i], G, z_q) - y_q) ** 2, axis=(-2, -1))
+        at_eval[1, i] = 0.5 * np.mean((icl.linear_predict(U["linear"][i], v["linear"][i], G_eval, z_q) - y_q) ** 2,
+                                      axis=(-2, -1))
+    inf = icl.risk("linear_inf", U_inf, v_inf, held)
+    return at_L, at_eval, inf, inf_eval

@@ -133,7 +133,7 @@ def test_kernel_matches_an_independent_recomputation():
             # block structure unstable (rounding-level differences grow after step 40; at L = 16 they
             # grow too, 5e-6 .. 4e-5 relative by step 60), so the two implementations are compared
             # before that; at L = 32 it is stable: compared throughout
-            U0p, v0p = c3.perturbed_init(*icl.init_theta(3, Sigma), direction, config["perturbation"])
+            U0p, v0p = training.perturbed_init(*icl.init_theta(3, Sigma), direction, config["perturbation"])
             pert = training.train(model, tasks, L, U0=U0p, v0=v0p, **kw)
             upto = None if L == 32 else 3
             np.testing.assert_allclose(out["off_block_perturbed"][i, j][:upto],
@@ -178,7 +178,7 @@ def test_derived_quantities_recomputed_from_stored_parameters(quick_file):
 
 def test_perturbed_init_touches_only_active_off_block_coordinates():
     U0, v0 = icl.init_theta(3, np.eye(3))
-    U, v = c3.perturbed_init(U0, v0, np.arange(1.0, 7.0), 1e-12)
+    U, v = training.perturbed_init(U0, v0, np.arange(1.0, 7.0), 1e-12)
     assert icl.off_block_mass(U, v) == pytest.approx(1e-12, rel=1e-12)
     assert np.array_equal(U[:3, :], U0[:3, :]) and U[3, 3] == 0 and v[3] == v0[3]
 

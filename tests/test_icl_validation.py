@@ -174,7 +174,7 @@ def test_the_gap_kernel_and_the_reference_refuse_non_centred_covariates():
     affine), and the per-L reference builds linear(inf) from the covariance: both refuse."""
     from sfxlin import stability
     from sfxlin.laws import Gaussian
-    from sfxlin.reference_c3 import train_reference
+    from sfxlin.testing.reference_c3 import train_reference
 
     rng = np.random.default_rng(0)
     tasks = icl.make_tasks(rng, 2, 2, 1, 16, Gaussian(mean=[1.0, 0.0], cov=np.eye(2)))

@@ -6,7 +6,7 @@ import xarray as xr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reference_c3 import linear_step, softmax_step, train_reference, train_reference_all
+from sfxlin.testing.reference_c3 import linear_step, softmax_step, train_reference, train_reference_all
 from sfxlin import icl, training
 from sfxlin.training import SoftmaxPrefixEngine, TrainingDiverged, train, train_all, train_all_arrays
 
@@ -440,7 +440,7 @@ def test_linear_inf_reaches_the_bayes_optimum():
 
 
 def test_bench_c3_smoke():
-    from sfxlin.bench_c3 import bench_c3
+    from sfxlin.benchmarks.c3 import bench_c3
 
     out = bench_c3(n_steps=2, repeats=1, verbose=False)
     assert out["max_rel_diff"] <= 1e-10 and out["max_rel_diff_pair_first"] <= 1e-10
@@ -453,10 +453,30 @@ def test_bench_c3_smoke():
 
 
 def test_exp_floor_times_the_requested_count(monkeypatch):
-    from sfxlin import bench_c3
+    from sfxlin.benchmarks import c3 as bench_c3
 
     sizes = []
     real_exp = np.exp
     monkeypatch.setattr(bench_c3.np, "exp", lambda s, out: sizes.append(s.size) or real_exp(s, out=out))
     assert bench_c3.exp_floor_ms(1234, repeats=3) > 0
     assert sizes == [1234] * 3
+
+
+def test_heldout_risks_equal_the_plain_risks_of_every_model():
+    """training.heldout_risks (the prefix engine, one pass over all L) against icl.risk per model,
+    L and checkpoint (the plain per-L evaluation)."""
+    from sfxlin.training import heldout_risks
+
+    rng = np.random.default_rng(11)
+    held = icl.make_tasks(rng, 3, 4, 2, 64, icl.covariate_law("gaussian", ANISO))
+    Ls, L_eval, k = (4, 16), 64, 3
+    U = {m: 0.3 * rng.standard_normal((len(Ls), k, 4, 4)) for m in ("softmax", "linear")}
+    v = {m: rng.standard_normal((len(Ls), k, 4)) for m in ("softmax", "linear")}
+    U_inf, v_inf = 0.3 * rng.standard_normal((k, 4, 4)), rng.standard_normal((k, 4))
+    at_L, at_eval, inf, inf_eval = heldout_risks(held, Ls, L_eval, U, v, U_inf, v_inf)
+    for i, m in enumerate(("softmax", "linear")):
+        for j, L in enumerate(Ls):
+            np.testing.assert_allclose(at_L[i, j], icl.risk(m, U[m][j], v[m][j], held, L), rtol=1e-12)
+            np.testing.assert_allclose(at_eval[i, j], icl.risk(m, U[m][j], v[m][j], held, L_eval), rtol=1e-12)
+    np.testing.assert_allclose(inf, icl.risk("linear_inf", U_inf, v_inf, held), rtol=1e-12)
+    np.testing.assert_allclose(inf_eval, icl.risk("softmax", U_inf, v_inf, held, L_eval), rtol=1e-12)

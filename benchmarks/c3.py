@@ -3,7 +3,7 @@
 ``bench_c3()`` builds the paper's C3 tasks (d = 3, 48 antithetic pairs x 2 queries, prompts up
 to 4096 tokens, L = 8, 16, ..., 4096, lr 0.01), trains softmax(L), linear(L) for every L and
 linear(inf) for ``n_steps`` steps with the fast engine (:func:`sfxlin.training.train_all_arrays`)
-and with the per-L, per-step reference (:mod:`sfxlin.reference_c3`), checks that every
+and with the per-L, per-step reference (:mod:`sfxlin.testing.reference_c3`), checks that every
 checkpoint agrees, and reports both timings (ms per gradient step, all models and all L
 together) and their ratio. Timings are the best of ``repeats`` runs (wall clock, one process;
 the reference, being slow, runs once).
@@ -20,8 +20,9 @@ import time
 
 import numpy as np
 
-from . import icl, laws, reference_c3, training
-from .bench import best_time
+from sfxlin import icl, laws, training
+from sfxlin.benchmarks.c1 import best_time
+from sfxlin.testing import reference_c3
 
 __all__ = ["bench_c3", "c3_bench_tasks", "exp_floor_ms", "max_rel_diff"]
 

@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 
-from .attention import softmax_attention, softmax_attention_prefix
+from sfxlin.attention import softmax_attention, softmax_attention_prefix
 
 __all__ = ["bench_c1", "best_time"]
 

@@ -5,7 +5,9 @@ extends it (a new experiment's tests, a researcher's checks of a results file).
   attributes, time stamps aside (``created``, ``history``, ``wall_seconds``, ``scheduler``,
   ``git_revision``): what a rerun, a resumed run or another grid must reproduce bit for bit;
 * :func:`raise_if_dask_computes`: a context manager failing if dask computes inside it (a
-  function that should stay lazy), after flox's test helper.
+  function that should stay lazy), after flox's test helper;
+* :mod:`sfxlin.testing.reference_c3`: the plain per-L, per-step numpy reference of the C3
+  training, the oracle of the fast trainer (and the slow arm of ``sfxlin bench c3``).
 """
 from __future__ import annotations
 
