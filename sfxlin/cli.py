@@ -248,6 +248,7 @@ def analysis_needs(ds, schema_version):
         out.append(f"not analysable as it is: attrs {missing} are missing (a results file of sfxlin carries "
                    "them: build() writes them)")
     version = ds.attrs.get("sfxlin_schema_version")
+    version = version.item() if hasattr(version, "item") else version  # netCDF gives numpy scalars
     if version is None or str(version) != str(schema_version):
         out.append(f"schema version {version!r}; this sfxlin reads version {schema_version}")
     name = ds.attrs.get("experiment")
