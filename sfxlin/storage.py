@@ -136,6 +136,7 @@ def open_results(name_or_path=None, results_dir=None):
     except Exception as exc:  # netCDF4/HDF5 raise OSError, ValueError, KeyError for damaged files
         raise ResultsError(f"{path} is not a readable netCDF file ({type(exc).__name__}: {exc})") from exc
     version = ds.attrs.get("sfxlin_schema_version")
+    version = version.item() if hasattr(version, "item") else version  # netCDF gives numpy scalars
     try:
         known = version is not None and int(version) == SCHEMA_VERSION
     except (TypeError, ValueError):  # e.g. a non-numeric attribute written by another tool
