@@ -24,7 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .experiments import experiments
+from .experiments import ENV, experiments
 from .experiments import get as get_experiment
 from .storage import ResultsError, ensure_writable, results_path, save
 
@@ -256,7 +256,7 @@ def analysis_needs(ds, schema_version):
         try:
             experiment = get_experiment(name)
         except ValueError:
-            out.append(f"no experiment {name!r} is known here (set ${'SFXLIN_PIPELINES'} to its pipeline module)")
+            out.append(f"no experiment {name!r} is known here (set ${ENV} to its pipeline module)")
         else:
             absent = [v.name for v in experiment.variables if v.name not in ds.data_vars]
             if absent:
