@@ -1,19 +1,23 @@
 """In-context linear regression (docs/models.md, section 2; paper Sec. 5, Eq. 7): tasks, the three models
 and their analytic gradients.
 
-Tasks: ``w ~ N(0, I_d)``, covariates ``x ~ x_law`` on ``R^d`` (mean ``m``, covariance ``Sigma``;
-the paper's setting is centred, ``m = 0``), labels ``y = w^T x`` (no noise),
-tokens ``z = (x, y)`` in ``R^D``, ``D = d + 1``, masked queries ``z_q = (x_q, 0)`` with target
-``y_q = w^T x_q``. Tasks come in antithetic pairs ``(w, -w)`` sharing their covariates (prompt
-tokens and query points): task ``2i`` has ``w_i`` and task ``2i + 1`` has ``-w_i``. Prompts are
-nested: the length-``L`` prompt is the first ``L`` tokens.
+Tasks: ``w ~ N(0, Omega)`` (the paper: ``Omega = I_d``), covariates ``x ~ x_law`` on ``R^d`` (mean
+``m``, covariance ``Sigma``; the paper's setting is centred, ``m = 0``), labels
+``y = w^T x + eps``, ``eps ~ N(0, noise^2)`` (the paper: ``noise = 0``), tokens ``z = (x, y)`` in
+``R^D``, ``D = d + 1``, masked queries ``z_q = (x_q, 0)`` with target ``y_q = w^T x_q + eps_q``,
+``eps_q ~ N(0, query_noise^2)`` (the paper: 0). Tasks come in antithetic pairs: task ``2i`` has
+``(w_i, eps_i)`` and task ``2i + 1`` has ``(-w_i, -eps_i)``, both with the same covariates (prompt
+tokens and query points), so the partner's labels and targets are exact negatives. Prompts are
+nested: the length-``L`` prompt is the first ``L`` tokens. The population moments, limits and Bayes
+risks of these tasks: :mod:`sfxlin.bayes` and docs/tasks.md.
 
 Models, all read out by ``v`` in ``R^D`` with ``U`` a ``D x D`` matrix (raw logits, docs/models.md, section 1):
 
 * ``softmax(L)``: ``pred = v^T sum_k softmax_k(z_k^T U z_q) z_k``;
 * ``linear(L)``: ``pred = v^T Ghat_L U z_q`` with ``Ghat_L = (1/L) sum_k z_k z_k^T``;
 * ``linear(inf)``: ``pred = v^T Gamma_w U z_q`` with ``Gamma_w = E[z z^T]`` the limit of ``Ghat_L``
-  as ``L -> inf``, built from the second moment ``M = Sigma + m m^T`` of the covariates. For centred
+  as ``L -> inf``, built from the second moment ``M = Sigma + m m^T`` of the covariates (and the
+  label-noise variance ``noise^2`` in its label-label corner). For centred
   Gaussian covariates it is also the limit of ``softmax(L)`` (Lemma 2.1). For non-centred Gaussian
   covariates it is not: softmax's limit is then affine in ``a = U z_q``, ``E z + Cov(z) a``.
 
@@ -52,6 +56,10 @@ class Tasks:
     ``y_q (n, n_queries)``; ``Sigma (d, d)`` the covariate covariance (a length-``d`` diagonal is
     accepted and stored as the matrix); ``mean (d,)`` the covariate mean (``None``: centred, stored
     as zeros). Tasks ``2i`` and ``2i + 1`` form an antithetic pair (``paired`` is True when they do).
+    The law the tasks were drawn from, for the population quantities (``Gamma_w``, Bayes risks):
+    ``noise`` the standard deviation of the prompt-label noise, ``query_noise`` that of the query
+    targets (both ``>= 0``, default 0), ``Omega (d, d)`` the covariance of the prior of ``w``
+    (``None``: ``I_d``, stored as the identity).
 
     Construction checks that the shapes agree (``n`` and ``D`` from ``Z``, ``n_queries`` from
     ``x_q``), that every array is finite and that ``Sigma`` is symmetric positive definite; a
@@ -66,6 +74,9 @@ class Tasks:
     Sigma: np.ndarray
     paired: bool = True
     mean: np.ndarray | None = None
+    noise: float = 0.0
+    query_noise: float = 0.0
+    Omega: np.ndarray | None = None
 
     def __post_init__(self):
         """Validate (see the class doc) and store the arrays as float64, ``Sigma`` as ``d x d``."""
@@ -94,7 +105,11 @@ class Tasks:
         mean = np.zeros(d) if self.mean is None else finite_array(self.mean, "Tasks.mean")
         if mean.shape != (d,):
             raise ValueError(f"Tasks.mean must have shape (d,) = {(d,)} (from Z {Z.shape}), got {mean.shape}")
-        for name, value in (("Z", Z), ("w", w), ("x_q", x_q), ("y_q", y_q), ("Sigma", Sigma), ("mean", mean)):
+        noise = _noise_std(self.noise, "Tasks.noise")
+        query_noise = _noise_std(self.query_noise, "Tasks.query_noise")
+        Omega = np.eye(d) if self.Omega is None else _as_spd(self.Omega, d, "Tasks.Omega")
+        for name, value in (("Z", Z), ("w", w), ("x_q", x_q), ("y_q", y_q), ("Sigma", Sigma), ("mean", mean),
+                            ("noise", noise), ("query_noise", query_noise), ("Omega", Omega)):
             object.__setattr__(self, name, value)
 
     @property
@@ -135,7 +150,8 @@ class Tasks:
         """Tasks ``idx`` (e.g. a slice); ``paired`` only if whole pairs are kept in order."""
         Z, w, x_q, y_q = self.Z[idx], self.w[idx], self.x_q[idx], self.y_q[idx]
         paired = self.paired and isinstance(idx, slice) and _slice_keeps_pairs(idx, self.n_tasks)
-        return Tasks(Z=Z, w=w, x_q=x_q, y_q=y_q, Sigma=self.Sigma, paired=paired, mean=self.mean)
+        return Tasks(Z=Z, w=w, x_q=x_q, y_q=y_q, Sigma=self.Sigma, paired=paired, mean=self.mean,
+                     noise=self.noise, query_noise=self.query_noise, Omega=self.Omega)
 
 
 def _slice_keeps_pairs(s, n):
@@ -155,6 +171,30 @@ def _positive_int(value, name):
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
+
+
+def _noise_std(value, name):
+    """A finite standard deviation ``>= 0`` as a float."""
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    try:
+        s = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}") from None
+    if not (np.isfinite(s) and s >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return s
+
+
+def _as_spd(A, d, name):
+    """``A`` (a ``d x d`` matrix or a length-``d`` diagonal) as a symmetric positive-definite matrix."""
+    try:
+        S = _as_sigma(A, d)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+    if not np.linalg.eigvalsh(S)[0] > 0:
+        raise ValueError(f"{name} must be positive definite, smallest eigenvalue {np.linalg.eigvalsh(S)[0]:.3g}")
+    return S
 
 
 def covariate_law(name, Sigma):
@@ -186,13 +226,18 @@ def _as_sigma(Sigma, d=None):
     return S
 
 
-def make_tasks(rng, d, n_pairs, n_queries, L_max, x_law):
+def make_tasks(rng, d, n_pairs, n_queries, L_max, x_law, *, noise=0.0, query_noise=0.0, Omega=None):
     """Draw ``2 n_pairs`` tasks in antithetic pairs.
 
-    Draw order from ``rng`` (a ``np.random.Generator``): ``w (n_pairs, d)``, then the prompt
-    covariates ``(n_pairs, L_max)`` from ``x_law``, then the query covariates
-    ``(n_pairs, n_queries)``. Task ``2i`` has ``w_i``, task ``2i + 1`` has ``-w_i``, both with the
-    same covariates; the labels of the second are the exact negatives of the first.
+    Draw order from ``rng`` (a ``np.random.Generator``): ``w (n_pairs, d)`` (standard normal, then
+    times ``chol(Omega)^T`` when ``Omega`` is given), then the prompt covariates ``(n_pairs, L_max)``
+    from ``x_law``, then the query covariates ``(n_pairs, n_queries)``; then, only when
+    ``noise > 0``, the prompt-label noise ``eps (n_pairs, L_max)``, and only when ``query_noise > 0``
+    the query-target noise ``(n_pairs, n_queries)`` (standard normal times the standard deviation).
+    With the defaults (``noise = query_noise = 0``, ``Omega = None``: ``w ~ N(0, I_d)``) nothing
+    else is drawn and the tasks are bit-for-bit those of the paper's setting.
+    Task ``2i`` has ``(w_i, eps_i)``, task ``2i + 1`` has ``(-w_i, -eps_i)``, both with the same
+    covariates; the labels and targets of the second are the exact negatives of the first.
     ``x_law`` is a token law of :mod:`sfxlin.laws` on ``R^d`` (``Sigma = x_law.cov``, ``mean =
     x_law.mean``; the laws without a ``mean`` attribute are symmetric, hence centred).
     """
@@ -204,13 +249,22 @@ def make_tasks(rng, d, n_pairs, n_queries, L_max, x_law):
     L_max = _positive_int(L_max, "L_max")
     if getattr(x_law, "D", None) != d:
         raise ValueError(f"x_law must be a law on R^{d}, got {x_law!r}")
+    noise = _noise_std(noise, "noise")
+    query_noise = _noise_std(query_noise, "query_noise")
+    Omega = None if Omega is None else _as_spd(Omega, d, "Omega")
     Sigma = _as_sigma(x_law.cov, d)
     mean = getattr(x_law, "mean", None)
     w = rng.standard_normal((n_pairs, d))
+    if Omega is not None:
+        w = w @ np.linalg.cholesky(Omega).T
     x = np.asarray(x_law.sample(rng, (n_pairs, L_max)), dtype=float)
     xq = np.asarray(x_law.sample(rng, (n_pairs, n_queries)), dtype=float)
     y = np.einsum("pli,pi->pl", x, w)
     yq = np.einsum("pqi,pi->pq", xq, w)
+    if noise > 0:
+        y = y + noise * rng.standard_normal((n_pairs, L_max))
+    if query_noise > 0:
+        yq = yq + query_noise * rng.standard_normal((n_pairs, n_queries))
     n = 2 * n_pairs
     Z = np.empty((n_pairs, 2, L_max, d + 1))
     Z[:, :, :, :d] = x[:, None]
@@ -219,7 +273,8 @@ def make_tasks(rng, d, n_pairs, n_queries, L_max, x_law):
     W = np.stack([w, -w], axis=1).reshape(n, d)
     XQ = np.broadcast_to(xq[:, None], (n_pairs, 2, n_queries, d)).reshape(n, n_queries, d).copy()
     YQ = np.stack([yq, -yq], axis=1).reshape(n, n_queries)
-    return Tasks(Z=Z.reshape(n, L_max, d + 1), w=W, x_q=XQ, y_q=YQ, Sigma=Sigma, paired=True, mean=mean)
+    return Tasks(Z=Z.reshape(n, L_max, d + 1), w=W, x_q=XQ, y_q=YQ, Sigma=Sigma, paired=True, mean=mean,
+                 noise=noise, query_noise=query_noise, Omega=Omega)
 
 
 # --------------------------------------------------------------------------- matrices, init
@@ -238,9 +293,10 @@ def Ghat(Z, L=None):
     return np.swapaxes(Z, -1, -2) @ Z / Z.shape[-2]
 
 
-def Gamma_w(Sigma, w, mean=None):
-    """``E[z z^T]`` for ``z = (x, w^T x)``, ``x`` of covariance ``Sigma`` and mean ``mean``
-    (default 0): ``[[M, M w], [w^T M, w^T M w]]`` with the second moment ``M = Sigma + m m^T``
+def Gamma_w(Sigma, w, mean=None, noise=0.0):
+    """``E[z z^T]`` for ``z = (x, w^T x + eps)``, ``x`` of covariance ``Sigma`` and mean ``mean``
+    (default 0), ``eps`` independent, centred, of standard deviation ``noise`` (default 0):
+    ``[[M, M w], [w^T M, w^T M w + noise^2]]`` with the second moment ``M = Sigma + m m^T``
     (``M = Sigma`` when centred). ``w (..., d)`` -> ``(..., D, D)``. ``Sigma`` is a ``d x d`` matrix
     or a length-``d`` diagonal, as everywhere in this module."""
     Sigma = _as_sigma(Sigma)
@@ -260,6 +316,9 @@ def Gamma_w(Sigma, w, mean=None):
     out[..., :d, d] = Sw
     out[..., d, :d] = Sw
     out[..., d, d] = np.einsum("...i,...i->...", Sw, w)
+    noise = _noise_std(noise, "noise")
+    if noise > 0:
+        out[..., d, d] += noise**2
     return out
 
 
@@ -413,11 +472,11 @@ def linear_risk_grad(U, v, G, z_q, y_q):
 def model_matrix(model, tasks, L=None):
     """The fixed matrix of a linear model: ``Ghat_L`` for ``"linear"``, ``Gamma_w`` for
     ``"linear_inf"`` (``(n, D, D)``; the ``L -> inf`` limit of ``Ghat_L``, from the covariates'
-    second moment ``Sigma + m m^T``)."""
+    second moment ``Sigma + m m^T`` and the label-noise variance ``tasks.noise^2``)."""
     if model == "linear":
         return Ghat(tasks.Z, L)
     if model == "linear_inf":
-        return Gamma_w(tasks.Sigma, tasks.w, tasks.mean)
+        return Gamma_w(tasks.Sigma, tasks.w, tasks.mean, tasks.noise)
     raise ValueError(f"model {model!r} has no fixed matrix; expected 'linear' or 'linear_inf'")
 
 

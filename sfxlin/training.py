@@ -266,7 +266,9 @@ class SoftmaxPrefixEngine:
     """Risk and gradient of ``softmax(L)`` for all ``L`` in ``Ls`` at once (see module doc).
 
     ``step(U (nL, D, D), v (nL, D)) -> (risk (nL,), grad_U (nL, D, D), grad_v (nL, D))``.
-    Requires noiseless labels ``y = w^T x`` (checked; for other labels use :func:`train` per ``L``).
+    Requires labels ``y = w^T x``, or noisy labels ``y = w^T x + eps`` in exact antithetic pairs
+    (checked; noisy pairs run in ``d + 1`` covariate dimensions, the noise as a covariate, see
+    ``_embed_noise``; for other labels use :func:`train` per ``L``).
     ``cache_bytes`` bounds the bytes of the features and logits of a chunk of groups (cache
     blocking).
 
@@ -287,11 +289,15 @@ class SoftmaxPrefixEngine:
         scale = np.max(np.abs(tasks.Z[:, :, d])) + 1.0
         resid = np.abs(tasks.Z[:, :, d] - y_model)
         if not np.all(resid <= 1e-12 * scale):
+            if (_pair_structure(tasks) if _group is None else _group) == 2:
+                self._embed_noise(tasks, Ls, cache_bytes, pair_first)
+                return
             task, token = np.unravel_index(np.argmax(resid), resid.shape)
             raise ValueError(
-                f"the fast engine needs noiseless labels y = w^T x in tasks.Z (largest |y - w^T x| = "
-                f"{resid.max():.3g}, task {task}, token {token}); for other labels call the general path "
-                "training.train('softmax', tasks, L) once per prompt length L (slower); linear(L) accepts them "
+                f"the fast engine needs labels y = w^T x, or noisy labels y = w^T x + eps in exact antithetic pairs "
+                f"((w, eps) and (-w, -eps) sharing covariates and query points) in tasks.Z (largest |y - w^T x| = "
+                f"{resid.max():.3g}, task {task}, token {token}, pairs not exact); for other labels call the general "
+                "path training.train('softmax', tasks, L) once per prompt length L (slower); linear(L) accepts them "
                 "in train_all(tasks, Ls, models=('linear',))")
         g = _pair_structure(tasks) if _group is None else _group
         if pair_first and g != 2:
@@ -333,6 +339,42 @@ class SoftmaxPrefixEngine:
         self.shift = None                                       # (ng, nL, g, q)
         self.n_exact = 0                                        # steps needing the exact max
         self.n_shared = 0                                       # steps with shared pair logits
+
+    def _embed_noise(self, tasks, Ls, cache_bytes, pair_first):
+        """Noisy labels in exact antithetic pairs: run the engine on noiseless tasks in ``d + 1``
+        covariate dimensions. The noise ``eps = y - w^T x`` of each token becomes a covariate and
+        ``w`` gains the entry ``+-1`` (``(w, 1)`` and ``(-w, -1)``: still exact pairs sharing the
+        covariates ``(x, eps)``), so the labels ``(w, 1) . (x, eps)`` are unchanged. The model's
+        ``(U, v)`` are embedded with zero rows, columns and read-out on that coordinate, where the
+        logits, predictions and gradients equal the original model's exactly (same maths; the
+        extra coordinate's gradient is dropped). Query points get 0 there (``U`` ignores it)."""
+        d = tasks.d
+        eps = tasks.Z[0::2, :, d] - np.einsum("nli,ni->nl", tasks.Z[0::2, :, :d], tasks.w[0::2])
+        eps = np.repeat(eps, 2, axis=0)               # a covariate: shared by the partners
+        s = np.where(np.arange(tasks.n_tasks) % 2, -1.0, 1.0)
+        Sigma = np.eye(d + 1)
+        Sigma[:d, :d] = tasks.Sigma
+        aug = icl.Tasks(Z=np.concatenate([tasks.Z[:, :, :d], eps[..., None], tasks.Z[:, :, d:]], axis=-1),
+                        w=np.concatenate([tasks.w, s[:, None]], axis=-1),
+                        x_q=np.concatenate([tasks.x_q, np.zeros(tasks.x_q.shape[:-1] + (1,))], axis=-1),
+                        y_q=tasks.y_q, Sigma=Sigma, paired=True)
+        inner = SoftmaxPrefixEngine(aug, Ls, cache_bytes=cache_bytes, pair_first=pair_first, _group=2)
+        keep = np.r_[0:d, d + 1]                      # the model's coordinates (x, y) among (x, eps, y)
+        D = d + 1
+
+        def step(U, v):
+            nL = U.shape[0]
+            Ua = np.zeros((nL, D + 1, D + 1))
+            Ua[:, keep[:, None], keep] = U
+            va = np.zeros((nL, D + 1))
+            va[:, keep] = v
+            risk, gU, gv = inner.step(Ua, va)
+            self.n_exact, self.n_shared = inner.n_exact, inner.n_shared
+            return risk, gU[:, keep[:, None], keep], gv[:, keep]
+
+        self.Ls, self.nL, self.d, self.D, self.g = inner.Ls, inner.nL, d, D, 2
+        self.n_exact, self.n_shared, self.inner = 0, 0, inner
+        self.step = step
 
     def _plan(self, ge, feats):
         """Buffers for ``ge`` logit columns per (group, L, query) and feature set ``feats``:
