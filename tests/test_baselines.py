@@ -114,7 +114,7 @@ def test_asymptotic_ridge_risk_matches_large_d_monte_carlo(lam):
     Deterministic-equivalent error O(1/d) ~ 1%: tolerance 4 SE + 3%."""
     d, L, noise = 80, 128, 0.5
     Sigma, Omega = 0.5 * np.eye(d), 2.0 / d * np.eye(d)
-    t = icl.make_tasks(_rng(3), d, 120, 4, L, icl.covariate_law("gaussian", Sigma), noise=noise, query_noise=0.3,
+    t = icl.make_tasks(_rng(3), d, 120, 64, L, icl.covariate_law("gaussian", Sigma), noise=noise, query_noise=0.3,
                        Omega=Omega)
     w_hat = (baselines.posterior_mean(t, (L,)) if lam is None else baselines.ridge(t, (L,), lam))[0]
     loss = 0.5 * (np.einsum("nqi,ni->nq", t.x_q, w_hat) - t.y_q)[0::2] ** 2
