@@ -4,7 +4,7 @@ Reads only the documented schema (datasets/README.md): ``D_inf(setting, seed, mo
 ``D_linL(setting, seed, L, t)``, ``dist_bayes``, ``off_block``, ``conservation``, ``risk_heldout
 (setting, seed, model, L, t_heldout)``, ``risk_heldout_eval``, the ``theta_inf`` variables
 (``risk_inf``, ``dist_bayes_inf``, ``off_block_inf``, ``norm_inf``), the baselines ``risk_ridge``
-and ``risk_plugin``, the perturbation diagnostic ``off_block_perturbed``, ``in_protocol`` and the
+and ``risk_plugin`` (and, when present, ``risk_pgd``, ``risk_bayes_ridge``), the perturbation diagnostic ``off_block_perturbed``, ``in_protocol`` and the
 ``criteria`` attr (the criteria declared below, :data:`CRITERIA`, as stored when the file was made).
 Setting names are part of the schema: ``rademacher`` is the control, every other setting has
 Gaussian covariates. Cells outside the protocol are NaN and ``in_protocol = 0``; seed means skip
@@ -381,6 +381,13 @@ def fit_table(ds: xr.Dataset) -> str:
             f"{int(x)}: {_fmt(a, '.2g')}|{_fmt(b, '.2g')}|{_fmt(c, '.2g')}|{_fmt(r, '.1g')}" for x, a, b, c, r in zip(
                 L, s.risk_heldout.sel(setting=st).values, s.risk_heldout_linear.sel(setting=st).values,
                 plug.values, ridge.values)))
+    if "risk_pgd" in ds:   # files made before these baselines lack them
+        lines += ["", "More baselines per L (seed means): one step of optimally preconditioned GD | posterior mean "
+                      "of w (Bayes; noiseless labels: the interpolator, exact once L >= d)"]
+        for st in settings:
+            pgd, bay = (_seed_mean(_protocol(ds, ds[k])).sel(setting=st) for k in ("risk_pgd", "risk_bayes_ridge"))
+            lines.append(f"{st:<12} " + "; ".join(
+                f"{int(x)}: {_fmt(a, '.2g')}|{_fmt(c, '.1g')}" for x, a, c in zip(L, pgd.values, bay.values)))
     return "\n".join(lines)
 
 
@@ -445,6 +452,8 @@ def figure(ds: xr.Dataset, path):
         ax3.loglog(L, s.risk_heldout.sel(setting=st), styles.get(st, "o-"), color=c, ms=4)
         ax3.loglog(L, s.risk_heldout_linear.sel(setting=st), "x:", color=c, ms=4)
         ax3.loglog(L, _seed_mean(_protocol(ds, ds.risk_plugin)).sel(setting=st), "-", color=c, lw=0.8, alpha=0.6)
+        if "risk_pgd" in ds:
+            ax3.loglog(L, _seed_mean(_protocol(ds, ds.risk_pgd)).sel(setting=st), "--", color=c, lw=0.8, alpha=0.6)
         ridge = _seed_mean(_protocol(ds, ds.risk_ridge)).sel(setting=st)
         shown = ridge.where(ridge > 1e-12)       # exact (rounding-level) least squares is off the scale
         if shown.notnull().any():
@@ -457,6 +466,8 @@ def figure(ds: xr.Dataset, path):
                 Line2D([], [], color="k", marker="x", ls=":", ms=4, label="linear(L)"),
                 Line2D([], [], color="k", lw=0.8, alpha=0.6, label="plug-in (linear(L) at Bayes opt.)"),
                 Line2D([], [], color="k", marker="d", ls="none", mfc="none", label="ridge / least squares")]
+    if "risk_pgd" in ds:
+        handles.append(Line2D([], [], color="k", ls="--", lw=0.8, alpha=0.6, label="one step of optimal preconditioned GD"))
     if ridge_notes:
         top, n_tiny, n_all = max(n[0] for n in ridge_notes), sum(n[1] for n in ridge_notes), sum(n[2] for n in ridge_notes)
         ax3.text(0.02, 0.02, f"ridge / least squares (noiseless labels): <= {top:.0e}, off scale,\n"

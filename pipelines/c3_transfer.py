@@ -25,8 +25,10 @@ then the direction of the off-block perturbation. Then
    Bayes optimum, off-block mass and ``||U||_F^2 - ||v||^2``;
 2. held-out risks every ``heldout_every`` steps (coordinate ``t_heldout``, a subset of ``t``): each
    trained model at its training ``L`` and at ``L_eval``; ``theta_inf`` under linear(inf) and under
-   softmax(``L_eval``); baselines per ``L``: ridge / least squares on the prompt (``ridge_lam``) and the
-   plug-in estimator ``x_q^T Sigma^{-1} (1/L) sum_k y_k x_k`` (linear(L) attention at the Bayes optimum);
+   softmax(``L_eval``); baselines per ``L``: ridge / least squares on the prompt (``ridge_lam``), the
+   plug-in estimator ``x_q^T Sigma^{-1} (1/L) sum_k y_k x_k`` (linear(L) attention at the Bayes optimum),
+   the posterior mean of ``w`` and one step of optimally preconditioned gradient descent
+   (:mod:`sfxlin.baselines`);
 3. perturbation diagnostic: the fast engine keeps the off-block parameters exactly 0 (antithetic
    partners cancel exactly), so a dynamical instability of the block structure cannot show by
    itself. A second run starts from ``(U0, v0)`` plus an off-block perturbation of norm
@@ -58,7 +60,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sfxlin import icl, training
+from sfxlin import baselines, icl, training
 from sfxlin.params import Param, Profiles
 from sfxlin.sweep import Experiment, Part, Variable
 
@@ -242,6 +244,9 @@ def kernel(cell, rng, config):
         "off_block_perturbed_inf": icl.off_block_mass(pert["linear_inf"]["U"], pert["linear_inf"]["v"]),
         "n_exact_shift_steps": np.float64(res["n_exact_shift_steps"]),
     }
+    base = baselines.baseline_risks(held, Ls)
+    out["risk_bayes_ridge"] = base["bayes_ridge"]
+    out["risk_pgd"] = base["pgd"]
     for name, arr in out.items():   # the variables allow NaN (for cells outside the protocol): check here
         if not np.all(np.isfinite(arr)):
             raise FloatingPointError(f"non-finite values in {name}")
@@ -315,6 +320,14 @@ VARIABLES = (
        "itself at t = 0)"),
     _v("off_block_perturbed_inf", _G + ("t",), "off-block mass of linear(inf), perturbed run",
        "as off_block_perturbed, for linear(inf)"),
+    _v("risk_bayes_ridge", _G + ("L",), "held-out risk of the posterior mean of w (Bayes baseline)",
+       "E[w | prompt] for the prior N(0, I_d) and noiseless labels: the minimum-norm interpolator (ridge at the "
+       "Bayes penalty, 0 here; sfxlin.baselines.posterior_mean), risk 1/2 (x_q^T w_hat - y_q)^2 averaged over "
+       "held-out tasks and queries, prompts of length L; rounding level once L >= d"),
+    _v("risk_pgd", _G + ("L",), "held-out risk of one step of preconditioned gradient descent",
+       "w_hat = Gamma_L (1/L) sum_k y_k x_k with the risk-minimising Gamma_L = [(1 + 1/L) Sigma + (tr Sigma / L) "
+       "I]^{-1} for centred Gaussian covariates (sfxlin.baselines.pgd; the optimum of linear(L) attention, the "
+       "plug-in's finite-L correction), held-out prompts of length L"),
     _v("n_exact_shift_steps", _G, "softmax steps with the exact max shift (main run)",
        "engine diagnostic: steps whose cached log-sum-exp shift was out of range and were recomputed exactly"),
 )

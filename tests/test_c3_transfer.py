@@ -145,6 +145,13 @@ def test_kernel_matches_an_independent_recomputation():
     np.testing.assert_allclose(out["risk_ridge"], [icl.ridge_risk(held, L) for L in config["L"]], rtol=1e-9, atol=1e-25)
     np.testing.assert_allclose(out["risk_plugin"], [icl.risk("linear", U_star, v_star, held, L) for L in config["L"]],
                                rtol=1e-12)
+    # the baselines of sfxlin.baselines (tested there against loops) on the same held-out tasks
+    for L_i, L in enumerate(config["L"]):
+        X, y = held.Z[:, :L, :3], held.Z[:, :L, 3]
+        pgd_w = np.linalg.solve((1 + 1 / L) * Sigma + np.trace(Sigma) / L * np.eye(3), (np.swapaxes(X, 1, 2) @ y[..., None] / L))
+        assert out["risk_pgd"][L_i] == pytest.approx(0.5 * np.mean((np.einsum("nqi,ni->nq", held.x_q, pgd_w[..., 0])
+                                                                    - held.y_q) ** 2), rel=1e-9)
+    assert np.all(np.abs(out["risk_bayes_ridge"]) < 1e-20)      # noiseless, L >= d: the interpolator is exact
     assert out["in_protocol"] == 1.0
 
 
