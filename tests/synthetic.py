@@ -221,3 +221,49 @@ def c3(L=C3_L):
         if name != "in_protocol":
             ds[name].loc[outside] = np.nan
     return _attach(ds, c3_transfer, {"lr": 0.01, "n_steps": 40})
+
+
+# --------------------------------------------------------------------------- C3 landscape
+
+
+def c3l(L=(8, 16, 32, 64, 128)):
+    """``c3_landscape`` file: two covariances x noise {0, 0.5} x d = 2 x mean_norm {0, 1} x two seeds.
+    Centred settings: ``D(L) = 0.5 (L/8)^-1/2`` for softmax (linear: 0.1, would pass nothing),
+    ``D_linL = D``, excess held-out risk of softmax over the Bayes floor ``(L/8)^-0.7``; the control
+    (mean_norm 1): ``D`` flat at 0.3 and a limit gap of 0.1 (0 when centred); exact block structure."""
+    from sfxlin.pipelines import c3_landscape
+
+    L = np.asarray(L)
+    nL = L.size
+    covs, noises, means = ["isotropic", "kms:0.5"], [0.0, 0.5], [0.0, 1.0]
+    shape = (2, 2, 1, 2, 2)                                     # covariance, noise, d, mean_norm, seed
+    g = ("covariance", "noise", "d", "mean_norm", "seed")
+    seeds = SEED_FACTORS.reshape(1, 1, 1, 1, 2)
+    centred = np.array([1.0, 0.0]).reshape(1, 1, 1, 2, 1)
+    curve = centred[..., None] * power(L, -0.5, 0.5) + (1 - centred[..., None]) * 0.3
+    D = np.empty(shape + (2, nL))
+    D[..., 0, :] = seeds[..., None] * curve
+    D[..., 1, :] = 0.1
+    bayes = np.broadcast_to(np.array([0.0, 0.2]).reshape(1, 2, 1, 1, 1, 1), shape + (nL,)) + 0.0
+    risk = np.empty(shape + (2, nL))
+    risk[..., 0, :] = bayes + seeds[..., None] * power(L, -0.7)
+    risk[..., 1, :] = bayes + 5.0                                # linear: flat, would fail the slope
+    data = {
+        "D_inf": (g + ("model", "L"), D),
+        "D_linL": (g + ("L",), D[..., 0, :].copy()),
+        "off_block": (g + ("model", "L"), np.zeros(shape + (2, nL))),
+        "risk_heldout": (g + ("model", "L"), risk),
+        "risk_heldout_init": (g + ("model", "L"), np.full(shape + (2, nL), 1.0)),
+        "risk_bayes_ridge": (g + ("L",), bayes.copy()),
+        "risk_pgd": (g + ("L",), bayes + 0.1),
+        "risk_pgd_theory": (g + ("L",), bayes + 0.1),
+        "limit_gap": (g, np.broadcast_to(0.1 * (1 - centred), shape).copy()),
+        "norm_inf": (g, np.ones(shape)),
+        "Sigma_trace": (("covariance", "d"), np.full((2, 1), 2.0)),
+        "Sigma_op_norm": (("covariance", "d"), np.array([[1.0], [1.5]])),
+        "Sigma_condition": (("covariance", "d"), np.array([[1.0], [3.0]])),
+        "Sigma_tr_inv2": (("covariance", "d"), np.array([[2.0], [4.4]])),
+    }
+    ds = xr.Dataset(data, coords={"covariance": covs, "noise": noises, "d": [2], "mean_norm": means, "seed": [0, 1],
+                                  "model": list(c3_landscape.MODELS), "L": L})
+    return _attach(ds, c3_landscape, {"lr": 0.01, "n_steps": 40})

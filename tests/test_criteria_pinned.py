@@ -19,10 +19,11 @@ import pytest
 import xarray as xr
 
 import synthetic
-from sfxlin.analysis import c1, c2, c2_threshold, c3
+from sfxlin.analysis import c1, c2, c2_threshold, c3, c3_landscape
 from sfxlin.analysis.verdicts import FAIL, PASS, Criterion, criteria_from_attrs, evaluate
 from sfxlin.sweep import criteria_of
 from sfxlin.pipelines import c1_limit, c2_concentration, c2_threshold as c2_threshold_pipeline, c3_transfer
+from sfxlin.pipelines import c3_landscape as c3_landscape_pipeline
 
 PINNED = {
     "c1_limit": [
@@ -66,16 +67,27 @@ PINNED = {
         ("C3-inf-bayes", "C3", "<=", 2e-3),
         ("C3-linL-gap", "C3", "<", 0.05),
     ],
+    "c3_landscape": [
+        ("C3L-risk-slope", "C3L", "in", (-1.2, -0.3)),
+        ("C3L-D-slope", "C3L", "<=", -0.1),
+        ("C3L-DlinL-slope", "C3L", "<=", -0.1),
+        ("C3L-DlinL-ratio", "C3L", "in", (0.8, 1.25)),
+        ("C3L-block", "C3L", "<", 1e-8),
+        ("C3L-control-plateau", "C3L", ">", -0.25),
+        ("C3L-control-gap", "C3L", ">", 1e-3),
+    ],
 }
 
-PIPELINES = {p.NAME: p for p in (c1_limit, c2_concentration, c2_threshold_pipeline, c3_transfer)}
+PIPELINES = {p.NAME: p for p in (c1_limit, c2_concentration, c2_threshold_pipeline, c3_transfer,
+                                 c3_landscape_pipeline)}
 
 
 def _stored(name):
     """The criteria as build() stores them in a results file (JSON data of the analysis declarations)."""
     return criteria_of(PIPELINES[name].EXPERIMENT)
 ANALYSES = {"c1_limit": (c1, synthetic.c1), "c2_concentration": (c2, synthetic.c2),
-            "c2_threshold": (c2_threshold, synthetic.c2t), "c3_transfer": (c3, synthetic.c3)}
+            "c2_threshold": (c2_threshold, synthetic.c2t), "c3_transfer": (c3, synthetic.c3),
+            "c3_landscape": (c3_landscape, synthetic.c3l)}
 
 
 def _pinned_form(criterion: dict) -> tuple:

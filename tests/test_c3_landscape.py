@@ -1,0 +1,99 @@
+"""C3 landscape: the quick profile end to end, one cell against an independent recomputation (the simple
+per-L trainer, plain icl risks, per-task numpy.linalg baselines), the non-centred control, bad input."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from sfxlin import baselines, bayes, covariance, icl, storage, training
+from sfxlin.analysis import c3_landscape as analysis
+from sfxlin.analysis.verdicts import format_table
+from sfxlin.execution import compute
+from sfxlin.pipelines import c3_landscape as c3l
+from sfxlin.sweep import build, cell_rng, run_cell
+
+EXPERIMENT = c3l.EXPERIMENT
+SMALL = dict(covariances=["kms:0.5"], noises=[0.5], d=[2], mean_norms=[0.0], n_pairs=2, n_queries=2,
+             L=[4, 8, 16, 32], n_steps=40, ckpt_every=10, heldout_pairs=3, heldout_queries=2)
+
+
+def test_quick_profile_end_to_end(tmp_path):
+    config = EXPERIMENT.configure("quick")
+    ds, _, _ = compute(build(EXPERIMENT, config), progress=False)
+    path = storage.save(ds, tmp_path / "c3_landscape.nc")
+    with xr.open_dataset(path) as f:
+        ds = f.load()
+    assert ds.D_inf.dims == ("covariance", "noise", "d", "mean_norm", "seed", "model", "L")
+    assert ds.covariance.values.tolist() == ["isotropic", "kms:0.5"] and ds.mean_norm.values.tolist() == [0.0, 1.0]
+    assert json.loads(ds.attrs["criteria"])[0]["id"] == "C3L-risk-slope"
+    # the covariance summary figures, from sfxlin.covariance
+    kms = covariance.summary(covariance.from_spec("kms:0.5", 2))
+    assert float(ds.Sigma_condition.sel(covariance="kms:0.5", d=2)) == pytest.approx(kms["condition"], rel=1e-12)
+    assert float(ds.Sigma_tr_inv2.sel(covariance="isotropic", d=2)) == pytest.approx(2.0, rel=1e-12)
+    # centred: the two limits coincide (rounding); non-centred: they do not
+    gap = ds.limit_gap.max("seed")
+    assert float(gap.sel(mean_norm=0.0).max()) < 1e-20 < 1e-3 < float(gap.sel(mean_norm=1.0).min())
+    assert float(ds.off_block.max()) == 0.0                 # exact antithetic cancellation, noise included
+    # closed forms: NaN exactly where documented
+    assert np.isnan(ds.risk_pgd_theory.sel(mean_norm=1.0)).all() and np.isfinite(ds.risk_pgd_theory.sel(mean_norm=0.0)).all()
+    assert np.isfinite(ds.risk_bayes_theory.sel(noise=0.0)).all() and np.isnan(ds.risk_bayes_theory.sel(noise=0.5)).all()
+    assert np.isfinite(ds.risk_ridge_asymptotic.sel(covariance="isotropic", mean_norm=0.0)).all()
+    assert np.isnan(ds.risk_ridge_asymptotic.sel(covariance="kms:0.5")).all()
+    np.testing.assert_allclose(ds.risk_floor_inf.sel(noise=0.5), 0.125, rtol=1e-15)
+    rows = analysis.verdicts(ds)
+    assert [r.id for r in rows] == [c.id for c in analysis.CRITERIA]
+    assert "C3L-block" in format_table(rows)
+    assert "excess slope" in analysis.fit_table(ds)
+    assert Path(analysis.figure(ds, tmp_path / "c3l.png")).stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("mean_norm", [0.0, 1.0])
+def test_kernel_matches_an_independent_recomputation(mean_norm):
+    config = EXPERIMENT.configure("quick", values={**SMALL, "mean_norms": [mean_norm]})
+    cell = {"covariance": "kms:0.5", "noise": 0.5, "d": 2, "mean_norm": mean_norm, "seed": 0}
+    out = run_cell(EXPERIMENT, config, cell)
+    rng = cell_rng(c3l.NAME, cell, config["root_seed"])
+    Sigma = np.array([[1.0, 0.5], [0.5, 1.0]])
+    m = np.full(2, mean_norm / np.sqrt(2))
+    from sfxlin.laws import Gaussian
+    law = Gaussian(mean=m, cov=Sigma)
+    tasks = icl.make_tasks(rng, 2, 2, 2, 32, law, noise=0.5, query_noise=0.5)
+    held = icl.make_tasks(rng, 2, 3, 2, 32, law, noise=0.5, query_noise=0.5)
+    kw = dict(lr=0.01, n_steps=40, ckpt_every=10)
+    inf = training.train("linear_inf", tasks, **kw)
+    for i, model in enumerate(("softmax", "linear")):
+        for j, L in enumerate(config["L"]):
+            ref = training.train(model, tasks, L, **kw)
+            D = icl.theta_distance(ref.U.values, ref.v.values, inf.U.values, inf.v.values).max()
+            assert out["D_inf"][i, j] == pytest.approx(D, rel=1e-8)
+            assert out["risk_heldout"][i, j] == pytest.approx(
+                float(icl.risk(model, ref.U.values[-1], ref.v.values[-1], held, L)), rel=1e-9)
+            assert out["risk_heldout_init"][i, j] == pytest.approx(
+                float(icl.risk(model, ref.U.values[0], ref.v.values[0], held, L)), rel=1e-9)
+    assert out["risk_heldout_inf"] == pytest.approx(float(icl.risk("linear_inf", inf.U.values[-1], inf.v.values[-1], held)),
+                                                    rel=1e-9)
+    # baselines: per task, numpy.linalg
+    for j, L in enumerate(config["L"]):
+        X, y = held.Z[:, :L, :2], held.Z[:, :L, 2]
+        w_ls = np.array([np.linalg.lstsq(Xi, yi, rcond=None)[0] for Xi, yi in zip(X, y)])
+        w_b = np.array([np.linalg.solve(Xi.T @ Xi + 0.25 * np.eye(2), Xi.T @ yi) for Xi, yi in zip(X, y)])
+        for name, w in (("risk_min_norm", w_ls), ("risk_bayes_ridge", w_b)):
+            r = 0.5 * np.mean((np.einsum("nqi,ni->nq", held.x_q, w) - held.y_q) ** 2)
+            assert out[name][j] == pytest.approx(r, rel=1e-9)
+    # the limit gap: softmax's affine limit against linear(inf)'s, at theta_inf(T)
+    U, v = inf.U.values[-1], inf.v.values[-1]
+    Ez = np.concatenate([np.broadcast_to(m, held.w.shape), (held.w @ m)[:, None]], axis=1)          # (n, D)
+    C = Gaussian(mean=np.zeros(3), cov=bayes.task_covariance(Sigma, held.w[0], 0.5)).cov              # task 0
+    assert np.allclose(C[:2, :2], Sigma) and C[2, 2] == pytest.approx(held.w[0] @ Sigma @ held.w[0] + 0.25)
+    Cs = bayes.task_covariance(Sigma, held.w, 0.5)
+    sm = np.einsum("nqi,i->nq", Ez[:, None, :] + np.einsum("nij,nqj->nqi", Cs, held.z_q @ U.T), v)
+    lin = icl.linear_predict(U, v, icl.Gamma_w(Sigma, held.w, m, 0.5), held.z_q)
+    assert out["limit_gap"] == pytest.approx(0.5 * np.mean((sm - lin) ** 2), rel=1e-9, abs=1e-30)
+    assert (out["limit_gap"] > 1e-4) == (mean_norm > 0)
+
+
+def test_bad_covariance_spec_is_refused_before_any_cell():
+    with pytest.raises(ValueError, match="covariances"):
+        EXPERIMENT.configure("quick", values={"covariances": ["kms:1.5"]})
