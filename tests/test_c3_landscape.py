@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from sfxlin import baselines, bayes, covariance, icl, storage, training
+from sfxlin import bayes, covariance, icl, storage, training
 from sfxlin.analysis import c3_landscape as analysis
 from sfxlin.analysis.verdicts import format_table
 from sfxlin.execution import compute
