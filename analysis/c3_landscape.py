@@ -232,7 +232,7 @@ def figure(ds: xr.Dataset, path):
             title="(a) excess risk over the own Bayes floor (centred; dotted: noisy)")
     ax1.legend(fontsize=6, ncol=2)
     ax2.set(xlabel="L", ylabel=r"$\max_t \|\theta_L^{sm} - \theta_\infty\|$",
-            title="(b) distance to linear(inf): centred (markers, lines) vs non-centred control (dashed)")
+            title="(b) distance to linear(inf); dashed, open: non-centred control")
     ax3.axhline(1.0, color="k", lw=0.8)
     ax3.set(xlabel="L", ylabel="D_linL / D", title="(c) softmax-vs-linear(L) gap over the distance to linear(inf)")
     from matplotlib.lines import Line2D
