@@ -294,7 +294,7 @@ class SoftmaxPrefixEngine:
                 return
             task, token = np.unravel_index(np.argmax(resid), resid.shape)
             raise ValueError(
-                f"the fast engine needs labels y = w^T x, or noisy labels y = w^T x + eps in exact antithetic pairs "
+                f"the fast engine needs noiseless labels y = w^T x, or noisy labels y = w^T x + eps in exact antithetic pairs "
                 f"((w, eps) and (-w, -eps) sharing covariates and query points) in tasks.Z (largest |y - w^T x| = "
                 f"{resid.max():.3g}, task {task}, token {token}, pairs not exact); for other labels call the general "
                 "path training.train('softmax', tasks, L) once per prompt length L (slower); linear(L) accepts them "
