@@ -81,12 +81,16 @@ def _sha256_of(spec):
     return file_sha256(parse_token_source(spec, "tokens")[0])
 
 
-@functools.lru_cache(maxsize=2)
 def _read_token_file(spec, sha256):
     """The tokens of ``spec`` (read once per process and file content); ``ValueError`` if the file's
     content is no longer the one ``sha256`` names (changed after the run was configured)."""
     if _sha256_of(spec) != sha256:
         raise ValueError(f"tokens: {spec!r} changed since the run was configured (sha256 differs)")
+    return _tokens_of(spec, sha256)
+
+
+@functools.lru_cache(maxsize=2)
+def _tokens_of(spec, sha256):
     Z = read_tokens(spec, "tokens")
     Z.flags.writeable = False
     return Z

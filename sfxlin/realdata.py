@@ -58,14 +58,17 @@ def parse_token_source(spec, name="tokens"):
 
 
 def file_sha256(path) -> str:
-    """The sha256 (hex) of the file's bytes, cached by (resolved path, size, modification time)."""
+    """The sha256 (hex) of the file's bytes. Cached in this process by (resolved path, inode, size,
+    modification and change times), so a run reads a large file's bytes once; an edit that keeps
+    the size and lands within the same tick of the file system's clock as the previous write
+    would be missed by a process that hashed the file in between."""
     p = Path(path).resolve()
     st = p.stat()
-    return _sha256(str(p), st.st_size, st.st_mtime_ns)
+    return _sha256(str(p), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 @functools.lru_cache(maxsize=16)
-def _sha256(path, size, mtime_ns):
+def _sha256(path, inode, size, mtime_ns, ctime_ns):
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 22), b""):
