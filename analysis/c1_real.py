@@ -17,8 +17,8 @@ import xarray as xr
 from .fits import MIN_LINE_POINTS, loglog_slope, too_few
 from .verdicts import Criteria, Inconclusive, measure_unless
 
-__all__ = ["CRITERIA", "WEIGHT_RATIO_MAX", "in_regime", "slopes", "slope_shortfall", "bias_order", "relative_bias", "crossover_L", "measures",
-           "verdicts", "fit_table", "figure"]
+__all__ = ["CRITERIA", "WEIGHT_RATIO_MAX", "in_regime", "slopes", "slope_shortfall", "bias_order", "relative_bias",
+           "crossover_L", "measures", "verdicts", "fit_table", "figure"]
 
 
 def slopes(ds: xr.Dataset) -> xr.Dataset:
@@ -147,12 +147,14 @@ def fit_table(ds: xr.Dataset) -> str:
                 s = (f"{float(fit.slope.sel(at)):>7.3f} {float(fit.slope_se.sel(at)):>6.3f}" if fit is not None
                      else f"{'-':>7} {'-':>6}")
                 mark = "" if float(wr.sel(at)) <= WEIGHT_RATIO_MAX else "*"
-                lines.append(f"{name:>13} {D:>3} {u:>7.3g} {float(wr.sel(at)):>7.3g}{mark:1} {s} {float(ratio.sel(at)):>9.3f} "
+                lines.append(f"{name:>13} {D:>3} {u:>7.3g} {float(wr.sel(at)):>7.3g}{mark:1} {s} "
+                             f"{float(ratio.sel(at)):>9.3f} "
                              f"{float(bias.sel(at)):>11.3e} {float(rel.sel(at)):>9.3f} {float(cross.sel(at)):>9.3g}")
             if order is not None:
                 lines.append(f"{name:>13} {D:>3}   order of bias_gauss in ||U||: "
                              f"{float(order.sel(dataset=name, D=D)):.3f}")
-    lines.append(f"w_ratio = E w^2 / (E w)^2 (* beyond {WEIGHT_RATIO_MAX}: heavy tilt, not judged by the 1/L criteria); "
+    lines.append(f"w_ratio = E w^2 / (E w)^2 (* beyond {WEIGHT_RATIO_MAX}: heavy tilt, not judged by the 1/L "
+                 "criteria); "
                  "rel.bias = sqrt(bias_gauss / E||f_inf - m||^2); L_x = tr C / bias_gauss: the prompt length beyond "
                  "which the Gaussian picture's bias exceeds the finite-L error")
     return "\n".join(lines)

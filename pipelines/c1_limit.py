@@ -225,6 +225,7 @@ VARIABLES = (
 EXPERIMENT = Experiment(
     name=NAME, short="c1", params=PARAMS, checks=(_needs_gaussian, _tokens_fit), inner_coords=inner_coords,
     variables=VARIABLES, analysis="sfxlin.analysis.c1",
-    parts=(Part("", grid, kernel, inputs=main_inputs), Part("quadrature", no_grid, quadrature_check, inputs=quadrature_inputs)),
+    parts=(Part("", grid, kernel, inputs=main_inputs),
+           Part("quadrature", no_grid, quadrature_check, inputs=quadrature_inputs)),
     title="C1: softmax attention -> linear operator on the token measure",
     description="C1: softmax attention -> tilted-mean (linear) operator as L grows")

@@ -27,8 +27,8 @@ import numpy as np
 
 from .validation import component_covariances, finite_array
 
-__all__ = ["Law", "LAWS", "Gaussian", "Rademacher", "Uniform", "StudentT", "GaussianMixture", "Empirical", "NoLimitError",
-           "FloatOverflowError", "law_from_name"]
+__all__ = ["Law", "LAWS", "Gaussian", "Rademacher", "Uniform", "StudentT", "GaussianMixture", "Empirical",
+           "NoLimitError", "FloatOverflowError", "law_from_name"]
 
 SQRT3 = np.sqrt(3.0)
 

@@ -14,8 +14,8 @@ import xarray as xr
 from ._version import __version__
 from .schema import SCHEMA_VERSION
 
-__all__ = ["save", "ensure_writable", "open_results", "results_path", "provenance", "input_files", "default_results_dir",
-           "ResultsError"]
+__all__ = ["save", "ensure_writable", "open_results", "results_path", "provenance", "input_files",
+           "default_results_dir", "ResultsError"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,7 +15,8 @@ SMALL = {"datasets": ["wine", "diabetes"], "D": [2], "U_norm": [0.05, 0.1, 0.8],
 
 
 def _config(**values):
-    return c1_real.EXPERIMENT.configure(profile=None, values={**c1_real.EXPERIMENT.configure("quick"), **SMALL, **values})
+    quick = c1_real.EXPERIMENT.configure("quick")
+    return c1_real.EXPERIMENT.configure(profile=None, values={**quick, **SMALL, **values})
 
 
 @pytest.mark.parametrize("name", DATASETS)

@@ -142,7 +142,8 @@ def test_tokens_from_npy_and_netcdf_files(tmp_path):
 
 
 @pytest.mark.parametrize("build, match", [
-    (lambda p: Empirical(np.array([[0.0, 1.0], [np.nan, 2.0], [np.inf, 0.0]])), r"2 row\(s\) hold NaN or inf, the first is row 1"),
+    (lambda p: Empirical(np.array([[0.0, 1.0], [np.nan, 2.0], [np.inf, 0.0]])),
+     r"2 row\(s\) hold NaN or inf, the first is row 1"),
     (lambda p: Empirical(np.zeros((0, 3))), "samples is empty"),
     (lambda p: Empirical(np.zeros(3)), r"must be an \(n, D\) array"),
     (lambda p: Empirical(np.zeros((4, 3)), D=2), "D = 2 does not match the samples' dimension 3"),
