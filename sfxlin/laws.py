@@ -765,7 +765,7 @@ class Empirical(Law):
             keep = w > 0
             Z, w = Z[keep], w[keep]
             self.weights = w / w.sum()
-        self.samples = Z
+        self.samples = Z.view()  # a read-only view: the caller's array keeps its own flags
         self.samples.flags.writeable = False
         self.n, self.D = Z.shape
         if self.weights is not None:

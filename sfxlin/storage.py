@@ -41,8 +41,11 @@ def _library_versions():
     import dask
     import netCDF4
 
+    from importlib.metadata import version
+
+    # scikit-learn: the source of c1_real's bundled data sets (its version read without importing it)
     return {"python": sys.version.split()[0], "numpy": np.__version__, "xarray": xr.__version__,
-            "dask": dask.__version__, "netCDF4": netCDF4.__version__}
+            "dask": dask.__version__, "netCDF4": netCDF4.__version__, "scikit-learn": version("scikit-learn")}
 
 
 def provenance(experiment, config, call=None):

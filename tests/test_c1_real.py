@@ -126,3 +126,12 @@ def test_criteria_on_synthetic_files():
     odd = ds.copy(deep=True)
     odd["bias_gauss"].loc[dict(U_norm=0.1)] *= 4.0  # order 6
     assert {r.id: r.verdict for r in analysis.verdicts(odd)}["C1R-bias-order"] == FAIL
+
+
+def test_the_provenance_names_the_scikit_learn_that_shipped_the_data():
+    import json
+
+    import sklearn
+
+    ds = build(c1_real.EXPERIMENT, _config())
+    assert json.loads(ds.attrs["library_versions"])["scikit-learn"] == sklearn.__version__

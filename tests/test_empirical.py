@@ -163,6 +163,14 @@ def test_bad_input_is_one_clear_error(build, match, tmp_path):
         build(tmp_path)
 
 
+def test_the_callers_array_is_left_writable_and_the_law_read_only():
+    Z = np.zeros((3, 2))
+    law = Empirical(Z)
+    assert Z.flags.writeable and not law.samples.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        law.samples[0, 0] = 1.0
+
+
 def test_isotropic_says_why_it_does_not_exist():
     with pytest.raises(NotImplementedError, match="given by its samples"):
         Empirical.isotropic(2)
