@@ -13,16 +13,24 @@ laws, prompts, queries and all nested prompt lengths at once (prefix evaluation)
   converges to it, the bounded laws plateau at the bias of their own tilted mean
   (``bias_exact``), the Student-t law has no limit and its error grows;
 * the ``sqrt(L)`` control rescales ``U`` to ``U_norm * sqrt(L / L_min)`` at each L and
-  measures the error to that U's own limit.
+  measures the error to that U's own limit;
+* ``tokens`` (a ``.npy`` file or ``file.nc:variable``, rows of dimension d) adds the law
+  ``empirical``: the file's tokens as given (not rescaled), drawn with replacement, with its
+  exact limit and SNIS constant (:class:`sfxlin.laws.Empirical`). The file's sha256 is one of
+  the cells' inputs (a changed file is recomputed) and is recorded in the results file's
+  ``input_files`` attr.
 """
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
 from sfxlin.attention import asymptotic_mse, softmax_attention, softmax_attention_prefix
-from sfxlin.laws import LAWS
+from sfxlin.laws import LAWS, Empirical
 from sfxlin.params import Param, Profiles
 from sfxlin.quadrature import gaussian_tilted_mean_quadrature
+from sfxlin.realdata import file_sha256, parse_token_source, read_tokens
 from sfxlin.sweep import Experiment, Part, Variable, cell_rng, substream
 
 NAME = "c1_limit"
@@ -38,7 +46,10 @@ PARAMS = (
     Param("n_seeds", "int", "independent replicates per (d, U_norm)", Profiles(quick=2, paper=4), low=1, grid=True),
     Param("laws", "str_list", "token laws, each with covariance sigma^2 I_d (LAWS of sfxlin.laws with an "
           "isotropic member); 'gaussian' is needed (its limit sigma^2 U q is the reference of every law)",
-          ["gaussian", "rademacher", "uniform", "student_t"], choices=tuple(LAWS)),
+          ["gaussian", "rademacher", "uniform", "student_t"],
+          choices=tuple(name for name in LAWS if name != Empirical.name)),
+    Param("tokens", "str", "a token file, 'path.npy' or 'path.nc:variable' (one token of dimension d per row), "
+          "whose empirical law joins the laws as 'empirical' (tokens as given); '' for none", ""),
     Param("n_queries", "int", "queries per cell", Profiles(quick=6, paper=32), low=1),
     Param("n_prompts", "int", "independent prompts per query and law", Profiles(quick=8, paper=16), low=1),
     Param("sigma", "float", "token standard deviation (covariance sigma^2 I)", 1.0, low=0, low_open=True),
@@ -55,10 +66,59 @@ def _needs_gaussian(config):
         raise ValueError(f"laws: 'gaussian' is needed (the reference limit sigma^2 U q), got {list(config['laws'])}")
 
 
+def _tokens_fit(config):
+    """``tokens``: the file exists, holds finite (n, D) tokens, and D is every d of the grid."""
+    if not config["tokens"]:
+        return
+    Z = _read_token_file(config["tokens"], _sha256_of(config["tokens"]))
+    bad = [d for d in config["d"] if d != Z.shape[1]]
+    if bad:
+        raise ValueError(f"tokens: the file's tokens have dimension {Z.shape[1]} (shape {Z.shape}), but d = "
+                         f"{list(config['d'])}; run with --set d={Z.shape[1]}")
+
+
+def _sha256_of(spec):
+    return file_sha256(parse_token_source(spec, "tokens")[0])
+
+
+def _read_token_file(spec, sha256):
+    """The tokens of ``spec`` (read once per process and file content); ``ValueError`` if the file's
+    content is no longer the one ``sha256`` names (changed after the run was configured)."""
+    if _sha256_of(spec) != sha256:
+        raise ValueError(f"tokens: {spec!r} changed since the run was configured (sha256 differs)")
+    return _tokens_of(spec, sha256)
+
+
+@functools.lru_cache(maxsize=2)
+def _tokens_of(spec, sha256):
+    Z = read_tokens(spec, "tokens")
+    Z.flags.writeable = False
+    return Z
+
+
+def main_inputs(config, cell):
+    """What reaches a main cell: every non-grid parameter, and the token file's sha256 when
+    ``tokens`` names one (so a changed file gives other fingerprints)."""
+    inputs = {p.name: config[p.name] for p in PARAMS if not p.grid}
+    if config["tokens"]:
+        inputs["tokens_sha256"] = _sha256_of(config["tokens"])
+    return inputs
+
+
+def law_names(config):
+    """The law coordinate: ``config["laws"]``, then ``"empirical"`` when ``tokens`` names a file."""
+    return list(config["laws"]) + ([Empirical.name] if config["tokens"] else [])
+
+
 def token_laws(config, d):
-    """The laws of ``config["laws"]`` on R^d, each with covariance sigma^2 I_d."""
+    """The laws of ``config["laws"]`` on R^d, each with covariance sigma^2 I_d, then the token
+    file's empirical law when ``config["tokens"]`` names one (its inputs carry the file's sha256)."""
     options = {"student_t": {"df": config["student_df"]}}
-    return {name: LAWS[name].isotropic(d, config["sigma"], **options.get(name, {})) for name in config["laws"]}
+    laws = {name: LAWS[name].isotropic(d, config["sigma"], **options.get(name, {})) for name in config["laws"]}
+    if config["tokens"]:
+        sha = config["tokens_sha256"] if "tokens_sha256" in config else _sha256_of(config["tokens"])
+        laws[Empirical.name] = Empirical(_read_token_file(config["tokens"], sha), D=d)
+    return laws
 
 
 def grid(config):
@@ -66,7 +126,7 @@ def grid(config):
 
 
 def inner_coords(config):
-    return {"law": list(config["laws"]), "L": list(config["L"]), "query": list(range(config["n_queries"])),
+    return {"law": law_names(config), "L": list(config["L"]), "query": list(range(config["n_queries"])),
             "D_quad": [1, 2, 3, 4]}
 
 
@@ -163,8 +223,9 @@ VARIABLES = (
 )
 
 EXPERIMENT = Experiment(
-    name=NAME, short="c1", params=PARAMS, checks=(_needs_gaussian,), inner_coords=inner_coords,
+    name=NAME, short="c1", params=PARAMS, checks=(_needs_gaussian, _tokens_fit), inner_coords=inner_coords,
     variables=VARIABLES, analysis="sfxlin.analysis.c1",
-    parts=(Part("", grid, kernel), Part("quadrature", no_grid, quadrature_check, inputs=quadrature_inputs)),
+    parts=(Part("", grid, kernel, inputs=main_inputs),
+           Part("quadrature", no_grid, quadrature_check, inputs=quadrature_inputs)),
     title="C1: softmax attention -> linear operator on the token measure",
     description="C1: softmax attention -> tilted-mean (linear) operator as L grows")

@@ -27,8 +27,8 @@ import numpy as np
 
 from .validation import component_covariances, finite_array
 
-__all__ = ["Law", "LAWS", "Gaussian", "Rademacher", "Uniform", "StudentT", "GaussianMixture", "NoLimitError",
-           "FloatOverflowError", "law_from_name"]
+__all__ = ["Law", "LAWS", "Gaussian", "Rademacher", "Uniform", "StudentT", "GaussianMixture", "Empirical",
+           "NoLimitError", "FloatOverflowError", "law_from_name"]
 
 SQRT3 = np.sqrt(3.0)
 
@@ -721,6 +721,174 @@ class GaussianMixture(Law):
             raise FloatOverflowError(f"snis_covariance overflows float64: a (max |a| = {np.abs(a).max():.3g}) is "
                                      "too large for these covs (the factor E[w^2] / (E w)^2 exceeds ~1e308)")
         return C
+
+
+class Empirical(Law):
+    r"""The empirical law ``sum_i pi_i delta_{z_i}`` of ``n`` tokens ``z_i`` on ``R^D`` (``pi_i = 1/n``
+    unless ``weights`` are given): a law from data.
+
+    Its tilted mean is a softmax-weighted average over the support, computed exactly:
+
+        tilted_mean(a) = sum_i pi_i e^{a.z_i} z_i / sum_i pi_i e^{a.z_i},
+
+    log-sum-exp stable (every exponent is ``<= 0`` after subtracting the running maximum), and
+    its SNIS constant (:meth:`snis_covariance`) likewise. Both stream over the support in chunks
+    of at most :attr:`BLOCK` floats, so time is linear in ``n`` and memory bounded whatever ``n``
+    (``n = 10^6`` tokens is fine). Bounded support: the limit always exists.
+
+    ``samples``: an ``(n, D)`` array, a path to a ``.npy`` file, or ``"file.nc:variable"`` (a
+    netCDF variable with dims (token, feature), or any order with ``feature_dim`` naming the
+    feature dim); see :func:`sfxlin.realdata.read_tokens`. ``weights``: ``n`` finite non-negative
+    numbers with a positive sum (normalised here); atoms of weight 0 are dropped. ``D``, when
+    given, must equal the number of columns. ``ValueError`` naming the argument for NaN or inf
+    rows, an empty array, a dimension mismatch, bad weights.
+    """
+
+    name = "empirical"
+    BLOCK = 1 << 21
+    """Largest number of floats a chunk of the streaming computations holds (16 MB)."""
+
+    def __init__(self, samples, weights=None, D=None, feature_dim=None):
+        from .realdata import read_tokens
+
+        Z = read_tokens(samples, "samples", feature_dim=feature_dim)
+        if D is not None and _check_D(D) != Z.shape[1]:
+            raise ValueError(f"D = {D} does not match the samples' dimension {Z.shape[1]} (shape {Z.shape})")
+        if weights is None:
+            self.weights = None
+        else:
+            w = finite_array(weights, "weights")
+            if w.shape != (Z.shape[0],):
+                raise ValueError(f"weights must have shape ({Z.shape[0]},), one per sample, got {w.shape}")
+            if np.any(w < 0) or not w.sum() > 0:
+                raise ValueError("weights must be non-negative with a positive sum")
+            keep = w > 0
+            Z, w = Z[keep], w[keep]
+            self.weights = w / w.sum()
+        self.samples = Z.view()  # a read-only view: the caller's array keeps its own flags
+        self.samples.flags.writeable = False
+        self.n, self.D = Z.shape
+        if self.weights is not None:
+            cum = np.cumsum(self.weights)
+            self._cum_weights = cum / cum[-1]
+        self._mean = self._cov = None
+
+    @classmethod
+    def isotropic(cls, D, sigma=1.0):
+        """Not defined: an empirical law is given by its samples, it has no isotropic member of its
+        own (standardise and whiten the samples instead, e.g. :func:`sfxlin.realdata.pca_whiten`)."""
+        raise NotImplementedError("Empirical has no isotropic member: an empirical law is given by its samples "
+                                  "(whiten them, e.g. with sfxlin.realdata.pca_whiten, for covariance I_D)")
+
+    def __repr__(self):
+        return f"Empirical(n={self.n}, D={self.D}{', weighted' if self.weights is not None else ''})"
+
+    def _pi(self, lo, hi):
+        return None if self.weights is None else self.weights[lo:hi]
+
+    @property
+    def mean(self):
+        """``sum_i pi_i z_i``."""
+        if self._mean is None:
+            self._mean = self.samples.mean(axis=0) if self.weights is None else self.weights @ self.samples
+        return self._mean
+
+    @property
+    def cov(self):
+        """``sum_i pi_i (z_i - mean)(z_i - mean)^T`` (the law's covariance: divisor 1, not n - 1)."""
+        if self._cov is None:
+            C = np.zeros((self.D, self.D))
+            step = max(1, self.BLOCK // self.D)
+            for lo in range(0, self.n, step):
+                Y = self.samples[lo:lo + step] - self.mean
+                pi = self._pi(lo, lo + step)
+                C += (Y / self.n if pi is None else Y * pi[:, None]).T @ Y
+            self._cov = 0.5 * (C + C.T)
+        return self._cov
+
+    def sample(self, rng, shape=()):
+        """Tokens drawn with replacement. Draw order: ``rng.integers(0, n, shape)`` (equal weights)
+        or ``rng.random(shape)`` (weights: the atom is the first ``i`` with ``u < pi_1 + .. + pi_i``)."""
+        shape = _check_shape(shape)
+        if self.weights is None:
+            idx = rng.integers(0, self.n, size=shape)
+        else:
+            idx = np.minimum(np.searchsorted(self._cum_weights, rng.random(shape), side="right"), self.n - 1)
+        return self.samples[idx]
+
+    def _logits(self, A, lo, hi):
+        """``A z_i`` for the atoms ``lo:hi`` ``(m, hi - lo)``; FloatOverflowError beyond float64."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            s = A @ self.samples[lo:hi].T
+        if not np.all(np.isfinite(s)):
+            raise FloatOverflowError(f"the logits a.z_i exceed the float64 range: a (max |a| = {np.abs(A).max():.3g}) "
+                                     "is too large for these samples")
+        return s
+
+    def _tilt(self, A):
+        """Streaming pass over the support for queries ``A`` ``(m, D)``: the maximum logit ``top``
+        ``(m,)``, ``S0 = sum_i pi_i e^{a.z_i - top}`` ``(m,)`` and the tilted mean ``(m, D)``."""
+        m = A.shape[0]
+        top, S0, S1 = np.full(m, -np.inf), np.zeros(m), np.zeros((m, self.D))
+        step = max(1, self.BLOCK // max(m, self.D))
+        for lo in range(0, self.n, step):
+            s = self._logits(A, lo, lo + step)
+            new = np.maximum(top, s.max(axis=1))
+            old = np.exp(top - new)  # 0 at the first chunk (top = -inf)
+            s -= new[:, None]
+            e = np.exp(s, out=s)  # in place: one (m, chunk) array per chunk
+            pi = self._pi(lo, lo + step)
+            if pi is None:
+                e /= self.n
+            else:
+                e *= pi
+            S0 = S0 * old + e.sum(axis=1)
+            S1 = S1 * old[:, None] + e @ self.samples[lo:lo + step]
+            top = new
+        return top, S0, S1 / S0[:, None]
+
+    def _queries(self, a):
+        """``a`` checked, as ``(m, D)`` blocks of at most ``BLOCK // (8 D)`` queries, and its leading shape."""
+        a = _check_a(a, self.D)
+        A = a.reshape(-1, self.D)
+        size = max(1, self.BLOCK // (8 * self.D))
+        return a.shape[:-1], [A[i:i + size] for i in range(0, A.shape[0], size)]
+
+    def tilted_mean(self, a):
+        """``sum_i pi_i e^{a.z_i} z_i / sum_i pi_i e^{a.z_i}``, exact (see the class doc), shape of ``a``."""
+        lead, blocks = self._queries(a)
+        out = np.concatenate([self._tilt(A)[2] for A in blocks]) if blocks else np.zeros((0, self.D))
+        return out.reshape(lead + (self.D,))
+
+    def snis_covariance(self, a):
+        """``lim_L L Cov(f_L)`` for tokens drawn with replacement (see :meth:`Law.snis_covariance`),
+        exact: with ``m_a = tilted_mean(a)``,
+
+            sum_i pi_i e^{2(a.z_i - top)} (z_i - m_a)(z_i - m_a)^T / (sum_i pi_i e^{a.z_i - top})^2,
+
+        ``top`` the largest logit (a second streaming pass, centred exactly at ``m_a``)."""
+        lead, blocks = self._queries(a)
+        out = []
+        for A in blocks:
+            top, S0, m_a = self._tilt(A)
+            m = A.shape[0]
+            C = np.zeros((m, self.D, self.D))
+            step = max(1, self.BLOCK // (m * self.D))
+            for lo in range(0, self.n, step):
+                s = self._logits(A, lo, lo + step)
+                pi = self._pi(lo, lo + step)
+                w = np.exp(2.0 * (s - top[:, None]))
+                w = w / self.n if pi is None else w * pi
+                Y = self.samples[None, lo:lo + step, :] - m_a[:, None, :]  # (m, c, D)
+                C += np.matmul(np.swapaxes(Y * w[..., None], 1, 2), Y)
+            with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+                C = C / (S0**2)[:, None, None]
+            if not np.all(np.isfinite(C)):
+                raise FloatOverflowError("snis_covariance exceeds the float64 range (the largest logit's atom has "
+                                         "a weight below ~1e-154)")
+            out.append(0.5 * (C + np.swapaxes(C, 1, 2)))
+        out = np.concatenate(out) if out else np.zeros((0, self.D, self.D))
+        return out.reshape(lead + (self.D, self.D))
 
 
 def law_from_name(name, D, **kwargs):

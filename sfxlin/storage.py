@@ -14,7 +14,8 @@ import xarray as xr
 from ._version import __version__
 from .schema import SCHEMA_VERSION
 
-__all__ = ["save", "ensure_writable", "open_results", "results_path", "provenance", "default_results_dir", "ResultsError"]
+__all__ = ["save", "ensure_writable", "open_results", "results_path", "provenance", "input_files",
+           "default_results_dir", "ResultsError"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,16 +41,21 @@ def _library_versions():
     import dask
     import netCDF4
 
+    from importlib.metadata import version
+
+    # scikit-learn: the source of c1_real's bundled data sets (its version read without importing it)
     return {"python": sys.version.split()[0], "numpy": np.__version__, "xarray": xr.__version__,
-            "dask": dask.__version__, "netCDF4": netCDF4.__version__}
+            "dask": dask.__version__, "netCDF4": netCDF4.__version__, "scikit-learn": version("scikit-learn")}
 
 
 def provenance(experiment, config, call=None):
     """Provenance attrs: enough to rerun the file from its attrs alone.
 
     ``config``: a :class:`~sfxlin.params.Config` (its profile and ``--set`` overrides are
-    recorded) or a plain mapping (profile ``"custom"``). The computation adds ``wall_seconds``
-    and ``scheduler`` (:func:`sfxlin.execution.compute`)."""
+    recorded) or a plain mapping (profile ``"custom"``). Every string parameter naming a token
+    file (``*.npy`` or ``*.nc:variable``, :func:`sfxlin.realdata.is_token_source`) adds its file's
+    sha256 to ``input_files`` (JSON ``{parameter: {"source", "sha256"}}``, when there is one). The
+    computation adds ``wall_seconds`` and ``scheduler`` (:func:`sfxlin.execution.compute`)."""
     created = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
     call = call or " ".join([Path(sys.argv[0]).name or "python"] + sys.argv[1:])
     plain = json.loads(config.to_json()) if hasattr(config, "to_json") else dict(config)
@@ -65,7 +71,19 @@ def provenance(experiment, config, call=None):
         "created": created,
         "history": f"{created}: {call} (sfxlin {__version__})",
     }
+    files = input_files(plain)
+    if files:
+        attrs["input_files"] = json.dumps(files, sort_keys=True)
     return attrs
+
+
+def input_files(config) -> dict:
+    """``{parameter: {"source": value, "sha256": hex}}`` for every string parameter of ``config``
+    whose value names a token file (a ``.npy`` file or ``file.nc:variable``)."""
+    from .realdata import file_sha256, is_token_source, parse_token_source
+
+    return {name: {"source": value, "sha256": file_sha256(parse_token_source(value, name)[0])}
+            for name, value in config.items() if is_token_source(value)}
 
 
 def ensure_writable(folder) -> Path:

@@ -10,12 +10,14 @@ parameter cannot escape the test.
 from __future__ import annotations
 
 import itertools
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from sfxlin.cellstore import CellStore, cell_fingerprint
-from sfxlin.pipelines import c1_limit, c2_concentration, c2_threshold, c3_landscape, c3_transfer
+from sfxlin.pipelines import c1_limit, c1_real, c2_concentration, c2_threshold, c3_landscape, c3_transfer
 from sfxlin.sweep import build, run_cell
 from sfxlin.testing import TIME_STAMPS, assert_same_results
 
@@ -33,6 +35,17 @@ C3 = {**c3_transfer.EXPERIMENT.configure("quick"), "settings": ["isotropic", "ra
 C3L = {**c3_landscape.EXPERIMENT.configure("quick"), "covariances": ["isotropic"], "noises": [0.5], "d": [2],
        "mean_norms": [0.0], "n_seeds": 1, "n_pairs": 1, "n_queries": 1, "L": [4, 8, 16, 32], "n_steps": 20,
        "ckpt_every": 10, "heldout_pairs": 1, "heldout_queries": 1}
+C1R = {**c1_real.EXPERIMENT.configure("quick"), "datasets": ["wine"], "D": [2], "U_norm": [0.1], "n_seeds": 1,
+       "L": [4, 8, 16], "n_queries": 2, "n_prompts": 2, "query_chunk": 1}
+
+
+def _token_file():
+    """A small token file on R^2 (the c1 ``tokens`` perturbation), written once per machine."""
+    path = Path(tempfile.gettempdir()) / "sfxlin-cell-identity-tokens-d2.npy"
+    if not path.exists():
+        np.save(path, np.random.default_rng(3).standard_normal((64, 2)))
+    return str(path)
+
 
 #: experiment -> (small configuration, the same cells in a larger grid listed in another order)
 GRIDS = {
@@ -42,12 +55,16 @@ GRIDS = {
     "c3": (c3_transfer, C3, {"settings": ["anisotropic", "rademacher", "isotropic"], "n_seeds": 2}),
     "c3_landscape": (c3_landscape, C3L, {"covariances": ["kms:0.5", "isotropic"], "noises": [0.0, 0.5],
                                          "mean_norms": [1.0, 0.0], "n_seeds": 2}),
+    "c1_real": (c1_real, C1R, {"datasets": ["diabetes", "wine"], "D": [3, 2], "U_norm": [0.4, 0.1], "n_seeds": 2}),
 }
 
 #: experiment -> parameter -> a perturbed value (valid on its own)
 PERTURBATIONS = {
     "c1": {"d": [2, 3], "U_norm": [0.5, 0.25], "L": [4, 8, 32], "n_seeds": 2, "n_queries": 3, "n_prompts": 3,
-           "laws": ["gaussian", "uniform"], "sigma": 1.5, "student_df": 4.0, "root_seed": 7, "query_chunk": 2},
+           "laws": ["gaussian", "uniform"], "sigma": 1.5, "student_df": 4.0, "root_seed": 7, "query_chunk": 2,
+           "tokens": _token_file()},
+    "c1_real": {"datasets": ["wine", "diabetes"], "D": [2, 3], "U_norm": [0.1, 0.2], "L": [4, 8, 32], "n_seeds": 2,
+                "n_queries": 3, "n_prompts": 3, "root_seed": 7, "query_chunk": 2},
     "c2": {"d": [2, 3], "U_norm": [0.5, 0.25], "L": [4, 8, 32], "n_seeds": 2, "sigma": 1.5, "tail_queries": 2,
            "tail_prompts": 9, "tail_levels": [0.1, 0.05], "prompt_chunk": 3, "clt_draws": 2001,
            "tail_log_c1_per_d": 0.5, "tail_c2": 0.25, "grad_scales": [1.0, 2.0], "grad_pairs": 2,

@@ -19,11 +19,11 @@ import pytest
 import xarray as xr
 
 import synthetic
-from sfxlin.analysis import c1, c2, c2_threshold, c3, c3_landscape
+from sfxlin.analysis import c1, c1_real, c2, c2_threshold, c3, c3_landscape
 from sfxlin.analysis.verdicts import FAIL, PASS, Criterion, criteria_from_attrs, evaluate
 from sfxlin.sweep import criteria_of
 from sfxlin.pipelines import c1_limit, c2_concentration, c2_threshold as c2_threshold_pipeline, c3_transfer
-from sfxlin.pipelines import c3_landscape as c3_landscape_pipeline
+from sfxlin.pipelines import c1_real as c1_real_pipeline, c3_landscape as c3_landscape_pipeline
 
 PINNED = {
     "c1_limit": [
@@ -52,6 +52,12 @@ PINNED = {
         ("C2T-break-location", "C2", "in", (2.0, 8.0)),
         ("C2T-break-covers-4", "C2", ">=", 1.0),
     ],
+    "c1_real": [
+        ("C1R-slopes", "C1", "in", (-1.1, -0.9)),
+        ("C1R-sharp-constant", "C1", "in", (0.8, 1.2)),
+        ("C1R-gauss-decomposition", "C1", "in", (0.85, 1.15)),
+        ("C1R-bias-order", "C1", "in", (3.5, 4.5)),
+    ],
     "c3_transfer": [
         ("C3a-monotone", "C3", "<=", 1),
         ("C3a-slope", "C3", "in", (-0.65, -0.35)),
@@ -79,7 +85,7 @@ PINNED = {
 }
 
 PIPELINES = {p.NAME: p for p in (c1_limit, c2_concentration, c2_threshold_pipeline, c3_transfer,
-                                 c3_landscape_pipeline)}
+                                 c3_landscape_pipeline, c1_real_pipeline)}
 
 
 def _stored(name):
@@ -87,7 +93,7 @@ def _stored(name):
     return criteria_of(PIPELINES[name].EXPERIMENT)
 ANALYSES = {"c1_limit": (c1, synthetic.c1), "c2_concentration": (c2, synthetic.c2),
             "c2_threshold": (c2_threshold, synthetic.c2t), "c3_transfer": (c3, synthetic.c3),
-            "c3_landscape": (c3_landscape, synthetic.c3l)}
+            "c3_landscape": (c3_landscape, synthetic.c3l), "c1_real": (c1_real, synthetic.c1_real)}
 
 
 def _pinned_form(criterion: dict) -> tuple:

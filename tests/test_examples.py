@@ -18,5 +18,5 @@ def test_example_runs(script, tmp_path):
 
 def test_there_are_examples_for_each_tutorial_step():
     names = " ".join(p.stem for p in EXAMPLES)
-    for step in ("load_and_slice", "fit_slopes", "figure", "custom_sweep"):
+    for step in ("load_and_slice", "fit_slopes", "figure", "custom_sweep", "own_tokens"):
         assert step in names

@@ -6,13 +6,14 @@ import numpy as np
 import pytest
 
 from sfxlin import laws
-from sfxlin.laws import (LAWS, FloatOverflowError, Gaussian, GaussianMixture, Law, NoLimitError, Rademacher, StudentT,
-                         Uniform, langevin, law_from_name)
+from sfxlin.laws import (LAWS, Empirical, FloatOverflowError, Gaussian, GaussianMixture, Law, NoLimitError, Rademacher,
+                         StudentT, Uniform, langevin, law_from_name)
 
 SQRT3 = np.sqrt(3.0)
 N_MOMENTS = 200_000
-NAMES = ["gaussian", "rademacher", "uniform", "student_t", "gaussian_mixture"]
+NAMES = ["gaussian", "rademacher", "uniform", "student_t", "gaussian_mixture", "empirical"]
 WITH_LIMIT = [name for name in NAMES if name != "student_t"]
+ISOTROPIC = [name for name in NAMES if name != "empirical"]  # an empirical law is given by its samples
 
 
 def _rng(*ids):
@@ -28,6 +29,7 @@ def _laws(D, rng):
         "uniform": Uniform(scale=A),
         "student_t": StudentT(df=10.0, scale=A),  # df > 4: the sample covariance has a CLT
         "gaussian_mixture": _mixture(rng, 3, D),
+        "empirical": Empirical(rng.standard_exponential((300, D)) @ A.T),  # skewed, 300 atoms
     }
 
 
@@ -268,7 +270,8 @@ def test_every_law_is_registered_once_under_its_name():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_law_from_name_builds_every_registered_law(name):
-    kwargs = {"gaussian_mixture": dict(weights=[0.25, 0.75], means=np.zeros((2, 3)), covs=[1.0, 2.0])}.get(name, {})
+    kwargs = {"gaussian_mixture": dict(weights=[0.25, 0.75], means=np.zeros((2, 3)), covs=[1.0, 2.0]),
+              "empirical": dict(samples=np.arange(12.0).reshape(4, 3))}.get(name, {})
     law = law_from_name(name, 3, **kwargs)
     assert type(law) is LAWS[name] and law.D == 3 and law.name == name
     assert law.mean.shape == (3,) and law.cov.shape == (3, 3)
@@ -370,7 +373,7 @@ def test_student_t_mean_needs_df_above_one():
 # isotropic members: covariance sigma^2 I
 # --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("sigma", [0.5, 1.0, 3.0])
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", ISOTROPIC)
 def test_isotropic_covariance_is_sigma_squared_identity(name, sigma):
     law = LAWS[name].isotropic(3, sigma)
     assert type(law) is LAWS[name] and law.D == 3
@@ -379,7 +382,7 @@ def test_isotropic_covariance_is_sigma_squared_identity(name, sigma):
     np.testing.assert_array_equal(law.mean, np.zeros(3))
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", ISOTROPIC)
 def test_isotropic_sample_covariance(name):
     """Sample covariance of 2e5 tokens within 5 standard errors of sigma^2 I. The per-entry SE
     is the sample std of z_i z_j over sqrt(n), which needs E z^4 < inf: Student-t with df = 10."""

@@ -1,0 +1,179 @@
+"""Real token sets: files of tokens, and the data sets bundled with scikit-learn, standardised
+and projected.
+
+* :func:`read_tokens`: an ``(n, D)`` float64 array from an array, a ``.npy`` file or a netCDF
+  variable (``"file.nc:variable"``), with its rows checked (no NaN or inf row, not empty);
+* :func:`parse_token_source`, :func:`file_sha256`: where a token source lives and its checksum
+  (what enters a cell's fingerprint and a results file's provenance);
+* :data:`DATASETS`, :func:`load_dataset`: the feature matrices of the data sets that ship inside
+  the scikit-learn wheel (no download at run time);
+* :func:`standardise`, :func:`pca_whiten`, :func:`token_set`: the deterministic map from a data
+  set to a token set on ``R^D`` with mean 0 and covariance ``I_D``.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["DATASETS", "read_tokens", "parse_token_source", "is_token_source", "file_sha256", "load_dataset",
+           "standardise", "pca_whiten", "token_set"]
+
+DATASETS = ("digits", "wine", "breast_cancer", "diabetes")
+"""The data sets bundled with scikit-learn (``sklearn.datasets.load_<name>``) used as token sets."""
+
+
+def is_token_source(text) -> bool:
+    """Whether the string ``text`` has the form of a token file: ``*.npy`` or ``*.nc:variable``."""
+    if not isinstance(text, str):
+        return False
+    head, sep, var = text.rpartition(":")
+    return text.endswith(".npy") or bool(sep and var and head.endswith(".nc"))
+
+
+def parse_token_source(spec, name="tokens"):
+    """``"path.npy"`` -> ``(Path, None)``; ``"path.nc:variable"`` -> ``(Path, "variable")``.
+
+    ``ValueError`` naming ``name`` for another form or a file that does not exist."""
+    if not isinstance(spec, (str, os.PathLike)):
+        raise ValueError(f"{name} must be a path to a .npy file or 'file.nc:variable', got {spec!r}")
+    text = os.fspath(spec)
+    head, sep, var = text.rpartition(":")
+    if sep and head.endswith(".nc"):
+        if not var:
+            raise ValueError(f"{name}: {text!r} names no variable after ':' (expected 'file.nc:variable')")
+        path, variable = Path(head), var
+    elif text.endswith(".npy"):
+        path, variable = Path(text), None
+    elif text.endswith(".nc"):
+        raise ValueError(f"{name}: a netCDF file needs a variable: '{text}:variable'")
+    else:
+        raise ValueError(f"{name} must be a .npy file or 'file.nc:variable', got {text!r}")
+    if not path.is_file():
+        raise ValueError(f"{name}: no such file {str(path)!r}")
+    return path, variable
+
+
+def file_sha256(path) -> str:
+    """The sha256 (hex) of the file's bytes. Cached in this process by (resolved path, inode, size,
+    modification and change times), so a run reads a large file's bytes once; an edit that keeps
+    the size and lands within the same tick of the file system's clock as the previous write
+    would be missed by a process that hashed the file in between."""
+    p = Path(path).resolve()
+    st = p.stat()
+    return _sha256(str(p), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _sha256(path, inode, size, mtime_ns, ctime_ns):
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_tokens(source, name="samples", feature_dim=None) -> np.ndarray:
+    """Tokens as an ``(n, D)`` float64 array, one token per row.
+
+    ``source``: an array-like ``(n, D)``; a path to a ``.npy`` file holding one; or
+    ``"file.nc:variable"``, a two-dimensional netCDF variable whose dims are (token, feature)
+    in that order, or any order when ``feature_dim`` names its feature dim. A ``ValueError``
+    naming ``name`` for a missing file or variable, another number of dims, an empty array, or
+    NaN or inf entries (with the number of such rows and the first one).
+    """
+    if isinstance(source, (str, os.PathLike)):
+        path, variable = parse_token_source(source, name)
+        if variable is None:
+            if feature_dim is not None:
+                raise ValueError(f"{name}: feature_dim names a netCDF dim; a .npy array has none")
+            X = np.load(path, allow_pickle=False)
+        else:
+            X = _read_netcdf(path, variable, name, feature_dim)
+    else:
+        if feature_dim is not None:
+            raise ValueError(f"{name}: feature_dim names a netCDF dim; an array has none")
+        X = source
+    try:
+        X = np.asarray(X, dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be a numeric (n, D) array: {exc}") from None
+    if X.ndim != 2:
+        raise ValueError(f"{name} must be an (n, D) array, one token per row, got shape {X.shape}")
+    if X.shape[0] == 0 or X.shape[1] == 0:
+        raise ValueError(f"{name} is empty (shape {X.shape}): a token law needs at least one token of D >= 1")
+    bad = ~np.isfinite(X).all(axis=1)
+    if bad.any():
+        rows = np.flatnonzero(bad)
+        raise ValueError(f"{name} must be finite: {rows.size} row(s) hold NaN or inf, the first is row {rows[0]} "
+                         f"({X[rows[0]]})")
+    return np.ascontiguousarray(X)
+
+
+def _read_netcdf(path, variable, name, feature_dim):
+    import xarray as xr
+
+    with xr.open_dataset(path) as ds:
+        if variable not in ds.variables:
+            raise ValueError(f"{name}: {str(path)!r} has no variable {variable!r}; it has {sorted(ds.variables)}")
+        da = ds[variable]
+        if da.ndim != 2:
+            raise ValueError(f"{name}: variable {variable!r} has dims {da.dims}; expected two, (token, feature)")
+        if feature_dim is not None:
+            if feature_dim not in da.dims:
+                raise ValueError(f"{name}: feature_dim {feature_dim!r} is not a dim of {variable!r} {da.dims}")
+            da = da.transpose(*[d for d in da.dims if d != feature_dim], feature_dim)
+        return da.values.astype(float)
+
+
+def load_dataset(name) -> np.ndarray:
+    """The feature matrix ``(n_samples, n_features)`` of a data set of :data:`DATASETS`, read from
+    the files inside the installed scikit-learn (nothing is downloaded)."""
+    if name not in DATASETS:
+        raise ValueError(f"dataset must be one of {list(DATASETS)}, got {name!r}")
+    from sklearn import datasets
+
+    return np.asarray(getattr(datasets, f"load_{name}")(return_X_y=True)[0], dtype=float)
+
+
+def standardise(X) -> np.ndarray:
+    """Each column centred and divided by its standard deviation (population, ``ddof=0``); columns
+    that are constant (standard deviation 0, e.g. border pixels of ``digits``) are dropped."""
+    X = read_tokens(X, "X")
+    sd = X.std(axis=0)
+    keep = sd > 0
+    return (X[:, keep] - X[:, keep].mean(axis=0)) / sd[keep]
+
+
+def pca_whiten(X, D) -> np.ndarray:
+    """The top-``D`` principal components of ``X``, each scaled to unit variance: an ``(n, D)``
+    array with mean 0 and covariance ``I_D`` (population). Deterministic: components in
+    decreasing order of variance, the sign of each fixed so that its largest-magnitude loading
+    is positive. ``ValueError`` when ``D`` exceeds the number of components of positive variance."""
+    X = read_tokens(X, "X")
+    if isinstance(D, bool) or not isinstance(D, (int, np.integer)) or D < 1:
+        raise ValueError(f"D must be an integer >= 1, got {D!r}")
+    Xc = X - X.mean(axis=0)
+    lam, vec = np.linalg.eigh(Xc.T @ Xc / X.shape[0])
+    lam, vec = lam[::-1], vec[:, ::-1]
+    rank = int(np.sum(lam > X.shape[1] * np.finfo(float).eps * lam[0]))
+    if D > rank:
+        raise ValueError(f"D = {D} exceeds the {rank} principal components of positive variance")
+    vec = vec[:, :D] * np.sign(vec[np.argmax(np.abs(vec[:, :D]), axis=0), np.arange(D)])
+    return (Xc @ vec) / np.sqrt(lam[:D])
+
+
+@functools.lru_cache(maxsize=32)
+def _token_set(name, D):
+    Z = pca_whiten(standardise(load_dataset(name)), D)
+    Z.flags.writeable = False
+    return Z
+
+
+def token_set(name, D) -> np.ndarray:
+    """The token set of data set ``name`` on ``R^D``: :func:`standardise`, then :func:`pca_whiten`
+    (cached per process; a read-only array)."""
+    return _token_set(name, D)
