@@ -21,12 +21,23 @@ Grid (one dask task per cell): ``tau x seed`` with ``Sigma = s I_d``, ``s = sqrt
   ``linear(inf)`` (and the gap ``g_risk`` of the training-risk gradient), the risk, the distance
   to the Bayes optimum, the off-block mass and the empirical logit factor ``exp(a^T Gamma_w a)``.
 
+Families part (``family x tau x family_seed``): the same cell with ``Sigma = covariance.scaled(
+covariance.from_spec(family, d), tau)`` (KMS(0.5) and a power-law spectrum in the paper profile), every family on the
+same tau grid, trained for ``family_steps`` (10,000: anisotropic Sigma converge more slowly along their small
+eigenvalues) with checkpoints every ``family_ckpt_every`` (400, so the same 26 checkpoints and the same gap cost).
+The theory's threshold depends on Sigma through tau alone; the families part asks whether the uniform exponents do.
+Constants parts (``tau``; ``family x tau``): the summary figures of each Sigma (``covariance.summary``) and the
+gradient-gap constant ``K = lim L E g_L^2`` at the Bayes optimum (``stability.gap_constant``, docs/models.md), which
+the analysis compares with ``L g_L(T)^2`` at the end of training.
+
 Paper profile: 14 values of tau log-spaced over [0.75, 14.81] (8 below 4, 6 above), 10 seeds,
 48 pairs x 2 queries, L = 8..4096, lr 0.01, T = 2500, gap every 100 steps (26 checkpoints),
 6 prompt replicates per cell. Choices: g_L(t) is smooth in t (it rises and plateaus as theta_inf
 converges), so 100-step checkpoints lose nothing for the sup; the exponents' noise comes mostly
 from the tasks and queries of a seed (heavy-tailed per-query constants), so the budget goes to
-seeds rather than prompt replicates. Measured: 113 s CPU for the 140 cells (0.8 s per cell), 150 s
+seeds rather than prompt replicates. Families: 3 seeds each (84 cells): the families criterion compares means over
+the 14 tau, whose noise 3 seeds already make small (docs/criteria.md), at about 60% more CPU than the isotropic
+sweep alone. Measured before the families: 113 s CPU for the 140 cells (0.8 s per cell), 150 s
 wall on this 2-core machine while other jobs kept its load average at 5-6 (about 60 s expected
 when idle).
 """

@@ -117,11 +117,11 @@ def gap_constant(Sigma, n_queries, rng, n_samples=1 << 18):
         raise ValueError(f"n_samples must be an integer >= 2, got {n_samples!r}")
     d = S.shape[0]
     tau = float(np.sum(lam ** -2.0))
-    if tau <= 4.0:
-        return float("inf"), 0.0
     c2 = math.sqrt(tau)
-    root = (V * np.sqrt(lam)) @ V.T                              # Sigma^{1/2}
     kappa, eps = 1.0 - 2.0 / c2, 1.0 / c2
+    if kappa <= 0.0:                                             # tau <= 4 (to rounding)
+        return float("inf"), 0.0
+    root = (V * np.sqrt(lam)) @ V.T                              # Sigma^{1/2}
     n = int(n_samples)
     W = rng.standard_normal((n, d))
     Y = rng.standard_normal((n, d)) @ root / math.sqrt(kappa)    # x ~ N(0, Sigma / kappa)
