@@ -210,12 +210,12 @@ def _end_Lg2(g, t_dim, seed_dim):
 def constant_ratio(ds: xr.Dataset) -> xr.Dataset:
     """``L g_L(T)^2 / K`` (seed-pooled ``L g^2`` at the end of training over the gradient-gap
     constant ``K``, :func:`sfxlin.stability.gap_constant`) for every tau > 4 and L: ``iso (tau, L)``
-    and, when the file has families, ``family (family, tau, L)``. Tends to 1 as L -> infinity when
+    and, when the file has families, ``families (family, tau, L)``. Tends to 1 as L -> infinity when
     theta_inf(T) is at the Bayes optimum."""
     keep = ds.tau.values > TAU_STAR
     out = xr.Dataset({"iso": (_end_Lg2(ds.g, "t", "seed") / ds.gap_constant).isel(tau=keep)})
     if "g_family" in ds and ds.sizes.get("family", 0) > 0:
-        out["family"] = (_end_Lg2(ds.g_family, "t_family", "family_seed") / ds.gap_constant_family).isel(tau=keep)
+        out["families"] = (_end_Lg2(ds.g_family, "t_family", "family_seed") / ds.gap_constant_family).isel(tau=keep)
     return out
 
 
@@ -343,7 +343,7 @@ def _constant_ratio(sh):
           reason="as C2T-constant-ratio, for each covariance family with its own K")
 def _constant_ratio_families(sh):
     return measure_unless(sh.why["constant_families"],
-                          lambda: _worst(constant_ratio(sh.ds).family.isel(tau=-1, L=-1).values))
+                          lambda: _worst(constant_ratio(sh.ds).families.isel(tau=-1, L=-1).values))
 
 
 @CRITERIA("C2T-growth-below-4", "smallest log-log slope in L of L g_L(T)^2 (isotropic, seed-pooled) over tau < 4",
@@ -571,7 +571,8 @@ def _family_panels(ds, axes, why, ex):
         for k, fam in enumerate(ds.family.values):
             f = fe.sel(family=fam)
             ax.errorbar(ds.tau.values * (1 + 0.02 * (k + 1)), f.uniform, yerr=f.uniform_seed_se, fmt="s--", ms=4,
-                        capsize=2, color=f"C{k + 2}", label=f"{fam} ({ds.sizes['family_seed']} seeds)")
+                        capsize=2, color=("tab:green", "tab:purple", "tab:brown", "tab:olive")[k % 4],
+                        label=f"{fam} ({ds.sizes['family_seed']} seeds)")
         ax.legend(fontsize=7)
     ax.axvline(TAU_STAR, color="gray", ls="--", lw=1)
     ax.set_xscale("log")
@@ -585,14 +586,15 @@ def _family_panels(ds, axes, why, ex):
         colors = plt.cm.plasma(np.linspace(0, 0.85, cr.sizes["tau"]))
         for i, tv in enumerate(cr.tau.values):
             ax.loglog(cr.L, cr.iso.isel(tau=i), "-o", ms=3, color=colors[i], label=f"tau = {tv:.3g}")
-            if "family" in cr:
-                for k in range(cr.sizes["family"]):
-                    ax.loglog(cr.L, cr.family.isel(family=k, tau=i), "--", lw=0.8, color=colors[i])
+            if "families" in cr:
+                for k, fam in enumerate(cr["family"].values):
+                    ax.loglog(cr.L, cr.families.isel(family=k, tau=i), ("--", ":", "-.")[k % 3], lw=0.8,
+                              color=colors[i], label=str(fam) if i == 0 else None)
         ax.axhline(1.0, color="k", lw=1)
         ax.axhspan(0.5, 2.0, color="g", alpha=0.08)
         ax.legend(fontsize=6, ncol=2)
     ax.set(xlabel="L", ylabel=r"$L\,g_L(T)^2 / K$",
-           title="end-of-training gap vs its constant (tau > 4; dashed: families)")
+           title=r"$L g_L(T)^2 / K$, tau > 4 (broken lines: families)")
     ax = axes[2]
     if why["growth"]:
         not_fitted(ax, why["growth"])

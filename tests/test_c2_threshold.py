@@ -347,7 +347,7 @@ def test_analysis_of_families_and_the_constant():
     cr = analysis.constant_ratio(ds)
     assert cr.tau.values.min() > 4
     np.testing.assert_allclose(cr.iso.isel(L=-1), 1.0, rtol=1e-12)
-    np.testing.assert_allclose(cr.family.isel(L=-1), 0.4, rtol=1e-12)
+    np.testing.assert_allclose(cr.families.isel(L=-1), 0.4, rtol=1e-12)
     assert m["C2T-constant-ratio"] == pytest.approx(1.0) and m["C2T-constant-ratio-families"] == pytest.approx(0.4)
     # growth: the end-of-training gap is 5 L^p (x noise), so L g^2 has slope 1 + 2 p at every tau
     gs = analysis.growth_slopes(ds)
