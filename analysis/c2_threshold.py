@@ -56,7 +56,8 @@ from .threshold import MIN_HINGE_POINTS, threshold_regression
 from .verdicts import Criteria, criteria_from_attrs, measure_unless
 
 __all__ = ["CRITERIA", "BREAK_CRITERIA", "exponents", "threshold", "shortfalls", "measures", "verdicts", "inconclusive",
-           "fit_table", "figure", "heuristic_exponent", "spearman", "X_CHOICES"]
+           "fit_table", "figure", "heuristic_exponent", "spearman", "X_CHOICES", "family_exponents", "constant_ratio",
+           "growth_slopes", "family_table"]
 
 X_CHOICES = ("tau", "log_tau")
 TAU_STAR = 4.0
@@ -171,9 +172,64 @@ def shortfalls(ds: xr.Dataset) -> dict:
     (the rank correlation: >= 3 tau values)."""
     n_tau = ds.sizes["tau"]
     no_ex = too_few(ds.sizes["L"], MIN_LINE_POINTS, "prompt lengths", "a log-log slope")
+    tau = ds.tau.values
+    no_fam = None if "g_family" in ds and ds.sizes.get("family", 0) > 0 else \
+        "the file has no covariance families (made before the families part, or with none)"
+    no_const = None if "gap_constant" in ds else "the file has no gradient-gap constant (made before it was stored)"
+    above = "needs a tau > 4 (the constant is finite only there)" if not np.any(tau > TAU_STAR) else None
+    below = "needs a tau < 4" if not np.any(tau < TAU_STAR) else None
     return {"exponents": no_ex,
             "threshold": no_ex or too_few(n_tau, MIN_HINGE_POINTS, "tau values", "the threshold regression"),
-            "trend": no_ex or too_few(n_tau, 3, "tau values", "a rank correlation")}
+            "trend": no_ex or too_few(n_tau, 3, "tau values", "a rank correlation"),
+            "families": no_ex or no_fam,
+            "constant": no_const or above,
+            "constant_families": no_fam or no_const or above,
+            "growth": no_ex or below}
+
+
+def family_exponents(ds: xr.Dataset) -> xr.Dataset:
+    """Per (family, tau): ``uniform`` (slope in L of the seed-mean of ``sup_t g_family``, OLS SE
+    ``uniform_se``), ``uniform_seed_se`` (SD of the per-seed slopes / sqrt(n_family_seeds); NaN with
+    one seed), ``difference`` (minus the isotropic ``uniform`` of :func:`exponents` at the same tau)."""
+    sup = ds.g_family.max("t_family")
+    fit = loglog_slope(sup.mean("family_seed"), "L")
+    per_seed = loglog_slope(sup, "L").slope
+    n = ds.sizes["family_seed"]
+    seed_se = per_seed.std("family_seed", ddof=1) / math.sqrt(n) if n > 1 else per_seed.isel(family_seed=0) * np.nan
+    iso = loglog_slope(ds.g.max("t").mean("seed"), "L").slope
+    out = xr.Dataset({"uniform": fit.slope, "uniform_se": fit.slope_se, "uniform_seed_se": seed_se,
+                      "difference": fit.slope - iso})
+    return out.drop_vars([c for c in out.coords if c not in ("family", "tau")])
+
+
+def _end_Lg2(g, t_dim, seed_dim):
+    """``L g_L(T)^2`` at the last checkpoint, mean over seeds (the pooled mean of the squared gap)."""
+    return (g.isel({t_dim: -1}) ** 2 * g.L).mean(seed_dim)
+
+
+def constant_ratio(ds: xr.Dataset) -> xr.Dataset:
+    """``L g_L(T)^2 / K`` (seed-pooled ``L g^2`` at the end of training over the gradient-gap
+    constant ``K``, :func:`sfxlin.stability.gap_constant`) for every tau > 4 and L: ``iso (tau, L)``
+    and, when the file has families, ``families (family, tau, L)``. Tends to 1 as L -> infinity when
+    theta_inf(T) is at the Bayes optimum."""
+    keep = ds.tau.values > TAU_STAR
+    out = xr.Dataset({"iso": (_end_Lg2(ds.g, "t", "seed") / ds.gap_constant).isel(tau=keep)})
+    if "g_family" in ds and ds.sizes.get("family", 0) > 0:
+        out["families"] = (_end_Lg2(ds.g_family, "t_family", "family_seed") / ds.gap_constant_family).isel(tau=keep)
+    return out
+
+
+def growth_slopes(ds: xr.Dataset) -> xr.DataArray:
+    """Per tau: log-log slope in L of the seed-pooled ``L g_L(T)^2`` (isotropic). Below tau = 4 the
+    constant is infinite and the heavy-tail argument predicts growth ``L^{1 - sqrt(tau)/2}``; above 4
+    the slope tends to 0 as L -> infinity."""
+    return loglog_slope(_end_Lg2(ds.g, "t", "seed"), "L").slope
+
+
+def _worst(ratios) -> float:
+    """The ratio farthest from 1 on a log scale."""
+    r = np.asarray(ratios, dtype=float).ravel()
+    return float(r[np.argmax(np.abs(np.log(r)))])
 
 
 def _fits(ds: xr.Dataset):
@@ -259,6 +315,43 @@ def _break_location(sh):
           reference="(expected: tau = 4)", reason="the direct test of the predicted location")
 def _break_covers_4(sh):
     return measure_unless(sh.why["threshold"], lambda: 1.0 if sh.th["covers_4"] else 0.0)
+
+
+@CRITERIA("C2T-families-agree", "largest |mean over tau of (family - isotropic) uniform exponent| over the "
+          "covariance families, each rescaled to the same tau = tr(Sigma^-2)", "<=", 0.1,
+          reference="0 if only tr(Sigma^-2) matters (the exponential factor of the constant depends on it alone)",
+          reason="a 3-seed uniform exponent scatters by about 0.08 between disjoint seed triples (paper isotropic "
+                 "run), so a mean over 14 tau of family-minus-isotropic differences has a null SD of about 0.025: "
+                 "0.1 is 4 of those, a fifth of the way from no convergence (0) to the fixed rate (-1/2)")
+def _families_agree(sh):
+    return measure_unless(sh.why["families"],
+                          lambda: float(np.abs(family_exponents(sh.ds).difference.mean("tau")).max()))
+
+
+@CRITERIA("C2T-constant-ratio", "L g_L(T)^2 / K at the largest L and the largest tau (isotropic; K the "
+          "gradient-gap constant at the Bayes optimum, docs/models.md)", "in", (0.5, 2.0),
+          reference="1 as L -> infinity",
+          reason="K is an L -> infinity limit whose per-query terms have infinite variance for tau < 16, so at "
+                 "finite L and 1920 queries the pooled mean sits below it: a factor 2 either side")
+def _constant_ratio(sh):
+    return measure_unless(sh.why["constant"],
+                          lambda: float(constant_ratio(sh.ds).iso.isel(tau=-1, L=-1)))
+
+
+@CRITERIA("C2T-constant-ratio-families", "L g_L(T)^2 / K at the largest L and the largest tau, the family "
+          "farthest from 1 (log scale)", "in", (0.5, 2.0), reference="1 as L -> infinity",
+          reason="as C2T-constant-ratio, for each covariance family with its own K")
+def _constant_ratio_families(sh):
+    return measure_unless(sh.why["constant_families"],
+                          lambda: _worst(constant_ratio(sh.ds).families.isel(tau=-1, L=-1).values))
+
+
+@CRITERIA("C2T-growth-below-4", "smallest log-log slope in L of L g_L(T)^2 (isotropic, seed-pooled) over tau < 4",
+          ">", 0.0, reference="1 - sqrt(tau)/2 > 0 (heavy-tail argument; infinite constant)",
+          reason="below 4 the constant is infinite, so L g^2 must grow with L at every such tau")
+def _growth_below_4(sh):
+    return measure_unless(sh.why["growth"], lambda: float(
+        growth_slopes(sh.ds).isel(tau=sh.ds.tau.values < TAU_STAR).min()))
 
 
 BREAK_CRITERIA = ("C2T-break-location", "C2T-break-covers-4")
@@ -353,13 +446,65 @@ def fit_table(ds: xr.Dataset) -> str:
         lines.append(f"Spearman(tau, uniform): not computed, {why['trend']}")
     else:
         lines.append(f"Spearman(tau, uniform) = {spearman(ex.tau.values, ex.uniform.values):+.3f}")
+    lines.append(family_table(ds))
+    return "\n".join(lines)
+
+
+def family_table(ds: xr.Dataset) -> str:
+    """Plain-text tables: the gradient-gap constant and ``L g_L(T)^2 / K`` at the smallest and
+    largest L per tau > 4, the growth slope of ``L g_L(T)^2`` per tau (isotropic); per family its
+    summary figures, uniform exponents beside the isotropic ones and its constant ratios. A part
+    the file lacks is named with the reason."""
+    why = shortfalls(ds)
+    lines = []
+    if why["constant"]:
+        lines.append(f"gradient-gap constant: not compared, {why['constant']}")
+    else:
+        r = constant_ratio(ds).iso
+        lines.append(f"{'tau':>7} {'K':>10} {'K_se':>8} {'Lg2/K L=' + str(int(ds.L[0])):>12} "
+                     f"{'Lg2/K L=' + str(int(ds.L[-1])):>13}")
+        for tv in r.tau.values:
+            K, se = float(ds.gap_constant.sel(tau=tv)), float(ds.gap_constant_se.sel(tau=tv))
+            lines.append(f"{tv:>7.3f} {K:>10.4g} {se:>8.2g} {float(r.sel(tau=tv).isel(L=0)):>12.3g} "
+                         f"{float(r.sel(tau=tv).isel(L=-1)):>13.3g}")
+        lines.append("K = lim L E g_L^2 at the Bayes optimum (stability.gap_constant); Lg2: seed-pooled L g_L(T)^2 "
+                     "at the end of training")
+    if not why["growth"]:
+        gs = growth_slopes(ds)
+        lines.append("growth slope of L g_L(T)^2 in L (isotropic): " + ", ".join(
+            f"{tv:.3g}: {float(v):+.3f}" for tv, v in zip(gs.tau.values, gs.values)))
+    if why["families"]:
+        lines.append(f"covariance families: not compared, {why['families']}")
+        return "\n".join(lines)
+    fe = family_exponents(ds)
+    for fam in ds.family.values:
+        f = fe.sel(family=fam)
+        cond = float(ds.family_condition.sel(family=fam).isel(tau=0))
+        opn = ds.family_op_norm.sel(family=fam).values
+        lines.append(f"family {fam}: condition {cond:.4g}, op_norm {opn[0]:.4g} (tau = {float(ds.tau[0]):.3g}) .. "
+                     f"{opn[-1]:.4g} (tau = {float(ds.tau[-1]):.3g}), tr(Sigma^-2) = tau to "
+                     f"{float(np.max(np.abs(ds.family_tr_inv2.sel(family=fam) / ds.tau - 1))):.1e}; "
+                     f"mean uniform - isotropic: {float(f.difference.mean()):+.3f}")
+        lines.append(f"{'tau':>9} {'uniform':>8} {'SE_seed':>8} {'isotropic':>9} {'diff':>7} {'K':>10} {'Lg2/K':>7} "
+                     f"{'dist_T':>8}")
+        ratio = (_end_Lg2(ds.g_family, "t_family", "family_seed") / ds.gap_constant_family).sel(family=fam)
+        dist = ds.dist_bayes_family.sel(family=fam).isel(t_family=-1).max("family_seed")
+        for i, tv in enumerate(ds.tau.values):
+            K = float(ds.gap_constant_family.sel(family=fam, tau=tv))
+            lines.append(f"{tv:>9.3f} {float(f.uniform[i]):+8.3f} {float(f.uniform_seed_se[i]):>8.3f} "
+                         f"{float(f.uniform[i] - f.difference[i]):+9.3f} {float(f.difference[i]):+7.3f} {K:>10.4g} "
+                         f"{float(ratio.isel(tau=i, L=-1)):>7.3g} {float(dist[i]):>8.2g}")
+    lines.append("uniform: slope in L of the seed-mean sup_t g_family; diff: minus the isotropic uniform exponent; "
+                 "Lg2/K at the largest L; dist_T: largest distance to the Bayes optimum at the end of training")
     return "\n".join(lines)
 
 
 def figure(ds: xr.Dataset, path):
     """(a) fixed and uniform exponents vs tau with SE bars, the fitted hinge, the heuristic and a
     vertical line at tau = 4; (b), (c) seed-mean g_L(t) for the smallest tau (below 4) and the
-    largest (above 4), one curve per L."""
+    largest (above 4), one curve per L; (d) uniform exponents vs tau per covariance family beside the
+    isotropic ones; (e) ``L g_L(T)^2 / K`` vs L for every tau > 4 (isotropic solid, families dashed),
+    1 marked; (f) ``L g_L(T)^2`` vs L for every tau (isotropic), the growth below 4."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -367,7 +512,8 @@ def figure(ds: xr.Dataset, path):
 
     why, ex, th = _fits(ds)
     tau = ds.tau.values
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    fig, grid = plt.subplots(2, 3, figsize=(16, 9.6))
+    axes = grid[0]
     ax = axes[0]
     if ex is None:
         not_fitted(ax, why["exponents"])
@@ -404,7 +550,60 @@ def figure(ds: xr.Dataset, path):
         ax.set(xlabel="training step t", ylabel=r"$g_L(t)$ (seed mean)",
                title=f"tau = {tv:.3g} ({side} 4)")
         ax.legend(fontsize=6, ncol=2)
+    _family_panels(ds, grid[1], why, ex)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def _family_panels(ds, axes, why, ex):
+    """Panels (d), (e), (f) of :func:`figure`."""
+    import matplotlib.pyplot as plt
+
+    ax = axes[0]
+    if why["families"]:
+        not_fitted(ax, why["families"])
+    else:
+        fe = family_exponents(ds)
+        ax.errorbar(ds.tau.values, ex.uniform, yerr=ex.uniform_seed_se, fmt="o-", ms=4, capsize=2, color="tab:red",
+                    label=f"isotropic ({ds.sizes['seed']} seeds)")
+        for k, fam in enumerate(ds.family.values):
+            f = fe.sel(family=fam)
+            ax.errorbar(ds.tau.values * (1 + 0.02 * (k + 1)), f.uniform, yerr=f.uniform_seed_se, fmt="s--", ms=4,
+                        capsize=2, color=("tab:green", "tab:purple", "tab:brown", "tab:olive")[k % 4],
+                        label=f"{fam} ({ds.sizes['family_seed']} seeds)")
+        ax.legend(fontsize=7)
+    ax.axvline(TAU_STAR, color="gray", ls="--", lw=1)
+    ax.set_xscale("log")
+    ax.set(xlabel=r"$\tau = \mathrm{tr}(\Sigma^{-2})$ (every family rescaled to it)", ylabel="uniform exponent",
+           title="uniform exponents across covariance families (bars: seed SE)")
+    ax = axes[1]
+    if why["constant"]:
+        not_fitted(ax, why["constant"])
+    else:
+        cr = constant_ratio(ds)
+        colors = plt.cm.plasma(np.linspace(0, 0.85, cr.sizes["tau"]))
+        for i, tv in enumerate(cr.tau.values):
+            ax.loglog(cr.L, cr.iso.isel(tau=i), "-o", ms=3, color=colors[i], label=f"tau = {tv:.3g}")
+            if "families" in cr:
+                for k, fam in enumerate(cr["family"].values):
+                    ax.loglog(cr.L, cr.families.isel(family=k, tau=i), ("--", ":", "-.")[k % 3], lw=0.8,
+                              color=colors[i], label=str(fam) if i == 0 else None)
+        ax.axhline(1.0, color="k", lw=1)
+        ax.axhspan(0.5, 2.0, color="g", alpha=0.08)
+        ax.legend(fontsize=6, ncol=2)
+    ax.set(xlabel="L", ylabel=r"$L\,g_L(T)^2 / K$",
+           title=r"$L g_L(T)^2 / K$, tau > 4 (broken lines: families)")
+    ax = axes[2]
+    if why["growth"]:
+        not_fitted(ax, why["growth"])
+    else:
+        lg = _end_Lg2(ds.g, "t", "seed")
+        colors = plt.cm.coolwarm(np.linspace(0, 1, ds.sizes["tau"]))
+        for i, tv in enumerate(ds.tau.values):
+            ax.loglog(ds.L, lg.isel(tau=i), "-" if tv < TAU_STAR else ":", color=colors[i], lw=1,
+                      label=f"tau = {tv:.3g}")
+        ax.legend(fontsize=6, ncol=2)
+    ax.set(xlabel="L", ylabel=r"$L\,g_L(T)^2$ (seed-pooled)",
+           title="growth with L (solid: tau < 4, dotted: tau > 4)")

@@ -21,12 +21,23 @@ Grid (one dask task per cell): ``tau x seed`` with ``Sigma = s I_d``, ``s = sqrt
   ``linear(inf)`` (and the gap ``g_risk`` of the training-risk gradient), the risk, the distance
   to the Bayes optimum, the off-block mass and the empirical logit factor ``exp(a^T Gamma_w a)``.
 
+Families part (``family x tau x family_seed``): the same cell with ``Sigma = covariance.scaled(
+covariance.from_spec(family, d), tau)`` (KMS(0.5) and a power-law spectrum in the paper profile), every family on the
+same tau grid, trained for ``family_steps`` (10,000: anisotropic Sigma converge more slowly along their small
+eigenvalues) with checkpoints every ``family_ckpt_every`` (400, so the same 26 checkpoints and the same gap cost).
+The theory's threshold depends on Sigma through tau alone; the families part asks whether the uniform exponents do.
+Constants parts (``tau``; ``family x tau``): the summary figures of each Sigma (``covariance.summary``) and the
+gradient-gap constant ``K = lim L E g_L^2`` at the Bayes optimum (``stability.gap_constant``, docs/models.md), which
+the analysis compares with ``L g_L(T)^2`` at the end of training.
+
 Paper profile: 14 values of tau log-spaced over [0.75, 14.81] (8 below 4, 6 above), 10 seeds,
 48 pairs x 2 queries, L = 8..4096, lr 0.01, T = 2500, gap every 100 steps (26 checkpoints),
 6 prompt replicates per cell. Choices: g_L(t) is smooth in t (it rises and plateaus as theta_inf
 converges), so 100-step checkpoints lose nothing for the sup; the exponents' noise comes mostly
 from the tasks and queries of a seed (heavy-tailed per-query constants), so the budget goes to
-seeds rather than prompt replicates. Measured: 113 s CPU for the 140 cells (0.8 s per cell), 150 s
+seeds rather than prompt replicates. Families: 3 seeds each (84 cells): the families criterion compares means over
+the 14 tau, whose noise 3 seeds already make small (docs/criteria.md), at about 60% more CPU than the isotropic
+sweep alone. Measured before the families: 113 s CPU for the 140 cells (0.8 s per cell), 150 s
 wall on this 2-core machine while other jobs kept its load average at 5-6 (about 60 s expected
 when idle).
 """
@@ -36,9 +47,9 @@ import math
 
 import numpy as np
 
-from sfxlin import icl
+from sfxlin import covariance, icl
 from sfxlin.params import Param, Profiles
-from sfxlin.stability import TRAINERS, concentration_constant, gradient_gap_trajectory
+from sfxlin.stability import TRAINERS, concentration_constant, gap_constant, gradient_gap_trajectory
 from sfxlin.sweep import Experiment, Part, Variable
 from sfxlin.training import checkpoint_steps
 
@@ -77,12 +88,26 @@ PARAMS = (
           "'simple' (training.train; its rounding seeds a GD instability of the block structure at small tau)",
           "pairs", choices=TRAINERS),
     Param("root_seed", "int", "root of every cell's random generator", 20251211),
+    Param("families", "str_list", "covariance families (sfxlin.covariance spec strings) swept beside the isotropic "
+          "one, each rescaled to every tau: Sigma = covariance.scaled(from_spec(family, d), tau)",
+          Profiles(quick=["kms:0.5"], paper=["kms:0.5", "power_law:1.0"]), grid=True, parts=("families", "family_constants")),
+    Param("n_family_seeds", "int", "independent replicates per (family, tau) of the families part",
+          Profiles(quick=1, paper=3), low=1, grid=True, parts=("families",)),
+    Param("family_steps", "int", "gradient-descent steps of the families part (a multiple of family_ckpt_every): "
+          "anisotropic Sigma converge more slowly along their small eigenvalues", Profiles(quick=200, paper=10000),
+          unit="steps", low=0, parts=("families",)),
+    Param("family_ckpt_every", "int", "steps between checkpoints of the families part",
+          Profiles(quick=50, paper=400), unit="steps", low=1, parts=("families",)),
+    Param("gap_samples", "int", "Monte Carlo draws of the polynomial moments of the gradient-gap constant "
+          "(stability.gap_constant; its exponential factors are exact)", Profiles(quick=2**14, paper=2**18),
+          low=2, parts=("constants", "family_constants")),
 )
 
 
 def _steps_fit_checkpoints(config):
-    if config["n_steps"] % config["ckpt_every"]:
-        raise ValueError(f"n_steps: {config['n_steps']} must be a multiple of ckpt_every = {config['ckpt_every']}")
+    for steps, every in (("n_steps", "ckpt_every"), ("family_steps", "family_ckpt_every")):
+        if config[steps] % config[every]:
+            raise ValueError(f"{steps}: {config[steps]} must be a multiple of {every} = {config[every]}")
 
 
 def sigma_scale(tau, d):
@@ -94,10 +119,38 @@ def grid(config):
     return {"tau": list(config["tau"]), "seed": list(range(config["n_seeds"]))}
 
 
+def family_grid(config):
+    """One trajectory cell per (family, tau, family_seed)."""
+    return {"family": list(config["families"]), "tau": list(config["tau"]),
+            "family_seed": list(range(config["n_family_seeds"]))}
+
+
+def constants_grid(config):
+    """One gap-constant cell per tau (isotropic Sigma)."""
+    return {"tau": list(config["tau"])}
+
+
+def family_constants_grid(config):
+    """One constants cell per (family, tau)."""
+    return {"family": list(config["families"]), "tau": list(config["tau"])}
+
+
+def constants_inputs(config, cell):
+    """What reaches a constants cell: the dimension, the queries per task (the constant averages
+    over a task's queries), the Monte Carlo budget and the root seed (its draws)."""
+    return {k: config[k] for k in ("d", "n_queries", "gap_samples", "root_seed")}
+
+
+def family_sigma(family, tau, d):
+    """``Sigma`` of a families cell: ``covariance.scaled(covariance.from_spec(family, d), tau)``."""
+    return covariance.scaled(covariance.from_spec(family, d), float(tau))
+
+
 def inner_coords(config):
     D = config["d"] + 1
     return {"L": list(config["L"]), "t": checkpoint_steps(config["n_steps"], config["ckpt_every"]).tolist(),
-            "row": list(range(D)), "col": list(range(D))}
+            "row": list(range(D)), "col": list(range(D)),
+            "t_family": checkpoint_steps(config["family_steps"], config["family_ckpt_every"]).tolist()}
 
 
 def kernel(cell, rng, config):
@@ -122,6 +175,39 @@ def kernel(cell, rng, config):
         "concentration_constant": np.float64(concentration_constant(Sigma)),
     }
 
+
+def family_kernel(cell, rng, config):
+    """The isotropic kernel's trajectory and gap for ``Sigma = family_sigma(family, tau, d)``, trained for
+    ``family_steps`` steps with checkpoints every ``family_ckpt_every`` (coordinate ``t_family``)."""
+    Sigma = family_sigma(cell["family"], cell["tau"], config["d"])
+    out = gradient_gap_trajectory(
+        rng, Sigma, list(config["L"]), n_pairs=config["n_pairs"], n_queries=config["n_queries"],
+        n_replicates=config["n_replicates"], lr=config["lr"], n_steps=config["family_steps"],
+        ckpt_every=config["family_ckpt_every"], x_law=config["x_law"], trainer=config["trainer"],
+        label=f"{NAME}[family={cell['family']}, tau={cell['tau']:g}, family_seed={cell['family_seed']}]")
+    return {"g_family": out["g"], "dist_bayes_family": out["dist_bayes"],
+            "off_block_family": icl.off_block_mass(out["U_inf"], out["v_inf"])}
+
+
+def constants_kernel(cell, rng, inputs):
+    """Gradient-gap constant ``K`` (and its Monte Carlo SE) of the isotropic ``Sigma = s I_d``."""
+    d = inputs["d"]
+    K, se = gap_constant(sigma_scale(cell["tau"], d) * np.eye(d), inputs["n_queries"], rng, inputs["gap_samples"])
+    return {"gap_constant": np.float64(K), "gap_constant_se": np.float64(se)}
+
+
+def family_constants_kernel(cell, rng, inputs):
+    """Summary figures, concentration constant and gradient-gap constant of one family at one tau."""
+    Sigma = family_sigma(cell["family"], cell["tau"], inputs["d"])
+    K, se = gap_constant(Sigma, inputs["n_queries"], rng, inputs["gap_samples"])
+    fig = covariance.summary(Sigma)
+    return {**{f"family_{k}": np.float64(fig[k]) for k in covariance.SUMMARY_KEYS},
+            "concentration_constant_family": np.float64(concentration_constant(Sigma)),
+            "gap_constant_family": np.float64(K), "gap_constant_family_se": np.float64(se)}
+
+
+_FAM = ("family", "tau", "family_seed")
+_INF_NOTE = "; +inf by design for tau <= 4 (the expectation diverges)"
 
 VARIABLES = (
     Variable("g", ("tau", "seed", "L", "t"), "gradient gap g_L(t) along the linear(inf) trajectory",
@@ -148,10 +234,36 @@ VARIABLES = (
     Variable("concentration_constant", ("tau", "seed"), "query-averaged concentration constant at the Bayes optimum",
              "(1 - 2 tau^{-1/2})^{-d/2} = E exp(x_q^T Sigma^-1 x_q / c^2); +inf by design for tau <= 4 "
              "(the expectation diverges); the same for every seed", allow_nonfinite=True),
+    Variable("gap_constant", ("tau",), "gradient-gap constant K = lim L E g_L^2 at the Bayes optimum",
+             "stability.gap_constant(s I_d, n_queries): exponential factors exact, polynomial moments by Monte Carlo "
+             "(gap_samples draws)" + _INF_NOTE, allow_nonfinite=True, part="constants"),
+    Variable("gap_constant_se", ("tau",), "Monte Carlo standard error of gap_constant", "0 where K = +inf", part="constants"),
+    Variable("g_family", _FAM + ("L", "t_family"), "gradient gap g_L(t) for a covariance family",
+             "as g, with Sigma = covariance.scaled(from_spec(family, d), tau)", part="families"),
+    Variable("dist_bayes_family", _FAM + ("t_family",), "distance of theta_inf(t) to the Bayes optimum (family)",
+             "as dist_bayes, for the family's Sigma", part="families"),
+    Variable("off_block_family", _FAM + ("t_family",), "off-block mass of theta_inf(t) (family)",
+             "as off_block, for the family's Sigma", part="families"),
+    Variable("family_trace", ("family", "tau"), "trace of Sigma", "covariance.summary: sum of the eigenvalues", part="family_constants"),
+    Variable("family_op_norm", ("family", "tau"), "operator norm of Sigma", "covariance.summary: largest eigenvalue", part="family_constants"),
+    Variable("family_condition", ("family", "tau"), "condition number of Sigma",
+             "covariance.summary: largest / smallest eigenvalue (scale-free: the same at every tau)", part="family_constants"),
+    Variable("family_tr_inv2", ("family", "tau"), "tr(Sigma^-2) of the family's Sigma",
+             "covariance.summary: sum of eigenvalue^-2; equals tau by construction (covariance.scaled)", part="family_constants"),
+    Variable("concentration_constant_family", ("family", "tau"), "query-averaged concentration constant (family)",
+             "(1 - 2 tau^{-1/2})^{-d/2}, the same for every Sigma with tr(Sigma^-2) = tau" + _INF_NOTE,
+             allow_nonfinite=True, part="family_constants"),
+    Variable("gap_constant_family", ("family", "tau"), "gradient-gap constant K (family)",
+             "stability.gap_constant of the family's Sigma" + _INF_NOTE, allow_nonfinite=True, part="family_constants"),
+    Variable("gap_constant_family_se", ("family", "tau"), "Monte Carlo standard error of gap_constant_family",
+             "0 where K = +inf", part="family_constants"),
 )
 
 EXPERIMENT = Experiment(
-    name=NAME, short="c2_threshold", params=PARAMS, checks=(_steps_fit_checkpoints,), inner_coords=inner_coords,
-    variables=VARIABLES, analysis="sfxlin.analysis.c2_threshold", parts=(Part("", grid, kernel),),
+    name=NAME, short="c2_threshold", params=PARAMS, checks=(_steps_fit_checkpoints, covariance.spec_check("families")),
+    inner_coords=inner_coords, variables=VARIABLES, analysis="sfxlin.analysis.c2_threshold",
+    parts=(Part("", grid, kernel), Part("families", family_grid, family_kernel),
+           Part("constants", constants_grid, constants_kernel, inputs=constants_inputs),
+           Part("family_constants", family_constants_grid, family_constants_kernel, inputs=constants_inputs)),
     title="C2: uniform-in-time stability and the tr(Sigma^-2) > 4 threshold",
     description="C2 threshold: uniform-in-time gradient stability vs tau = tr(Sigma^-2)")

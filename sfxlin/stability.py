@@ -26,12 +26,15 @@ normaliser can under- or overflow. Pure numpy.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import icl
 from .training import checkpoint_steps, train, train_all_arrays, validate_Ls
 
-__all__ = ["gradient_gap_trajectory", "gradient_gap", "concentration_constant", "TRAJECTORY_KEYS", "TRAINERS"]
+__all__ = ["gradient_gap_trajectory", "gradient_gap", "concentration_constant", "gap_constant", "TRAJECTORY_KEYS",
+           "TRAINERS"]
 
 #: how ``linear(inf)`` is trained (see :func:`gradient_gap_trajectory`).
 TRAINERS = ("pairs", "simple")
@@ -73,6 +76,63 @@ def concentration_constant(Sigma, d=None):
     if tau <= 4.0:
         return float("inf")
     return float((1.0 - 2.0 / np.sqrt(tau)) ** (-S.shape[0] / 2.0))
+
+
+def _gap_integrand(X1, X2, W, Sigma, c2):
+    """``P(x, x', w)`` of :func:`gap_constant` for samples ``X1, X2, W (n, d)``: the covariance of
+    the residuals of two queries (without the exponential factor) times the inner product of the
+    gradients of their predictions, at the Bayes optimum."""
+    y1, y2 = np.einsum("ni,ni->n", W, X1), np.einsum("ni,ni->n", W, X2)
+    SW = W @ Sigma
+    wSw = np.einsum("ni,ni->n", SW, W)
+    xx = np.einsum("ni,ni->n", X1, X2)
+    cov = c2 * wSw + y1 * y2
+    inner = (xx + y1 * y2) / c2 + c2 * (np.einsum("ni,ni->n", SW, SW) + wSw ** 2) * xx
+    return cov * inner
+
+
+def gap_constant(Sigma, n_queries, rng, n_samples=1 << 18):
+    """Asymptotic constant of the per-task gradient gap at the Bayes optimum:
+    ``K = lim_{L -> inf} L E[g_L^2]`` (docs/models.md, section 2, "The gradient-gap constant"),
+    for centred Gaussian covariates of covariance ``Sigma``, ``w ~ N(0, I_d)``, noiseless labels
+    and ``n_queries`` queries per task; ``(K, standard error)``.
+
+    ``K = D / q + (1 - 1/q) X`` with the same-query term ``D = E[e^{x^T Sigma^-1 x / c^2} P(x, x, w)]``
+    and the cross-query term ``X = E[e^{x^T Sigma^-1 x' / c^2} P(x, x', w)]`` (``x, x'`` independent
+    queries, ``c^2 = tau^{1/2}``, ``tau = tr(Sigma^-2)``). The exponential factors are integrated
+    exactly by a change of Gaussian measure: ``D = kappa^{-d/2} E P(x, x, w)`` with ``x ~ N(0, Sigma / kappa)``,
+    ``kappa = 1 - 2 / c^2`` (finite iff ``tau > 4``); ``X = (1 - eps^2)^{-d/2} E P(x, x', w)`` with
+    ``(Sigma^{-1/2} x, Sigma^{-1/2} x')`` jointly Gaussian, covariance ``[[I, eps I], [eps I, I]] / (1 - eps^2)``,
+    ``eps = 1 / c^2`` (finite iff ``tau > 1``). The remaining polynomial moments are averaged over
+    ``n_samples`` draws from ``rng`` (finite variance: the standard error is returned). ``+inf`` (SE 0)
+    when ``tau <= 4``.
+    """
+    S = icl._as_sigma(Sigma)
+    lam, V = np.linalg.eigh(S)
+    if lam.min() <= 0:
+        raise ValueError(f"Sigma must be positive definite (smallest eigenvalue {lam.min():g})")
+    if isinstance(n_queries, bool) or not isinstance(n_queries, (int, np.integer)) or n_queries < 1:
+        raise ValueError(f"n_queries must be a positive integer, got {n_queries!r}")
+    if isinstance(n_samples, bool) or not isinstance(n_samples, (int, np.integer)) or n_samples < 2:
+        raise ValueError(f"n_samples must be an integer >= 2, got {n_samples!r}")
+    d = S.shape[0]
+    tau = float(np.sum(lam ** -2.0))
+    c2 = math.sqrt(tau)
+    kappa, eps = 1.0 - 2.0 / c2, 1.0 / c2
+    if kappa <= 0.0:                                             # tau <= 4 (to rounding)
+        return float("inf"), 0.0
+    root = (V * np.sqrt(lam)) @ V.T                              # Sigma^{1/2}
+    n = int(n_samples)
+    W = rng.standard_normal((n, d))
+    Y = rng.standard_normal((n, d)) @ root / math.sqrt(kappa)    # x ~ N(0, Sigma / kappa)
+    pd = kappa ** (-d / 2.0) * _gap_integrand(Y, Y, W, S, c2)
+    u, v = rng.standard_normal((n, d)), rng.standard_normal((n, d))
+    s1, s2 = 1.0 / math.sqrt(2.0 * (1.0 - eps)), 1.0 / math.sqrt(2.0 * (1.0 + eps))
+    X1, X2 = (s1 * u + s2 * v) @ root, (s1 * u - s2 * v) @ root
+    px = (1.0 - eps * eps) ** (-d / 2.0) * _gap_integrand(X1, X2, W, S, c2)
+    q = int(n_queries)
+    terms = pd / q + (1.0 - 1.0 / q) * px
+    return float(terms.mean()), float(terms.std(ddof=1) / math.sqrt(n))
 
 
 # --------------------------------------------------------------------------- the gap kernel

@@ -2,16 +2,19 @@
 it writes (schema), its analysis (exponents, threshold regression, verdicts, figure), and the
 analysis on a synthetic file with a known break."""
 import json
+import math
 
 import numpy as np
 import pytest
 import xarray as xr
 
 from conftest import raise_if_dask_computes
+from sfxlin import covariance, icl
 from sfxlin.analysis import c2_threshold as analysis
 from sfxlin.analysis.verdicts import FAIL, INCONCLUSIVE, PASS, format_table
 from sfxlin.execution import compute
 from sfxlin.pipelines import c2_threshold
+from sfxlin.stability import _gap_integrand, concentration_constant, gap_constant, gradient_gap
 from sfxlin.storage import save
 from sfxlin.sweep import build, run_cell
 from sfxlin.training import checkpoint_steps
@@ -60,6 +63,22 @@ def test_quick_file_schema(quick):
         # training risk decreases, the trajectory keeps its block structure (never imposed)
         assert np.all(ds.risk_inf.isel(t=-1) < ds.risk_inf.isel(t=0))
         assert float(ds.off_block.max()) < 1e-12
+        # families: the spec is the coordinate, the summary figures are covariance.summary of the cell's Sigma
+        assert ds.family.values.tolist() == list(config["families"])
+        assert ds.g_family.dims == ("family", "tau", "family_seed", "L", "t_family")
+        np.testing.assert_array_equal(ds.t_family.values,
+                                      checkpoint_steps(config["family_steps"], config["family_ckpt_every"]))
+        assert np.all(ds.g_family > 0) and float(ds.off_block_family.max()) < 1e-12
+        for fam in config["families"]:
+            for tv in config["tau"]:
+                want = covariance.summary(covariance.scaled(covariance.from_spec(fam, config["d"]), tv))
+                for key in covariance.SUMMARY_KEYS:
+                    assert float(ds[f"family_{key}"].sel(family=fam, tau=tv)) == pytest.approx(want[key], rel=1e-12)
+        np.testing.assert_allclose(ds.family_tr_inv2, np.broadcast_to(ds.tau, ds.family_tr_inv2.shape), rtol=1e-12)
+        # the concentration constant depends on tau alone; the gap constant is +inf exactly at tau <= 4
+        np.testing.assert_allclose(ds.concentration_constant_family.isel(family=0), cc, rtol=1e-12)   # tr_inv2 rounding
+        for K in (ds.gap_constant.values, ds.gap_constant_family.isel(family=0).values):
+            assert np.all(np.isinf(K[below])) and np.all(np.isfinite(K[~below]) & (K[~below] > 0))
         criteria = json.loads(ds.attrs["criteria"])
         assert criteria == [c.to_dict() for c in analysis.CRITERIA]
         assert all(c["reference"] and c["reason"] and c["profile"] == "paper" for c in criteria)
@@ -148,7 +167,7 @@ def test_profiles_are_typed_and_valid():
     assert paper["tau"][0] == 0.75 and paper["tau"][-1] == round(c2_threshold.TAU_MAX, 4)
     assert EXPERIMENT.profiles == ("quick", "paper")
     # the grid parameters only say which cells exist: they do not reach a cell's kernel
-    assert {p.name for p in c2_threshold.PARAMS if p.grid} == {"tau", "n_seeds"}
+    assert {p.name for p in c2_threshold.PARAMS if p.grid} == {"tau", "n_seeds", "families", "n_family_seeds"}
     inputs = EXPERIMENT.cell_inputs(paper, {"tau": 0.75, "seed": 0})
     assert "tau" not in inputs and "n_seeds" not in inputs and inputs["d"] == 3
 
@@ -205,3 +224,150 @@ def test_spearman_and_heuristic():
     assert analysis.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert analysis.spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
     np.testing.assert_allclose(analysis.heuristic_exponent([1.0, 4.0, 16.0]), [-0.25, -0.5, -0.5])
+
+
+# ------------------------------------------------------------------------------------------
+# families: configuration, the Bayes optimum and the constants for a non-isotropic Sigma
+# ------------------------------------------------------------------------------------------
+def test_bad_family_is_refused_before_any_cell():
+    with pytest.raises(ValueError, match=r"^families: covariance spec 'kms:1.5': rho must be in \(-1, 1\)"):
+        EXPERIMENT.configure("quick", overrides=["families=kms:0.5,kms:1.5"])
+    with pytest.raises(ValueError, match=r"^families: covariance spec 'diagonal:1/2': .*expected d = 3"):
+        EXPERIMENT.configure("quick", overrides=["families=diagonal:1/2"])
+    with pytest.raises(ValueError, match=r"^family_steps: 210 must be a multiple of family_ckpt_every = 50"):
+        EXPERIMENT.configure("quick", overrides=["family_steps=210"])
+    config = EXPERIMENT.configure("quick", overrides=["families=rotated:power_law:1.0:seed=3,linear"])
+    assert config["families"] == ("rotated:power_law:1.0:seed=3", "linear")
+
+
+KMS = covariance.scaled(covariance.kms(3, 0.5), 30.0)
+
+
+def test_bayes_optimum_and_concentration_constant_for_a_kms_sigma():
+    rng = np.random.default_rng(0)
+    U, v = icl.bayes_optimum(KMS)
+    tasks = icl.make_tasks(rng, 3, 5, 4, 8, icl.covariate_law("gaussian", KMS))
+    pred = np.einsum("i,nij,j...->n...", v, icl.Gamma_w(KMS, tasks.w), U @ tasks.z_q.reshape(-1, 4).T)
+    # v*^T Gamma_w U* z_q = w^T x_q exactly (Remark 5.2 holds for any Sigma) and the point is balanced
+    np.testing.assert_allclose(pred.reshape(10, 10, 4)[np.arange(10), np.arange(10)], tasks.y_q, atol=1e-12)
+    assert np.linalg.norm(U) == pytest.approx(np.linalg.norm(v), rel=1e-14)
+    # E exp(x^T Sigma^-1 x / c^2) for x ~ N(0, Sigma) by Monte Carlo (chi-square law of x^T Sigma^-1 x needs
+    # nothing of Sigma but its rank): within 5 standard errors
+    x = rng.standard_normal((1 << 18, 3)) @ np.linalg.cholesky(KMS).T
+    e = np.exp(np.einsum("ni,ij,nj->n", x, np.linalg.inv(KMS), x) / math.sqrt(30.0))
+    assert abs(e.mean() - concentration_constant(KMS)) < 5 * e.std() / math.sqrt(e.size)
+
+
+def test_gap_constant_change_of_measure_against_plain_monte_carlo():
+    # the same expectation sampled under the original law (x, x' ~ N(0, Sigma) independent, w ~ N(0, I)),
+    # exponential factors included as weights: finite variance at tau = 100 (needs tau > 16); 5 combined SEs
+    Sigma, q, n = covariance.scaled(covariance.power_law(3, 1.0), 100.0), 2, 1 << 18
+    K, se = gap_constant(Sigma, q, np.random.default_rng(1), n)
+    rng = np.random.default_rng(2)
+    C = np.linalg.cholesky(Sigma)
+    X1, X2 = rng.standard_normal((n, 3)) @ C.T, rng.standard_normal((n, 3)) @ C.T
+    W = rng.standard_normal((n, 3))
+    P, c2 = np.linalg.inv(Sigma), 10.0
+    same = np.exp(np.einsum("ni,ij,nj->n", X1, P, X1) / c2) * _gap_integrand(X1, X1, W, Sigma, c2)
+    cross = np.exp(np.einsum("ni,ij,nj->n", X1, P, X2) / c2) * _gap_integrand(X1, X2, W, Sigma, c2)
+    terms = same / q + (1 - 1 / q) * cross
+    assert abs(terms.mean() - K) < 5 * math.hypot(se, terms.std() / math.sqrt(n))
+    assert 0 < se < 0.05 * K
+    for tau in (3.9, 4.0):
+        assert gap_constant(covariance.scaled(Sigma, tau), q, rng, 16) == (math.inf, 0.0)
+    with pytest.raises(ValueError, match="n_queries"):
+        gap_constant(Sigma, 0, rng)
+
+
+def test_gap_constant_integrand_is_the_limit_of_the_measured_gap():
+    # for one task pair and its two queries, L E[g_L^2 | w, x_q] by direct simulation of softmax(L) at the
+    # Bayes optimum (many prompt sets) against the delta-method kernel sum_{q,q'} e^{x_q Sigma^-1 x_q' / c^2}
+    # P(x_q, x_q', w) / q^2 that gap_constant integrates. Tolerance: 4 SE of the simulation plus 6% for the
+    # O(1/L) terms the limit drops (measured: +2% to +7% at L = 2048 on three draws)
+    Sigma = covariance.scaled(covariance.kms(2, 0.5), 64.0)
+    U, v = icl.bayes_optimum(Sigma)
+    law = icl.covariate_law("gaussian", Sigma)
+    rng = np.random.default_rng(4)
+    tasks = icl.make_tasks(rng, 2, 1, 2, 8, law)
+    w, xq, c2 = tasks.w[0], tasks.x_q[0], 8.0
+    L, R = 1024, 800
+    X = np.asarray(law.sample(rng, (R, L)))
+    prompts = np.empty((R, 2, L, 3))
+    prompts[..., :2] = X[:, None]
+    prompts[:, 0, :, 2], prompts[:, 1, :, 2] = X @ w, -(X @ w)
+    Lg2 = np.array([L * gradient_gap(U, v, tasks, prompts[r:r + 50], [L])[0, 0] ** 2 for r in range(0, R, 50)])
+    P = np.linalg.inv(Sigma)
+    want = sum(math.exp(xq[i] @ P @ xq[j] / c2) * _gap_integrand(xq[i][None], xq[j][None], w[None], Sigma, c2)[0]
+               for i in range(2) for j in range(2)) / 4
+    assert abs(Lg2.mean() - want) < 4 * Lg2.std(ddof=1) / math.sqrt(Lg2.size) + 0.06 * want
+
+
+# ------------------------------------------------------------------------------------------
+# families and the constant: the analysis on a synthetic file with known answers
+# ------------------------------------------------------------------------------------------
+def _with_families(offsets=(0.05, -0.02), K_scale=1.0):
+    """The synthetic file of :func:`_synthetic` plus: families whose uniform exponents are the
+    isotropic ones plus ``offsets``; gap constants K chosen so that L g_L(T)^2 / K is known."""
+    ds, p_unif = _synthetic(n_seeds=3)
+    ds = ds.copy()
+    rng = np.random.default_rng(9)
+    L = ds.L.values.astype(float)
+    fam = ["kms:0.5", "power_law:1.0"][:len(offsets)]
+    g = np.empty((len(fam), ds.tau.size, 3, L.size, 3))
+    for k, off in enumerate(offsets):
+        g[k, ..., 0] = 3.0 * L ** -0.5
+        g[k, ..., 1:] = (5.0 * L[None, :, None] ** (p_unif[:, None, None] + off))[:, None]
+    g *= np.exp(0.1 * rng.standard_normal(g.shape))
+    ds["g_family"] = (("family", "tau", "family_seed", "L", "t_family"), g)
+    ds = ds.assign_coords(family=fam, family_seed=[0, 1, 2], t_family=[0, 400, 800])
+    above = ds.tau.values > 4
+    Lg2 = (ds.g.isel(t=-1) ** 2 * ds.L).mean("seed").isel(L=-1).values
+    ds["gap_constant"] = ("tau", np.where(above, K_scale * Lg2, np.inf))
+    ds["gap_constant_se"] = ("tau", np.zeros(ds.tau.size))
+    Lg2f = (ds.g_family.isel(t_family=-1) ** 2 * ds.L).mean("family_seed").isel(L=-1).values
+    ds["gap_constant_family"] = (("family", "tau"), np.where(above, 2.5 * Lg2f, np.inf))
+    figs = [[covariance.summary(covariance.scaled(covariance.from_spec(f, 3), tv)) for tv in ds.tau.values] for f in fam]
+    for key in covariance.SUMMARY_KEYS:
+        ds[f"family_{key}"] = (("family", "tau"), [[x[key] for x in row] for row in figs])
+    ds["dist_bayes_family"] = (("family", "tau", "family_seed", "t_family"), np.zeros(g.shape[:3] + (3,)))
+    return ds, p_unif
+
+
+def test_analysis_of_families_and_the_constant():
+    ds, p_unif = _with_families()
+    fe = analysis.family_exponents(ds)
+    # per tau the difference carries the offset plus noise (10% lognormal: slope SE ~0.01); the mean over tau
+    # averages 14 of those
+    np.testing.assert_allclose(fe.difference.mean("tau"), [0.05, -0.02], atol=0.01)
+    assert np.all(np.isfinite(fe.uniform_seed_se))
+    rows = {r.id: r for r in analysis.verdicts(ds)}   # one pass of every fit (the threshold regression is slow)
+    m = {cid: r.measured for cid, r in rows.items()}
+    assert m["C2T-families-agree"] == pytest.approx(float(np.abs(fe.difference.mean("tau")).max()))
+    # K was set to the pooled L g^2 at the largest L (isotropic) and to 1/2.5 of it (families)
+    cr = analysis.constant_ratio(ds)
+    assert cr.tau.values.min() > 4
+    np.testing.assert_allclose(cr.iso.isel(L=-1), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(cr.families.isel(L=-1), 0.4, rtol=1e-12)
+    assert m["C2T-constant-ratio"] == pytest.approx(1.0) and m["C2T-constant-ratio-families"] == pytest.approx(0.4)
+    # growth: the end-of-training gap is 5 L^p (x noise), so L g^2 has slope 1 + 2 p at every tau
+    gs = analysis.growth_slopes(ds)
+    np.testing.assert_allclose(gs, 1 + 2 * p_unif, atol=0.05)
+    assert m["C2T-growth-below-4"] == pytest.approx(float(gs.isel(tau=ds.tau.values < 4).min()))
+    rows = {cid: r.verdict for cid, r in rows.items()}
+    assert rows["C2T-families-agree"] == PASS and rows["C2T-constant-ratio"] == PASS
+    assert rows["C2T-constant-ratio-families"] == FAIL and rows["C2T-growth-below-4"] == PASS
+    far, _ = _with_families(offsets=(0.2,))
+    assert float(np.abs(analysis.family_exponents(far).difference.mean("tau")).max()) == pytest.approx(0.2, abs=0.01)
+    table = analysis.family_table(ds)
+    assert "family kms:0.5" in table and "family power_law:1.0" in table and "Lg2/K" in table
+
+
+def test_a_file_without_families_or_constant_is_inconclusive_there(tmp_path):
+    ds, _ = _synthetic()
+    ds = ds.isel(tau=slice(0, 5))          # 5 tau: no threshold regression (slow, and not the point here)
+    rows = {r.id: r for r in analysis.verdicts(ds)}
+    for cid in ("C2T-families-agree", "C2T-constant-ratio", "C2T-constant-ratio-families"):
+        assert rows[cid].verdict == INCONCLUSIVE and "the file has no" in rows[cid].note
+    assert rows["C2T-growth-below-4"].verdict == PASS
+    assert "covariance families: not compared" in analysis.family_table(ds)
+    assert analysis.figure(ds, tmp_path / "f.png").stat().st_size > 10_000

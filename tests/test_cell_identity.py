@@ -28,7 +28,8 @@ C2 = {**c2_concentration.EXPERIMENT.configure("quick"), "d": [2], "U_norm": [0.5
       "grad_pairs": 1, "grad_queries": 1, "grad_draws": 2, "grad_scales": [1.0], "traj_pairs": 1, "traj_steps": 10,
       "traj_ckpt_every": 10, "traj_seeds": 1, "traj_replicates": 1}
 C2T = {**c2_threshold.EXPERIMENT.configure("quick"), "tau": [1.0, 2.0, 4.0, 6.0, 8.0, 10.0], "n_seeds": 1, "L": [4, 8, 16],
-       "n_pairs": 1, "n_queries": 1, "n_replicates": 1, "n_steps": 20, "ckpt_every": 10}
+       "n_pairs": 1, "n_queries": 1, "n_replicates": 1, "n_steps": 20, "ckpt_every": 10, "families": ["kms:0.5"],
+       "n_family_seeds": 1, "family_steps": 20, "family_ckpt_every": 10, "gap_samples": 64}
 C3 = {**c3_transfer.EXPERIMENT.configure("quick"), "settings": ["isotropic", "rademacher"], "n_seeds": 1, "n_seeds_control": 1,
       "n_pairs": 1, "n_queries": 1, "L": [4, 8, 16], "n_steps": 20, "ckpt_every": 10, "heldout_pairs": 1,
       "heldout_queries": 1, "L_eval": 32, "heldout_every": 20}
@@ -51,7 +52,8 @@ def _token_file():
 GRIDS = {
     "c1": (c1_limit, C1, {"d": [3, 2], "U_norm": [0.1, 0.5], "n_seeds": 2}),
     "c2": (c2_concentration, C2, {"d": [3, 2], "U_norm": [0.1, 0.5], "n_seeds": 2, "traj_seeds": 2}),
-    "c2_threshold": (c2_threshold, C2T, {"tau": [0.75, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0], "n_seeds": 2}),
+    "c2_threshold": (c2_threshold, C2T, {"tau": [0.75, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0], "n_seeds": 2,
+                                         "families": ["power_law:1.0", "kms:0.5"], "n_family_seeds": 2}),
     "c3": (c3_transfer, C3, {"settings": ["anisotropic", "rademacher", "isotropic"], "n_seeds": 2}),
     "c3_landscape": (c3_landscape, C3L, {"covariances": ["kms:0.5", "isotropic"], "noises": [0.0, 0.5],
                                          "mean_norms": [1.0, 0.0], "n_seeds": 2}),
@@ -73,7 +75,9 @@ PERTURBATIONS = {
            "root_seed": 7},
     "c2_threshold": {"d": 2, "tau": [1.0, 2.0, 4.0, 6.0, 8.0, 12.0], "L": [4, 8, 32], "n_seeds": 2,
                      "n_pairs": 2, "n_queries": 2, "n_replicates": 2, "lr": 0.02, "n_steps": 30, "ckpt_every": 5,
-                     "x_law": "rademacher", "trainer": "simple", "root_seed": 7},
+                     "x_law": "rademacher", "trainer": "simple", "root_seed": 7,
+                     "families": ["kms:0.5", "power_law:1.0"], "n_family_seeds": 2, "family_steps": 30,
+                     "family_ckpt_every": 5, "gap_samples": 65},
     "c3": {"d": 2, "settings": ["isotropic", "anisotropic", "rademacher"], "Sigma_isotropic": [1.0, 1.0, 2.0],
            "Sigma_anisotropic": [3.0, 1.0, 0.5], "Sigma_rademacher": [1.0, 2.0, 1.0], "n_seeds": 2,
            "n_seeds_control": 2, "n_pairs": 2, "n_queries": 2, "L": [4, 8, 32], "lr": 0.02, "n_steps": 40,

@@ -51,6 +51,10 @@ PINNED = {
         ("C2T-separation-low-tau", "C2", ">", 0.2),
         ("C2T-break-location", "C2", "in", (2.0, 8.0)),
         ("C2T-break-covers-4", "C2", ">=", 1.0),
+        ("C2T-families-agree", "C2", "<=", 0.1),
+        ("C2T-constant-ratio", "C2", "in", (0.5, 2.0)),
+        ("C2T-constant-ratio-families", "C2", "in", (0.5, 2.0)),
+        ("C2T-growth-below-4", "C2", ">", 0.0),
     ],
     "c1_real": [
         ("C1R-slopes", "C1", "in", (-1.1, -0.9)),
