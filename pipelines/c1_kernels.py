@@ -54,7 +54,7 @@ PARAMS = (
     Param("n_prompts", "int", "independent prompts per query", Profiles(quick=8, paper=16), low=2,
           why="the z-scores need a standard error over prompts"),
     Param("sigmoid_bias", "float", "bias b of the sigmoid kernel sigma(s + b)", -2.0),
-    Param("rf_m_attention", "int", "random features of the rf_softmax kernel", 64, low=1),
+    Param("rf_m_attention", "int", "random features of the rf_softmax kernel", 16, low=1),
     Param("rf_sigma2", "float_list", "token variances s (Sigma = s I) of the random-feature study",
           Profiles(quick=[0.1, 2.0], paper=[0.1, 0.25, 0.5, 1.0, 2.0]), low=0, low_open=True, grid=True),
     Param("rf_m", "int_list", "numbers of random features m", Profiles(quick=[4, 16, 64, 256], paper=[2**k for k in range(2, 12)]),

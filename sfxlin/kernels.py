@@ -104,7 +104,8 @@ class Kernel:
             c, r2 = 1.0 / self.temperature, r**2
             e1, e2 = np.exp(c**2 * r2 / 2), np.exp(2 * c**2 * r2)
             return e1, c * e1, e2, 2 * c * r2 * e2, (r2 + 4 * c**2 * r2**2) * e2
-        k = lambda s: self.weight(s, L)  # noqa: E731  (sigmoids: sigma' = sigma (1 - sigma))
+        Lx = None if L is None else np.asarray(L, dtype=float)[..., None]  # broadcasts against r and the nodes
+        k = lambda s: self.weight(s, Lx)  # noqa: E731  (sigmoids: sigma' = sigma (1 - sigma))
         return (normal_expectation(k, r, n_nodes), normal_expectation(lambda s: k(s) * (1 - k(s)), r, n_nodes),
                 normal_expectation(lambda s: k(s) ** 2, r, n_nodes),
                 normal_expectation(lambda s: k(s) ** 2 * s, r, n_nodes),
@@ -245,15 +246,9 @@ def kernel_mse(kernel, Sigma, U, q, L):
         raise ValueError("q: kernel_mse needs a = U q != 0 (r = ||a||_Sigma > 0)")
     B, r2 = np.sum(Sa**2, axis=-1), r**2
     if kernel.name == "sigmoid_logL":
-        L, r = np.broadcast_arrays(L, r)
-        B, r2 = np.broadcast_to(B, r.shape), r**2
-        out = np.empty(r.shape)
-        for idx in np.ndindex(r.shape):
-            k0, k1, k2, k2s, k2ss = (float(m) for m in kernel.moments(r[idx], L[idx]))
-            second = k2 * np.trace(S) + B[idx] / r2[idx] * (k2ss / r2[idx] - k2)
-            bias2 = (L[idx] * k1 - np.exp(r2[idx] / 2)) ** 2 * B[idx]
-            out[idx] = bias2 + L[idx] * (second - B[idx] * k1**2)
-        return out
+        k0, k1, k2, k2s, k2ss = kernel.moments(*np.broadcast_arrays(r, L))
+        second = k2 * np.trace(S) + B / r2 * (k2ss / r2 - k2)
+        return (L * k1 - np.exp(r2 / 2)) ** 2 * B + L * (second - B * k1**2)
     k0, k1, k2, k2s, k2ss = kernel.moments(r)
     second = k2 * np.trace(S) + B / r2 * (k2ss / r2 - k2)
     if not kernel.normalised:

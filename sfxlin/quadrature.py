@@ -33,6 +33,8 @@ normal_expectation(g, r, n_nodes=120)
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numpy.polynomial.hermite_e import hermegauss
 from numpy.polynomial.legendre import leggauss
@@ -448,5 +450,13 @@ def normal_expectation(g, r, n_nodes=120):
         raise ValueError(f"r (a standard deviation) must be >= 0, got {r}")
     if not (isinstance(n_nodes, (int, np.integer)) and n_nodes >= 1):
         raise ValueError(f"n_nodes must be an integer >= 1, got {n_nodes!r}")
-    x, w = hermegauss(int(n_nodes))
-    return np.asarray(g(r[..., None] * x)) @ (w / np.sqrt(2 * np.pi))
+    x, w = _normal_rule(int(n_nodes))
+    return np.asarray(g(r[..., None] * x)) @ w
+
+
+@functools.lru_cache(maxsize=8)
+def _normal_rule(n_nodes):
+    """Nodes and weights of ``E g(x)``, ``x ~ N(0, 1)`` (computed once per ``n_nodes``: an eigenproblem)."""
+    x, w = hermegauss(n_nodes)
+    x.flags.writeable = w.flags.writeable = False
+    return x, w / np.sqrt(2 * np.pi)
