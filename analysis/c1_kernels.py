@@ -205,7 +205,7 @@ def figure(ds: xr.Dataset, path):
         if np.isfinite(t).all():
             ax1.loglog(L, t, "-", lw=0.8, color=colors[k])
     ax1.set(xlabel="prompt length L", ylabel=r"$E\|f_L - f_\infty\|^2$ (own limit)",
-            title=f"error to each kernel's limit, r = {r_top:g} (lines: exact / delta method)")
+            title=f"error to own limit, r = {r_top:g}\n(lines: exact / delta-method prediction)")
     ax1.legend(fontsize=6, ncol=2)
     rr = np.linspace(max(0.05, 0.5 * ds.r.values[0]), 1.1 * ds.r.values[-1], 100)
     for k in kernels:
@@ -217,7 +217,7 @@ def figure(ds: xr.Dataset, path):
                      color=colors[k], label=k)
     ax2.axhline(1.0, color="k", lw=0.5, ls=":")
     ax2.set(xlabel=r"$r = \|a\|_\Sigma$", ylabel="gain (f = gain * Sigma a)", yscale="log",
-            title="Stein gains (lines) vs Monte Carlo at L_max (points, 2 SE)")
+            title="gain: Stein (lines) vs Monte Carlo at L_max\n(points, 2 SE)")
     ax2.legend(fontsize=6, ncol=2)
     m = ds.rf_m.values
     for s2, c in zip(ds.rf_sigma2.values, plt.cm.plasma(np.linspace(0, 0.85, ds.sizes["rf_sigma2"]))):
@@ -227,7 +227,7 @@ def figure(ds: xr.Dataset, path):
         if np.isfinite(const):
             ax3.loglog(m, const / m, "--", lw=0.8, color=c)
     ax3.set(xlabel="random features m", ylabel=r"$E_W\|$RF limit$ - \Sigma a\|^2$",
-            title="random-feature softmax vs softmax's limit (dashed: delta method / m)")
+            title="random-feature limit vs softmax's\n(dashed: delta-method constant / m)")
     ax3.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
