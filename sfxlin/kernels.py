@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .laws import FloatOverflowError
 from .attention import _check_operands, _read_out, _weighted_sum, check_prompt_lengths, online_softmax_prefix
 from .quadrature import normal_expectation
 from .validation import finite_array
@@ -87,8 +88,8 @@ class Kernel:
         if self.name == "sigmoid":
             return _sigmoid(s + self.bias)
         if self.name == "sigmoid_logL":
-            if L is None:
-                raise ValueError("L: the sigmoid_logL weight sigma(s - log L) needs the prompt length")
+            if L is None or np.any(np.asarray(L) < 1):
+                raise ValueError(f"L: the sigmoid_logL weight sigma(s - log L) needs a prompt length >= 1, got {L}")
             return _sigmoid(s - np.log(L))
         return np.maximum(s, 0.0) ** _RELU_POWER[self.name]
 
@@ -155,10 +156,12 @@ def kernel_attention_prefix(Z, U, V, q, Ls, kernel):
     Z, U, V, q = _check_operands(Z, U, V, q, check_Z=False)
     Ls = check_prompt_lengths(Ls, Z.shape[-2])
     Z = finite_array(Z[..., : Ls[-1], :], "Z")
-    a = q @ U.T
-    s = (Z @ a[..., None])[..., 0]
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below
+        a = q @ U.T
+        s = (Z @ a[..., None])[..., 0]
     if not np.all(np.isfinite(s)):
-        raise ValueError("kernel_attention_prefix: the logits z_k^T U q overflow float64; Z, U and q are too large")
+        raise FloatOverflowError("kernel_attention_prefix: the logits z_k^T U q overflow float64; Z, U and q are "
+                                 "too large together")
     if kernel.name == "softmax":
         return _read_out(online_softmax_prefix(s / kernel.temperature, Z, Ls), V, "kernel_attention_prefix")
     if kernel.name == "sigmoid_logL":
@@ -287,9 +290,11 @@ def rf_attention_prefix(Z, U, V, q, Ls, W):
         raise ValueError(f"W must be (m, {Z.shape[-1]}), got {W.shape}")
     Ls = check_prompt_lengths(Ls, Z.shape[-2])
     Z = finite_array(Z[..., : Ls[-1], :], "Z")
-    s = _rf_log_weights(W, q @ U.T, Z)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below
+        s = _rf_log_weights(W, q @ U.T, Z)
     if not np.all(np.isfinite(s)):
-        raise ValueError("rf_attention_prefix: the feature logits overflow float64; Z, U, q or W are too large")
+        raise FloatOverflowError("rf_attention_prefix: the feature logits overflow float64; Z, U, q and W are too "
+                                 "large together")
     return _read_out(online_softmax_prefix(s, Z, Ls), V, "rf_attention_prefix")
 
 

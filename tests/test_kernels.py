@@ -95,6 +95,18 @@ def test_bad_input_is_refused_with_the_argument_named():
         rf_limit(SIGMA, I3, I3, np.ones(3), np.ones((4, 2)))
     with pytest.raises(ValueError, match="r "):
         normal_expectation(np.exp, -1.0)
+    with pytest.raises(ValueError, match="L: "):
+        Kernel("sigmoid_logL").weight(np.zeros(2), L=0)
+
+
+def test_overflowing_logits_raise_the_overflow_error_not_nan():
+    from sfxlin.laws import FloatOverflowError
+
+    Z = np.full((1, 4, 3), 1e200)
+    with pytest.raises(FloatOverflowError, match="logits"):
+        kernel_attention(Z, 1e200 * I3, I3, np.ones(3), Kernel("relu"))
+    with pytest.raises(FloatOverflowError, match="feature logits"):
+        rf_attention_prefix(Z, 1e200 * I3, I3, np.ones(3), [4], np.ones((2, 3)))
 
 
 def test_normal_expectation_is_exact_on_polynomials_and_the_gaussian_mgf():
