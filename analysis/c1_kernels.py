@@ -12,7 +12,7 @@ import xarray as xr
 from .fits import MIN_LINE_POINTS, loglog_slope, too_few
 from .verdicts import Criteria, Inconclusive, measure_unless
 
-__all__ = ["CRITERIA", "slopes", "rf_slopes", "gain_z", "measures", "verdicts", "fit_table", "figure",
+__all__ = ["CRITERIA", "slopes", "tail_slopes", "rf_slopes", "gain_z", "measures", "verdicts", "fit_table", "figure",
            "SMOOTH", "KINKED", "LIGHT_TAIL", "HEAVY_TAIL"]
 
 #: kernels whose Stein integrand is smooth (Gauss-Hermite converges geometrically) / kinked (ReLU)
@@ -26,6 +26,12 @@ LIGHT_TAIL, HEAVY_TAIL = 1.0 / 3.0, 1.0
 def slopes(ds: xr.Dataset) -> xr.Dataset:
     """Log-log slope (OLS, SE, 95% CI) in L of the seed-mean error to the kernel's own limit, per (kernel, r)."""
     return loglog_slope(ds.mse.mean("seed"), "L", test_exponent=-1.0)
+
+
+def tail_slopes(ds: xr.Dataset, n: int = 5) -> xr.Dataset:
+    """:func:`slopes` over the ``n`` largest prompt lengths only (a diagnostic, no criterion): where
+    the full-range slope is flattened by a pre-asymptotic start, the tail shows the asymptotic rate."""
+    return loglog_slope(ds.mse.mean("seed").isel(L=slice(-n, None)), "L")
 
 
 def rf_slopes(ds: xr.Dataset) -> xr.Dataset:
@@ -152,17 +158,20 @@ def verdicts(ds: xr.Dataset):
 
 
 def fit_table(ds: xr.Dataset) -> str:
-    """Plain-text table: per (kernel, r) the slope in L with SE, mse/predicted at L_max, measured and
+    """Plain-text table: per (kernel, r) the slope in L with SE, the slope over the 5 largest L
+    (diagnostic), mse/predicted at L_max, measured and
     exact gain; per rf_sigma2 the slope in m and m*mse/constant at the largest m; the Stein errors."""
     fit = None if _few_L(ds) else slopes(ds)
+    tail = tail_slopes(ds) if ds.sizes["L"] >= 5 else None
     z = gain_z(ds)
-    lines = [f"{'kernel':>13} {'r':>5} {'slope':>7} {'SE':>6} {'mse/pred':>9} {'gain MC':>10} {'+-SE':>8} "
-             f"{'gain exact':>10} {'z2':>5} {'orth':>7}"]
+    lines = [f"{'kernel':>13} {'r':>5} {'slope':>7} {'SE':>6} {'tail5':>7} {'mse/pred':>9} {'gain MC':>10} "
+             f"{'+-SE':>8} {'gain exact':>10} {'z2':>5} {'orth':>7}"]
     for k in ds.kernel.values.tolist():
         for r in ds.r.values:
             c = ds.sel(kernel=k, r=r)
             slope = (f"{float(fit.slope.sel(kernel=k, r=r)):>7.3f} {float(fit.slope_se.sel(kernel=k, r=r)):>6.3f}"
                      if fit is not None else f"{'-':>7} {'-':>6}")
+            slope += f" {float(tail.slope.sel(kernel=k, r=r)):>7.3f}" if tail is not None else f" {'-':>7}"
             pred = (c.mse.isel(L=-1).mean("seed") / c.mse_theory.isel(L=-1).mean("seed")).item()
             se = float(np.sqrt((c.gain_se**2).sum("seed")) / ds.sizes["seed"])
             lines.append(f"{k:>13} {r:>5.2f} {slope} {pred:>9.3f} {float(c.gain_measured.mean('seed')):>10.4f} "
@@ -172,10 +181,12 @@ def fit_table(ds: xr.Dataset) -> str:
     lines.append(f"{'rf_sigma2':>10} {'slope in m':>10} {'SE':>6} {'m*mse/const (m_max)':>20} {'const':>9}")
     for s2 in ds.rf_sigma2.values:
         c = ds.sel(rf_sigma2=s2).isel(rf_m=-1)
-        ratio = float(c.rf_m * c.rf_sq_error.mean("rf_draw") / c.rf_constant)
+        const = float(c.rf_constant)
+        ratio = f"{float(c.rf_m * c.rf_sq_error.mean('rf_draw')) / const:>20.3f}" if np.isfinite(const) \
+            else f"{'- (constant inf)':>20}"
         sl = f"{float(rf.slope.sel(rf_sigma2=s2)):>10.3f} {float(rf.slope_se.sel(rf_sigma2=s2)):>6.3f}" if rf is not None \
             else f"{'-':>10} {'-':>6}"
-        lines.append(f"{s2:>10.3g} {sl} {ratio:>20.3f} {float(c.rf_constant):>9.4g}")
+        lines.append(f"{s2:>10.3g} {sl} {ratio} {const:>9.4g}")
     lines.append("Stein identity vs tensor quadrature (max relative error): " + ", ".join(
         f"{k} {float(ds.stein_error.sel(stein_kernel=k)):.1e}" for k in ds.stein_kernel.values.tolist()))
     return "\n".join(lines)

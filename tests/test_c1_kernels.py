@@ -65,3 +65,15 @@ def test_analysis_measures_table_and_figure(ds, tmp_path):
     table = analysis.fit_table(ds)
     assert "relu_norm" in table and "rf_sigma2" in table
     assert analysis.figure(ds, tmp_path / "f.png").stat().st_size > 10_000
+
+
+def test_tail_slopes_read_the_largest_lengths_only():
+    """Synthetic errors c / L exactly in their seed mean: slope -1 over any tail; a change at the
+    smallest L (outside the 5 largest) moves the full-range slope, not the tail slope."""
+    import synthetic
+
+    ds = synthetic.c1_kernels(L=(8, 16, 32, 64, 128, 256))
+    np.testing.assert_allclose(analysis.tail_slopes(ds).slope, -1.0, atol=1e-12)
+    ds["mse"][dict(L=0)] *= 10.0
+    np.testing.assert_allclose(analysis.tail_slopes(ds).slope, -1.0, atol=1e-12)
+    assert (analysis.slopes(ds).slope < -1.1).all()
