@@ -20,6 +20,7 @@ from .laws import FloatOverflowError
 __all__ = [
     "softmax_attention",
     "softmax_attention_prefix",
+    "online_softmax_prefix",
     "linear_attention",
     "limit_attention",
     "asymptotic_mse",
@@ -125,6 +126,17 @@ def softmax_attention_prefix(Z, U, V, q, Ls):
     finite_array(Z[..., : Ls[-1], :], "Z")  # tokens beyond the largest L are never read
     s = _logits(Z[..., : Ls[-1], :], U, q)  # (..., L_max): logits once for every L
     _check_logits(s, "softmax_attention_prefix")
+    return _read_out(online_softmax_prefix(s, Z, Ls), V, "softmax_attention_prefix")
+
+
+def online_softmax_prefix(s, Z, Ls):
+    """``sum_k softmax(s[:L])_k z_k`` at every ``L in Ls`` from logits ``s (..., >= L_max)``.
+
+    Tokens are split into the blocks ``[0, L_1), [L_1, L_2), ...``; each block contributes its own
+    maximum ``m_b`` and its sums ``sum e^{s-m_b}``, ``sum e^{s-m_b} z``, merged into running sums
+    with a running maximum (online softmax): every exponent is <= 0. ``Ls`` must already be
+    checked (:func:`check_prompt_lengths`) and ``s`` finite. Returns ``(..., len(Ls), D)``.
+    """
     out = None
     for lo, hi in zip(np.concatenate([[0], Ls[:-1]]), Ls):
         block = s[..., lo:hi]
@@ -140,7 +152,7 @@ def softmax_attention_prefix(Z, U, V, q, Ls):
             acc1 = acc1 * old[..., None] + sum1 * new[..., None]
             run_max = new_max
         out.append(acc1 / acc0[..., None])
-    return _read_out(np.stack(out, axis=-2), V, "softmax_attention_prefix")
+    return np.stack(out, axis=-2)
 
 
 def linear_attention(Z, U, V, q):

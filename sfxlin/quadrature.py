@@ -28,8 +28,12 @@ gaussian_mixture_rule(weights, means, covs, n_nodes=40)
     components' Gauss-Hermite grids (any expectation under the mixture, not only the tilted mean).
 gaussian_mixture_tilted_mean_quadrature(weights, means, covs, a, n_nodes=40)
     The tilted mean of the mixture by a softmax over the nodes of that rule.
+normal_expectation(g, r, n_nodes=120)
+    ``E g(s)``, ``s ~ N(0, r^2)``, by 1-D Gauss-Hermite (the gains of kernel attention).
 """
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 from numpy.polynomial.hermite_e import hermegauss
@@ -38,7 +42,7 @@ from numpy.polynomial.legendre import leggauss
 from .validation import component_covariances, finite_array
 
 __all__ = ["gaussian_tilted_mean_quadrature", "product_law_tilted_mean_quadrature", "gaussian_mixture_rule",
-           "gaussian_mixture_tilted_mean_quadrature", "MAX_DIM"]
+           "gaussian_mixture_tilted_mean_quadrature", "normal_expectation", "MAX_DIM"]
 
 MAX_DIM = 4
 _CHUNK_ELEMENTS = 1 << 22  # rows of a per chunk x grid nodes; 4M float64 = 32 MB per work array
@@ -427,3 +431,32 @@ def gaussian_mixture_tilted_mean_quadrature(weights, means, covs, a, n_nodes=40)
         p = np.exp(logits - logits.max(axis=1, keepdims=True))
         out[start:start + chunk] = (p @ nodes) / p.sum(axis=1, keepdims=True)
     return out.reshape(a.shape)
+
+
+# --------------------------------------------------------------------------------------------
+# one-dimensional Gaussian expectations (kernel attention gains)
+# --------------------------------------------------------------------------------------------
+
+
+def normal_expectation(g, r, n_nodes=120):
+    """``E[g(s)]`` for ``s ~ N(0, r^2)`` by ``n_nodes``-point Gauss-Hermite (probabilists') quadrature.
+
+    ``g`` is a vectorised function of ``s``; ``r >= 0`` broadcasts (result shaped like ``r``).
+    Exact for polynomials of degree < ``2 n_nodes``; for smooth ``g`` (sigmoids, exponentials of
+    moderate rate) it converges geometrically; for kinked ``g`` (ReLU) only algebraically.
+    """
+    r = finite_array(r, "r")
+    if np.any(r < 0):
+        raise ValueError(f"r (a standard deviation) must be >= 0, got {r}")
+    if not (isinstance(n_nodes, (int, np.integer)) and n_nodes >= 1):
+        raise ValueError(f"n_nodes must be an integer >= 1, got {n_nodes!r}")
+    x, w = _normal_rule(int(n_nodes))
+    return np.asarray(g(r[..., None] * x)) @ w
+
+
+@functools.lru_cache(maxsize=8)
+def _normal_rule(n_nodes):
+    """Nodes and weights of ``E g(x)``, ``x ~ N(0, 1)`` (computed once per ``n_nodes``: an eigenproblem)."""
+    x, w = hermegauss(n_nodes)
+    x.flags.writeable = w.flags.writeable = False
+    return x, w / np.sqrt(2 * np.pi)

@@ -16,6 +16,7 @@ import json
 import numpy as np
 import xarray as xr
 
+from sfxlin.pipelines import c1_kernels as c1_kernels_pipeline
 from sfxlin.pipelines import c1_limit, c2_concentration, c2_threshold, c3_transfer
 from sfxlin.sweep import criteria_of
 
@@ -301,3 +302,37 @@ def c1_real(L=(16, 32, 64, 128, 256)):
          "limit_sq": (("dataset", "D", "U_norm", "seed"), np.broadcast_to((U**2)[:, None], (2, 2, 3, 2)).copy())},
         coords={"dataset": datasets, "D": D, "U_norm": U, "L": L, "seed": [0, 1]})
     return _attach(ds, pipeline)
+
+
+# --------------------------------------------------------------------------- C1 kernels
+
+
+def c1_kernels(L=(16, 32, 64, 128)):
+    """``c1_kernels`` file: errors ``c / L`` exactly (seeds scattering by +-50%) equal to their
+    prediction at the largest L only (1.5x before), gains equal to the limit's, z2 = 1, Stein errors
+    1e-15 (smooth) and 1e-6 (ReLU), random-feature errors ``c / m`` for sigma^2 = 0.1 with their
+    constant and ``m^-0.3`` for sigma^2 = 2 (constant inf)."""
+    kernels, r, m = ["softmax", "relu", "rf_softmax"], [0.5, 1.0], np.array([4, 16, 64, 256])
+    L = np.asarray(L)
+    c = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])[:, :, None]          # (kernel, r, 1)
+    mse = c * power(L, -1.0)
+    seeds = np.stack([1 + 0.5 * (-1.0) ** np.arange(L.size), 1 - 0.5 * (-1.0) ** np.arange(L.size)], -1)
+    seeds[-1] = 1.0
+    theory = mse / np.where(np.arange(L.size) == L.size - 1, 1.0, 1.5)
+    theory[2] = np.nan                                                        # rf_softmax: none by design
+    gain = np.ones((3, 2, 2))
+    rf = np.stack([0.05 / m, power(m, -0.3)])                                 # (rf_sigma2, rf_m)
+    ds = xr.Dataset(
+        {"mse": (("kernel", "r", "L", "seed"), mse[..., None] * seeds),
+         "mse_theory": (("kernel", "r", "L", "seed"), np.repeat(theory[..., None], 2, -1)),
+         "gain_measured": (("kernel", "r", "seed"), gain.copy()),
+         "gain_se": (("kernel", "r", "seed"), 0.01 * gain),
+         "gain_limit": (("kernel", "r", "seed"), gain.copy()),
+         "orth_share": (("kernel", "r", "seed"), 0.01 * gain),
+         "z2": (("kernel", "r", "seed"), gain.copy()),
+         "stein_error": (("stein_kernel",), np.array([1e-15] * 3 + [1e-6] * 4)),
+         "rf_sq_error": (("rf_sigma2", "rf_m", "rf_draw"), np.repeat(rf[..., None], 3, -1)),
+         "rf_constant": (("rf_sigma2", "rf_m"), np.array([[0.05] * 4, [np.inf] * 4]))},
+        coords={"kernel": kernels, "r": r, "L": L, "seed": [0, 1], "stein_kernel": list(c1_kernels_pipeline.KERNEL_NAMES),
+                "rf_sigma2": [0.1, 2.0], "rf_m": m, "rf_draw": [0, 1, 2]})
+    return _attach(ds, c1_kernels_pipeline, {"Sigma": [1.5, 1.0, 0.5], "sigmoid_bias": -2.0})

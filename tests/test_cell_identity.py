@@ -17,12 +17,14 @@ import numpy as np
 import pytest
 
 from sfxlin.cellstore import CellStore, cell_fingerprint
-from sfxlin.pipelines import c1_limit, c1_real, c2_concentration, c2_threshold, c3_landscape, c3_transfer
+from sfxlin.pipelines import c1_kernels, c1_limit, c1_real, c2_concentration, c2_threshold, c3_landscape, c3_transfer
 from sfxlin.sweep import build, run_cell
 from sfxlin.testing import TIME_STAMPS, assert_same_results
 
 C1 = {**c1_limit.EXPERIMENT.configure("quick"), "d": [2], "U_norm": [0.5], "n_seeds": 1, "L": [4, 8, 16], "n_queries": 2,
       "n_prompts": 2, "query_chunk": 1}
+C1K = {**c1_kernels.EXPERIMENT.configure("quick"), "kernels": ["relu"], "r": [0.5], "L": [4, 8, 16], "n_queries": 2,
+       "n_prompts": 2, "rf_sigma2": [0.5], "rf_m": [2, 4, 8], "rf_draws": 3, "stein_nodes": 6}
 C2 = {**c2_concentration.EXPERIMENT.configure("quick"), "d": [2], "U_norm": [0.5], "n_seeds": 1, "L": [4, 8, 16],
       "tail_queries": 1, "tail_prompts": 8, "prompt_chunk": 4, "clt_draws": 2000, "tail_levels": [0.1, 0.03],
       "grad_pairs": 1, "grad_queries": 1, "grad_draws": 2, "grad_scales": [1.0], "traj_pairs": 1, "traj_steps": 10,
@@ -51,6 +53,8 @@ def _token_file():
 #: experiment -> (small configuration, the same cells in a larger grid listed in another order)
 GRIDS = {
     "c1": (c1_limit, C1, {"d": [3, 2], "U_norm": [0.1, 0.5], "n_seeds": 2}),
+    "c1_kernels": (c1_kernels, C1K, {"kernels": ["sigmoid", "relu"], "r": [1.0, 0.5], "n_seeds": 2,
+                                     "rf_sigma2": [2.0, 0.5], "rf_m": [2, 4, 8, 16]}),
     "c2": (c2_concentration, C2, {"d": [3, 2], "U_norm": [0.1, 0.5], "n_seeds": 2, "traj_seeds": 2}),
     "c2_threshold": (c2_threshold, C2T, {"tau": [0.75, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0], "n_seeds": 2,
                                          "families": ["power_law:1.0", "kms:0.5"], "n_family_seeds": 2}),
@@ -62,6 +66,10 @@ GRIDS = {
 
 #: experiment -> parameter -> a perturbed value (valid on its own)
 PERTURBATIONS = {
+    "c1_kernels": {"kernels": ["relu", "softmax"], "Sigma": [1.0, 2.0, 0.5], "r": [0.5, 0.25], "L": [4, 8, 32],
+                   "n_seeds": 2, "n_queries": 3, "n_prompts": 3, "sigmoid_bias": -1.0, "rf_m_attention": 8,
+                   "rf_sigma2": [0.5, 1.0], "rf_m": [2, 4, 16], "rf_a": 0.3, "rf_draws": 4, "stein_nodes": 7,
+                   "root_seed": 7},
     "c1": {"d": [2, 3], "U_norm": [0.5, 0.25], "L": [4, 8, 32], "n_seeds": 2, "n_queries": 3, "n_prompts": 3,
            "laws": ["gaussian", "uniform"], "sigma": 1.5, "student_df": 4.0, "root_seed": 7, "query_chunk": 2,
            "tokens": _token_file()},

@@ -19,13 +19,25 @@ import pytest
 import xarray as xr
 
 import synthetic
-from sfxlin.analysis import c1, c1_real, c2, c2_threshold, c3, c3_landscape
+from sfxlin.analysis import c1, c1_kernels, c1_real, c2, c2_threshold, c3, c3_landscape
 from sfxlin.analysis.verdicts import FAIL, PASS, Criterion, criteria_from_attrs, evaluate
 from sfxlin.sweep import criteria_of
+from sfxlin.pipelines import c1_kernels as c1_kernels_pipeline
 from sfxlin.pipelines import c1_limit, c2_concentration, c2_threshold as c2_threshold_pipeline, c3_transfer
 from sfxlin.pipelines import c1_real as c1_real_pipeline, c3_landscape as c3_landscape_pipeline
 
 PINNED = {
+    "c1_kernels": [
+        ("C1K-stein-smooth", "C1", "<", 1e-8),
+        ("C1K-stein-kinked", "C1", "<", 1e-3),
+        ("C1K-slopes", "C1", "in", (-1.15, -0.85)),
+        ("C1K-sharp-constant", "C1", "in", (0.85, 1.15)),
+        ("C1K-limit-mc", "C1", "in", (0.4, 2.5)),
+        ("C1K-gain", "C1", "<", 4.0),
+        ("C1K-rf-rate", "C1", "in", (-1.15, -0.85)),
+        ("C1K-rf-constant", "C1", "in", (0.8, 1.2)),
+        ("C1K-rf-slow", "C1", ">", -0.85),
+    ],
     "c1_limit": [
         ("C1-quadrature", "C1", "<", 1e-8),
         ("C1-slopes", "C1", "in", (-1.1, -0.9)),
@@ -88,16 +100,17 @@ PINNED = {
     ],
 }
 
-PIPELINES = {p.NAME: p for p in (c1_limit, c2_concentration, c2_threshold_pipeline, c3_transfer,
-                                 c3_landscape_pipeline, c1_real_pipeline)}
+PIPELINES = {p.NAME: p for p in (c1_kernels_pipeline, c1_limit, c2_concentration, c2_threshold_pipeline,
+                                 c3_transfer, c3_landscape_pipeline, c1_real_pipeline)}
 
 
 def _stored(name):
     """The criteria as build() stores them in a results file (JSON data of the analysis declarations)."""
     return criteria_of(PIPELINES[name].EXPERIMENT)
-ANALYSES = {"c1_limit": (c1, synthetic.c1), "c2_concentration": (c2, synthetic.c2),
-            "c2_threshold": (c2_threshold, synthetic.c2t), "c3_transfer": (c3, synthetic.c3),
-            "c3_landscape": (c3_landscape, synthetic.c3l), "c1_real": (c1_real, synthetic.c1_real)}
+ANALYSES = {"c1_kernels": (c1_kernels, synthetic.c1_kernels), "c1_limit": (c1, synthetic.c1),
+            "c2_concentration": (c2, synthetic.c2), "c2_threshold": (c2_threshold, synthetic.c2t),
+            "c3_transfer": (c3, synthetic.c3), "c3_landscape": (c3_landscape, synthetic.c3l),
+            "c1_real": (c1_real, synthetic.c1_real)}
 
 
 def _pinned_form(criterion: dict) -> tuple:

@@ -1,0 +1,246 @@
+"""C1 kernels analysis: fits, verdicts and the figure, from a ``c1_kernels`` results file alone.
+
+Reads ``mse(kernel, r, L, seed)``, ``mse_theory``, ``gain_measured``, ``gain_se``, ``gain_limit``,
+``orth_share``, ``z2``, ``stein_error(stein_kernel)``, ``rf_sq_error(rf_sigma2, rf_m, rf_draw)``,
+``rf_constant`` and the ``config`` attr (docs/kernels.md).
+"""
+from __future__ import annotations
+
+import numpy as np
+import xarray as xr
+
+from .fits import MIN_LINE_POINTS, loglog_slope, too_few
+from .verdicts import Criteria, Inconclusive, measure_unless
+
+__all__ = ["CRITERIA", "slopes", "tail_slopes", "rf_slopes", "gain_z", "measures", "verdicts", "fit_table", "figure",
+           "SMOOTH", "KINKED", "LIGHT_TAIL", "HEAVY_TAIL"]
+
+#: kernels whose Stein integrand is smooth (Gauss-Hermite converges geometrically) / kinked (ReLU)
+SMOOTH = ("softmax", "sigmoid", "sigmoid_logL")
+KINKED = ("relu", "relu_norm", "relu2", "relu2_norm")
+#: random-feature variances with a finite 4th moment of the feature weights (sigma^2 < 1/3) / an
+#: infinite 2nd moment (sigma^2 >= 1): docs/kernels.md
+LIGHT_TAIL, HEAVY_TAIL = 1.0 / 3.0, 1.0
+
+
+def slopes(ds: xr.Dataset) -> xr.Dataset:
+    """Log-log slope (OLS, SE, 95% CI) in L of the seed-mean error to the kernel's own limit, per (kernel, r)."""
+    return loglog_slope(ds.mse.mean("seed"), "L", test_exponent=-1.0)
+
+
+def tail_slopes(ds: xr.Dataset, n: int = 5) -> xr.Dataset:
+    """:func:`slopes` over the ``n`` largest prompt lengths only (a diagnostic, no criterion): where
+    the full-range slope is flattened by a pre-asymptotic start, the tail shows the asymptotic rate."""
+    return loglog_slope(ds.mse.mean("seed").isel(L=slice(-n, None)), "L")
+
+
+def rf_slopes(ds: xr.Dataset) -> xr.Dataset:
+    """Log-log slope in m of the mean squared error of the fixed-feature limit to Sigma a, per rf_sigma2."""
+    return loglog_slope(ds.rf_sq_error.mean("rf_draw"), "rf_m", test_exponent=-1.0)
+
+
+def gain_z(ds: xr.Dataset) -> xr.DataArray:
+    """``(measured gain - gain of the exact limit) / SE``, seeds pooled, per (kernel, r)."""
+    n = ds.sizes["seed"]
+    se = np.sqrt((ds.gain_se**2).sum("seed")) / n
+    return (ds.gain_measured.mean("seed") - ds.gain_limit.mean("seed")) / se
+
+
+def _has_theory(ds):
+    return [k for k in ds.kernel.values.tolist() if bool(np.isfinite(ds.mse_theory.sel(kernel=k)).all())]
+
+
+def _rf(ds, light):
+    s2 = ds.rf_sigma2.values
+    return s2[s2 < LIGHT_TAIL] if light else s2[s2 >= HEAVY_TAIL]
+
+
+def _few_L(ds):
+    return too_few(ds.sizes["L"], MIN_LINE_POINTS, "prompt lengths", "a log-log slope")
+
+
+def _few_m(ds):
+    return too_few(ds.sizes["rf_m"], MIN_LINE_POINTS, "feature counts m", "a log-log slope")
+
+
+CRITERIA = Criteria("C1")
+
+
+@CRITERIA("C1K-stein-smooth", "max relative |E[kappa(s) z] (tensor Gauss-Hermite) - Sigma a E kappa'(s)|, smooth "
+          "kernels (softmax, sigmoid, sigmoid_logL)", "<", 1e-8, profile="any",
+          reason="both sides are quadratures of smooth integrands: rounding level; a wrong gain errs at O(1)")
+def _stein_smooth(ds):
+    return float(ds.stein_error.sel(stein_kernel=list(SMOOTH)).max())
+
+
+@CRITERIA("C1K-stein-kinked", "the same for the ReLU kernels (kinked integrand)", "<", 1e-3, profile="any",
+          reason="the tensor rule converges only algebraically on a kink (about 1e-5 at 60 nodes); a wrong "
+          "closed form errs at O(1)")
+def _stein_kinked(ds):
+    return float(ds.stein_error.sel(stein_kernel=list(KINKED)).max())
+
+
+@CRITERIA("C1K-slopes", "log-log slope in L of E||f_L - f_inf||^2 to the kernel's own limit, every (kernel, r)",
+          "in", (-1.15, -0.85),
+          reason="an i.i.d. mean or a self-normalised ratio: variance 1/L, squared bias 1/L^2; +-0.15 covers "
+          "Monte Carlo noise of 2 seeds x 8 queries x 16 prompts and pre-asymptotic curvature")
+def _slopes(ds):
+    return measure_unless(_few_L(ds), lambda: slopes(ds).slope.values.ravel())
+
+
+@CRITERIA("C1K-sharp-constant", "mse / predicted mse at the largest L (exact or delta method), every kernel "
+          "with a prediction and every r", "in", (0.85, 1.15),
+          reason="exact for unnormalised kernels, 1 + O(1/L) for normalised ones; the Monte Carlo SE of a mean of "
+          "256 squared errors is 3-7%, so +-15% is 2-5 SE")
+def _sharp(ds):
+    k = _has_theory(ds)
+    if not k:
+        return Inconclusive("no kernel with a predicted error in this file")
+    sel = ds.sel(kernel=k).isel(L=-1)
+    return (sel.mse.mean("seed") / sel.mse_theory.mean("seed")).values.ravel()
+
+
+@CRITERIA("C1K-limit-mc", "mean squared z-score of the prompt mean at L_max against the exact limit, every "
+          "(kernel, r)", "in", (0.4, 2.5),
+          reason="a t statistic with P - 1 = 15 dof has E t^2 = 15/13 = 1.15; the mean of 48 of them (2 seeds x 8 "
+          "queries x 3 components) has SD about 0.3, and 36 (kernel, r) are tested: a wrong limit gives z^2 >> 1")
+def _limit_mc(ds):
+    return ds.z2.mean("seed").values.ravel()
+
+
+@CRITERIA("C1K-gain", "|measured gain - gain of the exact limit| / SE, every (kernel, r)", "<", 4.0,
+          reason="a z-score; 36 of them: P(max |z| > 4) < 0.3% if every gain is right")
+def _gain(ds):
+    return np.abs(gain_z(ds)).values.ravel()
+
+
+@CRITERIA("C1K-rf-rate", "log-log slope in m of E||rf limit - Sigma a||^2, light-tailed feature weights "
+          "(rf_sigma2 < 1/3)", "in", (-1.15, -0.85),
+          reason="self-normalised importance sampling over features: 1/m once the weights have a finite 4th moment; "
+          "+-0.15 for pre-asymptotics and noise")
+def _rf_rate(ds):
+    s2 = _rf(ds, light=True)
+    if not s2.size:
+        return Inconclusive("no rf_sigma2 < 1/3 in this file")
+    return measure_unless(_few_m(ds), lambda: rf_slopes(ds).slope.sel(rf_sigma2=s2).values)
+
+
+@CRITERIA("C1K-rf-constant", "m E||rf limit - Sigma a||^2 at the largest m / its delta-method constant "
+          "(rf_sigma2 < 1/3)", "in", (0.8, 1.2),
+          reason="the sharp constant of the feature average; +-20% for the heavy-ish tail of the squared error over "
+          "2000 feature draws")
+def _rf_constant(ds):
+    s2 = _rf(ds, light=True)
+    if not s2.size:
+        return Inconclusive("no rf_sigma2 < 1/3 in this file")
+    last = ds.sel(rf_sigma2=s2).isel(rf_m=-1)
+    return (last.rf_m * last.rf_sq_error.mean("rf_draw") / last.rf_constant).values
+
+
+@CRITERIA("C1K-rf-slow", "log-log slope in m, infinite-variance feature weights (rf_sigma2 >= 1)", ">", -0.85,
+          reason="E rho^2 = inf: slower than 1/m (heuristically m^(-1/rf_sigma2) up to logarithms)")
+def _rf_slow(ds):
+    s2 = _rf(ds, light=False)
+    if not s2.size:
+        return Inconclusive("no rf_sigma2 >= 1 in this file")
+    return measure_unless(_few_m(ds), lambda: rf_slopes(ds).slope.sel(rf_sigma2=s2).values)
+
+
+def measures(ds: xr.Dataset) -> dict:
+    """Measured figure of every criterion (:class:`~.verdicts.Inconclusive` with the reason where the
+    file cannot give it)."""
+    return CRITERIA.measures(ds)
+
+
+def verdicts(ds: xr.Dataset):
+    """PASS / FAIL / INCONCLUSIVE rows of the predeclared criteria stored in the file."""
+    return CRITERIA.verdicts(ds)
+
+
+def fit_table(ds: xr.Dataset) -> str:
+    """Plain-text table: per (kernel, r) the slope in L with SE, the slope over the 5 largest L
+    (diagnostic), mse/predicted at L_max, measured and
+    exact gain; per rf_sigma2 the slope in m and m*mse/constant at the largest m; the Stein errors."""
+    fit = None if _few_L(ds) else slopes(ds)
+    tail = tail_slopes(ds) if ds.sizes["L"] >= 5 else None
+    z = gain_z(ds)
+    lines = [f"{'kernel':>13} {'r':>5} {'slope':>7} {'SE':>6} {'tail5':>7} {'mse/pred':>9} {'gain MC':>10} "
+             f"{'+-SE':>8} {'gain exact':>10} {'z2':>5} {'orth':>7}"]
+    for k in ds.kernel.values.tolist():
+        for r in ds.r.values:
+            c = ds.sel(kernel=k, r=r)
+            slope = (f"{float(fit.slope.sel(kernel=k, r=r)):>7.3f} {float(fit.slope_se.sel(kernel=k, r=r)):>6.3f}"
+                     if fit is not None else f"{'-':>7} {'-':>6}")
+            slope += f" {float(tail.slope.sel(kernel=k, r=r)):>7.3f}" if tail is not None else f" {'-':>7}"
+            pred = (c.mse.isel(L=-1).mean("seed") / c.mse_theory.isel(L=-1).mean("seed")).item()
+            se = float(np.sqrt((c.gain_se**2).sum("seed")) / ds.sizes["seed"])
+            lines.append(f"{k:>13} {r:>5.2f} {slope} {pred:>9.3f} {float(c.gain_measured.mean('seed')):>10.4f} "
+                         f"{se:>8.4f} {float(c.gain_limit.mean('seed')):>10.4f} {float(c.z2.mean('seed')):>5.2f} "
+                         f"{float(c.orth_share.mean('seed')):>7.4f}   (gain z = {float(z.sel(kernel=k, r=r)):+.2f})")
+    rf = None if _few_m(ds) else rf_slopes(ds)
+    lines.append(f"{'rf_sigma2':>10} {'slope in m':>10} {'SE':>6} {'m*mse/const (m_max)':>20} {'const':>9}")
+    for s2 in ds.rf_sigma2.values:
+        c = ds.sel(rf_sigma2=s2).isel(rf_m=-1)
+        const = float(c.rf_constant)
+        ratio = f"{float(c.rf_m * c.rf_sq_error.mean('rf_draw')) / const:>20.3f}" if np.isfinite(const) \
+            else f"{'- (constant inf)':>20}"
+        sl = f"{float(rf.slope.sel(rf_sigma2=s2)):>10.3f} {float(rf.slope_se.sel(rf_sigma2=s2)):>6.3f}" if rf is not None \
+            else f"{'-':>10} {'-':>6}"
+        lines.append(f"{s2:>10.3g} {sl} {ratio} {const:>9.4g}")
+    lines.append("Stein identity vs tensor quadrature (max relative error): " + ", ".join(
+        f"{k} {float(ds.stein_error.sel(stein_kernel=k)):.1e}" for k in ds.stein_kernel.values.tolist()))
+    return "\n".join(lines)
+
+
+def figure(ds: xr.Dataset, path):
+    """Three panels: error to the own limit vs L with the predictions (largest r); the gain vs
+    ||a||_Sigma, Stein curves against Monte Carlo points; random features vs m."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..pipelines.c1_kernels import make_kernel
+    import json
+
+    config = json.loads(ds.attrs.get("config", "{}"))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.8))
+    kernels = ds.kernel.values.tolist()
+    colors = dict(zip(kernels, plt.cm.tab10(np.linspace(0, 1, 10))))
+    r_top = ds.r.values[-1]
+    L = ds.L.values
+    for k in kernels:
+        y = ds.mse.sel(kernel=k, r=r_top).mean("seed")
+        ax1.loglog(L, y, "o", ms=3, color=colors[k], label=k)
+        t = ds.mse_theory.sel(kernel=k, r=r_top).mean("seed")
+        if np.isfinite(t).all():
+            ax1.loglog(L, t, "-", lw=0.8, color=colors[k])
+    ax1.set(xlabel="prompt length L", ylabel=r"$E\|f_L - f_\infty\|^2$ (own limit)",
+            title=f"error to own limit, r = {r_top:g}\n(lines: exact / delta-method prediction)")
+    ax1.legend(fontsize=6, ncol=2)
+    rr = np.linspace(max(0.05, 0.5 * ds.r.values[0]), 1.1 * ds.r.values[-1], 100)
+    for k in kernels:
+        if "Sigma" in config and k != "rf_softmax":
+            kern = make_kernel(k, config)
+            ax2.plot(rr, kern.gain(rr), "-", lw=0.8, color=colors[k])
+        se = np.sqrt((ds.gain_se.sel(kernel=k)**2).sum("seed")) / ds.sizes["seed"]
+        ax2.errorbar(ds.r.values, ds.gain_measured.sel(kernel=k).mean("seed"), yerr=2 * se, fmt="o", ms=3,
+                     color=colors[k], label=k)
+    ax2.axhline(1.0, color="k", lw=0.5, ls=":")
+    ax2.set(xlabel=r"$r = \|a\|_\Sigma$", ylabel="gain (f = gain * Sigma a)", yscale="log",
+            title="gain: Stein (lines) vs Monte Carlo at L_max\n(points, 2 SE)")
+    ax2.legend(fontsize=6, ncol=2)
+    m = ds.rf_m.values
+    for s2, c in zip(ds.rf_sigma2.values, plt.cm.plasma(np.linspace(0, 0.85, ds.sizes["rf_sigma2"]))):
+        ax3.loglog(m, ds.rf_sq_error.sel(rf_sigma2=s2).mean("rf_draw"), "o-", ms=3, color=c,
+                   label=rf"$\sigma^2$ = {s2:g}")
+        const = float(ds.rf_constant.sel(rf_sigma2=s2).isel(rf_m=0))
+        if np.isfinite(const):
+            ax3.loglog(m, const / m, "--", lw=0.8, color=c)
+    ax3.set(xlabel="random features m", ylabel=r"$E_W\|$RF limit$ - \Sigma a\|^2$",
+            title="random-feature limit vs softmax's\n(dashed: delta-method constant / m)")
+    ax3.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
