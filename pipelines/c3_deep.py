@@ -97,6 +97,20 @@ def inner_coords(config):
             "t": checkpoint_steps(config["n_steps"], config["ckpt_every"]).tolist(), "stage": list(STAGES)}
 
 
+def _heldout_fits(config):
+    if config["heldout_pairs"] % config["train_pairs"]:
+        raise ValueError(f"heldout_pairs: {config['heldout_pairs']} must be a multiple of train_pairs = "
+                         f"{config['train_pairs']} (held-out tasks are evaluated in blocks shaped like the training "
+                         "tasks)")
+
+
+def _heldout_risk(models, model, kern, params, held, n, L=None):
+    """Held-out risk, evaluated in blocks of ``n`` tasks (the training shape: the compiled training
+    function serves them, nothing new is compiled); equal blocks, so the mean of block means."""
+    blocks = [held.subset(slice(i, i + n)) for i in range(0, held.n_tasks, n)]
+    return float(np.mean([models.risk_and_grad(model, kern, params, b, L)[0] for b in blocks]))
+
+
 def _tasks(rng, d, n_pairs, n_queries, L_max):
     return icl.make_tasks(rng, d, n_pairs, n_queries, L_max, icl.covariate_law("gaussian", np.eye(d)))
 
@@ -146,12 +160,12 @@ def train_kernel(cell, rng, config):
             D_inf[i, j] = np.linalg.norm(run["theta"] - inf["theta"], axis=-1)
             risk[i, j] = run["risk"]
             final = {name: a[-1] for name, a in run["params"].items()}
-            held_risk[i, j] = [models.risk(model, k, params0, held, L), models.risk(model, k, final, held, L)]
+            held_risk[i, j] = [_heldout_risk(models, model, k, p, held, tasks.n_tasks, L) for p in (params0, final)]
     D_linL = np.stack([np.linalg.norm(theta["softmax", L] - theta["linear", L], axis=-1) for L in Ls])
     final_inf = {name: a[-1] for name, a in inf["params"].items()}
     return {"D_inf": D_inf, "D_linL": D_linL, "risk": risk, "risk_inf": inf["risk"], "risk_heldout": held_risk,
-            "risk_heldout_inf": np.array([models.risk(model, "limit", params0, held),
-                                          models.risk(model, "limit", final_inf, held)]),
+            "risk_heldout_inf": np.array([_heldout_risk(models, model, "limit", p, held, tasks.n_tasks)
+                                          for p in (params0, final_inf)]),
             "norm_inf": np.linalg.norm(inf["theta"][-1])}
 
 
@@ -185,7 +199,7 @@ VARIABLES = (
 )
 
 EXPERIMENT = Experiment(
-    name=NAME, short="c3_deep", params=PARAMS, checks=(_steps_fit_checkpoints,), inner_coords=inner_coords,
+    name=NAME, short="c3_deep", params=PARAMS, checks=(_steps_fit_checkpoints, _heldout_fits), inner_coords=inner_coords,
     variables=VARIABLES, analysis="sfxlin.analysis.c3_deep",
     parts=(Part("", grid, kernel), Part("train", train_grid, train_kernel)),
     title="C3 deep: deep multi-head attention and its exact deep linear limit",

@@ -5,8 +5,10 @@ Optimisers (``method``): ``"gd"`` gradient descent on fixed tasks (``optax.sgd``
 (``optax.adam``), ``"sgd"`` stochastic gradient descent with fresh tasks and prompts at every step
 (drawn by :func:`sfxlin.icl.make_tasks` from a numpy generator). The model is one of
 ``"softmax"``, ``"linear"``, a pointwise kernel name, or ``"limit"`` (the deep linear limit with
-``Sigma = Gamma_w`` per task). One step is one jit-compiled function per (model shape, kernel,
-optimiser), cached; compiled functions are safe to call from several threads (dask workers).
+``Sigma = Gamma_w`` per task). A step is the compiled risk-and-gradient of
+:func:`sfxlin.models.risk_and_grad` (one compilation per model shape, kernel and data shape, shared
+with held-out evaluations of the same shape) and the compiled optax update (one per optimiser and
+parameter shapes); compiled functions are safe to call from several threads (dask workers).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import functools
 import numpy as np
 
 from ._jax import jax
-from .transformer import _data, _loss, flatten
+from .transformer import _data, _loss_grad_jit, flatten
 
 __all__ = ["METHODS", "train"]
 
@@ -30,17 +32,18 @@ def _optimizer(method, lr):
 
 
 @functools.lru_cache(maxsize=None)
-def _step(model, kern, method, lr):
+def _update(method, lr):
+    """The compiled optimiser update (its compilation depends on the parameter shapes only, so
+    every prompt length and kernel shares it)."""
     import optax
 
     opt = _optimizer(method, lr)
 
-    def step(params, state, data, z_q, y_q):
-        r, g = jax.value_and_grad(_loss)(params, model, kern, data, z_q, y_q)
-        updates, state = opt.update(g, state, params)
-        return optax.apply_updates(params, updates), state, r
+    def update(params, grads, state):
+        updates, state = opt.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
 
-    return jax.jit(step)
+    return jax.jit(update)
 
 
 def _check(lr, n_steps, ckpt_every):
@@ -74,7 +77,7 @@ def train(model, kern, params0, tasks, L=None, *, method="gd", lr=0.01, n_steps=
         raise ValueError("fresh = (rng, x_law, n_pairs, n_queries) is required by method 'sgd' and only by it")
     lr, steps = _check(lr, n_steps, ckpt_every)
     params = {k: jax.numpy.asarray(a) for k, a in model.params(**params0).items()}
-    step = _step(model, kern, method, lr)
+    update = _update(method, lr)
     state = _optimizer(method, lr).init(params)
     data, z_q, y_q = _data(kern, tasks, L), tasks.z_q, tasks.y_q
     rec = {k: [] for k in params}
@@ -85,8 +88,8 @@ def train(model, kern, params0, tasks, L=None, *, method="gd", lr=0.01, n_steps=
             rng, x_law, n_pairs, n_queries = fresh
             batch = icl.make_tasks(rng, tasks.d, n_pairs, n_queries, L or 1, x_law)
             data, z_q, y_q = _data(kern, batch, L), batch.z_q, batch.y_q
+        r, grads = _loss_grad_jit(params, model, kern, data, z_q, y_q)
         if t == steps[j]:
-            new, new_state, r = step(params, state, data, z_q, y_q)
             r = float(r)
             if not np.isfinite(r) or not all(np.all(np.isfinite(a)) for a in params.values()):
                 raise TrainingDiverged(f"{label}: non-finite risk or parameters at step {t} ({kern}, L={L})",
@@ -97,8 +100,6 @@ def train(model, kern, params0, tasks, L=None, *, method="gd", lr=0.01, n_steps=
             j += 1
             if t == n_steps:
                 break
-        else:
-            new, new_state, _ = step(params, state, data, z_q, y_q)
-        params, state = new, new_state
+        params, state = update(params, grads, state)
     out_params = {k: np.stack(v) for k, v in rec.items()}
     return {"t": steps, "params": out_params, "risk": np.array(risks), "theta": flatten(out_params, lead=1)}

@@ -293,9 +293,11 @@ def risk(model, kern, params, tasks, L=None):
 
 def risk_and_grad(model, kern, params, tasks, L=None):
     """``(risk, grad)`` of :func:`risk`, the gradient a dict like ``params`` (numpy), by
-    reverse-mode autodiff."""
+    reverse-mode autodiff. The compiled function is the one training uses (:func:`train`), so
+    evaluating tasks shaped like the training tasks compiles nothing new."""
     data = _data(kern, tasks, L)
-    r, g = _loss_grad_jit(model.params(**params), model, kern, data, tasks.z_q, tasks.y_q)
+    params = {k: jnp.asarray(a) for k, a in model.params(**params).items()}
+    r, g = _loss_grad_jit(params, model, kern, data, tasks.z_q, tasks.y_q)
     return float(r), {k: np.asarray(a) for k, a in g.items()}
 
 
