@@ -97,7 +97,8 @@ def _a_cov(sh):
           "in", (-0.65, -0.35), reference="C3 (one layer): -0.134 / -0.176",
           reason="C3a's band: the distance is driven by the gradient gap, whose rate is -1/2")
 def _b_slope(sh):
-    return measure_unless(sh.no_b, lambda: loglog_slope(sh.tr.D_inf.sel(model="softmax"), "L_train").slope.values.ravel())
+    return measure_unless(sh.no_b, lambda: loglog_slope(sh.tr.D_inf.sel(model="softmax"),
+                                                        "L_train").slope.values.ravel())
 
 
 @CRITERIA("C3D-b-heldout", "final / initial held-out risk of softmax(L) at the largest L_train (seed mean), every "
@@ -143,7 +144,8 @@ def fit_table(ds: xr.Dataset) -> str:
     tr = sh.tr
     Lt = ds.L_train.values
     lines += ["", f"(b) training (seed means; L_train = {int(Lt[0])}..{int(Lt[-1])}): slopes in L_train of max_t "
-                  "D_inf (softmax, linear) and of max_t D_linL; at the largest L_train: D_inf, D_linL / D_inf(softmax), "
+                  "D_inf (softmax, linear) and of max_t D_linL; at the largest L_train: D_inf, "
+                  "D_linL / D_inf(softmax), "
                   "held-out risk final / initial (softmax, linear, limit), final held-out risks"
               + (f"; slopes not fitted, {sh.no_b}" if sh.no_b else ""),
               f"{'depth':>5} {'heads':>5} {'sl sm':>7} {'sl lin':>7} {'sl linL':>7} {'D_inf':>8} {'linL/D':>7} "

@@ -20,7 +20,7 @@ moment entering layer ``l`` against ``Sigma_l`` (the Gaussian pushforward).
 Part ``"train"`` (b): training. Grid ``depth x heads x seed``; one random initialisation per cell
 (same scales), then training tasks and held-out tasks. From that initialisation, on the same tasks,
 ``softmax(L)``, ``linear(L)`` (every ``L`` of ``L_train``) and the deep limit model (``Sigma =
-Gamma_w``) are trained by ``method`` (``gd``: gradient descent; ``adam``) for ``n_steps`` steps; as
+Gamma_w``) are trained by ``method`` (``adam``, or ``gd``: gradient descent) for ``n_steps`` steps; as
 in C3: ``D_inf = ||theta_L(t) - theta_inf(t)||`` (all parameters), ``D_linL = ||theta_L^softmax(t) -
 theta_L^linear(t)||``, the training risks, and the held-out risks at the start and the end (each
 model at its own ``L``; the limit model under its limit).
@@ -64,12 +64,14 @@ PARAMS = (
           min_len=3, why="the analysis fits log-log slopes in L", parts=("train",)),
     Param("train_pairs", "int", "(b) antithetic training task pairs", Profiles(quick=2, paper=16), low=1,
           parts=("train",)),
-    Param("train_queries", "int", "(b) queries per training and held-out task", Profiles(quick=4, paper=16), low=1, parts=("train",)),
+    Param("train_queries", "int", "(b) queries per training and held-out task", Profiles(quick=4, paper=16), low=1,
+          parts=("train",)),
     Param("heldout_pairs", "int", "(b) antithetic held-out task pairs", Profiles(quick=4, paper=64), low=1,
           parts=("train",)),
-    Param("method", "str", "(b) optimiser: 'gd' (gradient descent) or 'adam'", "gd", choices=METHODS,
+    Param("method", "str", "(b) optimiser: 'adam' (default) or 'gd' (gradient descent; at a step that trains "
+          "every cell in 200 steps it diverges for the deep limit model at depth 2)", "adam", choices=METHODS,
           parts=("train",)),
-    Param("lr", "float", "(b) step size", 0.03, low=0, low_open=True, parts=("train",)),
+    Param("lr", "float", "(b) step size", 0.01, low=0, low_open=True, parts=("train",)),
     Param("n_steps", "int", "(b) optimiser steps (a multiple of ckpt_every)", Profiles(quick=10, paper=200),
           unit="steps", low=0, parts=("train",)),
     Param("ckpt_every", "int", "(b) steps between checkpoints", Profiles(quick=5, paper=20), unit="steps", low=1,
@@ -199,7 +201,8 @@ VARIABLES = (
 )
 
 EXPERIMENT = Experiment(
-    name=NAME, short="c3_deep", params=PARAMS, checks=(_steps_fit_checkpoints, _heldout_fits), inner_coords=inner_coords,
+    name=NAME, short="c3_deep", params=PARAMS, checks=(_steps_fit_checkpoints, _heldout_fits),
+    inner_coords=inner_coords,
     variables=VARIABLES, analysis="sfxlin.analysis.c3_deep",
     parts=(Part("", grid, kernel), Part("train", train_grid, train_kernel)),
     title="C3 deep: deep multi-head attention and its exact deep linear limit",

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from sfxlin.cellstore import CellStore, cell_fingerprint
-from sfxlin.pipelines import c1_limit, c2_concentration, c2_threshold, c3_transfer
+from sfxlin.pipelines import c1_limit, c2_concentration, c2_threshold, c3_deep, c3_transfer
 from sfxlin.sweep import build, run_cell
 from sfxlin.testing import TIME_STAMPS, assert_same_results
 
@@ -30,6 +30,9 @@ C2T = {**c2_threshold.EXPERIMENT.configure("quick"), "tau": [1.0, 2.0, 4.0, 6.0,
 C3 = {**c3_transfer.EXPERIMENT.configure("quick"), "settings": ["isotropic", "rademacher"], "n_seeds": 1, "n_seeds_control": 1,
       "n_pairs": 1, "n_queries": 1, "L": [4, 8, 16], "n_steps": 20, "ckpt_every": 10, "heldout_pairs": 1,
       "heldout_queries": 1, "L_eval": 32, "heldout_every": 20}
+C3D = {**c3_deep.EXPERIMENT.configure("quick"), "heads": [1], "n_seeds": 1, "depth_max": 2, "L": [4, 8, 16],
+       "n_pairs": 1, "n_queries": 1, "depths": [1], "L_train": [4, 8, 16], "train_pairs": 1, "train_queries": 2,
+       "heldout_pairs": 2, "n_steps": 2, "ckpt_every": 1}
 
 #: experiment -> (small configuration, the same cells in a larger grid listed in another order)
 GRIDS = {
@@ -37,6 +40,7 @@ GRIDS = {
     "c2": (c2_concentration, C2, {"d": [3, 2], "U_norm": [0.1, 0.5], "n_seeds": 2, "traj_seeds": 2}),
     "c2_threshold": (c2_threshold, C2T, {"tau": [0.75, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0], "n_seeds": 2}),
     "c3": (c3_transfer, C3, {"settings": ["anisotropic", "rademacher", "isotropic"], "n_seeds": 2}),
+    "c3_deep": (c3_deep, C3D, {"heads": [1, 2], "n_seeds": 2, "depths": [1, 2]}),
 }
 
 #: experiment -> parameter -> a perturbed value (valid on its own)
@@ -57,6 +61,10 @@ PERTURBATIONS = {
            "n_seeds_control": 2, "n_pairs": 2, "n_queries": 2, "L": [4, 8, 32], "lr": 0.02, "n_steps": 40,
            "ckpt_every": 20, "heldout_pairs": 2, "heldout_queries": 2, "L_eval": 64, "heldout_every": 10,
            "ridge_lam": 0.1, "perturbation": 1e-10, "root_seed": 7},
+    "c3_deep": {"d": 2, "heads": [1, 2], "n_seeds": 2, "U_scale": 0.3, "V_scale": 0.2, "v_scale": 0.5,
+                "depth_max": 3, "L": [4, 8, 32], "n_pairs": 2, "n_queries": 2, "depths": [1, 2], "L_train": [4, 8, 32],
+                "train_pairs": 2, "train_queries": 3, "heldout_pairs": 4, "method": "gd", "lr": 0.02, "n_steps": 4,
+                "ckpt_every": 2, "root_seed": 7},
 }
 # d changes the shape of Sigma_* in c3: perturb it with matching covariances
 _C3_D2 = {"Sigma_isotropic": [1.0, 1.0], "Sigma_anisotropic": [2.0, 1.0], "Sigma_rademacher": [1.0, 1.0]}

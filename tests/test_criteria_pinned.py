@@ -19,10 +19,11 @@ import pytest
 import xarray as xr
 
 import synthetic
-from sfxlin.analysis import c1, c2, c2_threshold, c3
+from sfxlin.analysis import c1, c2, c2_threshold, c3, c3_deep
 from sfxlin.analysis.verdicts import FAIL, PASS, Criterion, criteria_from_attrs, evaluate
 from sfxlin.sweep import criteria_of
 from sfxlin.pipelines import c1_limit, c2_concentration, c2_threshold as c2_threshold_pipeline, c3_transfer
+from sfxlin.pipelines import c3_deep as c3_deep_pipeline
 
 PINNED = {
     "c1_limit": [
@@ -66,16 +67,24 @@ PINNED = {
         ("C3-inf-bayes", "C3", "<=", 2e-3),
         ("C3-linL-gap", "C3", "<", 0.05),
     ],
+    "c3_deep": [
+        ("C3D-a-slope", "C3", "in", (-1.2, -0.8)),
+        ("C3D-a-cov-slope", "C3", "in", (-0.65, -0.35)),
+        ("C3D-b-slope", "C3", "in", (-0.65, -0.35)),
+        ("C3D-b-heldout", "C3", "<", 0.5),
+        ("C3D-b-heldout-limit", "C3", "<", 0.5),
+    ],
 }
 
-PIPELINES = {p.NAME: p for p in (c1_limit, c2_concentration, c2_threshold_pipeline, c3_transfer)}
+PIPELINES = {p.NAME: p for p in (c1_limit, c2_concentration, c2_threshold_pipeline, c3_transfer, c3_deep_pipeline)}
 
 
 def _stored(name):
     """The criteria as build() stores them in a results file (JSON data of the analysis declarations)."""
     return criteria_of(PIPELINES[name].EXPERIMENT)
 ANALYSES = {"c1_limit": (c1, synthetic.c1), "c2_concentration": (c2, synthetic.c2),
-            "c2_threshold": (c2_threshold, synthetic.c2t), "c3_transfer": (c3, synthetic.c3)}
+            "c2_threshold": (c2_threshold, synthetic.c2t), "c3_transfer": (c3, synthetic.c3),
+            "c3_deep": (c3_deep, synthetic.c3_deep)}
 
 
 def _pinned_form(criterion: dict) -> tuple:
