@@ -14,7 +14,8 @@ this draw order from its generator: the parameters of a ``depth_max``-layer mode
 tasks (``n_pairs`` antithetic pairs x ``n_queries`` queries, Gaussian covariates ``N(0, I_d)``,
 nested prompts of ``max(L)`` tokens). For every prompt length ``L``, kernel (softmax, linear) and
 layer ``l`` (the depth-``l`` model is the first ``l`` layers): the squared output error
-``mean (pred_L - pred_inf)^2`` against the limit, and the relative error of the tokens' second
+``mean (pred_L - pred_inf)^2`` against the limit (and its median over tasks and queries), and the
+relative error of the tokens' second
 moment entering layer ``l`` against ``Sigma_l`` (the Gaussian pushforward).
 
 Part ``"train"`` (b): training. Grid ``depth x heads x seed``; one random initialisation per cell
@@ -128,14 +129,15 @@ def kernel(cell, rng, config):
     Gamma = icl.Gamma_w(tasks.Sigma, tasks.w)
     lim, Sig = models.limit_layers(model, params, Gamma, tasks.z_q, moments=True)
     err = np.empty((len(KERNELS), model.n_layers, len(Ls)))
-    cov = np.empty_like(err)
+    med, cov = np.empty_like(err), np.empty_like(err)
     norm = np.linalg.norm(Sig, axis=(-2, -1))                              # (K, n)
     for i, k in enumerate(KERNELS):
         for j, L in enumerate(Ls):
             pred, G = models.predict_layers(model, k, params, tasks.prompt(L), tasks.z_q, moments=True)
-            err[i, :, j] = np.mean((pred - lim) ** 2, axis=(-2, -1))
+            sq = ((pred - lim) ** 2).reshape(model.n_layers, -1)
+            err[i, :, j], med[i, :, j] = sq.mean(axis=-1), np.median(sq, axis=-1)
             cov[i, :, j] = np.mean(np.linalg.norm(G - Sig, axis=(-2, -1)) / norm, axis=-1)
-    return {"err": err, "cov_err": cov, "out_sq": np.mean(lim**2, axis=(-2, -1))}
+    return {"err": err, "err_median": med, "cov_err": cov, "out_sq": np.mean(lim**2, axis=(-2, -1))}
 
 
 def train_kernel(cell, rng, config):
@@ -177,6 +179,9 @@ VARIABLES = (
     Variable("err", (*_A, "kernel", "layer", "L"), "squared output error against the deep limit",
              "mean over tasks and queries of (pred_L - pred_inf)^2 after layer l (the depth-l model), pred_inf = "
              "v . A_l ... A_1 z_q"),
+    Variable("err_median", (*_A, "kernel", "layer", "L"), "median squared output error against the deep limit",
+             "median over tasks and queries of (pred_L - pred_inf)^2 after layer l (robust to the heavy tail of the "
+             "softmax constant over tasks and queries)"),
     Variable("cov_err", (*_A, "kernel", "layer", "L"), "relative error of the token second moment",
              "mean over tasks of ||Z_l^T Z_l / L - Sigma_l||_F / ||Sigma_l||_F, tokens entering layer l, Sigma_l the "
              "Gaussian pushforward A_{l-1} Sigma_{l-1} A_{l-1}^T, Sigma_1 = Gamma_w"),

@@ -228,7 +228,7 @@ def c3(L=C3_L):
 
 def c3_deep(L=(16, 32, 64, 128, 256, 512, 1024), L_train=(8, 16, 32, 64, 128)):
     """``c3_deep`` file: (a) ``err = 2^(l-1) * 16 / L`` (layer l; constant 16 * 2^(l-1), growth
-    2^(l-1); heads 2 twice as large; linear 0.9x), ``cov_err = 0.5 (L/16)^-1/2``, ``out_sq = 1``;
+    2^(l-1); heads 2 twice as large; linear 0.9x; median 0.2x), ``cov_err = 0.5 (L/16)^-1/2``, ``out_sq = 1``;
     seeds 0.5x and 1.5x. (b) ``D_inf`` softmax ``(L/8)^-1/2`` at t = 10 (the sup), half at t = 20,
     0 at t = 0; linear 0.9x; ``D_linL`` 0.1x; held-out risk 1 -> 0.1 (limit model 1 -> 0.2)."""
     L, Lt = np.asarray(L), np.asarray(L_train)
@@ -245,6 +245,7 @@ def c3_deep(L=(16, 32, 64, 128, 256, 512, 1024), L_train=(8, 16, 32, 64, 128)):
     g = ("depth", "heads", "seed")
     ds = xr.Dataset(
         {"err": (("heads", "seed", "kernel", "layer", "L"), err),
+         "err_median": (("heads", "seed", "kernel", "layer", "L"), 0.2 * err),
          "cov_err": (("heads", "seed", "kernel", "layer", "L"), cov),
          "out_sq": (("heads", "seed", "layer"), np.ones((2, 2, 3))),
          "D_inf": ((*g, "model", "L_train", "t"), D),

@@ -84,6 +84,8 @@ def test_part_a_cell_against_numpy():
     for j, L in enumerate(config["L"]):
         pred, mom = _closed_form(p, icl.Ghat(tasks.prompt(L)), tasks.z_q, K, 1)
         np.testing.assert_allclose(out["err"][lin, :, j], np.mean((pred - lim) ** 2, axis=(1, 2)), rtol=1e-10)
+        np.testing.assert_allclose(out["err_median"][lin, :, j], np.median((pred - lim) ** 2, axis=(1, 2)),
+                                   rtol=1e-10)
         rel = np.linalg.norm(mom - Sig, axis=(-2, -1)) / np.linalg.norm(Sig, axis=(-2, -1))
         np.testing.assert_allclose(out["cov_err"][lin, :, j], rel.mean(axis=-1), rtol=1e-10)
     L = config["L"][0]
@@ -145,6 +147,7 @@ def test_analysis_recovers_the_synthetic_rates_and_constants(tmp_path):
     r = A.rates(ds)
     np.testing.assert_allclose(r.slope, -1.0, atol=1e-12)
     np.testing.assert_allclose(r.cov_slope, -0.5, atol=1e-12)
+    np.testing.assert_allclose(r.median_slope, -1.0, atol=1e-12)
     # err = c_l 16 / L with c_l = 2^(l-1): C = 16 c_l, growth 2^(l-1)
     np.testing.assert_allclose(r.growth.sel(heads=1, kernel="softmax"), [1.0, 2.0, 4.0], rtol=1e-12)
     np.testing.assert_allclose(r.constant.sel(heads=1, kernel="softmax", layer=1), 16.0, rtol=1e-12)

@@ -69,6 +69,7 @@ PINNED = {
     ],
     "c3_deep": [
         ("C3D-a-slope", "C3", "in", (-1.2, -0.8)),
+        ("C3D-a-median-slope", "C3", "in", (-1.2, -0.8)),
         ("C3D-a-cov-slope", "C3", "in", (-0.65, -0.35)),
         ("C3D-b-slope", "C3", "in", (-0.65, -0.35)),
         ("C3D-b-heldout", "C3", "<", 0.5),
