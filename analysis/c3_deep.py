@@ -183,16 +183,17 @@ def fit_table(ds: xr.Dataset) -> str:
 
 
 def figure(ds: xr.Dataset, path):
-    """(a) seed-mean squared error vs L per layer (softmax solid, linear dashed), fewest and most
-    heads; (b) the constant C(l) / C(1) vs depth; (c) max_t D_inf vs L_train per depth (softmax
-    solid, linear dashed); (d) held-out risk final / initial vs L_train."""
+    """(a) seed-mean squared error vs L per layer (softmax solid, linear dashed), most heads;
+    (b) softmax with the fewest heads, mean vs median squared error; (c) the constant relative to
+    the output scale vs depth; (d) max_t D_inf vs L_train per depth (softmax solid, linear
+    dashed); (e) held-out risk final / initial vs L_train."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     sh = _shared(ds)
-    fig, axes = plt.subplots(1, 4, figsize=(20, 4.6))
+    fig, axes = plt.subplots(1, 5, figsize=(25, 4.6))
     err = ds.err.mean("seed")
     layers = ds.layer.values
     colors = plt.cm.viridis(np.linspace(0, 0.9, layers.size))
@@ -208,6 +209,17 @@ def figure(ds: xr.Dataset, path):
            title=f"(a) error to the deep limit, H = {int(h)}")
     ax.legend(fontsize=6, ncol=2)
     ax = axes[1]
+    h1 = ds.heads.values[0]
+    med = ds.err_median.mean("seed")
+    for i, lay in enumerate(layers):
+        ax.loglog(ds.L, err.sel(heads=h1, kernel="softmax", layer=lay), "-", marker="o", ms=3, color=colors[i],
+                  label=f"depth {int(lay)}, mean")
+        ax.loglog(ds.L, med.sel(heads=h1, kernel="softmax", layer=lay), ":", marker="s", ms=3, color=colors[i],
+                  label=f"depth {int(lay)}, median")
+    ax.set(xlabel="L", ylabel="squared error over tasks and queries",
+           title=f"(b) softmax, H = {int(h1)}: mean vs median")
+    ax.legend(fontsize=6, ncol=2)
+    ax = axes[2]
     if sh.r is None:
         not_fitted(ax, sh.no_a)
     else:
@@ -216,11 +228,11 @@ def figure(ds: xr.Dataset, path):
                 ax.semilogy(layers, sh.r.rel_constant.sel(heads=hh, kernel=k), ls, marker="o",
                             label=f"H = {int(hh)}, {k}")
         ax.set(xlabel="depth", ylabel=r"$C / \mathrm{mean\ pred}_\infty^2$, err ~ C / L",
-               title="(b) constant of the 1/L rate vs depth")
+               title="(c) constant of the 1/L rate vs depth")
         ax.legend(fontsize=7)
     tr = sh.tr
     dcol = plt.cm.plasma(np.linspace(0, 0.8, ds.depth.size))
-    for ax, what in ((axes[2], "D"), (axes[3], "R")):
+    for ax, what in ((axes[3], "D"), (axes[4], "R")):
         for i, dep in enumerate(ds.depth.values):
             for hh, mk in zip(ds.heads.values, "os^v"):
                 t = tr.sel(depth=dep, heads=hh)
@@ -232,12 +244,12 @@ def figure(ds: xr.Dataset, path):
                     ax.semilogx(ds.L_train, t.heldout_ratio.sel(model="softmax"), "-", marker=mk, color=dcol[i],
                                 label=f"K = {int(dep)}, H = {int(hh)}")
                     ax.axhline(float(t.heldout_ratio_inf), color=dcol[i], ls=":", lw=1)
-    axes[2].set(xlabel="L_train", ylabel=r"$\max_t \|\theta_L(t) - \theta_\infty(t)\|$",
-                title="(c) distance to the limit model (softmax solid, linear dashed)")
-    axes[3].set(xlabel="L_train", ylabel="held-out risk final / initial",
-                title="(d) held-out risk, softmax(L) (dotted: limit model)")
-    axes[2].legend(fontsize=7)
+    axes[3].set(xlabel="L_train", ylabel=r"$\max_t \|\theta_L(t) - \theta_\infty(t)\|$",
+                title="(d) distance to the limit model (softmax solid, linear dashed)")
+    axes[4].set(xlabel="L_train", ylabel="held-out risk final / initial",
+                title="(e) held-out risk, softmax(L) (dotted: limit model)")
     axes[3].legend(fontsize=7)
+    axes[4].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

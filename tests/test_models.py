@@ -240,3 +240,17 @@ def test_bad_input_raises_value_errors():
     off = icl.Tasks(Z=tasks.Z, w=tasks.w, x_q=tasks.x_q, y_q=tasks.y_q, Sigma=tasks.Sigma, mean=np.ones(D3))
     with pytest.raises(ValueError, match="centred"):
         M.risk(model, "limit", p, off)
+
+
+def test_tasks_mapped_in_batches_with_a_remainder(monkeypatch):
+    """Logit memory capped so that 5 tasks go in batches of 2 (2, 2, 1): same values as one batch."""
+    from sfxlin.models import transformer as T
+
+    tasks = _tasks(seed=22, n_pairs=3, L_max=8)
+    tasks = tasks.subset(slice(0, 5))
+    model = M.Transformer(4, 2, 3)                     # a shape no other test compiles
+    p = model.init(np.random.default_rng(23))
+    whole = np.array([_naive_forward(np.exp, True, p, tasks.Z[n], tasks.z_q[n], 2, 3) for n in range(5)])
+    monkeypatch.setattr(T, "_LOGIT_BYTES", 8 * 3 * 8 * 8 * 2)
+    assert T._batch(model, 8, 5) == 2
+    assert _rel(M.predict(model, "softmax", p, tasks.Z, tasks.z_q), whole) <= 1e-12
