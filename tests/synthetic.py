@@ -18,6 +18,9 @@ import xarray as xr
 
 from sfxlin.pipelines import c1_kernels as c1_kernels_pipeline
 from sfxlin.pipelines import c1_limit, c2_concentration, c2_threshold, c3_transfer
+
+
+from sfxlin.pipelines import c1_limit, c2_concentration, c2_threshold, c3_deep as c3_deep_pipeline, c3_transfer
 from sfxlin.sweep import criteria_of
 
 #: seed factors with mean exactly 1: per-seed curves differ from their mean
@@ -336,3 +339,41 @@ def c1_kernels(L=(16, 32, 64, 128)):
         coords={"kernel": kernels, "r": r, "L": L, "seed": [0, 1], "stein_kernel": list(c1_kernels_pipeline.KERNEL_NAMES),
                 "rf_sigma2": [0.1, 2.0], "rf_m": m, "rf_draw": [0, 1, 2]})
     return _attach(ds, c1_kernels_pipeline, {"Sigma": [1.5, 1.0, 0.5], "sigmoid_bias": -2.0})
+
+
+# --------------------------------------------------------------------------- C3 deep
+
+
+def c3_deep(L=(16, 32, 64, 128, 256, 512, 1024), L_train=(8, 16, 32, 64, 128)):
+    """``c3_deep`` file: (a) ``err = 2^(l-1) * 16 / L`` (layer l; constant 16 * 2^(l-1), growth
+    2^(l-1); heads 2 twice as large; linear 0.9x; median 0.2x), ``cov_err = 0.5 (L/16)^-1/2``, ``out_sq = 1``;
+    seeds 0.5x and 1.5x. (b) ``D_inf`` softmax ``(L/8)^-1/2`` at t = 10 (the sup), half at t = 20,
+    0 at t = 0; linear 0.9x; ``D_linL`` 0.1x; held-out risk 1 -> 0.1 (limit model 1 -> 0.2)."""
+    L, Lt = np.asarray(L), np.asarray(L_train)
+    layers = np.arange(1, 4)
+    base = 16.0 / L[None, :] * 2.0 ** (layers[:, None] - 1)                           # (layer, L)
+    err = np.stack([base, 0.9 * base])                                              # (kernel, layer, L)
+    err = np.stack([err, 2 * err])[:, None] * SEED_FACTORS[None, :, None, None, None]  # (heads, seed, ...)
+    cov = np.broadcast_to(power(L, -0.5, 0.5), err.shape) * SEED_FACTORS[None, :, None, None, None]
+    curve = power(Lt, -0.5)
+    Dsm = np.stack([0.0 * curve, curve, 0.5 * curve], axis=-1)                        # (L_train, t)
+    D = np.broadcast_to(np.stack([Dsm, 0.9 * Dsm]), (2, 2, 2, 2, Lt.size, 3))
+    D = D * SEED_FACTORS[None, None, :, None, None, None]
+    stage = np.broadcast_to(np.array([1.0, 0.1]), (2, 2, 2, 2, Lt.size, 2))
+    g = ("depth", "heads", "seed")
+    ds = xr.Dataset(
+        {"err": (("heads", "seed", "kernel", "layer", "L"), err),
+         "err_median": (("heads", "seed", "kernel", "layer", "L"), 0.2 * err),
+         "cov_err": (("heads", "seed", "kernel", "layer", "L"), cov),
+         "out_sq": (("heads", "seed", "layer"), np.ones((2, 2, 3))),
+         "D_inf": ((*g, "model", "L_train", "t"), D),
+         "D_linL": ((*g, "L_train", "t"), 0.1 * D[:, :, :, 0]),
+         "risk": ((*g, "model", "L_train", "t"), np.broadcast_to(np.array([1.0, 0.5, 0.1]), D.shape).copy()),
+         "risk_inf": ((*g, "t"), np.broadcast_to(np.array([1.0, 0.5, 0.1]), (2, 2, 2, 3)).copy()),
+         "risk_heldout": ((*g, "model", "L_train", "stage"), stage.copy()),
+         "risk_heldout_inf": ((*g, "stage"), np.broadcast_to(np.array([1.0, 0.2]), (2, 2, 2, 2)).copy()),
+         "norm_inf": (g, np.ones((2, 2, 2)))},
+        coords={"heads": [1, 2], "seed": [0, 1], "kernel": ["softmax", "linear"], "layer": layers, "L": L,
+                "depth": [1, 2], "model": ["softmax", "linear"], "L_train": Lt, "t": [0, 10, 20],
+                "stage": ["initial", "final"]})
+    return _attach(ds, c3_deep_pipeline)

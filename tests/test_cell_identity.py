@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from sfxlin.cellstore import CellStore, cell_fingerprint
-from sfxlin.pipelines import c1_kernels, c1_limit, c1_real, c2_concentration, c2_threshold, c3_landscape, c3_transfer
+from sfxlin.pipelines import (c1_kernels, c1_limit, c1_real, c2_concentration, c2_threshold, c3_deep, c3_landscape,
+                              c3_transfer)
 from sfxlin.sweep import build, run_cell
 from sfxlin.testing import TIME_STAMPS, assert_same_results
 
@@ -49,6 +50,9 @@ def _token_file():
         np.save(path, np.random.default_rng(3).standard_normal((64, 2)))
     return str(path)
 
+C3D = {**c3_deep.EXPERIMENT.configure("quick"), "heads": [1], "n_seeds": 1, "depth_max": 2, "L": [4, 8, 16],
+       "n_pairs": 1, "n_queries": 1, "depths": [1], "L_train": [4, 8, 16], "train_pairs": 1, "train_queries": 2,
+       "heldout_pairs": 2, "n_steps": 2, "ckpt_every": 1}
 
 #: experiment -> (small configuration, the same cells in a larger grid listed in another order)
 GRIDS = {
@@ -62,6 +66,7 @@ GRIDS = {
     "c3_landscape": (c3_landscape, C3L, {"covariances": ["kms:0.5", "isotropic"], "noises": [0.0, 0.5],
                                          "mean_norms": [1.0, 0.0], "n_seeds": 2}),
     "c1_real": (c1_real, C1R, {"datasets": ["diabetes", "wine"], "D": [3, 2], "U_norm": [0.4, 0.1], "n_seeds": 2}),
+    "c3_deep": (c3_deep, C3D, {"heads": [1, 2], "n_seeds": 2, "depths": [1, 2]}),
 }
 
 #: experiment -> parameter -> a perturbed value (valid on its own)
@@ -95,6 +100,10 @@ PERTURBATIONS = {
                      "mean_norms": [0.0, 1.0], "n_seeds": 2, "n_pairs": 2, "n_queries": 2, "L": [4, 8, 16, 64],
                      "lr": 0.02, "n_steps": 40, "ckpt_every": 5, "heldout_pairs": 2, "heldout_queries": 2,
                      "root_seed": 7},
+    "c3_deep": {"d": 2, "heads": [1, 2], "n_seeds": 2, "U_scale": 0.3, "V_scale": 0.2, "v_scale": 0.5,
+                "depth_max": 3, "L": [4, 8, 32], "n_pairs": 2, "n_queries": 2, "depths": [1, 2], "L_train": [4, 8, 32],
+                "train_pairs": 2, "train_queries": 3, "heldout_pairs": 4, "method": "gd", "lr": 0.02, "n_steps": 4,
+                "ckpt_every": 2, "root_seed": 7},
 }
 # d changes the shape of Sigma_* in c3: perturb it with matching covariances
 _C3_D2 = {"Sigma_isotropic": [1.0, 1.0], "Sigma_anisotropic": [2.0, 1.0], "Sigma_rademacher": [1.0, 1.0]}

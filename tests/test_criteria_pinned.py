@@ -19,12 +19,13 @@ import pytest
 import xarray as xr
 
 import synthetic
-from sfxlin.analysis import c1, c1_kernels, c1_real, c2, c2_threshold, c3, c3_landscape
+from sfxlin.analysis import c1, c1_kernels, c1_real, c2, c2_threshold, c3, c3_deep, c3_landscape
 from sfxlin.analysis.verdicts import FAIL, PASS, Criterion, criteria_from_attrs, evaluate
 from sfxlin.sweep import criteria_of
 from sfxlin.pipelines import c1_kernels as c1_kernels_pipeline
 from sfxlin.pipelines import c1_limit, c2_concentration, c2_threshold as c2_threshold_pipeline, c3_transfer
-from sfxlin.pipelines import c1_real as c1_real_pipeline, c3_landscape as c3_landscape_pipeline
+from sfxlin.pipelines import c1_real as c1_real_pipeline, c3_deep as c3_deep_pipeline
+from sfxlin.pipelines import c3_landscape as c3_landscape_pipeline
 
 PINNED = {
     "c1_kernels": [
@@ -98,10 +99,18 @@ PINNED = {
         ("C3L-control-plateau", "C3L", ">", -0.25),
         ("C3L-control-gap", "C3L", ">", 1e-3),
     ],
+    "c3_deep": [
+        ("C3D-a-slope", "C3", "in", (-1.2, -0.8)),
+        ("C3D-a-median-slope", "C3", "in", (-1.2, -0.8)),
+        ("C3D-a-cov-slope", "C3", "in", (-0.65, -0.35)),
+        ("C3D-b-slope", "C3", "in", (-0.65, -0.35)),
+        ("C3D-b-heldout", "C3", "<", 0.5),
+        ("C3D-b-heldout-limit", "C3", "<", 0.5),
+    ],
 }
 
 PIPELINES = {p.NAME: p for p in (c1_kernels_pipeline, c1_limit, c2_concentration, c2_threshold_pipeline,
-                                 c3_transfer, c3_landscape_pipeline, c1_real_pipeline)}
+                                 c3_transfer, c3_landscape_pipeline, c1_real_pipeline, c3_deep_pipeline)}
 
 
 def _stored(name):
@@ -110,7 +119,8 @@ def _stored(name):
 ANALYSES = {"c1_kernels": (c1_kernels, synthetic.c1_kernels), "c1_limit": (c1, synthetic.c1),
             "c2_concentration": (c2, synthetic.c2), "c2_threshold": (c2_threshold, synthetic.c2t),
             "c3_transfer": (c3, synthetic.c3), "c3_landscape": (c3_landscape, synthetic.c3l),
-            "c1_real": (c1_real, synthetic.c1_real)}
+            "c1_real": (c1_real, synthetic.c1_real),
+            "c3_deep": (c3_deep, synthetic.c3_deep)}
 
 
 def _pinned_form(criterion: dict) -> tuple:

@@ -1,0 +1,308 @@
+"""Deep multi-head attention models in JAX (docs/deep.md): ``H`` heads, ``K`` layers, a residual
+stream, merged ``U`` or separate key/query matrices, value matrices, any attention kernel, and
+their exact deep linear limit on centred Gaussian tokens.
+
+Notation (docs/models.md): tokens ``z_k`` in ``R^D`` (``k < L``, the prompt), queries ``z_q``. A
+head with matrix ``U`` (``D x D``; with separate keys and queries ``U = W_K^T W_Q``) lets a token or
+query ``z`` attend to the prompt with ``a = U z`` and logits ``s_k = z_k . a``:
+
+* ``softmax``: ``sum_k softmax_k(s) z_k``;
+* ``linear``: ``(1/L) sum_k s_k z_k = Ghat_L a`` (computed so, ``O(L D^2)``);
+* a pointwise kernel ``kappa`` (:class:`Kernel`): ``(1/L) sum_k kappa(s_k) z_k``, or with
+  ``normalised=True`` ``sum_k kappa(s_k) z_k / sum_k kappa(s_k)`` (``relu``, ``sigmoid`` built in).
+
+Layer ``l`` (heads ``h``): ``z <- z + sum_h V_{l,h} attn_{l,h}(z)`` (``residual=True``) or
+``z <- sum_h V_{l,h} attn_{l,h}(z)``; without value matrices (``values=False``) ``V = I``. The
+query attends to the prompt tokens, the prompt tokens attend to each other (themselves included),
+all with the layer's input tokens. The read-out is ``pred = v . z_q^{(K)}``. The paper's single
+head is ``K = H = 1``, ``residual=False``, ``values=False`` (:meth:`Transformer.single_head`).
+
+Deep limit (:func:`limit_layers`): for centred Gaussian tokens ``N(0, Sigma_1)``, as ``L -> inf``
+softmax and linear attention of ``z`` both tend to ``Sigma_l U z``, so layer ``l`` maps every
+token and the query by ``A_l = I + sum_h V_{l,h} Sigma_l U_{l,h}`` (no ``I`` without residual); the
+tokens stay centred Gaussian with ``Sigma_{l+1} = A_l Sigma_l A_l^T`` and the output is
+``v . A_K ... A_1 z_q``. For a pointwise kernel the limit is not linear (its gain depends on
+``a^T Sigma a``) and the tokens leave the Gaussian family after one layer: no closed form here.
+
+Cost per task, layer and head: ``O(L^2 D)`` time and ``O(L^2)`` memory for the softmax and the
+pointwise kernels (tokens attend to tokens; the last layer updates the query only, ``O(L D)``),
+``O(L D^2)`` for linear attention. Tasks are mapped in batches that keep the logits under 64 MB.
+
+Parameters are a dict of arrays: ``U (K, H, D, D)`` (or ``W_K``, ``W_Q (K, H, d_k, D)``),
+``V (K, H, D, D)`` (with ``values``), ``v (D,)``. Everything is float64 (JAX's x64 mode, switched
+on by :mod:`sfxlin.models`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ._jax import jax, jnp
+
+__all__ = ["Kernel", "KERNELS", "LINEAR_LIMIT", "kernel", "Transformer", "predict", "predict_layers", "limit_layers",
+           "risk", "risk_and_grad", "flatten"]
+
+_LOGIT_BYTES = 1 << 26
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """An attention kernel: ``name``; ``kappa`` a pointwise JAX function of the logits (``None``
+    for ``softmax`` and ``linear``, which have their own exact code); ``normalised``: divide by
+    ``sum_k kappa(s_k)`` rather than by ``L``."""
+
+    name: str
+    kappa: Callable | None = None
+    normalised: bool = False
+
+
+KERNELS = {
+    "softmax": Kernel("softmax", None, True),
+    "linear": Kernel("linear", None, False),
+    "relu": Kernel("relu", jax.nn.relu, False),
+    "sigmoid": Kernel("sigmoid", jax.nn.sigmoid, False),
+}
+
+#: kernels whose large-prompt limit on centred Gaussian tokens is ``Sigma U z`` (the deep limit)
+LINEAR_LIMIT = ("softmax", "linear")
+
+
+def kernel(k) -> Kernel:
+    """A :class:`Kernel` from its name in :data:`KERNELS` (or the kernel itself)."""
+    if isinstance(k, Kernel):
+        return k
+    if k not in KERNELS:
+        raise ValueError(f"kernel must be one of {list(KERNELS)} or a Kernel, got {k!r}")
+    return KERNELS[k]
+
+
+def _positive(value, name):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class Transformer:
+    """Shape of a model (hashable: the compiled functions are keyed by it).
+
+    ``D`` token dimension, ``n_layers`` (``K``), ``n_heads`` (``H``), ``residual``, ``values``
+    (value matrices ``V``; ``False``: ``V = I``), ``d_k`` (``None``: merged ``U``; an integer:
+    separate ``W_K``, ``W_Q`` of shape ``(d_k, D)`` per head, ``U = W_K^T W_Q``).
+    """
+
+    D: int
+    n_layers: int = 1
+    n_heads: int = 1
+    residual: bool = True
+    values: bool = True
+    d_k: int | None = None
+
+    def __post_init__(self):
+        _positive(self.D, "D")
+        _positive(self.n_layers, "n_layers")
+        _positive(self.n_heads, "n_heads")
+        if self.d_k is not None:
+            _positive(self.d_k, "d_k")
+
+    @classmethod
+    def single_head(cls, D):
+        """The paper's model: one head, one layer, no residual, no value matrix."""
+        return cls(D, 1, 1, residual=False, values=False)
+
+    def shapes(self) -> dict:
+        """Parameter name -> shape."""
+        K, H, D = self.n_layers, self.n_heads, self.D
+        out = {"U": (K, H, D, D)} if self.d_k is None else {"W_K": (K, H, self.d_k, D), "W_Q": (K, H, self.d_k, D)}
+        if self.values:
+            out["V"] = (K, H, D, D)
+        out["v"] = (D,)
+        return out
+
+    def init(self, rng, U_scale=0.5, V_scale=0.5, v_scale=1.0) -> dict:
+        """Random parameters (numpy float64, drawn from ``rng`` in the order of :meth:`shapes`):
+        entries of ``U`` (or of ``W_K``, ``W_Q``), ``V``, ``v`` are ``N(0, scale^2 / D)`` (``U``:
+        ``||U z|| ~ U_scale ||z||``; ``W_K``, ``W_Q``: scale ``sqrt(U_scale)``)."""
+        if not isinstance(rng, np.random.Generator):
+            raise TypeError(f"rng must be a numpy Generator, got {type(rng).__name__}")
+        scale = {"U": U_scale, "W_K": np.sqrt(U_scale), "W_Q": np.sqrt(U_scale), "V": V_scale, "v": v_scale}
+        return {k: scale[k] / np.sqrt(self.D) * rng.standard_normal(s) for k, s in self.shapes().items()}
+
+    def params(self, **arrays) -> dict:
+        """Check and convert a parameter dict (every name of :meth:`shapes`, right shapes, finite)."""
+        want = self.shapes()
+        if set(arrays) != set(want):
+            raise ValueError(f"params must have exactly the arrays {sorted(want)}, got {sorted(arrays)}")
+        out = {}
+        for k, s in want.items():
+            a = np.asarray(arrays[k], dtype=float)
+            if a.shape != s:
+                raise ValueError(f"params[{k!r}] must have shape {s}, got {a.shape}")
+            if not np.all(np.isfinite(a)):
+                raise ValueError(f"params[{k!r}] must be finite")
+            out[k] = a
+        return out
+
+
+def _U(model, params):
+    """``(K, H, D, D)`` attention matrices (``W_K^T W_Q`` when factored)."""
+    if model.d_k is None:
+        return params["U"]
+    return jnp.einsum("khai,khaj->khij", params["W_K"], params["W_Q"])
+
+
+def _attend(kern, U, X, Z, G):
+    """Heads' attention of the rows of ``X (m, D)`` over the tokens ``Z (L, D)``: ``(H, m, D)``.
+    ``G = Z^T Z / L`` (used by linear attention)."""
+    A = jnp.einsum("hij,mj->hmi", U, X)                     # a = U x
+    if kern.name == "linear":
+        return jnp.einsum("hmi,ij->hmj", A, G)               # Ghat a (Ghat symmetric)
+    S = jnp.einsum("hmi,li->hml", A, Z)                     # s_k = z_k . a
+    if kern.name == "softmax":
+        W = jax.nn.softmax(S, axis=-1)
+    else:
+        W = kern.kappa(S)
+        W = W / (W.sum(axis=-1, keepdims=True) if kern.normalised else Z.shape[0])
+    return W @ Z
+
+
+def _mix(model, V, O, X):
+    """``X + sum_h V_h O_h`` (residual) or ``sum_h V_h O_h``; ``V = I`` without values."""
+    delta = jnp.einsum("hij,hmj->mi", V, O) if model.values else O.sum(axis=0)
+    return X + delta if model.residual else delta
+
+
+def _task_layers(model, kern, params, Z, Q, tokens):
+    """One task: read-outs after every layer ``(K, q)`` and, with ``tokens``, the token second
+    moments ``Z_l^T Z_l / L`` entering every layer ``(K, D, D)``."""
+    U = _U(model, params)
+    preds, moments = [], []
+    for l in range(model.n_layers):
+        G = Z.T @ Z / Z.shape[0]
+        moments.append(G)
+        V = params["V"][l] if model.values else None
+        Q_new = _mix(model, V, _attend(kern, U[l], Q, Z, G), Q)
+        if l + 1 < model.n_layers:
+            Z = _mix(model, V, _attend(kern, U[l], Z, Z, G), Z)
+        Q = Q_new
+        preds.append(Q @ params["v"])
+    out = jnp.stack(preds)
+    return (out, jnp.stack(moments)) if tokens else out
+
+
+def _batch(model, L, n):
+    return int(max(1, min(n, _LOGIT_BYTES // (8 * model.n_heads * L * L))))
+
+
+def _layers(model, kern, params, Z, z_q, tokens=False):
+    f = lambda zz: _task_layers(model, kern, params, zz[0], zz[1], tokens)  # noqa: E731
+    out = jax.lax.map(f, (Z, z_q), batch_size=_batch(model, Z.shape[1], Z.shape[0]))
+    if tokens:
+        return jnp.moveaxis(out[0], 0, 1), jnp.moveaxis(out[1], 0, 1)
+    return jnp.moveaxis(out, 0, 1)
+
+
+def _limit(model, params, Sigma, z_q):
+    U = _U(model, params)
+    eye = jnp.eye(model.D)
+    preds, moments = [], []
+    for l in range(model.n_layers):
+        moments.append(Sigma)
+        M = jnp.einsum("hij,njk,hkl->nil", params["V"][l], Sigma, U[l]) if model.values else \
+            jnp.einsum("njk,hkl->njl", Sigma, U[l])
+        A = eye + M if model.residual else M                 # (n, D, D)
+        z_q = jnp.einsum("nij,nqj->nqi", A, z_q)
+        Sigma = A @ Sigma @ jnp.swapaxes(A, -1, -2)
+        preds.append(z_q @ params["v"])
+    return jnp.stack(preds), jnp.stack(moments)
+
+
+_layers_jit = jax.jit(_layers, static_argnums=(0, 1, 5))
+_limit_jit = jax.jit(_limit, static_argnums=(0,))
+
+
+def _loss(params, model, kern, data, z_q, y_q):
+    if kern == "limit":
+        pred = _limit(model, params, data, z_q)[0][-1]
+    else:
+        pred = _layers(model, kernel(kern), params, data, z_q)[-1]
+    return 0.5 * jnp.mean((pred - y_q) ** 2)
+
+
+_loss_jit = jax.jit(_loss, static_argnums=(1, 2))
+_loss_grad_jit = jax.jit(jax.value_and_grad(_loss), static_argnums=(1, 2))
+
+
+def _arrays(Z, z_q, D, Zname="Z"):
+    Z = np.asarray(Z, dtype=float)
+    z_q = np.asarray(z_q, dtype=float)
+    if Z.ndim != 3 or Z.shape[-1] != D:
+        raise ValueError(f"{Zname} must have shape (n, L, {D}), got {Z.shape}")
+    if z_q.ndim != 3 or z_q.shape[0] != Z.shape[0] or z_q.shape[-1] != D:
+        raise ValueError(f"z_q must have shape ({Z.shape[0]}, q, {D}), got {z_q.shape}")
+    return Z, z_q
+
+
+def predict_layers(model, kern, params, Z, z_q, moments=False):
+    """Read-outs ``v . z_q^{(l)}`` after every layer ``l = 1..K``: ``(K, n, q)`` numpy.
+    ``Z (n, L, D)`` prompts, ``z_q (n, q, D)`` queries; ``kern`` a name or :class:`Kernel`.
+    ``moments=True``: also the second moments ``Z_l^T Z_l / L`` of the prompt tokens entering
+    every layer, ``(K, n, D, D)`` (layer 1: the prompt's ``Ghat_L``)."""
+    Z, z_q = _arrays(Z, z_q, model.D)
+    out = _layers_jit(model, kernel(kern), model.params(**params), Z, z_q, bool(moments))
+    return tuple(np.asarray(a) for a in out) if moments else np.asarray(out)
+
+
+def predict(model, kern, params, Z, z_q):
+    """Read-out of the last layer, ``(n, q)`` (:func:`predict_layers`)."""
+    return predict_layers(model, kern, params, Z, z_q)[-1]
+
+
+def limit_layers(model, params, Sigma, z_q, moments=False):
+    """Exact ``L -> inf`` limit of the softmax and linear models on centred Gaussian tokens of
+    covariance ``Sigma (n, D, D)`` (per task; ``Gamma_w`` for in-context regression): the
+    read-outs ``v . A_l ... A_1 z_q`` after every layer, ``(K, n, q)`` (module doc).
+    ``moments=True``: also the token covariances ``Sigma_l`` entering every layer, ``(K, n, D, D)``."""
+    Sigma, z_q = _arrays(Sigma, z_q, model.D, "Sigma")
+    if Sigma.shape[1] != model.D:
+        raise ValueError(f"Sigma must have shape (n, {model.D}, {model.D}), got {Sigma.shape}")
+    preds, Sig = _limit_jit(model, model.params(**params), Sigma, z_q)
+    return (np.asarray(preds), np.asarray(Sig)) if moments else np.asarray(preds)
+
+
+def _data(kern, tasks, L):
+    from sfxlin import icl
+
+    if kern == "limit":
+        if np.any(tasks.mean):
+            raise ValueError("the deep limit needs centred covariates (Tasks.mean = 0)")
+        return icl.Gamma_w(tasks.Sigma, tasks.w)
+    kernel(kern)
+    return tasks.prompt(L)
+
+
+def risk(model, kern, params, tasks, L=None):
+    """Risk ``mean 1/2 (pred - y_q)^2`` over the tasks and queries of ``tasks``
+    (:class:`sfxlin.icl.Tasks`) at prompt length ``L``; ``kern="limit"``: the deep limit with
+    ``Sigma = Gamma_w`` (``L`` ignored)."""
+    data = _data(kern, tasks, L)
+    return float(_loss_jit(model.params(**params), model, kern, data, tasks.z_q, tasks.y_q))
+
+
+def risk_and_grad(model, kern, params, tasks, L=None):
+    """``(risk, grad)`` of :func:`risk`, the gradient a dict like ``params`` (numpy), by
+    reverse-mode autodiff. The compiled function is the one training uses (:func:`train`), so
+    evaluating tasks shaped like the training tasks compiles nothing new."""
+    data = _data(kern, tasks, L)
+    params = {k: jnp.asarray(a) for k, a in model.params(**params).items()}
+    r, g = _loss_grad_jit(params, model, kern, data, tasks.z_q, tasks.y_q)
+    return float(r), {k: np.asarray(a) for k, a in g.items()}
+
+
+def flatten(params, lead=0) -> np.ndarray:
+    """All parameters in one vector (names sorted), for distances between parameter sets; the
+    first ``lead`` axes (e.g. the checkpoints of a trajectory) are kept."""
+    return np.concatenate([np.asarray(params[k]).reshape(np.shape(params[k])[:lead] + (-1,))
+                           for k in sorted(params)], axis=-1)

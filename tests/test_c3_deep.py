@@ -1,0 +1,168 @@
+"""c3_deep: one cell of each part against independent numpy computations, determinism in threads,
+the analysis on a synthetic file with known rates and constants.
+
+Independent computations: deep linear attention maps every token by ``I + sum_h V_h Ghat U_h``,
+so its read-outs are the closed form with ``Sigma_1 = Ghat_L`` (numpy loop below), the limit the
+closed form with ``Gamma_w``; softmax by a plain loop. Same float64 sums in other orders: 1e-12.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import synthetic
+from sfxlin import icl
+from sfxlin.analysis import c3_deep as A
+from sfxlin.analysis.verdicts import FAIL, PASS
+from sfxlin.sweep import cell_rng, run_cell
+
+M = pytest.importorskip("sfxlin.models")
+from sfxlin.pipelines import c3_deep  # noqa: E402
+
+SMALL = {"heads": [1], "n_seeds": 1, "depth_max": 2, "L": [4, 8, 16], "n_pairs": 2, "n_queries": 2, "depths": [1],
+         "L_train": [4, 8, 16], "train_pairs": 2, "train_queries": 4, "heldout_pairs": 4, "n_steps": 4, "ckpt_every": 2}
+
+
+def _config(**kw):
+    quick = dict(c3_deep.EXPERIMENT.configure("quick"))
+    return c3_deep.EXPERIMENT.configure(profile=None, values={**quick, **SMALL, **kw})
+
+
+def _closed_form(p, Sigma, z_q, K, H):
+    """(preds (K, n, q), Sigma_l (K, n, D, D)) of the residual deep linear model, numpy loops."""
+    D = Sigma.shape[-1]
+    preds, sigs = np.empty((K,) + z_q.shape[:2]), np.empty((K,) + Sigma.shape)
+    for n in range(Sigma.shape[0]):
+        S, q = Sigma[n], z_q[n].T
+        for l in range(K):
+            sigs[l, n] = S
+            A_l = np.eye(D) + sum(p["V"][l, h] @ S @ p["U"][l, h] for h in range(H))
+            q, S = A_l @ q, A_l @ S @ A_l.T
+            preds[l, n] = p["v"] @ q
+    return preds, sigs
+
+
+def _softmax_loop(p, Z, zq, K, H):
+    for l in range(K):
+        def attend(x, Z=Z, l=l):
+            out = np.zeros(len(x))
+            for h in range(H):
+                s = Z @ (p["U"][l, h] @ x)
+                w = np.exp(s - s.max())
+                out += p["V"][l, h] @ (w @ Z / w.sum())
+            return out
+        Z, zq = np.array([z + attend(z) for z in Z]), np.array([q + attend(q) for q in zq])
+    return zq @ p["v"]
+
+
+def _draws(config, cell, part):
+    """The cell's parameters and tasks, in the documented draw order."""
+    rng = cell_rng(c3_deep.EXPERIMENT.rng_name(part), cell, config["root_seed"])
+    d = config["d"]
+    if part == "":
+        model = M.Transformer(d + 1, config["depth_max"], cell["heads"])
+        p = model.init(rng, config["U_scale"], config["V_scale"], config["v_scale"])
+        return p, c3_deep._tasks(rng, d, config["n_pairs"], config["n_queries"], config["L"][-1])
+    model = M.Transformer(d + 1, cell["depth"], cell["heads"])
+    p = model.init(rng, config["U_scale"], config["V_scale"], config["v_scale"])
+    L = config["L_train"][-1]
+    tasks = c3_deep._tasks(rng, d, config["train_pairs"], config["train_queries"], L)
+    return p, tasks, c3_deep._tasks(rng, d, config["heldout_pairs"], config["train_queries"], L)
+
+
+def test_part_a_cell_against_numpy():
+    config = _config()
+    cell = {"heads": 1, "seed": 0}
+    out = run_cell(c3_deep.EXPERIMENT, config, cell)
+    p, tasks = _draws(config, cell, "")
+    K = config["depth_max"]
+    lim, Sig = _closed_form(p, icl.Gamma_w(tasks.Sigma, tasks.w), tasks.z_q, K, 1)
+    np.testing.assert_allclose(out["out_sq"], np.mean(lim**2, axis=(1, 2)), rtol=1e-12)
+    lin = c3_deep.KERNELS.index("linear")
+    for j, L in enumerate(config["L"]):
+        pred, mom = _closed_form(p, icl.Ghat(tasks.prompt(L)), tasks.z_q, K, 1)
+        np.testing.assert_allclose(out["err"][lin, :, j], np.mean((pred - lim) ** 2, axis=(1, 2)), rtol=1e-10)
+        np.testing.assert_allclose(out["err_median"][lin, :, j], np.median((pred - lim) ** 2, axis=(1, 2)),
+                                   rtol=1e-10)
+        rel = np.linalg.norm(mom - Sig, axis=(-2, -1)) / np.linalg.norm(Sig, axis=(-2, -1))
+        np.testing.assert_allclose(out["cov_err"][lin, :, j], rel.mean(axis=-1), rtol=1e-10)
+    L = config["L"][0]
+    sm = np.array([_softmax_loop(p, tasks.prompt(L)[n], tasks.z_q[n], K, 1) for n in range(tasks.n_tasks)])
+    np.testing.assert_allclose(out["err"][c3_deep.KERNELS.index("softmax"), -1, 0], np.mean((sm - lim[-1]) ** 2),
+                               rtol=1e-10)
+
+
+def _risk(pred, y):
+    return 0.5 * np.mean((pred - y) ** 2)
+
+
+def test_part_b_cell_against_numpy():
+    config = _config()
+    cell = {"depth": 1, "heads": 1, "seed": 0}
+    out = run_cell(c3_deep.EXPERIMENT, config, cell, "train")
+    p, tasks, held = _draws(config, cell, "train")
+    # same initialisation: every distance is exactly 0 at t = 0, and the runs move
+    assert np.all(out["D_inf"][..., 0] == 0) and np.all(out["D_linL"][:, 0] == 0)
+    assert np.all(out["D_inf"][..., -1] > 0)
+    lim = _closed_form(p, icl.Gamma_w(tasks.Sigma, tasks.w), tasks.z_q, 1, 1)[0][-1]
+    assert abs(out["risk_inf"][0] - _risk(lim, tasks.y_q)) <= 1e-12 * out["risk_inf"][0]
+    lim_h = _closed_form(p, icl.Gamma_w(held.Sigma, held.w), held.z_q, 1, 1)[0][-1]
+    assert abs(out["risk_heldout_inf"][0] - _risk(lim_h, held.y_q)) <= 1e-12 * out["risk_heldout_inf"][0]
+    lin, initial = c3_deep.KERNELS.index("linear"), c3_deep.STAGES.index("initial")
+    for j, L in enumerate(config["L_train"]):
+        pred = _closed_form(p, icl.Ghat(held.prompt(L)), held.z_q, 1, 1)[0][-1]
+        assert abs(out["risk_heldout"][lin, j, initial] - _risk(pred, held.y_q)) <= 1e-12 * _risk(pred, held.y_q)
+    assert np.all(out["risk"][..., -1] < out["risk"][..., 0])
+
+
+def test_heldout_pairs_must_be_a_multiple_of_train_pairs():
+    with pytest.raises(ValueError, match="heldout_pairs"):
+        _config(heldout_pairs=3)
+
+
+def test_cells_in_threads_give_the_same_bits():
+    config = _config()
+    cells = [({"heads": 1, "seed": 0}, ""), ({"depth": 1, "heads": 1, "seed": 0}, "train")]
+    serial = [run_cell(c3_deep.EXPERIMENT, config, c, part) for c, part in cells]
+    out = [None] * 4
+
+    def run(i):
+        c, part = cells[i % 2]
+        out[i] = run_cell(c3_deep.EXPERIMENT, config, c, part)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, o in enumerate(out):
+        for k, a in serial[i % 2].items():
+            np.testing.assert_array_equal(o[k], a, err_msg=k)
+
+
+def test_analysis_recovers_the_synthetic_rates_and_constants(tmp_path):
+    ds = synthetic.c3_deep()
+    r = A.rates(ds)
+    np.testing.assert_allclose(r.slope, -1.0, atol=1e-12)
+    np.testing.assert_allclose(r.cov_slope, -0.5, atol=1e-12)
+    np.testing.assert_allclose(r.median_slope, -1.0, atol=1e-12)
+    # err = c_l 16 / L with c_l = 2^(l-1): C = 16 c_l, growth 2^(l-1)
+    np.testing.assert_allclose(r.growth.sel(heads=1, kernel="softmax"), [1.0, 2.0, 4.0], rtol=1e-12)
+    np.testing.assert_allclose(r.constant.sel(heads=1, kernel="softmax", layer=1), 16.0, rtol=1e-12)
+    rows = {row.criterion.id: row.verdict for row in A.verdicts(ds)}
+    assert set(rows.values()) == {PASS}
+    bad = ds.copy(deep=True)
+    bad["err"].loc[dict(layer=3)] = bad.err.sel(layer=3) * (bad.L / 16.0) ** 0.5   # rate -1/2 at depth 3
+    assert {row.criterion.id: row.verdict for row in A.verdicts(bad)}["C3D-a-slope"] == FAIL
+    text = A.fit_table(ds)
+    assert "C(l) / C(1)" in text and "held-out" in text
+    A.figure(ds, tmp_path / "c3_deep.png")
+    assert (tmp_path / "c3_deep.png").stat().st_size > 0
+
+
+def test_fit_range_is_the_largest_half():
+    assert list(A.fit_range([16, 32, 64, 128, 256, 512, 1024])) == [4, 5, 6]
+    assert list(A.fit_range(list(range(8)))) == [4, 5, 6, 7]
+    assert list(A.fit_range([4, 8, 16])) == [0, 1, 2]
