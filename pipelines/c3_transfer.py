@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sfxlin import icl, training
+from sfxlin import curvature, icl, training
 from sfxlin.params import Param, Profiles
 from sfxlin.sweep import Experiment, Part, Variable
 
@@ -102,6 +102,9 @@ PARAMS = (
           low=0),
     Param("perturbation", "float", "norm of the off-block perturbation of (U0, v0) in the diagnostic run", 1e-12,
           low=0, low_open=True),
+    Param("perturbed_run", "bool", "also train every model from the perturbed init (the direct diagnostic; else its "
+          "variables are NaN and the off-block curvature alone says where the block structure is unstable)",
+          Profiles(quick=True, paper=False)),
     Param("root_seed", "int", "root of every cell's random generator", 20251211),
 )
 
@@ -210,11 +213,9 @@ def kernel(cell, rng, config):
     risk_ridge = np.array([icl.ridge_risk(held, L, lam) for L in Ls])
     risk_plugin = np.array([icl.risk("linear", U_star, v_star, held, L) for L in Ls])
 
-    # 3. perturbation diagnostic
-    U0, v0 = icl.init_theta(d, Sigma)
-    U0p, v0p = training.perturbed_init(U0, v0, direction, config["perturbation"])
-    pert = training.train_all_arrays(tasks, Ls, models=("softmax", "linear", "linear_inf"), U0=U0p, v0=v0p,
-                                     label="perturbed run", **kw)
+    # 3. off-block stability: curvature along the stored trajectory; the perturbed run if asked
+    curv = _off_block_curvature(tasks, Ls, U, v, U_inf, v_inf)
+    pert = _perturbed_run(tasks, Ls, d, Sigma, direction, U, v, config, kw)
 
     out = {
         "in_protocol": np.float64(1.0),
@@ -236,16 +237,47 @@ def kernel(cell, rng, config):
         "risk_heldout_inf_eval": inf_eval,
         "risk_ridge": risk_ridge,
         "risk_plugin": risk_plugin,
+        **pert, **curv,
+        "n_exact_shift_steps": np.float64(res["n_exact_shift_steps"]),
+    }
+    for name, arr in out.items():   # the variables allow NaN (for cells outside the protocol): check here
+        if not np.all(np.isfinite(arr)) and not (name in _PERTURBED and not config["perturbed_run"]):
+            raise FloatingPointError(f"non-finite values in {name}")
+    return out
+
+
+_PERTURBED = ("off_block_perturbed", "risk_train_perturbed", "D_perturbed", "off_block_perturbed_inf")
+
+
+def _off_block_curvature(tasks, Ls, U, v, U_inf, v_inf):
+    """Extreme eigenvalues of the off-block Hessian of each model's risk at every checkpoint of
+    the main (block-structured) run (:mod:`sfxlin.curvature`)."""
+    out = {}
+    lo, hi = zip(*(curvature.curvature_extremes(curvature.off_block_hessian(m, tasks, Ls, U[i], v[i]))
+                   for i, m in enumerate(MODELS)))
+    out["off_block_curvature_min"], out["off_block_curvature_max"] = np.stack(lo), np.stack(hi)
+    lo, hi = curvature.curvature_extremes(curvature.off_block_hessian("linear_inf", tasks, None, U_inf[None],
+                                                                      v_inf[None])[0])
+    out["off_block_curvature_min_inf"], out["off_block_curvature_max_inf"] = lo, hi
+    return out
+
+
+def _perturbed_run(tasks, Ls, d, Sigma, direction, U, v, config, kw):
+    """The direct diagnostic: every model trained again from ``(U0, v0)`` plus the off-block
+    perturbation (NaN when ``perturbed_run`` is off; the direction is drawn either way)."""
+    if not config["perturbed_run"]:
+        return {"off_block_perturbed": np.full(U.shape[:3], np.nan), "risk_train_perturbed": np.full(U.shape[:3], np.nan),
+                "D_perturbed": np.full(U.shape[:3], np.nan), "off_block_perturbed_inf": np.full(U.shape[2], np.nan)}
+    U0, v0 = icl.init_theta(d, Sigma)
+    U0p, v0p = training.perturbed_init(U0, v0, direction, config["perturbation"])
+    pert = training.train_all_arrays(tasks, Ls, models=("softmax", "linear", "linear_inf"), U0=U0p, v0=v0p,
+                                     label="perturbed run", **kw)
+    return {
         "off_block_perturbed": np.stack([icl.off_block_mass(pert[m]["U"], pert[m]["v"]) for m in MODELS]),
         "risk_train_perturbed": np.stack([pert[m]["risk"] for m in MODELS]),
         "D_perturbed": np.stack([icl.theta_distance(pert[m]["U"], pert[m]["v"], U[i], v[i]) for i, m in enumerate(MODELS)]),
         "off_block_perturbed_inf": icl.off_block_mass(pert["linear_inf"]["U"], pert["linear_inf"]["v"]),
-        "n_exact_shift_steps": np.float64(res["n_exact_shift_steps"]),
     }
-    for name, arr in out.items():   # the variables allow NaN (for cells outside the protocol): check here
-        if not np.all(np.isfinite(arr)):
-            raise FloatingPointError(f"non-finite values in {name}")
-    return out
 
 
 # --------------------------------------------------------------------------- declarations
@@ -315,6 +347,16 @@ VARIABLES = (
        "itself at t = 0)"),
     _v("off_block_perturbed_inf", _G + ("t",), "off-block mass of linear(inf), perturbed run",
        "as off_block_perturbed, for linear(inf)"),
+    _v("off_block_curvature_max", _GM + ("L", "t"), "largest off-block curvature of model(L)",
+       "largest eigenvalue of the Hessian of the training risk in the active off-block coordinates "
+       "(U[d, :d], v[:d]) at theta_L(t) of the main run; lr * it > 2: an off-block perturbation grows "
+       "(step-size instability of the block structure)"),
+    _v("off_block_curvature_min", _GM + ("L", "t"), "smallest off-block curvature of model(L)",
+       "smallest eigenvalue of the same Hessian (negative: a saddle direction off-block)"),
+    _v("off_block_curvature_max_inf", _G + ("t",), "largest off-block curvature of linear(inf)",
+       "as off_block_curvature_max, for linear(inf) at theta_inf(t)"),
+    _v("off_block_curvature_min_inf", _G + ("t",), "smallest off-block curvature of linear(inf)",
+       "as off_block_curvature_min, for linear(inf) at theta_inf(t)"),
     _v("n_exact_shift_steps", _G, "softmax steps with the exact max shift (main run)",
        "engine diagnostic: steps whose cached log-sum-exp shift was out of range and were recomputed exactly"),
 )

@@ -56,7 +56,7 @@ PERTURBATIONS = {
            "Sigma_anisotropic": [3.0, 1.0, 0.5], "Sigma_rademacher": [1.0, 2.0, 1.0], "n_seeds": 2,
            "n_seeds_control": 2, "n_pairs": 2, "n_queries": 2, "L": [4, 8, 32], "lr": 0.02, "n_steps": 40,
            "ckpt_every": 20, "heldout_pairs": 2, "heldout_queries": 2, "L_eval": 64, "heldout_every": 10,
-           "ridge_lam": 0.1, "perturbation": 1e-10, "root_seed": 7},
+           "ridge_lam": 0.1, "perturbation": 1e-10, "perturbed_run": False, "root_seed": 7},
 }
 # d changes the shape of Sigma_* in c3: perturb it with matching covariances
 _C3_D2 = {"Sigma_isotropic": [1.0, 1.0], "Sigma_anisotropic": [2.0, 1.0], "Sigma_rademacher": [1.0, 1.0]}
