@@ -27,22 +27,29 @@ then the direction of the off-block perturbation. Then
    trained model at its training ``L`` and at ``L_eval``; ``theta_inf`` under linear(inf) and under
    softmax(``L_eval``); baselines per ``L``: ridge / least squares on the prompt (``ridge_lam``) and the
    plug-in estimator ``x_q^T Sigma^{-1} (1/L) sum_k y_k x_k`` (linear(L) attention at the Bayes optimum);
-3. perturbation diagnostic: the fast engine keeps the off-block parameters exactly 0 (antithetic
+3. off-block stability diagnostic: the fast engine keeps the off-block parameters exactly 0 (antithetic
    partners cancel exactly), so a dynamical instability of the block structure cannot show by
-   itself. A second run starts from ``(U0, v0)`` plus an off-block perturbation of norm
-   ``perturbation`` along a seeded random direction of the dynamically active off-block coordinates
-   ``(U[d, :d], v[:d])`` (``U[:, d]`` multiplies the masked query coordinate 0: its gradient is 0, a
-   perturbation there would stay constant and hide any decay) and records the off-block mass of all
-   three models over ``t``.
+   itself. An off-block perturbation ``delta`` of the block-structured trajectory evolves by the
+   linearised map ``delta_{t+1} = (I - lr H_off(theta_t)) delta_t`` (the risk is even in the active
+   off-block coordinates ``(U[d, :d], v[:d])``; ``U[:, d]`` multiplies the masked query coordinate 0
+   and has no gradient), so it grows where ``lr lambda_max(H_off) > 2``. The kernel computes the
+   extreme eigenvalues of ``H_off`` of every model at every checkpoint of the main run
+   (:mod:`sfxlin.curvature`: differences of the engine's exact gradients, all L in one call).
+   With ``perturbed_run`` (quick profile: on; paper: off) it also trains every model again from
+   ``(U0, v0)`` plus an off-block perturbation of norm ``perturbation`` along a seeded random
+   direction of ``(U[d, :d], v[:d])`` and records the off-block mass of all three models over
+   ``t`` (the direct diagnostic; NaN when off). The direction is drawn either way, so the draws do
+   not depend on the option. The two agree where the perturbed run is informative (its
+   perturbation grows > 10x exactly where ``lr lambda_max`` crosses 2: tests/test_speed_invariance.py).
 
 Paper profile = the reference protocol (docs/protocols.md): d = 3; 48 pairs x 2 queries;
 L = 8 .. 4096 doubling; lr 0.01; T = 2500; checkpoints every 20 steps; 2 seeds (control: 1);
 held-out 256 pairs x 4 queries at the training L and at 4096 (every 500 steps: 6 checkpoints);
 perturbation 1e-12.
-Cost of one protocol cell (CPU seconds, one core): main run ~7 s, perturbed run ~12 s (once
-``U[d, :d] != 0`` the antithetic partners' logits differ, so their softmax cannot be shared and
-needs the quadratic features), held-out ~2 s; about 105 CPU s for the five cells, so about 60 s
-wall on two free cores (5 equal cells on 2 workers: 3 rounds).
+Cost of one protocol cell: the main run, the held-out evaluations, and the curvature at 126
+checkpoints (7 gradient evaluations each, six of them off the pair-shared path); the perturbed
+run, when asked, is 2500 more evaluations off the pair-shared path (docs/performance.md has the
+measured figures).
 
 What the perturbation diagnostic showed in the paper profile (see the fit table): at some
 ``(seed, L)`` (L = 512 .. 4096 here) the 1e-12 perturbation of softmax(L) first decays, then grows

@@ -13,9 +13,11 @@ second training run, checked against independent computations and against the pe
 import numpy as np
 import pytest
 
-from sfxlin import curvature, icl, laws, training
+from sfxlin import curvature, icl, laws, storage, training
+from sfxlin.benchmarks.protocol import seed_loop
+from sfxlin.execution import compute
 from sfxlin.pipelines import c3_transfer as c3
-from sfxlin.sweep import cell_rng, run_cell
+from sfxlin.sweep import build, cell_rng, run_cell
 from sfxlin.testing import reference_c3
 
 EXPERIMENT = c3.EXPERIMENT
@@ -139,3 +141,14 @@ def test_curvature_and_perturbed_run_agree_where_the_perturbed_run_is_informativ
     crossed, grew = np.array(crossed), np.array(grew)
     assert crossed.any(), "the check needs a cell over the edge (isotropic softmax(L = 64) at these settings)"
     assert np.array_equal(crossed, grew), (crossed, grew)
+
+
+def test_the_protocol_benchmark_loop_reproduces_the_sweep_file(tmp_path):
+    """The seed-style arm of ``sfxlin bench c3 --protocol`` (plain per-L loop, its own held-out
+    risks) on a quick sweep's file: same tasks, same numbers to rounding (1e-10 relative; measured
+    ~1e-15), so the benchmark compares two ways of computing one protocol."""
+    config = EXPERIMENT.configure("quick", values=dict(settings=["isotropic", "rademacher"], n_seeds=1, n_steps=40,
+                                                       heldout_every=20, L=[8, 16, 32], perturbed_run=False))
+    ds, _, _ = compute(build(EXPERIMENT, config), progress=False)
+    path = storage.save(ds, tmp_path / "c3_transfer.nc")
+    assert seed_loop(path) <= 1e-10
