@@ -369,17 +369,18 @@ def fit_table(ds: xr.Dataset) -> str:
             f"{m}: off-block {_fmt(ob.sel(setting=st, model=m))}, |cons| "
             f"{_fmt(cons.sel(setting=st, model=m).isel(L=0))}; {_fmt(cons.sel(setting=st, model=m).isel(L=-1))}"
             for m in ds.model.values))
-    eps = g.perturbation.values
-    lines += ["", "Perturbation diagnostic (run from (U0, v0) + off-block perturbation of norm "
-                  f"{', '.join(_fmt(e) for e in np.atleast_1d(eps))}): off-block mass / perturbation, max over t "
-                  "and at T, and training risk at T perturbed / main (max over seeds); max/eps > 1: unstable block structure",
-              f"{'setting':<12} {'model':<8} {'':<10} " + " ".join(f"{int(x):>8}" for x in L)]
-    for st in settings:
-        for m in ds.model.values:
-            row = g.sel(setting=st, model=m)
-            for key, label in (("max_growth", "max/eps"), ("final_growth", "T/eps"), ("risk_ratio", "risk p/m")):
-                lines.append(f"{st:<12} {str(m):<8} {label:<10} " + " ".join(
-                    f"{_fmt(a, '8.2g')}" for a in row[key].values))
+    if bool(np.isfinite(g.max_growth).any()):   # the perturbed run is optional (perturbed_run)
+        eps = g.perturbation.values
+        lines += ["", "Perturbation diagnostic (run from (U0, v0) + off-block perturbation of norm "
+                      f"{', '.join(_fmt(e) for e in np.atleast_1d(eps))}): off-block mass / perturbation, max over t "
+                      "and at T, and training risk at T perturbed / main (max over seeds); max/eps > 1: unstable block structure",
+                  f"{'setting':<12} {'model':<8} {'':<10} " + " ".join(f"{int(x):>8}" for x in L)]
+        for st in settings:
+            for m in ds.model.values:
+                row = g.sel(setting=st, model=m)
+                for key, label in (("max_growth", "max/eps"), ("final_growth", "T/eps"), ("risk_ratio", "risk p/m")):
+                    lines.append(f"{st:<12} {str(m):<8} {label:<10} " + " ".join(
+                        f"{_fmt(a, '8.2g')}" for a in row[key].values))
     if "off_block_curvature_max" in ds:
         lr = json.loads(ds.attrs.get("config", "{}")).get("lr", 0.01)
         c = off_block_stability(ds, lr)

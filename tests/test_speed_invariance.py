@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from sfxlin import curvature, icl, laws, storage, training
+from sfxlin.analysis import c3 as c3_analysis
 from sfxlin.benchmarks.protocol import seed_loop
 from sfxlin.execution import compute
 from sfxlin.pipelines import c3_transfer as c3
@@ -152,3 +153,13 @@ def test_the_protocol_benchmark_loop_reproduces_the_sweep_file(tmp_path):
     ds, _, _ = compute(build(EXPERIMENT, config), progress=False)
     path = storage.save(ds, tmp_path / "c3_transfer.nc")
     assert seed_loop(path) <= 1e-10
+    # without the perturbed run the fit table shows the curvature diagnostic only, and its
+    # numbers are the stored eigenvalues' maxima (recomputed here with numpy)
+    table = c3_analysis.fit_table(ds)
+    assert "Off-block curvature" in table and "Perturbation diagnostic" not in table
+    lr = config["lr"]
+    stab = c3_analysis.off_block_stability(ds, lr)
+    hi, lo = ds.off_block_curvature_max.values, ds.off_block_curvature_min.values   # (setting, seed, model, L, t)
+    np.testing.assert_array_equal(stab.edge.transpose("setting", "model", "L").values, (lr * hi).max(axis=(1, 4)))
+    rho = np.maximum(np.abs(1 - lr * hi), np.abs(1 - lr * lo)).max(axis=(1, 4))
+    np.testing.assert_allclose(stab.rho.transpose("setting", "model", "L").values, rho, rtol=1e-15)
