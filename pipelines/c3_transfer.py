@@ -345,7 +345,8 @@ VARIABLES = (
        "w_hat = Sigma^{-1} (1/L) sum_k y_k x_k, i.e. linear(L) attention at (U*, v*); held-out prompts of length L"),
     _v("off_block_perturbed", _GM + ("L", "t"), "off-block mass of model(L), perturbed run",
        "as off_block, for the diagnostic run started from (U0, v0) plus an off-block perturbation of norm "
-       "`perturbation` (config) along a seeded random direction of (U[d, :d], v[:d]): growth = instability"),
+       "`perturbation` (config) along a seeded random direction of (U[d, :d], v[:d]): growth = instability; "
+       "NaN everywhere when perturbed_run is off (the paper profile)"),
     _v("risk_train_perturbed", _GM + ("L", "t"), "training risk of model(L), perturbed run",
        "as risk_train, for the diagnostic run (its trajectory leaves the main one where the block structure "
        "is unstable)"),
