@@ -22,6 +22,7 @@ reproduce: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/sfxlin bench c1
 	$(BIN)/sfxlin bench c3
+	$(BIN)/sfxlin bench c3 --protocol
 
 clean:
 	rm -rf $(VENV) build *.egg-info

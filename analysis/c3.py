@@ -110,6 +110,21 @@ def perturbation_growth(ds: xr.Dataset) -> xr.Dataset:
                        "perturbation": p0.max(["seed", "model", "L"])})
 
 
+def off_block_stability(ds: xr.Dataset, lr: float) -> xr.Dataset:
+    """Off-block curvature diagnostic (dims ``setting, model, L``, max over seeds): ``edge`` =
+    ``max_t lr * lambda_max(H_off)`` (> 2: an off-block perturbation grows: the block structure is
+    unstable under gradient descent at this step size), ``first_t`` the first checkpoint where it
+    exceeds 2 (NaN: never), ``rho`` = ``max_t max |1 - lr lambda|`` (the largest per-step growth
+    factor of an off-block perturbation)."""
+    hi = _protocol(ds, ds.off_block_curvature_max)
+    lo = _protocol(ds, ds.off_block_curvature_min)
+    rho = np.maximum(np.abs(1 - lr * hi), np.abs(1 - lr * lo))
+    over = lr * hi > 2
+    first = ds.t.where(over).min("t")
+    return xr.Dataset({"edge": (lr * hi).max(["t", "seed"]), "rho": rho.max(["t", "seed"]),
+                       "first_t": first.min("seed")})
+
+
 def _values(da, settings):
     return [float(da.sel(setting=s)) for s in settings]
 
@@ -354,17 +369,30 @@ def fit_table(ds: xr.Dataset) -> str:
             f"{m}: off-block {_fmt(ob.sel(setting=st, model=m))}, |cons| "
             f"{_fmt(cons.sel(setting=st, model=m).isel(L=0))}; {_fmt(cons.sel(setting=st, model=m).isel(L=-1))}"
             for m in ds.model.values))
-    eps = g.perturbation.values
-    lines += ["", "Perturbation diagnostic (run from (U0, v0) + off-block perturbation of norm "
-                  f"{', '.join(_fmt(e) for e in np.atleast_1d(eps))}): off-block mass / perturbation, max over t "
-                  "and at T, and training risk at T perturbed / main (max over seeds); max/eps > 1: unstable block structure",
-              f"{'setting':<12} {'model':<8} {'':<10} " + " ".join(f"{int(x):>8}" for x in L)]
-    for st in settings:
-        for m in ds.model.values:
-            row = g.sel(setting=st, model=m)
-            for key, label in (("max_growth", "max/eps"), ("final_growth", "T/eps"), ("risk_ratio", "risk p/m")):
-                lines.append(f"{st:<12} {str(m):<8} {label:<10} " + " ".join(
-                    f"{_fmt(a, '8.2g')}" for a in row[key].values))
+    if bool(np.isfinite(g.max_growth).any()):   # the perturbed run is optional (perturbed_run)
+        eps = g.perturbation.values
+        lines += ["", "Perturbation diagnostic (run from (U0, v0) + off-block perturbation of norm "
+                      f"{', '.join(_fmt(e) for e in np.atleast_1d(eps))}): off-block mass / perturbation, max over t "
+                      "and at T, and training risk at T perturbed / main (max over seeds); max/eps > 1: unstable block structure",
+                  f"{'setting':<12} {'model':<8} {'':<10} " + " ".join(f"{int(x):>8}" for x in L)]
+        for st in settings:
+            for m in ds.model.values:
+                row = g.sel(setting=st, model=m)
+                for key, label in (("max_growth", "max/eps"), ("final_growth", "T/eps"), ("risk_ratio", "risk p/m")):
+                    lines.append(f"{st:<12} {str(m):<8} {label:<10} " + " ".join(
+                        f"{_fmt(a, '8.2g')}" for a in row[key].values))
+    if "off_block_curvature_max" in ds:
+        lr = json.loads(ds.attrs.get("config", "{}")).get("lr", 0.01)
+        c = off_block_stability(ds, lr)
+        lines += ["", f"Off-block curvature along the main run (lr = {lr:g}; max over seeds and t): lr lambda_max(H_off) "
+                      "(> 2: unstable block structure), max |1 - lr lambda| (growth per step), first t over the edge",
+                  f"{'setting':<12} {'model':<8} {'':<10} " + " ".join(f"{int(x):>8}" for x in L)]
+        for st in settings:
+            for m in ds.model.values:
+                row = c.sel(setting=st, model=m)
+                for key, label in (("edge", "lr*lmax"), ("rho", "rho"), ("first_t", "first t")):
+                    lines.append(f"{st:<12} {str(m):<8} {label:<10} " + " ".join(
+                        f"{_fmt(a, '8.3g'):>8}" for a in row[key].values))
     # Rademacher control and baselines
     if CONTROL in settings:
         D = s.D_inf.sel(setting=CONTROL)

@@ -29,22 +29,29 @@ then the direction of the off-block perturbation. Then
    plug-in estimator ``x_q^T Sigma^{-1} (1/L) sum_k y_k x_k`` (linear(L) attention at the Bayes optimum),
    the posterior mean of ``w`` and one step of optimally preconditioned gradient descent
    (:mod:`sfxlin.baselines`);
-3. perturbation diagnostic: the fast engine keeps the off-block parameters exactly 0 (antithetic
+3. off-block stability diagnostic: the fast engine keeps the off-block parameters exactly 0 (antithetic
    partners cancel exactly), so a dynamical instability of the block structure cannot show by
-   itself. A second run starts from ``(U0, v0)`` plus an off-block perturbation of norm
-   ``perturbation`` along a seeded random direction of the dynamically active off-block coordinates
-   ``(U[d, :d], v[:d])`` (``U[:, d]`` multiplies the masked query coordinate 0: its gradient is 0, a
-   perturbation there would stay constant and hide any decay) and records the off-block mass of all
-   three models over ``t``.
+   itself. An off-block perturbation ``delta`` of the block-structured trajectory evolves by the
+   linearised map ``delta_{t+1} = (I - lr H_off(theta_t)) delta_t`` (the risk is even in the active
+   off-block coordinates ``(U[d, :d], v[:d])``; ``U[:, d]`` multiplies the masked query coordinate 0
+   and has no gradient), so it grows where ``lr lambda_max(H_off) > 2``. The kernel computes the
+   extreme eigenvalues of ``H_off`` of every model at every checkpoint of the main run
+   (:mod:`sfxlin.curvature`: differences of the engine's exact gradients, all L in one call).
+   With ``perturbed_run`` (quick profile: on; paper: off) it also trains every model again from
+   ``(U0, v0)`` plus an off-block perturbation of norm ``perturbation`` along a seeded random
+   direction of ``(U[d, :d], v[:d])`` and records the off-block mass of all three models over
+   ``t`` (the direct diagnostic; NaN when off). The direction is drawn either way, so the draws do
+   not depend on the option. The two agree where the perturbed run is informative (its
+   perturbation grows > 10x exactly where ``lr lambda_max`` crosses 2: tests/test_speed_invariance.py).
 
 Paper profile = the reference protocol (docs/protocols.md): d = 3; 48 pairs x 2 queries;
 L = 8 .. 4096 doubling; lr 0.01; T = 2500; checkpoints every 20 steps; 2 seeds (control: 1);
 held-out 256 pairs x 4 queries at the training L and at 4096 (every 500 steps: 6 checkpoints);
 perturbation 1e-12.
-Cost of one protocol cell (CPU seconds, one core): main run ~7 s, perturbed run ~12 s (once
-``U[d, :d] != 0`` the antithetic partners' logits differ, so their softmax cannot be shared and
-needs the quadratic features), held-out ~2 s; about 105 CPU s for the five cells, so about 60 s
-wall on two free cores (5 equal cells on 2 workers: 3 rounds).
+Cost of one protocol cell: the main run, the held-out evaluations, and the curvature at 126
+checkpoints (7 gradient evaluations each, six of them off the pair-shared path); the perturbed
+run, when asked, is 2500 more evaluations off the pair-shared path (docs/performance.md has the
+measured figures).
 
 What the perturbation diagnostic showed in the paper profile (see the fit table): at some
 ``(seed, L)`` (L = 512 .. 4096 here) the 1e-12 perturbation of softmax(L) first decays, then grows
@@ -60,7 +67,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sfxlin import baselines, icl, training
+from sfxlin import baselines, curvature, icl, training
 from sfxlin.params import Param, Profiles
 from sfxlin.sweep import Experiment, Part, Variable
 
@@ -104,6 +111,9 @@ PARAMS = (
           low=0),
     Param("perturbation", "float", "norm of the off-block perturbation of (U0, v0) in the diagnostic run", 1e-12,
           low=0, low_open=True),
+    Param("perturbed_run", "bool", "also train every model from the perturbed init (the direct diagnostic; else its "
+          "variables are NaN and the off-block curvature alone says where the block structure is unstable)",
+          Profiles(quick=True, paper=False)),
     Param("root_seed", "int", "root of every cell's random generator", 20251211),
 )
 
@@ -211,12 +221,11 @@ def kernel(cell, rng, config):
     lam = config["ridge_lam"]
     risk_ridge = np.array([icl.ridge_risk(held, L, lam) for L in Ls])
     risk_plugin = np.array([icl.risk("linear", U_star, v_star, held, L) for L in Ls])
+    base = baselines.baseline_risks(held, Ls)
 
-    # 3. perturbation diagnostic
-    U0, v0 = icl.init_theta(d, Sigma)
-    U0p, v0p = training.perturbed_init(U0, v0, direction, config["perturbation"])
-    pert = training.train_all_arrays(tasks, Ls, models=("softmax", "linear", "linear_inf"), U0=U0p, v0=v0p,
-                                     label="perturbed run", **kw)
+    # 3. off-block stability: curvature along the stored trajectory; the perturbed run if asked
+    curv = _off_block_curvature(tasks, Ls, U, v, U_inf, v_inf)
+    pert = _perturbed_run(tasks, Ls, d, Sigma, direction, U, v, config, kw)
 
     out = {
         "in_protocol": np.float64(1.0),
@@ -238,19 +247,48 @@ def kernel(cell, rng, config):
         "risk_heldout_inf_eval": inf_eval,
         "risk_ridge": risk_ridge,
         "risk_plugin": risk_plugin,
+        **pert, **curv,
+        **{f"risk_{name}": base[name] for name in ("bayes_ridge", "pgd")},
+        "n_exact_shift_steps": np.float64(res["n_exact_shift_steps"]),
+    }
+    for name, arr in out.items():   # the variables allow NaN (for cells outside the protocol): check here
+        if not np.all(np.isfinite(arr)) and not (name in _PERTURBED and not config["perturbed_run"]):
+            raise FloatingPointError(f"non-finite values in {name}")
+    return out
+
+
+_PERTURBED = ("off_block_perturbed", "risk_train_perturbed", "D_perturbed", "off_block_perturbed_inf")
+
+
+def _off_block_curvature(tasks, Ls, U, v, U_inf, v_inf):
+    """Extreme eigenvalues of the off-block Hessian of each model's risk at every checkpoint of
+    the main (block-structured) run (:mod:`sfxlin.curvature`)."""
+    out = {}
+    lo, hi = zip(*(curvature.curvature_extremes(curvature.off_block_hessian(m, tasks, Ls, U[i], v[i]))
+                   for i, m in enumerate(MODELS)))
+    out["off_block_curvature_min"], out["off_block_curvature_max"] = np.stack(lo), np.stack(hi)
+    lo, hi = curvature.curvature_extremes(curvature.off_block_hessian("linear_inf", tasks, None, U_inf[None],
+                                                                      v_inf[None])[0])
+    out["off_block_curvature_min_inf"], out["off_block_curvature_max_inf"] = lo, hi
+    return out
+
+
+def _perturbed_run(tasks, Ls, d, Sigma, direction, U, v, config, kw):
+    """The direct diagnostic: every model trained again from ``(U0, v0)`` plus the off-block
+    perturbation (NaN when ``perturbed_run`` is off; the direction is drawn either way)."""
+    if not config["perturbed_run"]:
+        return {"off_block_perturbed": np.full(U.shape[:3], np.nan), "risk_train_perturbed": np.full(U.shape[:3], np.nan),
+                "D_perturbed": np.full(U.shape[:3], np.nan), "off_block_perturbed_inf": np.full(U.shape[2], np.nan)}
+    U0, v0 = icl.init_theta(d, Sigma)
+    U0p, v0p = training.perturbed_init(U0, v0, direction, config["perturbation"])
+    pert = training.train_all_arrays(tasks, Ls, models=("softmax", "linear", "linear_inf"), U0=U0p, v0=v0p,
+                                     label="perturbed run", **kw)
+    return {
         "off_block_perturbed": np.stack([icl.off_block_mass(pert[m]["U"], pert[m]["v"]) for m in MODELS]),
         "risk_train_perturbed": np.stack([pert[m]["risk"] for m in MODELS]),
         "D_perturbed": np.stack([icl.theta_distance(pert[m]["U"], pert[m]["v"], U[i], v[i]) for i, m in enumerate(MODELS)]),
         "off_block_perturbed_inf": icl.off_block_mass(pert["linear_inf"]["U"], pert["linear_inf"]["v"]),
-        "n_exact_shift_steps": np.float64(res["n_exact_shift_steps"]),
     }
-    base = baselines.baseline_risks(held, Ls)
-    out["risk_bayes_ridge"] = base["bayes_ridge"]
-    out["risk_pgd"] = base["pgd"]
-    for name, arr in out.items():   # the variables allow NaN (for cells outside the protocol): check here
-        if not np.all(np.isfinite(arr)):
-            raise FloatingPointError(f"non-finite values in {name}")
-    return out
 
 
 # --------------------------------------------------------------------------- declarations
@@ -311,7 +349,8 @@ VARIABLES = (
        "w_hat = Sigma^{-1} (1/L) sum_k y_k x_k, i.e. linear(L) attention at (U*, v*); held-out prompts of length L"),
     _v("off_block_perturbed", _GM + ("L", "t"), "off-block mass of model(L), perturbed run",
        "as off_block, for the diagnostic run started from (U0, v0) plus an off-block perturbation of norm "
-       "`perturbation` (config) along a seeded random direction of (U[d, :d], v[:d]): growth = instability"),
+       "`perturbation` (config) along a seeded random direction of (U[d, :d], v[:d]): growth = instability; "
+       "NaN everywhere when perturbed_run is off (the paper profile)"),
     _v("risk_train_perturbed", _GM + ("L", "t"), "training risk of model(L), perturbed run",
        "as risk_train, for the diagnostic run (its trajectory leaves the main one where the block structure "
        "is unstable)"),
@@ -328,6 +367,16 @@ VARIABLES = (
        "w_hat = Gamma_L (1/L) sum_k y_k x_k with the risk-minimising Gamma_L = [(1 + 1/L) Sigma + (tr Sigma / L) "
        "I]^{-1} for centred Gaussian covariates (sfxlin.baselines.pgd; the optimum of linear(L) attention, the "
        "plug-in's finite-L correction), held-out prompts of length L"),
+    _v("off_block_curvature_max", _GM + ("L", "t"), "largest off-block curvature of model(L)",
+       "largest eigenvalue of the Hessian of the training risk in the active off-block coordinates "
+       "(U[d, :d], v[:d]) at theta_L(t) of the main run; lr * it > 2: an off-block perturbation grows "
+       "(step-size instability of the block structure)"),
+    _v("off_block_curvature_min", _GM + ("L", "t"), "smallest off-block curvature of model(L)",
+       "smallest eigenvalue of the same Hessian (negative: a saddle direction off-block)"),
+    _v("off_block_curvature_max_inf", _G + ("t",), "largest off-block curvature of linear(inf)",
+       "as off_block_curvature_max, for linear(inf) at theta_inf(t)"),
+    _v("off_block_curvature_min_inf", _G + ("t",), "smallest off-block curvature of linear(inf)",
+       "as off_block_curvature_min, for linear(inf) at theta_inf(t)"),
     _v("n_exact_shift_steps", _G, "softmax steps with the exact max shift (main run)",
        "engine diagnostic: steps whose cached log-sum-exp shift was out of range and were recomputed exactly"),
 )

@@ -2,7 +2,7 @@
 
     sfxlin run c1 [--profile quick|paper] [--set KEY=VALUE ...] [--out DIR] [--name NAME] [--force]
                   [--workers N | --scheduler ADDR]
-    sfxlin bench c1
+    sfxlin bench c1 | c3 [--protocol [--steps N] [--heldout-every N]]
     sfxlin list
     sfxlin report [--results DIR] [--out FILE.html|FILE.md]
     sfxlin info FILE
@@ -170,6 +170,15 @@ def cmd_bench(args):
     target = BENCHES.get(args.experiment)
     if target is None:
         raise ValueError(f"no benchmark {args.experiment!r}; expected one of {sorted(BENCHES)}")
+    if args.protocol:
+        if args.experiment != "c3":
+            raise ValueError(f"--protocol: only the c3 protocol has an end-to-end benchmark, got {args.experiment!r}")
+        from .benchmarks.protocol import bench_protocol
+
+        bench_protocol(args.steps, args.heldout_every)
+        return 0
+    if args.steps is not None or args.heldout_every is not None:
+        raise ValueError("--steps and --heldout-every go with --protocol")
     if any(os.environ.get(k) != v for k, v in BENCH_MALLOC.items()):
         env = {**os.environ, **BENCH_MALLOC}
         return subprocess.call([sys.executable, "-m", "sfxlin.cli", "bench", args.experiment], env=env)
@@ -328,6 +337,11 @@ def parser():
     run.set_defaults(func=cmd_run)
     bench = sub.add_parser("bench", help="benchmark an engine against its reference, ratio in one run")
     bench.add_argument("experiment", help=f"one of {sorted(BENCHES)}")
+    bench.add_argument("--protocol", action="store_true",
+                       help="c3 only: the paper protocol end to end (sfxlin run) against a seed-style per-L loop, "
+                            "same tasks, both wall times and their ratio")
+    bench.add_argument("--steps", type=_positive_int, help="with --protocol: n_steps of both arms (shorter run)")
+    bench.add_argument("--heldout-every", type=_positive_int, help="with --protocol: heldout_every of both arms")
     bench.set_defaults(func=cmd_bench)
     lst = sub.add_parser("list", help="experiments, their parameters and profiles")
     lst.set_defaults(func=cmd_list)

@@ -95,7 +95,7 @@ PERTURBATIONS = {
            "Sigma_anisotropic": [3.0, 1.0, 0.5], "Sigma_rademacher": [1.0, 2.0, 1.0], "n_seeds": 2,
            "n_seeds_control": 2, "n_pairs": 2, "n_queries": 2, "L": [4, 8, 32], "lr": 0.02, "n_steps": 40,
            "ckpt_every": 20, "heldout_pairs": 2, "heldout_queries": 2, "L_eval": 64, "heldout_every": 10,
-           "ridge_lam": 0.1, "perturbation": 1e-10, "root_seed": 7},
+           "ridge_lam": 0.1, "perturbation": 1e-10, "perturbed_run": False, "root_seed": 7},
     "c3_landscape": {"covariances": ["isotropic", "kms:0.5"], "noises": [0.5, 0.2], "d": [2, 3],
                      "mean_norms": [0.0, 1.0], "n_seeds": 2, "n_pairs": 2, "n_queries": 2, "L": [4, 8, 16, 64],
                      "lr": 0.02, "n_steps": 40, "ckpt_every": 5, "heldout_pairs": 2, "heldout_queries": 2,

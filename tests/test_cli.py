@@ -17,6 +17,8 @@ def run_cli(*args):
     (["run", "c1", "--chunks", "seed=x"], "--chunks expects DIM=N"),
     (["run", "c1", "--chunks", "zeta=2"], "not grid dims"),
     (["bench", "c7"], "no benchmark 'c7'"),
+    (["bench", "c1", "--protocol"], "--protocol: only the c3 protocol"),
+    (["bench", "c3", "--steps", "40"], "--steps and --heldout-every go with --protocol"),
     (["info", "/nonexistent/file.nc"], "no results file"),
 ])
 def test_bad_input_gives_one_clear_line_and_exit_2(args, message):
