@@ -157,12 +157,30 @@ def c2t(tau=C2T_TAU, uniform=None, fixed=-0.5, L=(8, 16, 32, 64, 128, 256)):
     g = np.stack([3.0 * Lr ** f[:, None], 5.0 * Lr ** u[:, None], 4.0 * Lr ** u[:, None]], axis=-1)   # (tau, L, t)
     g = g[:, None] * SEED_FACTORS[None, :, None, None]                                                   # (tau, seed, L, t)
     cc = np.where(tau > 4.0, (1.0 - 2.0 / np.sqrt(np.maximum(tau, 4.0 + 1e-12))) ** -1.5, np.inf)
+    # the gap constant K: the seed-pooled L g_L(T)^2 at the largest L above 4 (ratio exactly 1 there),
+    # +inf at and below 4; the families repeat the isotropic gaps (same exponents, same ratio)
+    K = np.where(tau > 4.0, L[-1] * np.mean(g[:, :, -1, -1] ** 2, axis=1), np.inf)
+    fams = ["kms:0.5", "power_law:1.0"]
+    per_fam = np.ones((2, tau.size))
     ds = xr.Dataset(
         {"g": (("tau", "seed", "L", "t"), g),
          "g_risk": (("tau", "seed", "L", "t"), 0.5 * g),
          "s": (("tau", "seed"), np.repeat(np.sqrt(3.0 / tau)[:, None], 2, 1)),
-         "concentration_constant": (("tau", "seed"), np.repeat(cc[:, None], 2, 1))},
-        coords={"tau": tau, "seed": [0, 1], "L": L, "t": [0, 100, 200]})
+         "concentration_constant": (("tau", "seed"), np.repeat(cc[:, None], 2, 1)),
+         "gap_constant": (("tau",), K),
+         "gap_constant_se": (("tau",), np.where(np.isfinite(K), 0.01 * K, 0.0)),
+         "g_family": (("family", "tau", "family_seed", "L", "t_family"), np.stack([g, g])),
+         "dist_bayes_family": (("family", "tau", "family_seed", "t_family"), np.full((2, tau.size, 2, 3), 1e-3)),
+         "off_block_family": (("family", "tau", "family_seed", "t_family"), np.zeros((2, tau.size, 2, 3))),
+         "family_trace": (("family", "tau"), 3.0 * per_fam),
+         "family_op_norm": (("family", "tau"), 2.0 * per_fam),
+         "family_condition": (("family", "tau"), 4.0 * per_fam),
+         "family_tr_inv2": (("family", "tau"), tau * per_fam),
+         "concentration_constant_family": (("family", "tau"), cc * per_fam),
+         "gap_constant_family": (("family", "tau"), K * per_fam),
+         "gap_constant_family_se": (("family", "tau"), np.where(np.isfinite(K), 0.01 * K, 0.0) * per_fam)},
+        coords={"tau": tau, "seed": [0, 1], "L": L, "t": [0, 100, 200], "family": fams, "family_seed": [0, 1],
+                "t_family": [0, 400, 800]})
     return _attach(ds, c2_threshold)
 
 
