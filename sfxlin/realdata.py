@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .threads import single_threaded_blas
+
 __all__ = ["DATASETS", "read_tokens", "parse_token_source", "is_token_source", "file_sha256", "load_dataset",
            "standardise", "pca_whiten", "token_set"]
 
@@ -168,7 +170,8 @@ def pca_whiten(X, D) -> np.ndarray:
 
 @functools.lru_cache(maxsize=32)
 def _token_set(name, D):
-    Z = pca_whiten(standardise(load_dataset(name)), D)
+    with single_threaded_blas():   # cached: the same bits whether first made inside a cell or not
+        Z = pca_whiten(standardise(load_dataset(name)), D)
     Z.flags.writeable = False
     return Z
 

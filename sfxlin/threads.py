@@ -1,0 +1,43 @@
+"""One BLAS thread inside every cell, so a cell's bits do not depend on the machine's core count.
+
+OpenBLAS splits a large matrix product across its threads, and the split changes the order of
+the floating-point sums: the same cell computed with 1 and with 2 BLAS threads can differ in
+the last bits (measured on a ``c1_real`` cell: ``mse_gauss`` and ``bias_gauss`` by 1 ulp). Cells
+already run in parallel (one dask task each), so the engine runs every cell under
+:func:`single_threaded_blas`: the same answer on a laptop, a 2-core CI runner and a cluster node,
+and no oversubscription (dask threads x BLAS threads).
+
+The limit is process-wide (BLAS libraries have no per-thread setting); it is held while any cell
+of the process runs and the previous limits are restored when the last one finishes.
+"""
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+
+from threadpoolctl import threadpool_limits
+
+__all__ = ["single_threaded_blas"]
+
+_lock = threading.Lock()
+_holders = 0
+_limits = None
+
+
+@contextmanager
+def single_threaded_blas():
+    """Limit every loaded BLAS library to one thread while the block runs (re-entrant and safe
+    across threads: the limit stays on until the last concurrent holder leaves)."""
+    global _holders, _limits
+    with _lock:
+        if _holders == 0:
+            _limits = threadpool_limits(limits=1, user_api="blas")
+        _holders += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _holders -= 1
+            if _holders == 0:
+                _limits.restore_original_limits()
+                _limits = None
