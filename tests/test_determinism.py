@@ -34,9 +34,10 @@ def _chunkings(experiment, config):
     return [{}, {last: len(grid[last])}, {dim: len(values) for dim, values in grid.items()}]
 
 
+# every chunking on threads, and one chunking on processes (the chunking is the engine's; what an
+# experiment can break is thread or process safety): 4 runs per experiment, not 7
 @pytest.mark.slow
-@pytest.mark.parametrize("scheduler", ["threads", "processes"])
-@pytest.mark.parametrize("chunking", [0, 1, 2])
+@pytest.mark.parametrize("scheduler, chunking", [("threads", 0), ("threads", 1), ("threads", 2), ("processes", 1)])
 def test_local_schedulers_and_chunkings(reference, scheduler, chunking):
     experiment, config, ref = reference
     chunks = _chunkings(experiment, config)[chunking]
@@ -46,7 +47,7 @@ def test_local_schedulers_and_chunkings(reference, scheduler, chunking):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [2])
 def test_distributed_worker_counts(reference, workers):
     experiment, config, ref = reference
     chunks = _chunkings(experiment, config)[workers]
