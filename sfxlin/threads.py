@@ -7,15 +7,20 @@ already run in parallel (one dask task each), so the engine runs every cell unde
 :func:`single_threaded_blas`: the same answer on a laptop, a 2-core CI runner and a cluster node,
 and no oversubscription (dask threads x BLAS threads).
 
-The limit is process-wide (BLAS libraries have no per-thread setting); it is held while any cell
-of the process runs and the previous limits are restored when the last one finishes.
+The limit is process-wide (OpenBLAS has one thread pool per process); it is held while any cell
+of the process runs and the previous limits are restored when the last one finishes. threadpoolctl
+lets only one Python thread (the first to set a limit, as long as it lives) change OpenBLAS's
+limit and silently ignores the others; dask's pool threads live on, so a pin made by one of them
+would make every later pin from another thread a no-op (seen: after a threads-scheduler run, the
+main thread's pin left 2 BLAS threads and a c1_real cell changed its last bits). Every pin and
+restore here is serialised by one lock and first releases that control (``force=True``).
 """
 from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
 
-from threadpoolctl import threadpool_limits
+from threadpoolctl import OpenBLASController, threadpool_limits
 
 __all__ = ["single_threaded_blas"]
 
@@ -31,6 +36,7 @@ def single_threaded_blas():
     global _holders, _limits
     with _lock:
         if _holders == 0:
+            OpenBLASController.clear_controlling_thread(force=True)
             _limits = threadpool_limits(limits=1, user_api="blas")
         _holders += 1
     try:
@@ -39,5 +45,7 @@ def single_threaded_blas():
         with _lock:
             _holders -= 1
             if _holders == 0:
+                OpenBLASController.clear_controlling_thread(force=True)   # this thread may not be the pinning one
                 _limits.restore_original_limits()
+                OpenBLASController.clear_controlling_thread(force=True)
                 _limits = None

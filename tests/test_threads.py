@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from threadpoolctl import threadpool_info
@@ -68,3 +69,22 @@ def test_the_limit_is_restored_when_the_block_raises():
     except ValueError:
         pass
     assert _blas_threads() == before
+
+
+def test_a_pin_from_another_thread_works_after_a_pool_thread_pinned_and_lives_on():
+    """dask's pool threads outlive their cells; threadpoolctl would let only the first pinning
+    thread change OpenBLAS's limit (a later pin from the main thread silently did nothing)."""
+    before = _blas_threads()
+    with ThreadPoolExecutor(1) as pool:                  # the pool thread stays alive below
+        inside = pool.submit(lambda: _pinned_threads()).result()
+        assert _blas_threads() == before                 # restored by the pool thread
+        with single_threaded_blas():
+            from_main = _blas_threads()
+        assert _blas_threads() == before                 # restored by the main thread
+        assert pool.submit(lambda: _pinned_threads()).result() == inside
+    assert set(inside) == {1} and set(from_main) == {1}
+
+
+def _pinned_threads():
+    with single_threaded_blas():
+        return _blas_threads()
