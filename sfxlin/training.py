@@ -281,6 +281,12 @@ class SoftmaxPrefixEngine:
     bitwise identical logits and are evaluated once.
     """
 
+    #: Evaluate antithetic partners' softmax once whenever their logits and shifts are bitwise
+    #: identical (``U[:, d, :d] == 0``, equal shifts) also with the plain sums: the same numbers
+    #: (each partner's moments are the shared column's), half the exponentials. ``False``
+    #: restores the partner-by-partner pass (the reference of tests/test_speed_invariance.py).
+    share_pairs = True
+
     def __init__(self, tasks, Ls, *, cache_bytes=1 << 19, pair_first=False, _group=None):
         Ls = validate_Ls(Ls, tasks.L_max)
         d, n, q = tasks.d, tasks.n_tasks, tasks.n_queries
@@ -436,13 +442,20 @@ class SoftmaxPrefixEngine:
         M0 = Mom[..., i0]
         return bool(np.all(np.isfinite(Mom)) and M0.min() > _TINY and M0.max() < _HUGE)
 
+    def _partners_alike(self, g):
+        """With the plain sums, partners may share one pass only if their shifts are bitwise equal
+        too (the shift is part of the arithmetic); they differ after a step with unequal logits."""
+        if not (self.share_pairs and g == 2):
+            return False
+        return self.shift is None or np.array_equal(self.shift[:, :, 0], self.shift[:, :, 1])
+
     def moments(self, U, v):
         """Un-normalised moments ``(ng, nL, g, q, nf)`` of the softmax weights and the plan used
         (``None`` if they cannot be made finite); updates the shift to the log-sum-exp."""
         d, g = self.d, self.g
         a = (self.xq.reshape(-1, d) @ np.swapaxes(U[:, :, :d], -1, -2))   # (nL, ng*q, D)
         a = a.reshape(self.nL, self.ng, self.q, self.D).transpose(1, 0, 2, 3)
-        shared = self.sum_items.pair_first and not np.any(U[:, d, :d])
+        shared = not np.any(U[:, d, :d]) and (self.sum_items.pair_first or self._partners_alike(g))
         plan = self._plan(1 if shared else g, "quad" if np.any(v[:, :d]) else "xy")
         B, i0 = plan["B"], plan["i0"]
         if shared:   # a_y == 0 exactly: both partners have the logits x . a_x
@@ -675,7 +688,13 @@ def heldout_risks(held, Ls, L_eval, U, v, U_inf, v_inf):
     ``L``), ``at_eval (2, nL, k)`` (at ``L_eval``), ``inf (k,)`` (theta_inf under linear(inf)) and
     ``inf_eval (k,)`` (theta_inf under softmax(L_eval)). Exact: the softmax risks use the prefix
     engine (its ``step`` evaluates parameter ``i`` at ``Ls[i]``); each softmax model is evaluated at
-    ``L_eval`` once per distinct parameter (the shared init at ``t = 0`` once)."""
+    ``L_eval`` once per distinct parameter (the shared init at ``t = 0`` once), antithetic partners
+    of block-structured parameters in one pass (``SoftmaxPrefixEngine.share_pairs``).
+
+    The calls are not merged into fewer, larger ones: each engine carries its softmax shift from
+    one call to the next (the previous parameter's log-sum-exp), and the shift is part of the
+    arithmetic (``exp(logit - shift)`` rounds differently for another shift), so evaluating the
+    models at ``L_eval`` in one batch would change the last bits of every risk."""
     nL, k = U["softmax"].shape[:2]
     at_L = np.empty((2, nL, k))
     at_eval = np.empty((2, nL, k))

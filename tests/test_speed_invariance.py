@@ -8,7 +8,10 @@ second training run, checked against independent computations and against the pe
   is bit-identical (the diagnostic reads the main run, never changes it), and the trajectories
   agree with the plain per-L reference loop (:mod:`sfxlin.testing.reference_c3`);
 * where the perturbed run was informative, the two diagnostics agree: an off-block perturbation
-  grows (by more than 10x) exactly in the cells whose curvature crossed the edge 2 / lr.
+  grows (by more than 10x) exactly in the cells whose curvature crossed the edge 2 / lr;
+* the softmax engine's shared pass over antithetic partners with the plain sums (the held-out
+  evaluation) against the partner-by-partner pass it replaced (``share_pairs = False``, the code
+  before the change): bit-identical engine steps and bit-identical C3 cells.
 """
 import numpy as np
 import pytest
@@ -163,3 +166,68 @@ def test_the_protocol_benchmark_loop_reproduces_the_sweep_file(tmp_path):
     np.testing.assert_array_equal(stab.edge.transpose("setting", "model", "L").values, (lr * hi).max(axis=(1, 4)))
     rho = np.maximum(np.abs(1 - lr * hi), np.abs(1 - lr * lo)).max(axis=(1, 4))
     np.testing.assert_allclose(stab.rho.transpose("setting", "model", "L").values, rho, rtol=1e-15)
+
+
+def _engine_pair(tasks, Ls, share):
+    eng = training.SoftmaxPrefixEngine(tasks, Ls)
+    eng.share_pairs = share           # an instance attribute: the class default stays untouched
+    return eng
+
+
+def test_shared_partner_pass_with_plain_sums_is_bit_identical_to_the_partner_by_partner_pass():
+    """Partners share a pass only while their logits AND shifts are bitwise equal: after a step
+    with U[d, :d] != 0 the shifts differ (each partner's own log-sum-exp) and the next
+    block-structured step must not share (an earlier draft shared there and changed the
+    curvature's bits). Exact equality: the same floating-point operations on the same numbers."""
+    tasks = icl.make_tasks(np.random.default_rng(3), 3, 4, 2, 64, laws.Gaussian(cov=ANISO))
+    Ls = (8, 16, 64)
+    U0, v0 = icl.init_theta(3, ANISO)
+    U = np.repeat(U0[None], 3, axis=0) * np.array([1.0, 1.3, 0.7])[:, None, None]
+    v = np.repeat(v0[None], 3, axis=0)
+    Up = U.copy()
+    Up[:, 3, 0] = 1e-3                 # off the block structure: the partners' logits differ
+    vq = v.copy()
+    vq[:, 0] = 1e-3                    # block-structured U, quadratic features
+    new, old = _engine_pair(tasks, Ls, True), _engine_pair(tasks, Ls, False)
+    shared = []
+    for Ut, vt in ((U, v), (U * 1.01, v), (Up, v), (U, v), (U, vq), (U, v)):
+        before = new.n_shared
+        for a, b in zip(new.step(Ut, vt), old.step(Ut, vt)):
+            assert np.array_equal(a, b)
+        shared.append(new.n_shared - before)
+    assert old.n_shared == 0
+    # shared: the first two block steps; not after the off-block step (its shifts differ per
+    # partner) nor while they still differ
+    assert shared[:3] == [1, 1, 0] and shared[3] == 0, shared
+
+
+def test_c3_cell_is_bit_identical_to_the_partner_by_partner_heldout_pass(monkeypatch):
+    """A whole quick-profile C3 cell (main run, held-out risks, curvature, perturbed run) with the
+    shared partner pass and with the code before it (``share_pairs = False``)."""
+    config = _config(perturbed_run=True)
+    cell = {"setting": "anisotropic", "seed": 1}
+    new = run_cell(EXPERIMENT, config, cell)
+    monkeypatch.setattr(training.SoftmaxPrefixEngine, "share_pairs", False)
+    old = run_cell(EXPERIMENT, config, cell)
+    assert set(new) == set(old)
+    for name in new:
+        assert np.array_equal(new[name], old[name]), name
+
+
+def test_c3_landscape_noisy_cell_is_bit_identical_to_the_partner_by_partner_heldout_pass(monkeypatch):
+    """The other caller of ``heldout_risks``: noisy labels run the engine embedded in d + 1
+    covariate dimensions (``_embed_noise``), whose inner engine shares the pass the same way.
+    NaN entries (declared non-finite outcomes) compare equal to NaN."""
+    from sfxlin.pipelines import c3_landscape
+
+    exp = c3_landscape.EXPERIMENT
+    config = exp.configure("quick")
+    part = exp.parts[0]
+    grid = part.grid(config)
+    cell = {dim: values[-1] for dim, values in grid.items()}    # the last cell: noisy, shifted mean
+    assert cell["noise"] > 0
+    new = run_cell(exp, config, cell, part.name)
+    monkeypatch.setattr(training.SoftmaxPrefixEngine, "share_pairs", False)
+    old = run_cell(exp, config, cell, part.name)
+    for name in new:
+        assert np.array_equal(new[name], old[name], equal_nan=True), name
