@@ -46,6 +46,21 @@ def _read_out(mean, V, func):
     return out
 
 
+def _check_UVq(D, U, V, q, against):
+    """Validate the attention operands ``U (D, D)``, ``V (D_out, D)``, ``q (..., D)`` (finite
+    arrays); ``against`` names what fixes ``D`` in the error message."""
+    U = finite_array(U, "U")
+    V = finite_array(V, "V")
+    q = finite_array(q, "q")
+    if U.shape != (D, D):
+        raise ValueError(f"U must be {D}x{D} to match {against}, got {U.shape}")
+    if V.ndim != 2 or V.shape[1] != D:
+        raise ValueError(f"V must be (D_out, {D}), got {V.shape}")
+    if q.shape[-1:] != (D,):
+        raise ValueError(f"q must have trailing dimension D = {D}, got {q.shape}")
+    return U, V, q
+
+
 def _check_operands(Z, U, V, q, check_Z=True):
     Z = (finite_array(Z, "Z") if check_Z else numeric_array(Z, "Z"))
     U = finite_array(U, "U")
@@ -54,12 +69,7 @@ def _check_operands(Z, U, V, q, check_Z=True):
     if Z.ndim < 2:
         raise ValueError(f"Z must have shape (..., L, D), got {Z.shape}")
     D = Z.shape[-1]
-    if U.shape != (D, D):
-        raise ValueError(f"U must be {D}x{D} to match the token dimension D = {D}, got {U.shape}")
-    if V.ndim != 2 or V.shape[1] != D:
-        raise ValueError(f"V must be (D_out, {D}), got {V.shape}")
-    if q.shape[-1:] != (D,):
-        raise ValueError(f"q must have trailing dimension D = {D}, got {q.shape}")
+    U, V, q = _check_UVq(D, U, V, q, f"the token dimension D = {D}")
     if Z.shape[-2] < 1:
         raise ValueError("Z holds no tokens (L = 0)")
     return Z, U, V, q
@@ -167,15 +177,7 @@ def linear_attention(Z, U, V, q):
 
 def _law_logits(law, U, V, q, func):
     """Validate ``U``, ``V``, ``q`` against a token law; return ``V`` and the logit vector ``a = U q``."""
-    U = finite_array(U, "U")
-    V = finite_array(V, "V")
-    q = finite_array(q, "q")
-    if U.shape != (law.D, law.D):
-        raise ValueError(f"U must be {law.D}x{law.D} to match the law, got {U.shape}")
-    if V.ndim != 2 or V.shape[1] != law.D:
-        raise ValueError(f"V must be (D_out, {law.D}), got {V.shape}")
-    if q.shape[-1:] != (law.D,):
-        raise ValueError(f"q must have trailing dimension D = {law.D}, got {q.shape}")
+    U, V, q = _check_UVq(law.D, U, V, q, "the law")
     with np.errstate(over="ignore", invalid="ignore"):
         a = q @ U.T
     if not np.all(np.isfinite(a)):

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .laws import FloatOverflowError
-from .attention import _check_operands, _read_out, _weighted_sum, check_prompt_lengths, online_softmax_prefix
+from .attention import (_check_operands, _check_UVq, _read_out, _weighted_sum, check_prompt_lengths,
+                        online_softmax_prefix)
 from .quadrature import normal_expectation
 from .validation import finite_array
 
@@ -202,14 +203,7 @@ def gaussian_covariance(Sigma, D=None):
 def _law_operands(Sigma, U, V, q):
     U = finite_array(U, "U")
     S = gaussian_covariance(Sigma, U.shape[0] if U.ndim == 2 else None)
-    V, q = finite_array(V, "V"), finite_array(q, "q")
-    D = S.shape[0]
-    if U.shape != (D, D):
-        raise ValueError(f"U must be {D}x{D} to match Sigma, got {U.shape}")
-    if V.ndim != 2 or V.shape[1] != D:
-        raise ValueError(f"V must be (D_out, {D}), got {V.shape}")
-    if q.shape[-1:] != (D,):
-        raise ValueError(f"q must have trailing dimension D = {D}, got {q.shape}")
+    U, V, q = _check_UVq(S.shape[0], U, V, q, "Sigma")
     a = q @ U.T
     Sa = a @ S  # Sigma a (Sigma symmetric)
     return S, V, a, Sa, np.sqrt(np.sum(a * Sa, axis=-1))
