@@ -296,6 +296,18 @@ def _fmt(x, f=".3g"):
     return "nan" if not np.isfinite(x) else format(float(x), f)
 
 
+def _model_rows(table, settings, models, L, rows, cell):
+    """A per-(setting, model) table over ``L``: a header line, then one line per ``(key, label)`` of
+    ``rows`` with ``cell`` applied to each value of ``table[key]``."""
+    lines = [f"{'setting':<12} {'model':<8} {'':<10} " + " ".join(f"{int(x):>8}" for x in L)]
+    for st in settings:
+        for m in models:
+            row = table.sel(setting=st, model=m)
+            for key, label in rows:
+                lines.append(f"{st:<12} {str(m):<8} {label:<10} " + " ".join(cell(a) for a in row[key].values))
+    return lines
+
+
 def fit_table(ds: xr.Dataset) -> str:
     """Plain-text tables: slopes with SE and monotonicity per setting; values at L_max; theta_inf;
     off-block and the perturbation diagnostic; the Rademacher plateau; baselines."""
@@ -373,26 +385,18 @@ def fit_table(ds: xr.Dataset) -> str:
         eps = g.perturbation.values
         lines += ["", "Perturbation diagnostic (run from (U0, v0) + off-block perturbation of norm "
                       f"{', '.join(_fmt(e) for e in np.atleast_1d(eps))}): off-block mass / perturbation, max over t "
-                      "and at T, and training risk at T perturbed / main (max over seeds); max/eps > 1: unstable block structure",
-                  f"{'setting':<12} {'model':<8} {'':<10} " + " ".join(f"{int(x):>8}" for x in L)]
-        for st in settings:
-            for m in ds.model.values:
-                row = g.sel(setting=st, model=m)
-                for key, label in (("max_growth", "max/eps"), ("final_growth", "T/eps"), ("risk_ratio", "risk p/m")):
-                    lines.append(f"{st:<12} {str(m):<8} {label:<10} " + " ".join(
-                        f"{_fmt(a, '8.2g')}" for a in row[key].values))
+                      "and at T, and training risk at T perturbed / main (max over seeds); max/eps > 1: unstable block structure"]
+        lines += _model_rows(g, settings, ds.model.values, L,
+                             (("max_growth", "max/eps"), ("final_growth", "T/eps"), ("risk_ratio", "risk p/m")),
+                             lambda a: _fmt(a, "8.2g"))
     if "off_block_curvature_max" in ds:
         lr = json.loads(ds.attrs.get("config", "{}")).get("lr", 0.01)
         c = off_block_stability(ds, lr)
         lines += ["", f"Off-block curvature along the main run (lr = {lr:g}; max over seeds and t): lr lambda_max(H_off) "
-                      "(> 2: unstable block structure), max |1 - lr lambda| (growth per step), first t over the edge",
-                  f"{'setting':<12} {'model':<8} {'':<10} " + " ".join(f"{int(x):>8}" for x in L)]
-        for st in settings:
-            for m in ds.model.values:
-                row = c.sel(setting=st, model=m)
-                for key, label in (("edge", "lr*lmax"), ("rho", "rho"), ("first_t", "first t")):
-                    lines.append(f"{st:<12} {str(m):<8} {label:<10} " + " ".join(
-                        f"{_fmt(a, '8.3g'):>8}" for a in row[key].values))
+                      "(> 2: unstable block structure), max |1 - lr lambda| (growth per step), first t over the edge"]
+        lines += _model_rows(c, settings, ds.model.values, L,
+                             (("edge", "lr*lmax"), ("rho", "rho"), ("first_t", "first t")),
+                             lambda a: f"{_fmt(a, '8.3g'):>8}")
     # Rademacher control and baselines
     if CONTROL in settings:
         D = s.D_inf.sel(setting=CONTROL)
