@@ -250,12 +250,14 @@ def test_ctrl_c_says_how_many_cells_are_kept_and_the_command_that_resumes(tmp_pa
     out = tmp_path / "out"
     cells = out / ".c1_limit.cells"
     args = ["run", "c1", "--quiet", "--fresh", "--out", str(out), *SLOW_QUICK]
-    # the child starts with SIGINT's default disposition, as from a shell: a disposition the test
-    # process inherited or set at the C level (SIG_IGN) would otherwise pass to the child, whose
-    # Python then installs no KeyboardInterrupt handler
+    # the child must start with SIGINT's default disposition, as from a shell: an ignored SIGINT
+    # (SIG_IGN, set at the C level by a library earlier in the test process) passes to the child,
+    # whose Python then installs no KeyboardInterrupt handler. Re-installing Python's handler here
+    # makes SIGINT caught, and a caught signal is reset to the default in the exec'd child (no
+    # preexec_fn: forking a process that runs JAX threads is unsafe)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     proc = subprocess.Popen([sys.executable, "-m", "sfxlin.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not list(cells.glob("cell_*.npz")):
         time.sleep(0.05)
