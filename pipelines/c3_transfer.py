@@ -36,7 +36,7 @@ then the direction of the off-block perturbation. Then
    off-block coordinates ``(U[d, :d], v[:d])``; ``U[:, d]`` multiplies the masked query coordinate 0
    and has no gradient), so it grows where ``lr lambda_max(H_off) > 2``. The kernel computes the
    extreme eigenvalues of ``H_off`` of every model at every checkpoint of the main run
-   (:mod:`sfxlin.curvature`: differences of the engine's exact gradients, all L in one call).
+   (:mod:`sfxlin.curvature`: in closed form from the softmax moments of the tokens).
    With ``perturbed_run`` (quick profile: on; paper: off) it also trains every model again from
    ``(U0, v0)`` plus an off-block perturbation of norm ``perturbation`` along a seeded random
    direction of ``(U[d, :d], v[:d])`` and records the off-block mass of all three models over
@@ -49,7 +49,7 @@ L = 8 .. 4096 doubling; lr 0.01; T = 2500; checkpoints every 20 steps; 2 seeds (
 held-out 256 pairs x 4 queries at the training L and at 4096 (every 500 steps: 6 checkpoints);
 perturbation 1e-12.
 Cost of one protocol cell: the main run, the held-out evaluations, and the curvature at 126
-checkpoints (7 gradient evaluations each, six of them off the pair-shared path); the perturbed
+checkpoints (one softmax pass over one partner of each pair per checkpoint and L); the perturbed
 run, when asked, is 2500 more evaluations off the pair-shared path (docs/performance.md has the
 measured figures).
 

@@ -2,9 +2,9 @@
 
 From a block-structured point ``theta = (U, v)`` (``U[d, :] = 0``, ``U[:d, d] = 0``, ``v[:d] = 0``)
 on antithetic tasks, the risk is even in the active off-block coordinates
-``delta = (U[d, :d], v[:d])`` (``2 d`` of them; ``U[:, d]`` multiplies ``z_q[d] = 0`` and has no
-gradient). So the block-structured trajectory of gradient descent is exact, and a small off-block
-perturbation ``delta_t`` evolves by the linearised map
+``delta = (alpha, beta) = (U[d, :d], v[:d])`` (``2 d`` of them; ``U[:, d]`` multiplies
+``z_q[d] = 0`` and has no gradient). So the block-structured trajectory of gradient descent is
+exact, and a small off-block perturbation ``delta_t`` evolves by the linearised map
 
     delta_{t+1} = (I - lr H_off(theta_t)) delta_t,
 
@@ -14,19 +14,40 @@ it grows by ``~rho_t`` a step, its sign flipping (a step-size instability). Comp
 at the stored checkpoints says where the block structure is unstable without training every
 model a second time from a perturbed init.
 
-``H_off`` is computed by differences of the exact gradients of the fast engines
-(:class:`sfxlin.training.SoftmaxPrefixEngine`, :class:`sfxlin.training.LinearEngine`), every
-prompt length in one call: column ``j`` is ``(g_off(theta + h e_j) - g_off(theta)) / h``. The
-gradient is odd in ``delta`` (the risk is even), so this one-sided difference is exact to
-``O(h^2)`` relative (``h = 1e-5``: ~1e-10); rounding adds ~``u / h`` ~ 1e-11 relative
-(measured against central differences of the analytic per-L gradients: <= 2e-10).
+``H_off`` in closed form. Per task and query the read-out is ``f = v . m`` and the risk
+``R = mean 1/2 (f - y_q)^2``, so ``H_off = mean[grad f grad f^T + (f - y_q) hess f]`` with the
+derivatives of ``f`` in ``delta`` at the block-structured point (``v . z = v_d y`` there):
+
+* softmax(L), ``m = sum_k p_k z_k``, ``p = softmax_k(z_k^T U z_q)`` over the first ``L`` tokens;
+  ``alpha_i`` adds ``alpha_i x_q[i] y_k`` to the logits, so with the moments of the tokens under
+  ``p`` (mean ``m``, variance ``Var_p(y)``, covariances ``Cov_p(x_j, y)``, third central moment
+  ``k3_p(y)``):
+
+      df/dalpha_i = x_q[i] v_d Var_p(y),      df/dbeta_j = m_j,
+      d2f/dalpha_i dalpha_j = x_q[i] x_q[j] v_d k3_p(y),
+      d2f/dalpha_i dbeta_j = x_q[i] Cov_p(x_j, y),      d2f/dbeta^2 = 0;
+
+* linear(L) and linear(inf), ``f = v^T G U z_q`` (``G = Ghat_L`` or ``Gamma_w``):
+
+      df/dalpha_i = x_q[i] (G^T v)_d,   df/dbeta_j = (G U z_q)_j,
+      d2f/dalpha_i dbeta_j = x_q[i] G[j, d],   d2f/dalpha^2 = 0,   d2f/dbeta^2 = 0.
+
+On exact antithetic pairs (tasks ``2i``, ``2i + 1``: same covariates, opposite labels) the two
+partners have the same softmax weights at a block-structured point and ``r``, ``k3_p(y)``,
+``Cov_p(x, y)`` change sign together while ``grad f`` is unchanged, so every term of the mean is
+equal across partners: the softmax Hessian is computed on one partner of each pair. One softmax
+pass over half the tasks per prompt length and checkpoint, on the exact per-``(task, query)`` max
+shift, where differences of the engine's gradients needed ``2 d + 1`` passes (``2 d`` of them over
+both partners).
+Checked against central differences of the analytic per-L gradients ``icl.risk_grad``
+(tests/test_speed_invariance.py).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from . import icl
-from .training import LinearEngine, SoftmaxPrefixEngine, validate_Ls
+from .training import _pair_structure, validate_Ls
 
 __all__ = ["off_block_coordinates", "off_block_hessian", "curvature_extremes", "spectral_radius"]
 
@@ -37,57 +58,97 @@ def off_block_coordinates(U, v):
     return np.concatenate([U[..., d, :d], v[..., :d]], axis=-1)
 
 
-def _engine(model, tasks, Ls):
-    if model == "softmax":
-        return SoftmaxPrefixEngine(tasks, Ls)
-    if model == "linear":
-        return LinearEngine(tasks, np.stack([icl.Ghat(tasks.Z, L) for L in Ls]))
-    if model == "linear_inf":
-        return LinearEngine(tasks, icl.model_matrix("linear_inf", tasks)[None])
-    raise ValueError(f"model: expected one of {icl.MODELS}, got {model!r}")
+def _assemble(r, g, hess_aa, hess_ab):
+    """``mean[g g^T + r hess f]`` over tasks and queries: ``r (..., n, q)``, ``g (..., n, q, 2d)``,
+    the ``alpha alpha`` (None: 0) and ``alpha beta`` blocks of ``hess f`` ``(..., n, q, d, d)``
+    (the ``beta beta`` block is 0) -> ``(..., 2d, 2d)``."""
+    d = g.shape[-1] // 2
+    n_items = r.shape[-1] * r.shape[-2]
+    H = np.einsum("...nqa,...nqb->...ab", g, g)
+    if hess_aa is not None:
+        H[..., :d, :d] += np.einsum("...nq,...nqij->...ij", r, hess_aa)
+    cross = np.einsum("...nq,...nqij->...ij", r, hess_ab)
+    H[..., :d, d:] += cross
+    H[..., d:, :d] += np.swapaxes(cross, -1, -2)
+    return H / n_items
 
 
-def off_block_hessian(model, tasks, Ls, U, v, h=1e-5):
+def _softmax_hessian(tasks, L, U, v):
+    """``H_off (T, 2d, 2d)`` of softmax(L) at ``U (T, D, D)``, ``v (T, D)``."""
+    d, x_q, y_q = tasks.d, tasks.x_q, tasks.y_q
+    Z = np.ascontiguousarray(tasks.prompt(L))
+    X, y = np.ascontiguousarray(Z[..., :d]), np.ascontiguousarray(Z[..., d])
+    Xt = np.ascontiguousarray(np.swapaxes(X, -1, -2))
+    H = np.empty((U.shape[0], 2 * d, 2 * d))
+    for t in range(U.shape[0]):
+        a = np.einsum("ij,nqj->nqi", U[t, :d, :d], x_q)          # U z_q, x part (block structure)
+        P = a @ Xt                                                # (n, q, L) logits
+        P -= P.max(axis=-1, keepdims=True)
+        np.exp(P, out=P)
+        P /= P.sum(axis=-1, keepdims=True)
+        m = P @ Z                                                 # (n, q, D)
+        r = m @ v[t] - y_q
+        yc = y[:, None, :] - m[..., d:]                           # y_k - m_y, (n, q, L)
+        P *= yc
+        cov_xy = P @ X                                            # (n, q, d)
+        P *= yc
+        var_y = P.sum(axis=-1)
+        P *= yc
+        k3_y = P.sum(axis=-1)
+        vd = v[t, d]
+        g = np.concatenate([x_q * (vd * var_y)[..., None], m[..., :d]], axis=-1)
+        hess_aa = (vd * k3_y)[..., None, None] * x_q[..., :, None] * x_q[..., None, :]
+        hess_ab = x_q[..., :, None] * cov_xy[..., None, :]
+        H[t] = _assemble(r, g, hess_aa, hess_ab)
+    return H
+
+
+def _linear_hessian(tasks, G, U, v):
+    """``H_off (nL, T, 2d, 2d)`` of a linear model with matrices ``G (nL, n, D, D)`` at
+    ``U (nL, T, D, D)``, ``v (nL, T, D)``."""
+    d, x_q, z_q = tasks.d, tasks.x_q, tasks.z_q
+    h = np.einsum("lnij,ltjk,nqk->ltnqi", G, U, z_q)              # G U z_q
+    r = np.einsum("ltnqi,lti->ltnq", h, v) - tasks.y_q
+    Gtv_d = np.einsum("lnj,ltj->ltn", G[..., :, d], v)            # (G^T v)_d
+    g = np.concatenate([Gtv_d[..., None, None] * x_q, h[..., :d]], axis=-1)
+    hess_ab = x_q[None, :, :, :, None] * G[:, :, None, None, :d, d]   # (l, n, q, d, d)
+    hess_ab = np.broadcast_to(hess_ab[:, None], r.shape + (d, d))
+    return _assemble(r, g, None, hess_ab)
+
+
+def off_block_hessian(model, tasks, Ls, U, v):
     """``H_off (nL, T, 2d, 2d)``: Hessian of the training risk of ``model`` in the active
     off-block coordinates at the block-structured parameters ``U (nL, T, D, D)``,
     ``v (nL, T, D)`` (``nL = len(Ls)``, parameter ``i`` evaluated at ``Ls[i]``; for
-    ``linear_inf`` pass ``Ls = None`` and ``nL = 1``), by differences of the engine's exact
-    gradient with step ``h`` (see the module docstring). Raises ValueError if the parameters are
-    not block structured (the difference would not be a Hessian)."""
+    ``linear_inf`` pass ``Ls = None`` and ``nL = 1``), in closed form (see the module docstring).
+    Raises ValueError if the parameters are not block structured (the formulas, and the
+    linearised map, hold only there)."""
     U, v = np.asarray(U, dtype=float), np.asarray(v, dtype=float)
     if U.ndim != 4 or v.ndim != 3 or U.shape[:2] != v.shape[:2] or U.shape[-1] != tasks.D:
         raise ValueError(f"U must be (nL, T, {tasks.D}, {tasks.D}) and v (nL, T, {tasks.D}), got {U.shape}, {v.shape}")
+    if model not in icl.MODELS:
+        raise ValueError(f"model: expected one of {icl.MODELS}, got {model!r}")
     if model == "linear_inf":
         if Ls is not None or U.shape[0] != 1:
             raise ValueError("Ls: linear_inf takes Ls = None and one parameter stack (nL = 1)")
-        Ls = ()
     else:
         Ls = validate_Ls(Ls, tasks.L_max)
         if U.shape[0] != len(Ls):
             raise ValueError(f"U: {U.shape[0]} parameter stacks for {len(Ls)} prompt lengths Ls")
-    d, nL, T = tasks.d, U.shape[0], U.shape[1]
+    d = tasks.d
     if np.any(off_block_coordinates(U, v)) or np.any(U[..., :d, d]) or np.any(U[..., d, d]):
         raise ValueError("U, v: the parameters must be block structured (U[d, :] = U[:d, d] = 0, v[:d] = 0)")
-    if not (np.isfinite(h) and h > 0):
-        raise ValueError(f"h: expected a positive step, got {h!r}")
-    eng = _engine(model, tasks, Ls)
-    H = np.empty((nL, T, 2 * d, 2 * d))
-    with np.errstate(all="ignore"):
-        for t in range(T):
-            Ut, vt = U[:, t], v[:, t]
-            _, gU, gv = eng.step(Ut, vt)
-            g0 = off_block_coordinates(gU, gv)
-            for j in range(2 * d):
-                Up, vp = Ut.copy(), vt.copy()
-                if j < d:
-                    Up[:, d, j] += h
-                else:
-                    vp[:, j - d] += h
-                _, gU, gv = eng.step(Up, vp)
-                H[:, t, :, j] = (off_block_coordinates(gU, gv) - g0) / h
+    if model == "softmax":
+        if _pair_structure(tasks) == 2:      # partners' terms are equal at block structure: one of each
+            tasks = tasks.subset(slice(0, None, 2))
+        H = np.stack([_softmax_hessian(tasks, L, U[i], v[i]) for i, L in enumerate(Ls)])
+    elif model == "linear":
+        H = _linear_hessian(tasks, np.stack([icl.Ghat(tasks.Z, L) for L in Ls]), U, v)
+    else:
+        H = _linear_hessian(tasks, icl.model_matrix("linear_inf", tasks)[None], U, v)
     if not np.all(np.isfinite(H)):
         raise FloatingPointError(f"non-finite off-block Hessian of {model}")
-    return 0.5 * (H + np.swapaxes(H, -1, -2))     # symmetric up to O(h^2): symmetrise
+    return H
 
 
 def curvature_extremes(H):
