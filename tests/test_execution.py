@@ -102,3 +102,15 @@ def test_the_cell_timeline_says_when_each_block_ran_and_on_which_thread(toy, toy
     assert {r[0] for r in rows} >= {"d[0:1],U_norm[0:1],seed[0:2]", "global:"}
     for block, thread, start, end in rows:
         assert 0 <= start <= end <= wall + 0.01 and isinstance(thread, int)
+
+
+def test_a_process_pool_runs_the_cells_of_a_small_sweep_at_once(tmp_path):
+    """dask's process pool hands up to ``chunksize`` (default 6) ready tasks to one process at a
+    time: a sweep of <= 6 cells (C3's paper profile) then ran on one core. ``compute`` sets
+    chunksize 1; the two cells of this experiment finish only if they run at the same time."""
+    import rendezvous_experiment as rendezvous
+
+    ds = build(rendezvous.EXPERIMENT, {"folder": str(tmp_path), "timeout": 60.0, "root_seed": 1})
+    result, _, _ = compute(ds, scheduler="processes", progress=False)
+    assert result["met"].values.tolist() == [1.0, 1.0]
+    assert len({(tmp_path / s).read_text() for s in ("0", "1")}) == 2   # two worker processes
