@@ -306,6 +306,7 @@ EXPERIMENT = Experiment(
     variables=VARIABLES, analysis="sfxlin.analysis.c2",
     parts=(Part("", grid, kernel), Part("trajectory", trajectory_grid, trajectory_kernel),
            Part("trajectory_constants", setting_grid, constants_kernel, inputs=constants_inputs)),
+    scheduler="processes",   # 1.26x faster than threads on the paper profile (docs/performance.md)
     title="C2: non-asymptotic concentration of outputs and gradients",
     description="C2: output tails of softmax attention vs the paper-form bound (assumed constants) and the CLT; "
                 "gradient concentration at fixed parameters; gradient gap along the infinite-prompt trajectory")

@@ -149,7 +149,8 @@ def cmd_run(args):
               + (f" ({kept} kept from earlier runs in {store.folder}, {n_cells - kept} to compute)"
                  if kept else ""), flush=True)
     try:
-        ds, wall, label = compute(lazy, scheduler=args.local_scheduler, workers=args.workers,
+        local = args.local_scheduler or (None if args.workers or args.scheduler else experiment.scheduler)
+        ds, wall, label = compute(lazy, scheduler=local, workers=args.workers,
                                   address=args.scheduler, progress=not args.quiet, verbose=args.verbose)
         save(ds, path)
         if not args.quiet:
@@ -211,7 +212,7 @@ def cmd_reproduce(args):
 def cmd_list(args):
     for experiment in experiments().values():
         print(f"{experiment.short or experiment.name} ({experiment.name}): {experiment.description}")
-        print(f"  profiles: {', '.join(experiment.profiles)}")
+        print(f"  profiles: {', '.join(experiment.profiles)}; local scheduler: {experiment.scheduler or 'threads'}")
         for p in experiment.params:
             values = "; ".join(f"{name}: {_plain(p.default(name))}" for name in experiment.profiles)
             print(f"  {p.name:18s} {p.doc} [{p.rule()}]; {values}")
@@ -317,7 +318,8 @@ def parser():
     where.add_argument("--workers", type=_positive_int, help="start a dask.distributed LocalCluster with N workers")
     where.add_argument("--scheduler", help="address of an existing dask.distributed scheduler (tcp://host:8786)")
     where.add_argument("--local-scheduler", choices=["threads", "synchronous", "processes"],
-                       help="a local dask scheduler (default: threads on all cores)")
+                       help="a local dask scheduler (default: the experiment's, threads on all cores unless it "
+                            "declares processes: sfxlin list)")
     run.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="override a parameter of the profile (lists comma-separated), e.g. --set d=2,3")
     run.add_argument("--chunks", action="append", metavar="DIM=N", help="cells per dask task along a grid dim")

@@ -45,7 +45,25 @@ def test_unwritable_output_folder(tmp_path):
 def test_list_shows_experiments_parameters_and_profiles(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    assert "c1 (c1_limit)" in out and "profiles: quick, paper" in out and "U_norm" in out
+    assert "c1 (c1_limit)" in out and "profiles: quick, paper; local scheduler: threads" in out and "U_norm" in out
+    assert "profiles: quick, paper; local scheduler: processes" in out.split("(c3_transfer)")[1].split("\n")[1]
+
+
+def test_run_takes_the_experiments_scheduler_unless_one_is_asked(tmp_path, monkeypatch):
+    """c3_transfer declares processes; --local-scheduler and --workers take precedence."""
+    import sfxlin.execution as execution
+
+    seen = []
+
+    def compute(ds, scheduler=None, workers=None, **kw):   # records the choice, computes nothing
+        seen.append((scheduler, workers))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(execution, "compute", compute)
+    for extra in ([], ["--local-scheduler", "threads"], ["--workers", "2"]):
+        main(["run", "c3", "--quiet", "--out", str(tmp_path), "--fresh", *extra])
+    main(["run", "c1", "--quiet", "--out", str(tmp_path), "--fresh"])
+    assert seen == [("processes", None), ("threads", None), (None, 2), (None, None)]
 
 
 def test_info_prints_dims_coordinates_and_provenance(tmp_path, capsys):

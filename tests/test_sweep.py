@@ -337,3 +337,103 @@ def test_substreams_depend_on_the_seed_and_the_key_only():
     others = [substream(fresh, law="gaussian"), substream(fresh, scale=1.0), substream(fresh, scale=2.0),
               substream(cell_rng("toy", {"d": 3}, 5), law="uniform"), substream(cell_rng("toy", {"d": 2}, 6), law="uniform")]
     assert len({a[0], *(g.standard_normal() for g in others)}) == 6
+
+
+# --------------------------------------------------------------------------- stages
+
+
+def _staged_config(**values):
+    import staged_experiment as staged
+
+    return staged.EXPERIMENT.configure("quick", values=values)
+
+
+def _staged_expected(config):
+    """Every cell recomputed by hand from the kernel's draws (an independent computation)."""
+    import staged_experiment as staged
+
+    ends, means, maxima = [], [], []
+    for seed in range(config["n_seeds"]):
+        x = staged.walk(cell_rng("staged", {"seed": seed}, config["root_seed"]), config)
+        ends.append(x[-1])
+        means.append(np.cumsum(x) / np.arange(1, len(x) + 1))
+        maxima.append(np.maximum.accumulate(x))
+    return np.array(ends), np.array(means), np.array(maxima)
+
+
+@pytest.mark.parametrize("scheduler", ["threads", "synchronous", "processes"])
+def test_stages_run_as_tasks_of_their_own_and_give_the_cells_bits(scheduler):
+    import staged_experiment as staged
+
+    config = _staged_config()
+    ds = build(staged.EXPERIMENT, config)
+    keys = [str(k) for k in ds.__dask_graph__().keys()]
+    for step in ("@kernel", "@stage1", "@stage2"):
+        assert sum(step in k for k in keys) == config["n_seeds"], step
+    result = ds.compute(scheduler=scheduler)
+    end, mean, maximum = _staged_expected(config)
+    np.testing.assert_array_equal(result["end"].values, end)
+    np.testing.assert_array_equal(result["running_mean"].values, mean)
+    np.testing.assert_array_equal(result["running_max"].values, maximum)
+    for seed in range(config["n_seeds"]):   # run_cell (stages one after the other): the same bits
+        one = run_cell(staged.EXPERIMENT, config, {"seed": seed})
+        np.testing.assert_array_equal(one["running_max"], maximum[seed])
+
+
+def test_a_cell_without_carry_skips_its_stages():
+    import staged_experiment as staged
+
+    config = _staged_config(skip_seed=2)
+    before = dict(staged.CALLS)
+    result = build(staged.EXPERIMENT, config).compute(scheduler="synchronous")
+    assert staged.CALLS["kernel"] - before["kernel"] == 4
+    assert staged.CALLS["stage1"] - before["stage1"] == 3 and staged.CALLS["stage2"] - before["stage2"] == 3
+    assert np.all(result["running_mean"].sel(seed=2).values == 0)
+    np.testing.assert_array_equal(result["running_mean"].sel(seed=1).values, _staged_expected(config)[1][1])
+
+
+@pytest.mark.parametrize("fault, message", [
+    ("overlap", r"staged\[seed=0\]: end returned by the kernel and a stage"),
+    ("dict", r"staged\[seed=0\]: a kernel with stages returns \(outputs, carry\), got dict"),
+    ("stage_fp", r"staged\[seed=0\]: overflow in the running mean"),
+])
+def test_stage_faults_name_the_cell(fault, message):
+    import staged_experiment as staged
+
+    config = _staged_config(fault=fault, n_seeds=1)
+    with pytest.raises(CellError, match=message):
+        build(staged.EXPERIMENT, config).compute(scheduler="synchronous")
+    with pytest.raises(CellError, match=message):
+        run_cell(staged.EXPERIMENT, config, {"seed": 0})
+
+
+def test_kept_cells_skip_kernel_and_stages(tmp_path):
+    from sfxlin.cellstore import CellStore
+    import staged_experiment as staged
+
+    config = _staged_config()
+    store = CellStore(tmp_path / "cells", staged.EXPERIMENT, config)
+    first = build(staged.EXPERIMENT, config, store=store).compute(scheduler="synchronous")
+    assert store.count() == config["n_seeds"]
+    before = dict(staged.CALLS)
+    again = build(staged.EXPERIMENT, config, store=store).compute(scheduler="synchronous")
+    assert staged.CALLS == before
+    for name in ("end", "running_mean", "running_max"):
+        np.testing.assert_array_equal(again[name].values, first[name].values)
+
+
+def test_the_timeline_names_each_stage_and_a_stage_starts_after_its_kernel():
+    import json
+
+    from sfxlin.execution import compute
+    import staged_experiment as staged
+
+    config = _staged_config(n_seeds=2)
+    result, _, _ = compute(build(staged.EXPERIMENT, config), scheduler="threads", progress=False)
+    rows = {row[0]: row for row in json.loads(result.attrs["cell_timeline"])}
+    for seed in range(2):
+        where = f"seed[{seed}:{seed + 1}]"
+        assert {where, f"{where}@kernel", f"{where}@stage1", f"{where}@stage2"} <= set(rows)
+        for step in ("@stage1", "@stage2"):
+            assert rows[f"{where}{step}"][2] >= rows[f"{where}@kernel"][3]
+        assert rows[where][2] >= max(rows[f"{where}@stage1"][3], rows[f"{where}@stage2"][3])
