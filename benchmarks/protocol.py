@@ -2,8 +2,9 @@
 
 Both arms run as child processes of one call, one after the other, on the same tasks:
 
-* **sweep**: ``sfxlin run c3 --profile paper --fresh`` (every protocol cell, on the local
-  threads: both cores), ``n_steps`` and ``heldout_every`` overridable to shorten both arms alike;
+* **sweep**: ``sfxlin run c3 --profile paper --fresh`` (every protocol cell on the experiment's
+  local scheduler, a process per core), ``n_steps`` and ``heldout_every`` overridable to shorten
+  both arms alike;
 * **seed-style loop** (:func:`seed_loop`, one process, one core): for each protocol cell, the
   same draws from the cell's generator (training and held-out tasks), then, for every prompt
   length, gradient descent on softmax(L) and on linear(L) with the plain per-L, per-step numpy
@@ -98,7 +99,7 @@ def bench_protocol(n_steps=None, heldout_every=None, out=None, verbose=True):
     res = dict(sweep_s=sweep_s, loop_s=loop_s, ratio=loop_s / sweep_s, max_rel_diff=diff, load=os.getloadavg())
     if verbose:
         print(f"C3 protocol (paper profile{', ' + ' '.join(sets[1::2]) if sets else ''}), wall seconds, one run each:")
-        print(f"  sfxlin run c3 (sweep, local threads)   {sweep_s:8.1f} s")
+        print(f"  sfxlin run c3 (sweep, both cores)      {sweep_s:8.1f} s")
         print(f"  seed-style per-L loop (one process)    {loop_s:8.1f} s   same tasks: max rel diff {diff:.1e}")
         print(f"  ratio loop / sweep                     {res['ratio']:8.2f}x")
         print(f"  load average (1, 5, 15 min): {', '.join(f'{x:.2f}' for x in res['load'])} on {os.cpu_count()} cores")

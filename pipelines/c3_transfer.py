@@ -193,11 +193,9 @@ def _theta_norm_sq(U, v):
 
 
 def kernel(cell, rng, config):
-    """The cell's draws and its main run (with the perturbed run if asked); the held-out
-    evaluation and the curvature finish the cell in stages of their own (:data:`STAGES`)."""
     setting = cell["setting"]
     if not config["in_protocol"]:
-        return _nan_cell(config), None
+        return _nan_cell(config)
     d = config["d"]
     Sigma = np.asarray(config["Sigma"], dtype=float)
     law = icl.covariate_law(SETTINGS[setting], Sigma)
@@ -213,7 +211,22 @@ def kernel(cell, rng, config):
     v = np.stack([res[m]["v"] for m in MODELS])          # (model, L, t, D)
     U_inf, v_inf = res["linear_inf"]["U"], res["linear_inf"]["v"]
     U_star, v_star = icl.bayes_optimum(Sigma)
+
+    # 2. held-out risks at a subset of checkpoints, and the baselines per L
+    t = res["t"]
+    sub = np.flatnonzero(np.isin(t, training.checkpoint_steps(kw["n_steps"], config["heldout_every"])))
+    at_L, at_eval, inf_ho, inf_eval = training.heldout_risks(
+        held, Ls, L_eval, {m: U[i][:, sub] for i, m in enumerate(MODELS)}, {m: v[i][:, sub] for i, m in enumerate(MODELS)},
+        U_inf[sub], v_inf[sub])
+    lam = config["ridge_lam"]
+    risk_ridge = np.array([icl.ridge_risk(held, L, lam) for L in Ls])
+    risk_plugin = np.array([icl.risk("linear", U_star, v_star, held, L) for L in Ls])
+    base = baselines.baseline_risks(held, Ls)
+
+    # 3. off-block stability: curvature along the stored trajectory; the perturbed run if asked
+    curv = _off_block_curvature(tasks, Ls, U, v, U_inf, v_inf)
     pert = _perturbed_run(tasks, Ls, d, Sigma, direction, U, v, config, kw)
+
     out = {
         "in_protocol": np.float64(1.0),
         "U": U, "v": v,
@@ -228,47 +241,17 @@ def kernel(cell, rng, config):
         "conservation": np.sum(U**2, axis=(-2, -1)) - np.sum(v**2, axis=-1),
         "conservation_inf": np.sum(U_inf**2, axis=(-2, -1)) - np.sum(v_inf**2, axis=-1),
         "norm_inf": np.sqrt(_theta_norm_sq(U_inf, v_inf)),
-        **pert,
-        "n_exact_shift_steps": np.float64(res["n_exact_shift_steps"]),
-    }
-    carry = dict(tasks=tasks, held=held, U=U, v=v, U_inf=U_inf, v_inf=v_inf, t=res["t"])
-    return _finite(out, config), carry
-
-
-def heldout_stage(carry, config):
-    """2. held-out risks at a subset of checkpoints, and the baselines per L."""
-    held, U, v, Ls = carry["held"], carry["U"], carry["v"], config["L"]
-    sub = np.flatnonzero(np.isin(carry["t"], training.checkpoint_steps(config["n_steps"], config["heldout_every"])))
-    at_L, at_eval, inf_ho, inf_eval = training.heldout_risks(
-        held, Ls, config["L_eval"], {m: U[i][:, sub] for i, m in enumerate(MODELS)},
-        {m: v[i][:, sub] for i, m in enumerate(MODELS)}, carry["U_inf"][sub], carry["v_inf"][sub])
-    U_star, v_star = icl.bayes_optimum(np.asarray(config["Sigma"], dtype=float))
-    base = baselines.baseline_risks(held, Ls)
-    out = {
         "risk_heldout": at_L,
         "risk_heldout_eval": at_eval,
         "risk_heldout_inf": inf_ho,
         "risk_heldout_inf_eval": inf_eval,
-        "risk_ridge": np.array([icl.ridge_risk(held, L, config["ridge_lam"]) for L in Ls]),
-        "risk_plugin": np.array([icl.risk("linear", U_star, v_star, held, L) for L in Ls]),
+        "risk_ridge": risk_ridge,
+        "risk_plugin": risk_plugin,
+        **pert, **curv,
         **{f"risk_{name}": base[name] for name in ("bayes_ridge", "pgd")},
+        "n_exact_shift_steps": np.float64(res["n_exact_shift_steps"]),
     }
-    return _finite(out, config)
-
-
-def curvature_stage(carry, config):
-    """3. off-block stability: the curvature along the stored trajectory of every model."""
-    return _finite(_off_block_curvature(carry["tasks"], config["L"], carry["U"], carry["v"], carry["U_inf"],
-                                        carry["v_inf"]), config)
-
-
-#: the stages that finish a cell after its kernel, each a dask task of its own (sfxlin.sweep.Part)
-STAGES = (heldout_stage, curvature_stage)
-
-
-def _finite(out, config):
-    """The variables allow NaN (for cells outside the protocol): check a computed cell's here."""
-    for name, arr in out.items():
+    for name, arr in out.items():   # the variables allow NaN (for cells outside the protocol): check here
         if not np.all(np.isfinite(arr)) and not (name in _PERTURBED and not config["perturbed_run"]):
             raise FloatingPointError(f"non-finite values in {name}")
     return out
@@ -401,7 +384,7 @@ VARIABLES = (
 EXPERIMENT = Experiment(
     name=NAME, short="c3", params=PARAMS,
     checks=(_steps_fit_checkpoints, _heldout_on_checkpoints, _sigmas_are_d_by_d), inner_coords=inner_coords,
-    variables=VARIABLES, analysis="sfxlin.analysis.c3", parts=(Part("", grid, kernel, inputs=cell_inputs, stages=STAGES),),
-    scheduler="processes",   # cells 30% slower on two threads than alone (the GIL): docs/performance.md
+    variables=VARIABLES, analysis="sfxlin.analysis.c3", parts=(Part("", grid, kernel, inputs=cell_inputs),),
+    scheduler="processes",   # a cell takes ~30% longer beside another on threads (the GIL): docs/performance.md
     title="C3: large-prompt softmax training inherits linear-attention training",
     description="C3: large-prompt softmax attention inherits linear-attention optimisation")

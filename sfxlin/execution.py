@@ -111,18 +111,14 @@ class CellProgress(Callback):
 
 
 def block_name(key, experiment):
-    """``"part:d[0:1],seed[2:3]"`` for the task key of a block of cells of ``experiment``, else None;
-    ``"...@kernel"``, ``"...@stage1"`` for the kernel and stage tasks of a part with stages (the
-    block's own key is the task that assembles its cells).
+    """``"part:d[0:1],seed[2:3]"`` for the task key of a block of cells of ``experiment``, else None.
 
     Searched anywhere in the key: dask's graph optimisation fuses a block with the one task that
     reads it (a part with a single variable) under a longer name that still contains it."""
-    match = re.search(rf"(?:^|-){re.escape(experiment)}(?:/(\w+))?-block-((?:[\w.]+\[\d+:\d+\],?)*)(@\w+)?",
-                      key)
+    match = re.search(rf"(?:^|-){re.escape(experiment)}(?:/(\w+))?-block-((?:[\w.]+\[\d+:\d+\],?)*)", key)
     if match is None:
         return None
-    part, where, step = match.groups()
-    where += step or ""
+    part, where = match.groups()
     return f"{part}:{where}" if part else where
 
 

@@ -83,24 +83,12 @@ class Part:
     says exactly what reaches a cell (default: every parameter that is not a grid parameter and
     reaches this part, see :attr:`sfxlin.params.Param.parts`). The main part is named ``""``;
     another part's cells draw from generators tagged ``"<experiment>/<part>"``.
-
-    ``stages``: functions ``stage(carry, inputs) -> {variable: array}`` that finish a cell after
-    its kernel, each in a dask task of its own, so that the work of a few long cells spreads over
-    the cores (C3: the held-out evaluation and the curvature run beside the next cell's training).
-    With stages the kernel returns ``(outputs, carry)``: ``carry`` is what the stages need (they get
-    no generator: whatever they use that is random, the kernel drew and passes on, or passes the
-    means to redraw it exactly). A cell's variables are the union of its kernel's and its stages'
-    outputs (each variable from one of them); ``carry = None`` says the kernel's outputs are
-    complete (e.g. a cell outside a protocol) and the stages are skipped. A stage is a pure
-    function of ``(carry, inputs)``, so a cell has the same bits whether its stages run in their
-    own tasks (a sweep) or one after the other (:func:`run_cell`).
     """
 
     name: str
     grid: Callable[[Mapping], dict]
     kernel: Callable
     inputs: Callable[[Mapping, Mapping], dict] | None = None
-    stages: tuple[Callable, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -113,8 +101,8 @@ class Experiment:
     (``c1``), ``title`` the heading of the report, ``analysis`` the module that declares what is
     concluded (criteria, fits, figure) from the results file. ``scheduler`` is the local dask
     scheduler ``sfxlin run`` uses when none is asked (None: threads); ``"processes"`` for a few long
-    cells whose numpy calls are small enough that two threads contend for the GIL (C3: 30% slower
-    per cell on threads, measured in docs/performance.md). The bits do not depend on it.
+    cells made of many small numpy calls, which contend for the GIL on two threads (C3: a cell takes
+    ~30% longer beside another on threads; docs/performance.md). The bits do not depend on it.
     """
 
     name: str
@@ -242,60 +230,22 @@ def _cell_at(grid, index):
 def run_cell(experiment: Experiment, config: Mapping, cell: Mapping, part: str = "") -> dict:
     """Compute one cell of ``part``, given by its coordinate values (``{"d": 3, "U_norm": 0.5,
     "seed": 1}``), and validate its outputs. The same cell gives the same bits in any grid and with
-    any number of cores (the kernel runs with one BLAS thread); a part's stages run after its
-    kernel, in this process."""
+    any number of cores (the kernel runs with one BLAS thread)."""
     grid = experiment.part(part).grid(config)
     if set(cell) != set(grid):
         raise ValueError(f"{experiment.name}: a cell names every grid dim {list(grid)}, got {dict(cell)}")
     cell = {dim: cell[dim] for dim in grid}
-    out, carry = _run_kernel(experiment, config, cell, part)
-    pieces = [out] + [_run_stage(experiment, config, cell, part, k, carry)
-                      for k in range(len(experiment.part(part).stages)) if carry is not None]
-    return _merged(experiment, config, cell, part, pieces)
-
-
-def _guarded(experiment, config, cell, part, fn, *args):
-    """``fn(*args)`` with one BLAS thread; a floating-point failure becomes a CellError naming the cell."""
+    inner = experiment.inner_coords(config)
+    name = experiment.rng_name(part)
+    rng = cell_rng(name, cell, config["root_seed"])
+    label = cell_label(name, cell)
+    inputs = types.MappingProxyType(copy.deepcopy(experiment.cell_inputs(config, cell, part)))
     try:
         with single_threaded_blas():   # the same bits whatever the core count (sfxlin.threads)
-            return fn(*args)
+            out = experiment.part(part).kernel(cell, rng, inputs)
     except (FloatingPointError, ArithmeticError) as exc:
-        raise CellError(f"{cell_label(experiment.rng_name(part), cell)}: {exc}") from exc
-
-
-def _inputs(experiment, config, cell, part):
-    return types.MappingProxyType(copy.deepcopy(experiment.cell_inputs(config, cell, part)))
-
-
-def _run_kernel(experiment, config, cell, part):
-    """The kernel of ``cell``: ``(outputs, carry)`` (``carry`` None when the part has no stages)."""
-    rng = cell_rng(experiment.rng_name(part), cell, config["root_seed"])
-    inputs = _inputs(experiment, config, cell, part)
-    result = _guarded(experiment, config, cell, part, experiment.part(part).kernel, cell, rng, inputs)
-    if not experiment.part(part).stages:
-        return result, None
-    if not (isinstance(result, tuple) and len(result) == 2):
-        raise CellError(f"{cell_label(experiment.rng_name(part), cell)}: a kernel with stages returns "
-                        f"(outputs, carry), got {type(result).__name__}")
-    return result
-
-
-def _run_stage(experiment, config, cell, part, k, carry):
-    stage = experiment.part(part).stages[k]
-    return _guarded(experiment, config, cell, part, stage, carry, _inputs(experiment, config, cell, part))
-
-
-def _merged(experiment, config, cell, part, pieces):
-    """The union of a cell's kernel and stage outputs, validated against the declarations."""
-    label = cell_label(experiment.rng_name(part), cell)
-    out = {}
-    for piece in pieces:
-        twice = sorted(set(out) & set(piece))
-        if twice:
-            raise CellError(f"{label}: {', '.join(twice)} returned by the kernel and a stage, or by two stages")
-        out.update(piece)
-    return _checked(out, experiment.part_variables(part), experiment.inner_coords(config),
-                    experiment.part(part).grid(config), label)
+        raise CellError(f"{label}: {exc}") from exc
+    return _checked(out, experiment.part_variables(part), inner, grid, label)
 
 
 def _checked(out, variables, inner, grid, label):
@@ -314,64 +264,25 @@ def _checked(out, variables, inner, grid, label):
     return checked
 
 
-def _block_cells(experiment, config, part, ranges):
-    grid = experiment.part(part).grid(config)
-    return [_cell_at(grid, idx) for idx in itertools.product(*ranges)]
-
-
-def _stacked(experiment, part, ranges, results):
-    shape = tuple(len(r) for r in ranges)
-    out = {}
-    for var in experiment.part_variables(part):
-        stacked = np.stack([r[var.name] for r in results])
-        out[var.name] = stacked.reshape(shape + stacked.shape[1:])
-    return out
-
-
 def _run_block(experiment, config, part, ranges, store=None):
     """Compute a block of cells of ``part`` (or load the ones ``store`` kept, keeping each new one
     there); returns ``{name: array(block shape + inner shape)}``."""
+    shape = tuple(len(r) for r in ranges)
+    grid = experiment.part(part).grid(config)
     results = []
-    for cell in _block_cells(experiment, config, part, ranges):
+    for idx in itertools.product(*ranges):
+        cell = _cell_at(grid, idx)
         out = store.load(cell, part) if store is not None else None
         if out is None:
             out = run_cell(experiment, config, cell, part)
             if store is not None:
                 store.save(cell, out, part)
         results.append(out)
-    return _stacked(experiment, part, ranges, results)
-
-
-def _block_kernels(experiment, config, part, ranges, store=None):
-    """The kernels of a block of cells of a part with stages: per cell ``(outputs, carry, kept)``; a
-    cell that ``store`` kept comes back whole (``kept``), with ``carry`` None (its stages are skipped)."""
-    rows = []
-    for cell in _block_cells(experiment, config, part, ranges):
-        kept = store.load(cell, part) if store is not None else None
-        rows.append((kept, None, True) if kept is not None else (*_run_kernel(experiment, config, cell, part), False))
-    return rows
-
-
-def _block_stage(experiment, config, part, ranges, k, kernels):
-    """Stage ``k`` of every cell of the block whose kernel passed a carry (else ``{}``)."""
-    return [{} if carry is None else _run_stage(experiment, config, cell, part, k, carry)
-            for cell, (_, carry, _) in zip(_block_cells(experiment, config, part, ranges), kernels)]
-
-
-def _block_assemble(experiment, config, part, ranges, store, kernels, *stages):
-    """A block's cells from their kernels' and stages' outputs: validated, kept in ``store``,
-    stacked as :func:`_run_block` returns them."""
-    results = []
-    for i, cell in enumerate(_block_cells(experiment, config, part, ranges)):
-        out, _, kept = kernels[i]
-        if kept:
-            results.append(out)
-            continue
-        out = _merged(experiment, config, cell, part, [out] + [stage[i] for stage in stages])
-        if store is not None:
-            store.save(cell, out, part)
-        results.append(out)
-    return _stacked(experiment, part, ranges, results)
+    out = {}
+    for var in experiment.part_variables(part):
+        stacked = np.stack([r[var.name] for r in results])
+        out[var.name] = stacked.reshape(shape + stacked.shape[1:])
+    return out
 
 
 def _chunk_ranges(n, size):
@@ -435,19 +346,9 @@ def _part_variables(experiment, config, part, grid, inner, chunks, store):
     for combo in itertools.product(*[range(len(p)) for p in per_dim]):
         ranges = tuple(per_dim[k][c] for k, c in enumerate(combo))
         where = ",".join(f"{dim}[{r.start}:{r.stop}]" for dim, r in zip(grid, ranges))
-        token = dask.base.tokenize(experiment.name, part, config, ranges)
-        stages = experiment.part(part).stages
-        if not stages:
-            blocks[combo] = dask.delayed(_run_block, pure=True)(experiment, config, part, ranges, store,
-                                                                dask_key_name=f"{prefix}{where}-{token}")
-            continue
-        kernels = dask.delayed(_block_kernels, pure=True)(
-            experiment, config, part, ranges, store, dask_key_name=f"{prefix}{where}@kernel-{token}")
-        done = [dask.delayed(_block_stage, pure=True)(experiment, config, part, ranges, k, kernels,
-                                                      dask_key_name=f"{prefix}{where}@stage{k + 1}-{token}")
-                for k in range(len(stages))]
-        blocks[combo] = dask.delayed(_block_assemble, pure=True)(experiment, config, part, ranges, store, kernels,
-                                                                 *done, dask_key_name=f"{prefix}{where}-{token}")
+        key = f"{prefix}{where}-{dask.base.tokenize(experiment.name, part, config, ranges)}"
+        blocks[combo] = dask.delayed(_run_block, pure=True)(experiment, config, part, ranges, store,
+                                                            dask_key_name=key)
     out = {}
     grid_dims = list(grid)
     for var in experiment.part_variables(part):
