@@ -63,9 +63,6 @@ def _check_UVq(D, U, V, q, against):
 
 def _check_operands(Z, U, V, q, check_Z=True):
     Z = (finite_array(Z, "Z") if check_Z else numeric_array(Z, "Z"))
-    U = finite_array(U, "U")
-    V = finite_array(V, "V")
-    q = finite_array(q, "q")
     if Z.ndim < 2:
         raise ValueError(f"Z must have shape (..., L, D), got {Z.shape}")
     D = Z.shape[-1]
