@@ -384,8 +384,14 @@ class SoftmaxPrefixEngine:
 
     def _plan(self, ge, feats):
         """Buffers for ``ge`` logit columns per (group, L, query) and feature set ``feats``:
-        B, per-block chunks, S and M. A chunk of groups is sized so that its features and
-        logits fit in ``cache_bytes``."""
+        B ``(ng, ge, nL, q, D)``, per-block chunks, S and M. A chunk of groups is sized so that its
+        features and logits fit in ``cache_bytes``.
+
+        Each of the ``ge`` partner columns is a product of its own, of the same shape whatever
+        ``ge`` is (``(nL - b) q`` rows per group and block): a partner's logits and moments are
+        then the same floating-point operations on the same operands in the shared pass
+        (``ge = 1``) and in the partner-by-partner pass (``ge = 2``), whatever the BLAS kernel
+        does with the number of rows of a product. Sharing changes the cost, never a bit."""
         key = (ge, feats)
         if key not in self._plans:
             ng, nL, q, d = self.ng, self.nL, self.q, self.d
@@ -394,13 +400,13 @@ class SoftmaxPrefixEngine:
             blocks = []
             for b in range(nL):
                 tok = self.PhiT[b].shape[-1]
-                cols = (nL - b) * ge * q
-                gc = int(max(1, min(ng, self.cache_bytes // (8 * tok * (cols + nf)))))
+                cols = (nL - b) * q                             # rows of one partner's product
+                gc = int(max(1, min(ng, self.cache_bytes // (8 * tok * (ge * cols + nf)))))
                 chunks = [(s, min(ng, s + gc)) for s in range(0, ng, gc)]
-                blocks.append(dict(b=b, cols=cols, chunks=chunks, S=np.empty((gc, cols, tok)),
-                                   M=np.empty((ng, cols, nf))))
+                blocks.append(dict(b=b, cols=cols, chunks=chunks, S=np.empty((ge, gc, cols, tok)),
+                                   M=np.empty((ge, ng, cols, nf))))
             i0 = self.logit_rows.start - rows.start             # where sum p sits
-            self._plans[key] = dict(B=np.zeros((ng, nL, ge, q, d + 1)), blocks=blocks, ge=ge,
+            self._plans[key] = dict(B=np.zeros((ng, ge, nL, q, d + 1)), blocks=blocks, ge=ge,
                                     feats=feats, rows=rows, nf=nf, i0=i0)
         return self._plans[key]
 
@@ -413,13 +419,14 @@ class SoftmaxPrefixEngine:
             b, S, M, cols = blk["b"], blk["S"], blk["M"], blk["cols"]
             PhiT = self.PhiT[b]
             for lo, hi in blk["chunks"]:
-                Sc = S[: hi - lo]
                 P = PhiT[lo:hi]
-                # logits - shift = [-shift, b] . [1, x]
-                np.matmul(B[lo:hi, b:].reshape(hi - lo, cols, D), P[:, lr, :], out=Sc)
+                Sc = S[:, : hi - lo]
+                for j in range(ge):   # logits - shift = [-shift, b] . [1, x], one partner at a time
+                    np.matmul(B[lo:hi, j, b:].reshape(hi - lo, cols, D), P[:, lr, :], out=Sc[j])
                 np.exp(Sc, out=Sc)
-                np.matmul(Sc, P[:, rows, :].transpose(0, 2, 1), out=M[lo:hi])
-            Mom[:, b:] += M.reshape(ng, nL - b, ge, q, nf)
+                for j in range(ge):
+                    np.matmul(Sc[j], P[:, rows, :].transpose(0, 2, 1), out=M[j, lo:hi])
+            Mom[:, b:] += M.reshape(ge, ng, nL - b, q, nf).transpose(1, 2, 0, 3, 4)
         return Mom
 
     def _exact_max(self, plan):
@@ -429,12 +436,13 @@ class SoftmaxPrefixEngine:
         cmax = np.full((ng, nL, ge, q), -np.inf)
         for blk in plan["blocks"]:
             b, S, cols = blk["b"], blk["S"], blk["cols"]
-            bm = np.empty((ng, cols))
+            bm = np.empty((ge, ng, cols))
             for lo, hi in blk["chunks"]:
-                Sc = S[: hi - lo]
-                np.matmul(B[lo:hi, b:].reshape(hi - lo, cols, D), self.PhiT[b][lo:hi, lr, :], out=Sc)
-                np.max(Sc, axis=-1, out=bm[lo:hi])
-            np.maximum(cmax[:, b:], bm.reshape(ng, nL - b, ge, q), out=cmax[:, b:])
+                for j in range(ge):
+                    Sc = S[j, : hi - lo]
+                    np.matmul(B[lo:hi, j, b:].reshape(hi - lo, cols, D), self.PhiT[b][lo:hi, lr, :], out=Sc)
+                    np.max(Sc, axis=-1, out=bm[j, lo:hi])
+            np.maximum(cmax[:, b:], bm.reshape(ge, ng, nL - b, q).transpose(1, 2, 0, 3), out=cmax[:, b:])
         return cmax
 
     @staticmethod
@@ -459,13 +467,13 @@ class SoftmaxPrefixEngine:
         plan = self._plan(1 if shared else g, "quad" if np.any(v[:, :d]) else "xy")
         B, i0 = plan["B"], plan["i0"]
         if shared:   # a_y == 0 exactly: both partners have the logits x . a_x
-            B[:, :, 0, :, 1:] = a[..., :d]
+            B[:, 0, :, :, 1:] = a[..., :d]
         else:
-            B[..., 1:] = a[:, :, None, :, :d] + a[:, :, None, :, d:] * self.w[:, None, :, None, :]
+            B[..., 1:] = a[:, None, :, :, :d] + a[:, None, :, :, d:] * self.w[:, :, None, None, :]
         shift = None if self.shift is None else self.shift[:, :, : plan["ge"]]
         Mom = None
         if shift is not None:
-            B[..., 0] = -shift
+            B[..., 0] = -shift.transpose(0, 2, 1, 3)
             Mom = self._moments(plan)
         if Mom is None or not self._ok(Mom, i0):
             self.n_exact += 1
@@ -473,7 +481,7 @@ class SoftmaxPrefixEngine:
             if not np.all(np.isfinite(shift)):
                 self.shift = None
                 return None, plan
-            B[..., 0] = -shift
+            B[..., 0] = -shift.transpose(0, 2, 1, 3)
             Mom = self._moments(plan)
             if not self._ok(Mom, i0):
                 self.shift = None

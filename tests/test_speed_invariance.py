@@ -124,9 +124,15 @@ def test_every_variable_but_the_perturbed_runs_is_bit_identical_without_it(both_
 def test_trajectories_agree_with_the_per_L_reference_loop(both_diagnostics):
     """The main run against the plain per-L loop on the cell's own tasks (same draws): the same
     maths summed in another order, so agreement to rounding (1e-10 relative, the engine's bench
-    tolerance; measured ~1e-13)."""
+    tolerance; measured ~1e-13). Entries that are 0 by symmetry (the off-block part) hold only
+    rounding, and a rounding-sized off-block perturbation grows by the factor ``G`` that the
+    cell's perturbed run measures (4.8e4 for isotropic softmax(L = 64) here, lr lambda_max > 2):
+    their absolute tolerance is ``1e-13 G`` per model and L (the reference's off-block noise then
+    depends on the BLAS kernel: 1e-11 on Sandybridge kernels, 0 on others)."""
     config = _config()
     for setting, (out, _, cell) in both_diagnostics.items():
+        p = out["off_block_perturbed"]                       # (model, L, t)
+        growth = np.maximum(1.0, p.max(axis=-1) / p[..., 0])
         rng = cell_rng(c3.NAME, cell, config["root_seed"])
         Sigma = np.asarray(config[f"Sigma_{setting}"])
         tasks = icl.make_tasks(rng, 3, config["n_pairs"], config["n_queries"], config["L"][-1],
@@ -135,8 +141,9 @@ def test_trajectories_agree_with_the_per_L_reference_loop(both_diagnostics):
         ref = reference_c3.train_reference_all(tasks, config["L"], lr=config["lr"], n_steps=config["n_steps"],
                                                ckpt_every=config["ckpt_every"], U0=U0, v0=v0)
         for i, m in enumerate(c3.MODELS):
-            np.testing.assert_allclose(out["U"][i], ref[m]["U"], rtol=1e-10, atol=1e-13)
-            np.testing.assert_allclose(out["v"][i], ref[m]["v"], rtol=1e-10, atol=1e-13)
+            for j, G in enumerate(growth[i]):
+                np.testing.assert_allclose(out["U"][i, j], ref[m]["U"][j], rtol=1e-10, atol=1e-13 * G)
+                np.testing.assert_allclose(out["v"][i, j], ref[m]["v"][j], rtol=1e-10, atol=1e-13 * G)
             np.testing.assert_allclose(out["risk_train"][i], ref[m]["risk"], rtol=1e-10)
         np.testing.assert_allclose(out["U_inf"], ref["linear_inf"]["U"], rtol=1e-10, atol=1e-13)
 
