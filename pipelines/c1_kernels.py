@@ -189,32 +189,32 @@ def rf_study(cell, rng, config):
 VARIABLES = (
     Variable("mse", ("kernel", "r", "L", "seed"), "mean squared error to the kernel's own limit",
              "mean over queries and prompts of ||f_L(q) - f_inf(q)||^2, f_inf the exact limit (Stein gain; "
-             "rf_softmax: the fixed-feature closed form)"),
+             "rf_softmax: the fixed-feature closed form)."),
     Variable("mse_theory", ("kernel", "r", "L", "seed"), "predicted mean squared error",
              "mean over queries of sfxlin.kernels.kernel_mse: exact for unnormalised kernels and sigmoid_logL, "
-             "delta-method constant / L for normalised ones; NaN by design for rf_softmax", allow_nonfinite=True),
+             "delta-method constant / L for normalised ones; NaN by design for rf_softmax.", allow_nonfinite=True),
     Variable("mse_query", ("kernel", "r", "L", "seed", "query"), "per-query mean squared error",
-             "mean over prompts of ||f_L(q) - f_inf(q)||^2"),
+             "mean over prompts of ||f_L(q) - f_inf(q)||^2."),
     Variable("gain_measured", ("kernel", "r", "seed"), "gain read off Monte Carlo at L_max",
-             "mean over queries of <mean over prompts of f_Lmax, Sigma a> / ||Sigma a||^2"),
+             "mean over queries of <mean over prompts of f_Lmax, Sigma a> / ||Sigma a||^2."),
     Variable("gain_se", ("kernel", "r", "seed"), "standard error of gain_measured",
-             "from the prompt-to-prompt spread of f_Lmax (independent prompts and queries)"),
+             "from the prompt-to-prompt spread of f_Lmax (independent prompts and queries)."),
     Variable("gain_limit", ("kernel", "r", "seed"), "gain of the exact limit",
              "mean over queries of <f_inf, Sigma a> / ||Sigma a||^2: the Stein gain (rf_softmax: of the fixed-feature "
-             "limit, which is not exactly along Sigma a)"),
+             "limit, which is not exactly along Sigma a)."),
     Variable("orth_share", ("kernel", "r", "seed"), "share of the Monte Carlo mean orthogonal to Sigma a",
-             "mean over queries of ||(I - proj on Sigma a) mean f_Lmax|| / ||mean f_Lmax||"),
+             "mean over queries of ||(I - proj on Sigma a) mean f_Lmax|| / ||mean f_Lmax||."),
     Variable("z2", ("kernel", "r", "seed"), "mean squared z-score of the Monte Carlo mean against the limit",
              "mean over queries and components of ((mean over prompts of f_Lmax - f_inf) / SE)^2; about "
-             "(P-1)/(P-3) when the limit is right and the bias at L_max is negligible"),
+             "(P-1)/(P-3) when the limit is right and the bias at L_max is negligible."),
     Variable("stein_error", ("stein_kernel",), "Stein identity vs tensor quadrature",
              "max over 4 random a of |E[kappa(s) z] (tensor Gauss-Hermite) - Sigma a E kappa'(s)| / |Sigma a E "
-             "kappa'(s)|; the normalised ReLUs check their numerators", part="stein"),
+             "kappa'(s)|; the normalised ReLUs check their numerators.", part="stein"),
     Variable("rf_sq_error", ("rf_sigma2", "rf_m", "rf_draw"), "squared error of the fixed-feature limit",
-             "||rf_limit(W) - Sigma a||^2 for one draw W of m positive random features", part="rf"),
+             "||rf_limit(W) - Sigma a||^2 for one draw W of m positive random features.", part="rf"),
     Variable("rf_constant", ("rf_sigma2", "rf_m"), "delta-method constant of the feature average",
              "lim m E||rf_limit - Sigma a||^2 (sfxlin.kernels.rf_feature_constant); inf by design when "
-             "rf_sigma2 >= 1 (infinite-variance feature weights)", part="rf", allow_nonfinite=True),
+             "rf_sigma2 >= 1 (infinite-variance feature weights).", part="rf", allow_nonfinite=True),
 )
 
 EXPERIMENT = Experiment(

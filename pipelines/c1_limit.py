@@ -200,26 +200,26 @@ def quadrature_check(cell, rng, config):
 
 VARIABLES = (
     Variable("mse", ("law", "d", "U_norm", "L", "seed"), "mean squared error to the Gaussian limit",
-             "mean over queries and prompts of ||f_L(q) - sigma^2 U q||^2 (softmax attention, V = I)"),
+             "mean over queries and prompts of ||f_L(q) - sigma^2 U q||^2 (softmax attention, V = I)."),
     Variable("mse_asymptotic", ("d", "U_norm", "L", "seed"), "sharp asymptotic prediction",
-             "mean over queries of exp(a'Sigma a)(tr Sigma + ||Sigma a||^2)/L, a = U q (delta method)"),
+             "mean over queries of exp(a'Sigma a)(tr Sigma + ||Sigma a||^2)/L, a = U q (delta method)."),
     Variable("bias_exact", ("law", "d", "U_norm", "seed"), "exact squared bias of the law's own limit",
              "mean over queries of ||grad K_law(Uq) - sigma^2 U q||^2; NaN by design for a law without a "
              "limit (student_t) "
-             "(no exponential moments, no limit)", allow_nonfinite=True),
+             "(no exponential moments, no limit).", allow_nonfinite=True),
     Variable("mse_predicted", ("law", "d", "U_norm", "L", "seed"), "predicted mean squared error",
              "bias_exact + mean over queries of tr C_law(Uq)/L, C_law the law's exact SNIS (delta-method) "
-             "covariance of its own limit; NaN by design for a law without a limit (student_t)",
+             "covariance of its own limit; NaN by design for a law without a limit (student_t).",
              allow_nonfinite=True),
     Variable("mse_query", ("d", "U_norm", "L", "seed", "query"), "per-query mean squared error (Gaussian)",
-             "mean over prompts of ||f_L(q) - sigma^2 U q||^2 for each query, Gaussian tokens"),
+             "mean over prompts of ||f_L(q) - sigma^2 U q||^2 for each query, Gaussian tokens."),
     Variable("Uq_sq", ("d", "U_norm", "seed", "query"), "squared logit norm ||U q||^2",
-             "||U q||^2 of each query; the paper-form fit uses sigma^2 ||U q||^2"),
+             "||U q||^2 of each query; the paper-form fit uses sigma^2 ||U q||^2."),
     Variable("quadrature_error", ("D_quad",), "closed form vs quadrature",
              "max |Gaussian tilted mean (Lemma 2.1) - tensor Gauss-Hermite quadrature| over 8 random a, "
-             "random mean and covariance, token dimension D_quad", part="quadrature"),
+             "random mean and covariance, token dimension D_quad.", part="quadrature"),
     Variable("mse_scaled_U", ("d", "U_norm", "L", "seed"), "mean squared error with U scaled by sqrt(L/L_min)",
-             "negative control: Gaussian tokens, U_L = sqrt(L/L_min) U, error to that U_L's own limit"),
+             "negative control: Gaussian tokens, U_L = sqrt(L/L_min) U, error to that U_L's own limit."),
 )
 
 EXPERIMENT = Experiment(

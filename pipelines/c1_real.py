@@ -107,19 +107,19 @@ def kernel(cell, rng, config):
 VARIABLES = (
     Variable("mse", ("dataset", "D", "U_norm", "L", "seed"), "mean squared error to the exact empirical limit",
              "mean over queries and prompts of ||f_L(q) - grad K_mu(U q)||^2, mu the data set's empirical law "
-             "(softmax attention, V = I, tokens drawn with replacement)"),
+             "(softmax attention, V = I, tokens drawn with replacement)."),
     Variable("mse_asymptotic", ("dataset", "D", "U_norm", "L", "seed"), "sharp asymptotic prediction",
-             "mean over queries of tr C_mu(U q) / L, C_mu the empirical law's exact SNIS (delta-method) constant"),
+             "mean over queries of tr C_mu(U q) / L, C_mu the empirical law's exact SNIS (delta-method) constant."),
     Variable("mse_gauss", ("dataset", "D", "U_norm", "L", "seed"), "mean squared error to the Gaussian surrogate",
              "mean over queries and prompts of ||f_L(q) - (m + Sigma U q)||^2, m and Sigma the set's mean and "
-             "covariance (Lemma 2.1 for N(m, Sigma))"),
+             "covariance (Lemma 2.1 for N(m, Sigma))."),
     Variable("bias_gauss", ("dataset", "D", "U_norm", "seed"), "exact squared bias of the Gaussian surrogate",
-             "mean over queries of ||grad K_mu(U q) - (m + Sigma U q)||^2"),
+             "mean over queries of ||grad K_mu(U q) - (m + Sigma U q)||^2."),
     Variable("weight_ratio", ("dataset", "D", "U_norm", "seed"), "inverse effective sample fraction",
              "mean over queries of E_mu[w^2] / (E_mu w)^2, w = exp(z.U q): a prompt of L tokens weighs like "
-             "L / weight_ratio equal-weight tokens, so 1/L asymptotics need L >> weight_ratio"),
+             "L / weight_ratio equal-weight tokens, so 1/L asymptotics need L >> weight_ratio."),
     Variable("limit_sq", ("dataset", "D", "U_norm", "seed"), "squared size of the limit's signal",
-             "mean over queries of ||grad K_mu(U q) - m||^2 (the scale the bias is compared with)"),
+             "mean over queries of ||grad K_mu(U q) - m||^2 (the scale the bias is compared with)."),
 )
 
 EXPERIMENT = Experiment(

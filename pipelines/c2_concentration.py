@@ -231,74 +231,74 @@ VARIABLES = (
     # (a) output tails
     Variable("tail_count", _TAIL, "tail exceedance count",
              "number of the tail_n prompts with ||f_L(q) - f_inf(q)|| > tail_threshold (softmax attention, V = I, "
-             "Gaussian tokens N(0, sigma^2 I), f_inf = sigma^2 U q)", units="prompts"),
+             "Gaussian tokens N(0, sigma^2 I), f_inf = sigma^2 U q).", units="prompts"),
     Variable("tail_n", ("d", "U_norm", "seed"), "prompts per tail test",
-             "independent prompts per query (the n of every tail test)", units="prompts"),
+             "independent prompts per query (the n of every tail test).", units="prompts"),
     Variable("tail_threshold", _TAIL, "tail threshold t",
              "r / sqrt(L), r the (1 - level) quantile of ||N(0, C)||, C = lim L Cov(f_L) = "
-             "exp(a'Sigma a)(Sigma + Sigma a a' Sigma), a = U q (Monte Carlo, clt_draws draws)"),
+             "exp(a'Sigma a)(Sigma + Sigma a a' Sigma), a = U q (Monte Carlo, clt_draws draws)."),
     Variable("tail_clt", _TAIL, "CLT tail probability",
              "P(||N(0, C/L)|| > t): the sharp (CLT) prediction at the threshold used, by an independent Monte "
-             "Carlo of clt_draws Gaussian vectors (independent of L since t ~ 1/sqrt(L))"),
+             "Carlo of clt_draws Gaussian vectors (independent of L since t ~ 1/sqrt(L))."),
     Variable("tail_bound", _TAIL, "paper-form tail bound",
              "c1 exp(-c2 L t^2 / K(a)), K(a) = exp(4 sigma^2 ||U q||^2), c1 = exp(tail_log_c1_per_d d), "
              "c2 = tail_c2/sigma^2; tail_log_c1_per_d, tail_c2 (attrs['config']) are OUR assumption (Hsu-Kakade-Zhang "
              "norm bound of a sub-Gaussian vector with proxy sigma^2 K/L: defaults 2/3 and 1/3): the paper's "
-             "constants are existential. Not capped at 1"),
+             "constants are existential. Not capped at 1."),
     Variable("tail_K", ("d", "U_norm", "seed", "query"), "paper's exponential factor K(a)",
-             "exp(4 sigma^2 ||U q||^2) (the sharp asymptotics carry exp(sigma^2 ||U q||^2))"),
+             "exp(4 sigma^2 ||U q||^2) (the sharp asymptotics carry exp(sigma^2 ||U q||^2))."),
     Variable("tail_Uq_sq", ("d", "U_norm", "seed", "query"), "squared logit norm ||U q||^2",
-             "||U q||^2 of each tail query"),
+             "||U q||^2 of each tail query."),
     Variable("tail_c1_eff", ("d", "U_norm", "seed"), "tail bound prefactor c1",
-             "c1 = exp(tail_log_c1_per_d * d) used in tail_bound (OUR assumption)"),
+             "c1 = exp(tail_log_c1_per_d * d) used in tail_bound (OUR assumption)."),
     Variable("tail_c2_eff", ("d", "U_norm", "seed"), "tail bound rate c2",
-             "c2 = tail_c2 / sigma^2 used in tail_bound (OUR assumption)"),
+             "c2 = tail_c2 / sigma^2 used in tail_bound (OUR assumption)."),
     # (b) gradient concentration
     Variable("grad_gap_sq", _GRAD + ("L",), "mean squared gradient gap",
              "mean over grad_draws prompt sets of ||grad R_L - grad R_inf||^2 (U Frobenius and v jointly), R_L the "
              "softmax(L) risk and R_inf the linear(inf) (Gamma_w) risk, both means over the same tasks and queries; "
-             "U = U_norm blockdiag(Sigma^-1, 0)/||Sigma^-1||_F, v = U_norm e_{d+1}"),
+             "U = U_norm blockdiag(Sigma^-1, 0)/||Sigma^-1||_F, v = U_norm e_{d+1}."),
     Variable("grad_gap_sq_se", _GRAD + ("L",), "standard error of the mean squared gradient gap",
-             "sample standard deviation over prompt draws / sqrt(grad_draws)"),
+             "sample standard deviation over prompt draws / sqrt(grad_draws)."),
     Variable("grad_inf_sq", _GRAD, "squared norm of the limit gradient",
-             "||grad R_inf||^2 at the fixed parameters (linear(inf), same tasks and queries)"),
+             "||grad R_inf||^2 at the fixed parameters (linear(inf), same tasks and queries)."),
     Variable("grad_log_bound", _GRAD + ("L",), "natural log of the paper-form gradient bound",
              "log of grad_c / L * mean over (task, query) of K P, K = exp(4 lam ||U z_q||^2), lam = ||Gamma_w||_op, "
              "P = tr(Gamma_w)[(|r| + ||v|| ||m||)^2 + ||z_q||^2 ||v||^2 (lam |r| + ||Gamma_w v||)^2], "
              "m = Gamma_w U z_q, "
              "r = v.m - y_q (first-order derivation, sfxlin.concentration.gradient_log_bound_constant); grad_c "
-             "(attrs['config']) is OUR assumption (default 1): the paper's constant is existential"),
+             "(attrs['config']) is OUR assumption (default 1): the paper's constant is existential."),
     Variable("grad_log_K", _GRAD, "log of the mean paper exponential factor",
-             "log of the mean over (task, query) of exp(4 lam ||U z_q||^2), lam = ||Gamma_w||_op"),
+             "log of the mean over (task, query) of exp(4 lam ||U z_q||^2), lam = ||Gamma_w||_op."),
     Variable("grad_log_K_sharp", _GRAD, "log of the mean sharp exponential factor",
              "log of the mean over (task, query) of exp(a' Gamma_w a), a = U z_q (the factor of the sharp "
-             "SNIS constant)"),
+             "SNIS constant)."),
     Variable("grad_max_quad", _GRAD, "largest logit quadratic form",
              "max over (task, query) of a' Gamma_w a, a = U z_q: the SNIS error of that item is in its 1/L regime "
-             "only once L >> exp(2 a' Gamma_w a) (third-moment term of the expansion)"),
+             "only once L >> exp(2 a' Gamma_w a) (third-moment term of the expansion)."),
     # (c) trajectory stability: the trajectory part, one cell per (setting, traj_seed)
     Variable("traj_g", ("setting", "traj_seed", "L", "t"), "gradient gap along the infinite-prompt trajectory",
              "g_L(t) = sqrt(mean over prompt replicates and tasks of ||grad R_L^task - grad R_inf^task||^2) at "
-             "theta_inf(t) (stability.gradient_gap_trajectory; d = traj_d, Sigma = I or diag(geomspace(2, 0.5, d)))",
+             "theta_inf(t) (stability.gradient_gap_trajectory; d = traj_d, Sigma = I or diag(geomspace(2, 0.5, d))).",
              part="trajectory"),
     Variable("traj_g_risk", ("setting", "traj_seed", "L", "t"), "risk-gradient gap along the trajectory",
              "sqrt(mean over prompt replicates of ||grad R_L - grad R_inf||^2) at theta_inf(t), R the training risk "
-             "(mean over all tasks and queries): the definition of grad_gap_sq, as a norm",
+             "(mean over all tasks and queries): the definition of grad_gap_sq, as a norm.",
              part="trajectory"),
     Variable("traj_risk_inf", ("setting", "traj_seed", "t"), "training risk of linear(inf)",
-             "risk of theta_inf(t) on the trajectory's tasks", part="trajectory"),
+             "risk of theta_inf(t) on the trajectory's tasks.", part="trajectory"),
     Variable("traj_dist_bayes", ("setting", "traj_seed", "t"), "distance to the Bayes optimum",
-             "||theta_inf(t) - theta*||, theta* of Remark 5.2", part="trajectory"),
+             "||theta_inf(t) - theta*||, theta* of Remark 5.2.", part="trajectory"),
     Variable("traj_logit_factor", ("setting", "traj_seed", "t"), "mean exponential logit factor",
-             "mean over tasks and queries of exp(a' Gamma_w a), a = U_inf(t) z_q", part="trajectory"),
+             "mean over tasks and queries of exp(a' Gamma_w a), a = U_inf(t) z_q.", part="trajectory"),
     Variable("traj_U_norm", ("setting", "traj_seed", "t"), "Frobenius norm of U along the trajectory",
-             "||U_inf(t)||_F", part="trajectory"),
+             "||U_inf(t)||_F.", part="trajectory"),
     Variable("traj_trace_inv_sq", ("setting",), "tr(Sigma^-2) of the trajectory setting",
-             "the query-averaged concentration constant at the Bayes optimum is finite iff tr(Sigma^-2) > 4",
+             "the query-averaged concentration constant at the Bayes optimum is finite iff tr(Sigma^-2) > 4.",
              part="trajectory_constants"),
     Variable("traj_concentration_constant", ("setting",), "query-averaged concentration constant",
              "E_xq exp(x_q' Sigma^-1 x_q / c^2) = (1 - 2 tr(Sigma^-2)^-1/2)^(-d/2) at the Bayes optimum; "
-             "+inf by design when tr(Sigma^-2) <= 4", allow_nonfinite=True, part="trajectory_constants"),
+             "+inf by design when tr(Sigma^-2) <= 4.", allow_nonfinite=True, part="trajectory_constants"),
 )
 
 EXPERIMENT = Experiment(

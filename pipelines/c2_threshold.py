@@ -207,56 +207,56 @@ def family_constants_kernel(cell, rng, inputs):
 
 
 _FAM = ("family", "tau", "family_seed")
-_INF_NOTE = "; +inf by design for tau <= 4 (the expectation diverges)"
+_INF_NOTE = "; +inf by design for tau <= 4 (the expectation diverges)."
 
 VARIABLES = (
     Variable("g", ("tau", "seed", "L", "t"), "gradient gap g_L(t) along the linear(inf) trajectory",
              "sqrt(mean over prompt replicates and tasks of ||grad R_L^task - grad R_inf^task||^2) at theta_inf(t), "
-             "R^task one task's risk (mean over its queries) of softmax(L) resp. linear(inf), norm joint in (U, v)"),
+             "R^task one task's risk (mean over its queries) of softmax(L) resp. linear(inf), norm joint in (U, v)."),
     Variable("g_risk", ("tau", "seed", "L", "t"), "gradient gap of the training risk",
              "sqrt(mean over prompt replicates of ||grad R_L - grad R_inf||^2) at theta_inf(t), R the mean over "
-             "all tasks and queries (task noise averages out before the norm; diagnostic)"),
+             "all tasks and queries (task noise averages out before the norm; diagnostic)."),
     Variable("risk_inf", ("tau", "seed", "t"), "training risk of linear(inf)",
-             "mean over tasks and queries of 1/2 (v^T Gamma_w U z_q - y_q)^2 at the checkpoint"),
+             "mean over tasks and queries of 1/2 (v^T Gamma_w U z_q - y_q)^2 at the checkpoint."),
     Variable("dist_bayes", ("tau", "seed", "t"), "distance of theta_inf(t) to the Bayes optimum",
-             "sqrt(||U - U*||_F^2 + ||v - v*||^2), (U*, v*) of Remark 5.2 (balanced manifold)"),
+             "sqrt(||U - U*||_F^2 + ||v - v*||^2), (U*, v*) of Remark 5.2 (balanced manifold)."),
     Variable("logit_factor", ("tau", "seed", "t"), "empirical logit factor exp(a^T Gamma_w a)",
              "mean over tasks and queries of exp(a^T Gamma_w a), a = U z_q, at theta_inf(t): the exponential "
-             "factor of the finite-L constant (docs/models.md, section 1)"),
+             "factor of the finite-L constant (docs/models.md, section 1)."),
     Variable("off_block", ("tau", "seed", "t"), "off-block mass of theta_inf(t)",
-             "norm of U outside its top-left d x d block together with v[:d] (measured, never imposed)"),
+             "norm of U outside its top-left d x d block together with v[:d] (measured, never imposed)."),
     Variable("U_inf", ("tau", "seed", "t", "row", "col"), "attention matrix U of linear(inf)",
-             "gradient-descent iterate with Gamma_w at the checkpoint"),
+             "gradient-descent iterate with Gamma_w at the checkpoint."),
     Variable("v_inf", ("tau", "seed", "t", "row"), "read-out vector v of linear(inf)",
-             "gradient-descent iterate with Gamma_w at the checkpoint"),
+             "gradient-descent iterate with Gamma_w at the checkpoint."),
     Variable("s", ("tau", "seed"), "covariate variance s (Sigma = s I_d)",
-             "s = sqrt(d / tau), so that tr(Sigma^-2) = tau (the same for every seed)"),
+             "s = sqrt(d / tau), so that tr(Sigma^-2) = tau (the same for every seed)."),
     Variable("concentration_constant", ("tau", "seed"), "query-averaged concentration constant at the Bayes optimum",
              "(1 - 2 tau^{-1/2})^{-d/2} = E exp(x_q^T Sigma^-1 x_q / c^2); +inf by design for tau <= 4 "
-             "(the expectation diverges); the same for every seed", allow_nonfinite=True),
+             "(the expectation diverges); the same for every seed.", allow_nonfinite=True),
     Variable("gap_constant", ("tau",), "gradient-gap constant K = lim L E g_L^2 at the Bayes optimum",
              "stability.gap_constant(s I_d, n_queries): exponential factors exact, polynomial moments by Monte Carlo "
              "(gap_samples draws)" + _INF_NOTE, allow_nonfinite=True, part="constants"),
-    Variable("gap_constant_se", ("tau",), "Monte Carlo standard error of gap_constant", "0 where K = +inf", part="constants"),
+    Variable("gap_constant_se", ("tau",), "Monte Carlo standard error of gap_constant", "0 where K = +inf.", part="constants"),
     Variable("g_family", _FAM + ("L", "t_family"), "gradient gap g_L(t) for a covariance family",
-             "as g, with Sigma = covariance.scaled(from_spec(family, d), tau)", part="families"),
+             "as g, with Sigma = covariance.scaled(from_spec(family, d), tau).", part="families"),
     Variable("dist_bayes_family", _FAM + ("t_family",), "distance of theta_inf(t) to the Bayes optimum (family)",
-             "as dist_bayes, for the family's Sigma", part="families"),
+             "as dist_bayes, for the family's Sigma.", part="families"),
     Variable("off_block_family", _FAM + ("t_family",), "off-block mass of theta_inf(t) (family)",
-             "as off_block, for the family's Sigma", part="families"),
-    Variable("family_trace", ("family", "tau"), "trace of Sigma", "covariance.summary: sum of the eigenvalues", part="family_constants"),
-    Variable("family_op_norm", ("family", "tau"), "operator norm of Sigma", "covariance.summary: largest eigenvalue", part="family_constants"),
+             "as off_block, for the family's Sigma.", part="families"),
+    Variable("family_trace", ("family", "tau"), "trace of Sigma", "covariance.summary: sum of the eigenvalues.", part="family_constants"),
+    Variable("family_op_norm", ("family", "tau"), "operator norm of Sigma", "covariance.summary: largest eigenvalue.", part="family_constants"),
     Variable("family_condition", ("family", "tau"), "condition number of Sigma",
-             "covariance.summary: largest / smallest eigenvalue (scale-free: the same at every tau)", part="family_constants"),
+             "covariance.summary: largest / smallest eigenvalue (scale-free: the same at every tau).", part="family_constants"),
     Variable("family_tr_inv2", ("family", "tau"), "tr(Sigma^-2) of the family's Sigma",
-             "covariance.summary: sum of eigenvalue^-2; equals tau by construction (covariance.scaled)", part="family_constants"),
+             "covariance.summary: sum of eigenvalue^-2; equals tau by construction (covariance.scaled).", part="family_constants"),
     Variable("concentration_constant_family", ("family", "tau"), "query-averaged concentration constant (family)",
              "(1 - 2 tau^{-1/2})^{-d/2}, the same for every Sigma with tr(Sigma^-2) = tau" + _INF_NOTE,
              allow_nonfinite=True, part="family_constants"),
     Variable("gap_constant_family", ("family", "tau"), "gradient-gap constant K (family)",
              "stability.gap_constant of the family's Sigma" + _INF_NOTE, allow_nonfinite=True, part="family_constants"),
     Variable("gap_constant_family_se", ("family", "tau"), "Monte Carlo standard error of gap_constant_family",
-             "0 where K = +inf", part="family_constants"),
+             "0 where K = +inf.", part="family_constants"),
 )
 
 EXPERIMENT = Experiment(

@@ -179,31 +179,31 @@ _B = ("depth", "heads", "seed")
 VARIABLES = (
     Variable("err", (*_A, "kernel", "layer", "L"), "squared output error against the deep limit",
              "mean over tasks and queries of (pred_L - pred_inf)^2 after layer l (the depth-l model), pred_inf = "
-             "v . A_l ... A_1 z_q"),
+             "v . A_l ... A_1 z_q."),
     Variable("err_median", (*_A, "kernel", "layer", "L"), "median squared output error against the deep limit",
              "median over tasks and queries of (pred_L - pred_inf)^2 after layer l (robust to the heavy tail of the "
-             "softmax constant over tasks and queries)"),
+             "softmax constant over tasks and queries)."),
     Variable("cov_err", (*_A, "kernel", "layer", "L"), "relative error of the token second moment",
              "mean over tasks of ||Z_l^T Z_l / L - Sigma_l||_F / ||Sigma_l||_F, tokens entering layer l, Sigma_l the "
-             "Gaussian pushforward A_{l-1} Sigma_{l-1} A_{l-1}^T, Sigma_1 = Gamma_w"),
+             "Gaussian pushforward A_{l-1} Sigma_{l-1} A_{l-1}^T, Sigma_1 = Gamma_w."),
     Variable("out_sq", (*_A, "layer"), "mean squared limit output",
-             "mean over tasks and queries of pred_inf^2 after layer l (the scale of err)"),
+             "mean over tasks and queries of pred_inf^2 after layer l (the scale of err)."),
     Variable("D_inf", (*_B, "model", "L_train", "t"), "distance to the limit model's trajectory",
-             "||theta_L(t) - theta_inf(t)|| over all parameters (U, V, v), same initialisation and tasks",
+             "||theta_L(t) - theta_inf(t)|| over all parameters (U, V, v), same initialisation and tasks.",
              part="train"),
     Variable("D_linL", (*_B, "L_train", "t"), "distance between softmax(L) and linear(L)",
-             "||theta_L^softmax(t) - theta_L^linear(t)|| over all parameters", part="train"),
+             "||theta_L^softmax(t) - theta_L^linear(t)|| over all parameters.", part="train"),
     Variable("risk", (*_B, "model", "L_train", "t"), "training risk",
-             "mean over training tasks and queries of 1/2 (pred - y_q)^2 at the checkpoint", part="train"),
+             "mean over training tasks and queries of 1/2 (pred - y_q)^2 at the checkpoint.", part="train"),
     Variable("risk_inf", (*_B, "t"), "training risk of the deep limit model",
-             "mean over training tasks and queries of 1/2 (v . A_K ... A_1 z_q - y_q)^2, Sigma_1 = Gamma_w",
+             "mean over training tasks and queries of 1/2 (v . A_K ... A_1 z_q - y_q)^2, Sigma_1 = Gamma_w.",
              part="train"),
     Variable("risk_heldout", (*_B, "model", "L_train", "stage"), "held-out risk at the training L",
-             "mean over held-out tasks and queries of 1/2 (pred - y_q)^2 at the initialisation and at the end",
+             "mean over held-out tasks and queries of 1/2 (pred - y_q)^2 at the initialisation and at the end.",
              part="train"),
     Variable("risk_heldout_inf", (*_B, "stage"), "held-out risk of the deep limit model",
-             "as risk_heldout, for the limit model under its limit", part="train"),
-    Variable("norm_inf", _B, "norm of the trained limit model", "||theta_inf(T)|| over all parameters", part="train"),
+             "as risk_heldout, for the limit model under its limit.", part="train"),
+    Variable("norm_inf", _B, "norm of the trained limit model", "||theta_inf(T)|| over all parameters.", part="train"),
 )
 
 EXPERIMENT = Experiment(

@@ -184,7 +184,7 @@ def _nan_cell(config):
     for var in VARIABLES:
         shape = tuple(len(inner[dim]) for dim in var.dims if dim not in _G)
         out[var.name] = np.full(shape, np.nan)
-    out["in_protocol"] = np.float64(0.0)
+    out["in_protocol"] = np.int8(0)
     return out
 
 
@@ -228,7 +228,7 @@ def kernel(cell, rng, config):
     pert = _perturbed_run(tasks, Ls, d, Sigma, direction, U, v, config, kw)
 
     out = {
-        "in_protocol": np.float64(1.0),
+        "in_protocol": np.int8(1),
         "U": U, "v": v,
         "risk_train": np.stack([res[m]["risk"] for m in MODELS]),
         "U_inf": U_inf, "v_inf": v_inf, "risk_inf": res["linear_inf"]["risk"],
@@ -304,81 +304,83 @@ def _v(name, dims, long_name, description, units=None):
 VARIABLES = (
     Variable("in_protocol", _G, "cell is part of the protocol",
              "1 if the cell was computed (seed < n_seeds, or < n_seeds_control for the Rademacher control), "
-             "0 if it only fills the product grid (every other variable is NaN there)"),
+             "0 if it only fills the product grid (every other variable is NaN there).",
+             dtype="int8", flag_meanings=("outside_protocol", "in_protocol")),
     _v("U", _GM + ("L", "t", "row", "col"), "attention matrix U of model(L)",
-       "gradient-descent iterate at the checkpoint (main run, Eq. 9 init, same tasks for every model and L)"),
-    _v("v", _GM + ("L", "t", "row"), "read-out vector v of model(L)", "gradient-descent iterate at the checkpoint (main run)"),
+       "gradient-descent iterate at the checkpoint (main run, Eq. 9 init, same tasks for every model and L)."),
+    _v("v", _GM + ("L", "t", "row"), "read-out vector v of model(L)", "gradient-descent iterate at the checkpoint (main run)."),
     _v("risk_train", _GM + ("L", "t"), "training risk of model(L)",
-       "mean over training tasks and queries of 1/2 (pred - y_q)^2 at the checkpoint parameters, prompt length L"),
+       "mean over training tasks and queries of 1/2 (pred - y_q)^2 at the checkpoint parameters, prompt length L."),
     _v("U_inf", _G + ("t", "row", "col"), "attention matrix U of linear(inf) (theta_inf)",
-       "gradient descent with Gamma_w (Lemma 2.1 limit) from the same init on the same tasks"),
+       "gradient descent with Gamma_w (Lemma 2.1 limit) from the same init on the same tasks."),
     _v("v_inf", _G + ("t", "row"), "read-out vector v of linear(inf) (theta_inf)",
-       "gradient descent with Gamma_w (Lemma 2.1 limit) from the same init on the same tasks"),
+       "gradient descent with Gamma_w (Lemma 2.1 limit) from the same init on the same tasks."),
     _v("risk_inf", _G + ("t",), "training risk of linear(inf)",
-       "mean over training tasks and queries of 1/2 (v^T Gamma_w U z_q - y_q)^2 at the checkpoint"),
+       "mean over training tasks and queries of 1/2 (v^T Gamma_w U z_q - y_q)^2 at the checkpoint."),
     _v("D_inf", _GM + ("L", "t"), "distance of theta_L(t) to theta_inf(t)",
-       "sqrt(||U_L(t) - U_inf(t)||_F^2 + ||v_L(t) - v_inf(t)||^2) at the same step t"),
+       "sqrt(||U_L(t) - U_inf(t)||_F^2 + ||v_L(t) - v_inf(t)||^2) at the same step t."),
     _v("D_linL", _G + ("L", "t"), "distance between softmax(L) and linear(L) at the same L and t",
-       "sqrt(||U_softmax - U_linear||_F^2 + ||v_softmax - v_linear||^2): the softmax nonlinearity at L"),
+       "sqrt(||U_softmax - U_linear||_F^2 + ||v_softmax - v_linear||^2): the softmax nonlinearity at L."),
     _v("dist_bayes", _GM + ("L", "t"), "distance of theta_L(t) to the Bayes optimum",
-       "sqrt(||U - U*||_F^2 + ||v - v*||^2), (U*, v*) of Remark 5.2 for the setting's Sigma"),
+       "sqrt(||U - U*||_F^2 + ||v - v*||^2), (U*, v*) of Remark 5.2 for the setting's Sigma."),
     _v("dist_bayes_inf", _G + ("t",), "distance of theta_inf(t) to the Bayes optimum",
-       "sqrt(||U_inf - U*||_F^2 + ||v_inf - v*||^2), (U*, v*) of Remark 5.2"),
+       "sqrt(||U_inf - U*||_F^2 + ||v_inf - v*||^2), (U*, v*) of Remark 5.2."),
     _v("off_block", _GM + ("L", "t"), "off-block mass of theta_L(t)",
-       "sqrt(||U[d, :]||^2 + ||U[:d, d]||^2 + ||v[:d]||^2), measured (never imposed), main run"),
+       "sqrt(||U[d, :]||^2 + ||U[:d, d]||^2 + ||v[:d]||^2), measured (never imposed), main run."),
     _v("off_block_inf", _G + ("t",), "off-block mass of theta_inf(t)",
-       "sqrt(||U[d, :]||^2 + ||U[:d, d]||^2 + ||v[:d]||^2) of linear(inf), main run"),
+       "sqrt(||U[d, :]||^2 + ||U[:d, d]||^2 + ||v[:d]||^2) of linear(inf), main run."),
     _v("conservation", _GM + ("L", "t"), "||U||_F^2 - ||v||^2 of theta_L(t)",
-       "conserved by the linear gradient flows (0 at the Eq. 9 init); gradient descent drifts by O(lr^2)"),
+       "conserved by the linear gradient flows (0 at the Eq. 9 init); gradient descent drifts by O(lr^2)."),
     _v("conservation_inf", _G + ("t",), "||U||_F^2 - ||v||^2 of theta_inf(t)",
-       "conserved by the gradient flow of linear(inf) (0 at the Eq. 9 init)"),
-    _v("norm_inf", _G + ("t",), "norm of theta_inf(t)", "sqrt(||U_inf||_F^2 + ||v_inf||^2)"),
+       "conserved by the gradient flow of linear(inf) (0 at the Eq. 9 init)."),
+    _v("norm_inf", _G + ("t",), "norm of theta_inf(t)", "sqrt(||U_inf||_F^2 + ||v_inf||^2)."),
     _v("risk_heldout", _GM + ("L", "t_heldout"), "held-out risk of model(L) at its training L",
        "mean over held-out tasks and queries of 1/2 (pred - y_q)^2, theta_L(t) evaluated with held-out prompts "
-       "of length L (softmax(L) resp. linear(L) with the held-out Ghat_L)"),
+       "of length L (softmax(L) resp. linear(L) with the held-out Ghat_L)."),
     _v("risk_heldout_eval", _GM + ("L", "t_heldout"), "held-out risk of theta_L(t) at L_eval",
-       "as risk_heldout but with held-out prompts of length L_eval (config; 4096 in the paper profile)"),
+       "as risk_heldout but with held-out prompts of length L_eval (config; 4096 in the paper profile)."),
     _v("risk_heldout_inf", _G + ("t_heldout",), "held-out risk of theta_inf under linear(inf)",
-       "mean over held-out tasks and queries of 1/2 (v^T Gamma_w U z_q - y_q)^2"),
+       "mean over held-out tasks and queries of 1/2 (v^T Gamma_w U z_q - y_q)^2."),
     _v("risk_heldout_inf_eval", _G + ("t_heldout",), "held-out risk of theta_inf under softmax(L_eval)",
-       "theta_inf(t) used as softmax attention with held-out prompts of length L_eval"),
+       "theta_inf(t) used as softmax attention with held-out prompts of length L_eval."),
     _v("risk_ridge", _G + ("L",), "held-out risk of ridge regression on the prompt",
        "per held-out task, ridge (penalty ridge_lam; 0: minimum-norm least squares) on its length-L prompt, "
-       "risk 1/2 (x_q^T w_hat - y_q)^2 averaged; noiseless labels: least squares is exact (rounding) once L >= d"),
+       "risk 1/2 (x_q^T w_hat - y_q)^2 averaged; noiseless labels: least squares is exact (rounding) once L >= d."),
     _v("risk_plugin", _G + ("L",), "held-out risk of the plug-in estimator (linear(L) at the Bayes optimum)",
-       "w_hat = Sigma^{-1} (1/L) sum_k y_k x_k, i.e. linear(L) attention at (U*, v*); held-out prompts of length L"),
+       "w_hat = Sigma^{-1} (1/L) sum_k y_k x_k, i.e. linear(L) attention at (U*, v*); held-out prompts of length L."),
     _v("off_block_perturbed", _GM + ("L", "t"), "off-block mass of model(L), perturbed run",
        "as off_block, for the diagnostic run started from (U0, v0) plus an off-block perturbation of norm "
        "`perturbation` (config) along a seeded random direction of (U[d, :d], v[:d]): growth = instability; "
-       "NaN everywhere when perturbed_run is off (the paper profile)"),
+       "NaN everywhere when perturbed_run is off (the paper profile)."),
     _v("risk_train_perturbed", _GM + ("L", "t"), "training risk of model(L), perturbed run",
        "as risk_train, for the diagnostic run (its trajectory leaves the main one where the block structure "
-       "is unstable)"),
+       "is unstable)."),
     _v("D_perturbed", _GM + ("L", "t"), "distance of the perturbed run to the main run",
        "sqrt(||U_perturbed - U||_F^2 + ||v_perturbed - v||^2) at the same model, L and t (the perturbation "
-       "itself at t = 0)"),
+       "itself at t = 0)."),
     _v("off_block_perturbed_inf", _G + ("t",), "off-block mass of linear(inf), perturbed run",
-       "as off_block_perturbed, for linear(inf)"),
+       "as off_block_perturbed, for linear(inf)."),
     _v("risk_bayes_ridge", _G + ("L",), "held-out risk of the posterior mean of w (Bayes baseline)",
        "E[w | prompt] for the prior N(0, I_d) and noiseless labels: the minimum-norm interpolator (ridge at the "
        "Bayes penalty, 0 here; sfxlin.baselines.posterior_mean), risk 1/2 (x_q^T w_hat - y_q)^2 averaged over "
-       "held-out tasks and queries, prompts of length L; rounding level once L >= d"),
+       "held-out tasks and queries, prompts of length L; rounding level once L >= d."),
     _v("risk_pgd", _G + ("L",), "held-out risk of one step of preconditioned gradient descent",
        "w_hat = Gamma_L (1/L) sum_k y_k x_k with the risk-minimising Gamma_L = [(1 + 1/L) Sigma + (tr Sigma / L) "
        "I]^{-1} for centred Gaussian covariates (sfxlin.baselines.pgd; the optimum of linear(L) attention, the "
-       "plug-in's finite-L correction), held-out prompts of length L"),
+       "plug-in's finite-L correction), held-out prompts of length L."),
     _v("off_block_curvature_max", _GM + ("L", "t"), "largest off-block curvature of model(L)",
        "largest eigenvalue of the Hessian of the training risk in the active off-block coordinates "
        "(U[d, :d], v[:d]) at theta_L(t) of the main run; lr * it > 2: an off-block perturbation grows "
-       "(step-size instability of the block structure)"),
+       "(step-size instability of the block structure)."),
     _v("off_block_curvature_min", _GM + ("L", "t"), "smallest off-block curvature of model(L)",
-       "smallest eigenvalue of the same Hessian (negative: a saddle direction off-block)"),
+       "smallest eigenvalue of the same Hessian (negative: a saddle direction off-block)."),
     _v("off_block_curvature_max_inf", _G + ("t",), "largest off-block curvature of linear(inf)",
-       "as off_block_curvature_max, for linear(inf) at theta_inf(t)"),
+       "as off_block_curvature_max, for linear(inf) at theta_inf(t)."),
     _v("off_block_curvature_min_inf", _G + ("t",), "smallest off-block curvature of linear(inf)",
-       "as off_block_curvature_min, for linear(inf) at theta_inf(t)"),
+       "as off_block_curvature_min, for linear(inf) at theta_inf(t)."),
     _v("n_exact_shift_steps", _G, "softmax steps with the exact max shift (main run)",
-       "engine diagnostic: steps whose cached log-sum-exp shift was out of range and were recomputed exactly"),
+       "engine diagnostic: steps whose cached log-sum-exp shift was out of range and were recomputed exactly.",
+       units="steps"),
 )
 
 EXPERIMENT = Experiment(

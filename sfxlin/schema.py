@@ -1,31 +1,73 @@
 """The shared vocabulary of dimension names and their CF-style attributes.
 
-One table, so every results file labels ``L``, ``d``, ``U_norm``, ... the same way.
+One table, so every results file labels ``L``, ``d``, ``U_norm``, ... the same way. Every
+coordinate has a ``long_name`` and a ``description`` (a sentence ending with a full stop), and
+``units`` where the quantity has one; the files follow the CF conventions named by
+:data:`CONVENTIONS` (their ``Conventions`` attribute).
 """
 from __future__ import annotations
 
 SCHEMA_VERSION = 1
 
+#: the ``Conventions`` attribute of every results file
+CONVENTIONS = "CF-1.10"
+
 COORDS = {
-    "d": {"long_name": "input dimension d", "description": "dimension of the covariates / tokens"},
-    "U_norm": {"long_name": "Frobenius norm of U", "description": "||U||_F of the attention matrix U = K^T Q"},
-    "L": {"long_name": "prompt length", "units": "tokens", "description": "number of tokens in the prompt (nested prompts)"},
-    "seed": {"long_name": "seed index", "description": "independent replicate; enters the per-cell random generator"},
-    "t": {"long_name": "training step", "units": "steps", "description": "gradient-descent step of the checkpoint"},
+    "d": {"long_name": "input dimension d", "description": "Dimension of the covariates / tokens."},
+    "U_norm": {"long_name": "Frobenius norm of U", "description": "||U||_F of the attention matrix U = K^T Q."},
+    "L": {"long_name": "prompt length", "units": "tokens", "description": "Number of tokens in the prompt (nested "
+          "prompts)."},
+    "seed": {"long_name": "seed index", "description": "Independent replicate; enters the per-cell random generator."},
+    "t": {"long_name": "training step", "units": "steps", "description": "Gradient-descent step of the checkpoint."},
     "t_heldout": {"long_name": "training step of a held-out evaluation", "units": "steps",
-                  "description": "a subset of t, every heldout_every steps"},
-    "tau": {"long_name": "tr(Sigma^-2)", "description": "trace of the inverse squared covariance; the constant "
-            "(1 - 2 tau^(-1/2))^(-d/2) is finite iff tau > 4"},
-    "level": {"long_name": "tail level", "description": "nominal tail probability of the CLT threshold of a tail test"},
-    "scale": {"long_name": "covariance scale", "description": "factor multiplying the covariate covariance Sigma"},
-    "traj_seed": {"long_name": "trajectory seed index", "description": "replicate of the trajectory-stability part"},
-    "law": {"long_name": "token law", "description": "distribution of the i.i.d. tokens"},
-    "setting": {"long_name": "covariate setting", "description": "covariance / law of the covariates x"},
-    "model": {"long_name": "attention model", "description": "softmax(L) or linear(L) attention"},
-    "query": {"long_name": "query index", "description": "index of the query token within a cell"},
-    "D_quad": {"long_name": "quadrature dimension", "description": "dimension D of the Gaussian in a quadrature check"},
-    "row": {"long_name": "row index", "description": "row of a parameter matrix"},
-    "col": {"long_name": "column index", "description": "column of a parameter matrix"},
+                  "description": "A subset of t, every heldout_every steps."},
+    "tau": {"long_name": "tr(Sigma^-2)", "description": "Trace of the inverse squared covariance; the constant "
+            "(1 - 2 tau^(-1/2))^(-d/2) is finite iff tau > 4."},
+    "level": {"long_name": "tail level", "description": "Nominal tail probability of the CLT threshold of a tail "
+              "test."},
+    "scale": {"long_name": "covariance scale", "description": "Factor multiplying the covariate covariance Sigma."},
+    "traj_seed": {"long_name": "trajectory seed index", "description": "Replicate of the trajectory-stability part."},
+    "law": {"long_name": "token law", "description": "Distribution of the i.i.d. tokens."},
+    "setting": {"long_name": "covariate setting", "description": "Covariance / law of the covariates x."},
+    "model": {"long_name": "attention model", "description": "softmax(L) or linear(L) attention."},
+    "query": {"long_name": "query index", "description": "Index of the query token within a cell."},
+    "D_quad": {"long_name": "quadrature dimension", "description": "Dimension D of the Gaussian in a quadrature "
+               "check."},
+    "row": {"long_name": "row index", "description": "Row of a parameter matrix."},
+    "col": {"long_name": "column index", "description": "Column of a parameter matrix."},
+    "kernel": {"long_name": "attention kernel", "description": "Weight function of the attention scores (softmax, "
+               "sigmoid, ReLU, ..., or linear)."},
+    "r": {"long_name": "query size r", "description": "r = ||a||_Sigma of the logit vector a = U q."},
+    "stein_kernel": {"long_name": "kernel of the Stein check", "description": "Attention kernel whose Stein identity "
+                     "is checked against quadrature."},
+    "rf_sigma2": {"long_name": "token variance of the random-feature study",
+                  "description": "Variance s of the tokens, Sigma = s I."},
+    "rf_m": {"long_name": "number of random features", "units": "features",
+             "description": "Number m of positive random features of the feature average."},
+    "rf_draw": {"long_name": "random-feature draw index", "description": "Independent draw of the m features."},
+    "dataset": {"long_name": "real data set", "description": "Data set bundled with scikit-learn whose rows are the "
+                "tokens."},
+    "D": {"long_name": "token dimension D", "description": "Principal components of the data set kept as the token "
+          "dimension."},
+    "family": {"long_name": "covariance family", "description": "sfxlin.covariance spec string of Sigma, rescaled to "
+               "every tau."},
+    "family_seed": {"long_name": "family seed index", "description": "Replicate of the covariance-family part."},
+    "t_family": {"long_name": "training step of the family part", "units": "steps",
+                 "description": "Gradient-descent step of a checkpoint of the covariance-family part."},
+    "heads": {"long_name": "number of heads H", "description": "Attention heads per layer."},
+    "depth": {"long_name": "trained depth K", "description": "Residual layers of the trained model."},
+    "layer": {"long_name": "layer index", "description": "Layer l of the fixed random model, 1-based; the depth-l "
+              "model is its first l layers."},
+    "L_train": {"long_name": "training prompt length", "units": "tokens",
+                "description": "Number of tokens in the prompts of the training tasks."},
+    "stage": {"long_name": "training stage", "description": "Parameters at the initialisation or at the end of "
+              "training."},
+    "covariance": {"long_name": "covariate covariance family", "description": "sfxlin.covariance spec string of the "
+                   "covariate covariance Sigma."},
+    "noise": {"long_name": "label-noise standard deviation", "description": "Standard deviation of the noise added "
+              "to the prompt labels and the query targets."},
+    "mean_norm": {"long_name": "norm of the covariate mean", "description": "||m|| of the covariate mean m = "
+                  "mean_norm (1, ..., 1) / sqrt(d); 0: centred covariates."},
 }
 
 

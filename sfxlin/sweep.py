@@ -41,7 +41,7 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
-from .schema import coord_attrs
+from .schema import CONVENTIONS, coord_attrs
 from .threads import single_threaded_blas
 
 __all__ = ["Variable", "Part", "Experiment", "CellError", "build", "cell_label", "cell_rng", "coordinate_key",
@@ -57,7 +57,9 @@ class Variable:
     """One output variable, declared once and copied onto the stored array.
 
     ``part`` names the :class:`Part` whose cells compute it (``""``: the main part); its dims
-    hold every grid dim of that part, in any order, and inner dims of the experiment."""
+    hold every grid dim of that part, in any order, and inner dims of the experiment. ``dtype``
+    is the stored type (kernels return floats; a flag is an integer type). ``flag_meanings``
+    makes it a CF flag: value ``k`` means ``flag_meanings[k]`` (one word each)."""
 
     name: str
     dims: tuple[str, ...]
@@ -66,11 +68,23 @@ class Variable:
     units: str | None = None
     allow_nonfinite: bool = False
     part: str = ""
+    dtype: str = "float64"
+    flag_meanings: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.flag_meanings and np.dtype(self.dtype).kind not in "iu":
+            raise ValueError(f"{self.name}: a flag (flag_meanings) is stored as an integer type, got dtype "
+                             f"{self.dtype!r}")
 
     def attrs(self):
+        """The variable's CF attributes: ``long_name``, ``description``, ``units`` where declared,
+        ``flag_values`` / ``flag_meanings`` for a flag."""
         out = {"long_name": self.long_name, "description": self.description}
         if self.units is not None:
             out["units"] = self.units
+        if self.flag_meanings:
+            out["flag_values"] = np.arange(len(self.flag_meanings), dtype=self.dtype)
+            out["flag_meanings"] = " ".join(self.flag_meanings)
         return out
 
 
@@ -260,8 +274,22 @@ def _checked(out, variables, inner, grid, label):
             raise CellError(f"{label}: {var.name} has shape {arr.shape}, declared {shape}")
         if not var.allow_nonfinite and not np.all(np.isfinite(arr)):
             raise CellError(f"{label}: non-finite values in {var.name}")
-        checked[var.name] = arr
+        checked[var.name] = _as_declared(arr, var, label)
     return checked
+
+
+def _as_declared(arr, var, label):
+    """``arr`` in the declared dtype of ``var``; a CellError if a value does not survive the cast
+    or is not one of a flag's ``flag_values``."""
+    if arr.dtype == var.dtype:
+        return arr
+    typed = arr.astype(var.dtype)
+    if not np.array_equal(typed, arr):
+        raise CellError(f"{label}: {var.name} has values that are not {var.dtype}: {arr.ravel()[:5].tolist()}")
+    if var.flag_meanings and not np.isin(typed, np.arange(len(var.flag_meanings))).all():
+        raise CellError(f"{label}: {var.name} is a flag with values 0..{len(var.flag_meanings) - 1}, "
+                        f"got {np.unique(typed).tolist()}")
+    return typed
 
 
 def _run_block(experiment, config, part, ranges, store=None):
@@ -363,7 +391,7 @@ def _part_variables(experiment, config, part, grid, inner, chunks, store):
 
         def piece(combo, var=var, inner_shape=inner_shape):
             shape = tuple(len(per_dim[k][c]) for k, c in enumerate(combo)) + inner_shape
-            return da.from_delayed(blocks[combo][var.name], shape=shape, dtype=float)
+            return da.from_delayed(blocks[combo][var.name], shape=shape, dtype=var.dtype)
 
         arr = _assemble([piece(c) for c in blocks], [len(p) for p in per_dim])
         out[var.name] = xr.Variable(grid_dims + inner_dims, arr, attrs=var.attrs()).transpose(*var.dims)
@@ -371,11 +399,12 @@ def _part_variables(experiment, config, part, grid, inner, chunks, store):
 
 
 def _declared_attrs(experiment, config, call=None):
-    """What a results file says of itself before any work: name, configuration, criteria,
-    schema version and provenance (``wall_seconds`` and ``scheduler`` are set by the computation)."""
+    """What a results file says of itself before any work: the conventions it follows (CF), name,
+    configuration, criteria, schema version and provenance (``wall_seconds`` and ``scheduler`` are
+    set by the computation)."""
     from .storage import provenance
 
-    attrs = {"experiment": experiment.name, "description": experiment.description,
+    attrs = {"Conventions": CONVENTIONS, "experiment": experiment.name, "description": experiment.description,
              "title": experiment.title or experiment.name, "n_cells": experiment.n_cells(config)}
     if experiment.analysis:
         attrs["analysis"] = experiment.analysis
