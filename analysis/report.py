@@ -175,10 +175,11 @@ def _write_atomically(files):
         raise
 
 
-def write_report(results_dir, out, on_skip=None) -> tuple[Path, Path]:
-    """Write the HTML and the Markdown report (:func:`report_paths` of ``out``), atomically;
-    returns their paths. ``on_skip`` as in :func:`build_report`."""
-    html_path, md_path = report_paths(out)
+def write_report(results_dir, out=None, on_skip=None) -> tuple[Path, Path]:
+    """Write the HTML and the Markdown report (:func:`report_paths` of ``out``; by default
+    ``report.html`` and ``report.md`` beside the results they read, in ``results_dir``, never in
+    another folder), atomically; returns their paths. ``on_skip`` as in :func:`build_report`."""
+    html_path, md_path = report_paths(Path(results_dir) / "report.html" if out is None else out)
     page, md = build_report(results_dir, on_skip)
     html_path.parent.mkdir(parents=True, exist_ok=True)
     _write_atomically([(html_path, page), (md_path, md)])

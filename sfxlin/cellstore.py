@@ -8,6 +8,10 @@ a sweep over d = 3 and in one over d = 2, 3) share its file; a change of any inp
 or of the code that computes it, gives another name, so a kept cell is never served to a run
 it does not belong to. The kept cells outlive the run (``--fresh`` discards them).
 
+Each file also records the code fingerprint it was computed with, so :func:`survey` tells the
+cells the current code can still serve from the stale ones (``sfxlin cells``), and
+:func:`prune` removes those.
+
 Every file is written atomically (temporary file + rename) by whichever process computed it: no
 two processes write the same file, no HDF5 file is shared, and a writer killed mid-write leaves
 no file under the final name. A damaged file (truncated, foreign) is recomputed.
@@ -24,6 +28,7 @@ import shutil
 import threading
 import zipfile
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,9 +36,11 @@ import numpy as np
 from .schema import SCHEMA_VERSION
 from .sweep import coordinate_text
 
-__all__ = ["CellStore", "cell_fingerprint", "code_fingerprint"]
+__all__ = ["CellStore", "KeptCells", "cell_fingerprint", "code_fingerprint", "experiment_code", "prune", "survey"]
 
 _FINGERPRINT_KEY = "__cell_fingerprint__"
+_CODE_KEY = "__code_fingerprint__"
+_META_KEYS = (_FINGERPRINT_KEY, _CODE_KEY)
 
 
 @functools.lru_cache(maxsize=None)
@@ -51,12 +58,17 @@ def code_fingerprint(extra_modules=()) -> str:
     return digest.hexdigest()[:16]
 
 
+def experiment_code(experiment) -> str:
+    """The code fingerprint of ``experiment``'s cells: :func:`code_fingerprint` with the modules
+    of its kernels that live outside ``sfxlin``."""
+    outside = tuple(sorted({p.kernel.__module__ for p in experiment.parts} - {"__main__"}))
+    return code_fingerprint(tuple(m for m in outside if not m.startswith("sfxlin.")))
+
+
 def cell_fingerprint(experiment, config, cell, part="") -> str:
     """The fingerprint of one cell of ``part`` (see the module docstring): equal fingerprints,
     equal bits."""
-    outside = tuple(sorted({p.kernel.__module__ for p in experiment.parts} - {"__main__"}))
-    outside = tuple(m for m in outside if not m.startswith("sfxlin."))
-    payload = {"experiment": experiment.rng_name(part), "schema": SCHEMA_VERSION, "code": code_fingerprint(outside),
+    payload = {"experiment": experiment.rng_name(part), "schema": SCHEMA_VERSION, "code": experiment_code(experiment),
                "cell": {dim: coordinate_text(value) for dim, value in cell.items()},
                "inputs": experiment.cell_inputs(config, cell, part)}
     text = json.dumps(payload, sort_keys=True, default=_json_default)
@@ -81,6 +93,7 @@ class CellStore:
     def __init__(self, folder, experiment, config, fresh: bool = False):
         self.folder = Path(folder)
         self.experiment_name = experiment.name
+        self.code = experiment_code(experiment)
         self._names = {}
         for part in experiment.parts:
             grid = part.grid(config)
@@ -111,7 +124,7 @@ class CellStore:
             with np.load(path, allow_pickle=False) as data:
                 if str(data[_FINGERPRINT_KEY]) != path.stem[len("cell_"):]:
                     raise ValueError("fingerprint does not match the file name")
-                return {k: data[k] for k in data.files if k != _FINGERPRINT_KEY}
+                return {k: data[k] for k in data.files if k not in _META_KEYS}
         except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile, zlib.error):
             path.unlink(missing_ok=True)
             return None
@@ -122,7 +135,8 @@ class CellStore:
         path = self._path(cell, part)
         tmp = path.with_name(f".{path.stem}.{os.getpid()}.{threading.get_ident()}.partial.npz")
         try:
-            np.savez(tmp, **{_FINGERPRINT_KEY: np.array(path.stem[len("cell_"):])}, **outputs)
+            np.savez(tmp, **{_FINGERPRINT_KEY: np.array(path.stem[len("cell_"):]), _CODE_KEY: np.array(self.code)},
+                     **outputs)
             os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)
@@ -139,3 +153,52 @@ class CellStore:
 def _cell_key(cell, part=""):
     return (part, *((dim, coordinate_text(value)) for dim, value in cell.items()))
 
+
+
+@dataclass(frozen=True)
+class KeptCells:
+    """The kept cell files of one experiment in ``folder``: ``current`` (computed by the current
+    code, servable to a run of some configuration) and ``stale`` (computed by other code, or
+    unreadable: never served again)."""
+
+    folder: Path
+    current: tuple
+    stale: tuple
+
+    @staticmethod
+    def size(paths) -> int:
+        """Total bytes of ``paths`` (files removed meanwhile count 0)."""
+        return sum(p.stat().st_size for p in paths if p.exists())
+
+
+def _recorded_code(path):
+    """The code fingerprint a kept cell file records, or None (unreadable, or written before
+    files recorded it)."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return str(data[_CODE_KEY]) if _CODE_KEY in data.files else None
+    except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile, zlib.error):
+        return None
+
+
+def survey(folder, experiment) -> KeptCells:
+    """The kept cells of ``experiment`` in ``folder`` (its ``OUT/.EXP.cells``), split by whether
+    the current code computed them (:class:`KeptCells`)."""
+    folder = Path(folder)
+    code = experiment_code(experiment)
+    paths = sorted(folder.glob("cell_*.npz")) if folder.is_dir() else []
+    is_current = [_recorded_code(p) == code for p in paths]
+    return KeptCells(folder, tuple(p for p, ok in zip(paths, is_current) if ok),
+                     tuple(p for p, ok in zip(paths, is_current) if not ok))
+
+
+def prune(kept: KeptCells, everything: bool = False) -> tuple[int, int]:
+    """Remove the stale cells of ``kept`` (every cell, and the folder, when ``everything``);
+    returns ``(files removed, bytes freed)``."""
+    doomed = kept.current + kept.stale if everything else kept.stale
+    freed = KeptCells.size(doomed)
+    for path in doomed:
+        path.unlink(missing_ok=True)
+    if everything:
+        shutil.rmtree(kept.folder, ignore_errors=True)
+    return len(doomed), freed

@@ -1,32 +1,49 @@
 """The ``sfxlin`` command: run experiments, benchmark the engines, inspect results files.
 
-    sfxlin run c1 [--profile quick|paper] [--set KEY=VALUE ...] [--out DIR] [--name NAME] [--force]
-                  [--workers N | --scheduler ADDR]
+    sfxlin run EXP [--profile quick|paper] [--set KEY=VALUE ...] [--out DIR] [--name NAME] [--force]
+                   [--fresh] [--workers N | --scheduler ADDR | --local-scheduler S] [--chunks DIM=N]
+                   [--quiet | --verbose]
+    sfxlin rerun FILE.nc [--out DIR] [--name NAME] [the options of run but --profile and --set]
+    sfxlin merge A.nc B.nc [...] -o C.nc
+    sfxlin cells OUT [--experiment EXP] [--prune [--all]]
     sfxlin bench c1 | c3 [--protocol [--steps N] [--heldout-every N]]
-    sfxlin list
+    sfxlin list [EXP]
     sfxlin report [--results DIR] [--out FILE.html|FILE.md]
-    sfxlin info FILE
+    sfxlin reproduce [--out DIR] [--quiet]
+    sfxlin schema
+    sfxlin info FILE|NAME
+    sfxlin --version
+
+Default folders are relative to the current working directory (``storage.FOLDER_RULE``):
+``./datasets``, or ``$SFXLIN_RESULTS`` when set, for the paper results; ``./runs/PROFILE`` for
+other runs. A report goes beside the results it reads unless ``--out`` says otherwise.
 
 Errors (bad input, unreadable files, a cell that failed) print one line ``sfxlin: error: ...``
 and exit with status 2, without a traceback; the exit status never depends on ``--quiet``.
-Ctrl-C exits with status 130 and, during a run, says how many cells are kept and which command
-resumes.
+Ctrl-C exits with status 130, SIGTERM (SLURM, ``timeout``, ``kill``) with 143; during a run,
+both say how many cells are kept and which command resumes. A reader that goes away (``| head``)
+never stops a command: the rest of its output is dropped, and a run still writes its file.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+from ._version import __version__
 from .experiments import ENV, experiments
 from .experiments import get as get_experiment
-from .storage import ResultsError, ensure_writable, results_path, save
+from .storage import (FOLDER_RULE, RESULTS_ENV, ResultsError, changed_input_files, default_results_dir,
+                      ensure_writable, results_path, save)
 
 __all__ = ["main"]
 
@@ -63,13 +80,115 @@ def _parse_chunks(items):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C during a run; the message says what is kept and which command resumes."""
+    """Ctrl-C or SIGTERM during a run; the message says what is kept and which command resumes,
+    ``status`` is the exit status (130 for Ctrl-C, 143 for SIGTERM)."""
+
+    def __init__(self, message="", status=130):
+        super().__init__(message)
+        self.status = status
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM received: handled as Ctrl-C is, with exit status 143 (128 + 15)."""
+
+    status = 128 + signal.SIGTERM
+
+
+#: set by the SIGTERM handler: a failure that follows it (a pool worker killed by the same
+#: signal) is reported as the termination it is
+TERMINATED = threading.Event()
+
+
+def _raise_terminated(signum, frame):
+    TERMINATED.set()
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """While inside, SIGTERM raises :class:`Terminated` in the main thread (as SIGINT raises
+    KeyboardInterrupt); the previous handler is restored on leaving. Only the main thread can
+    install a handler: elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class ClosedPipeSafe:
+    """A text stream whose reader may go away (``sfxlin run ... | head -3``): the first
+    BrokenPipeError points the stream's file descriptor at ``os.devnull`` and drops the text, so
+    the rest of the output, and the interpreter's last flush, go nowhere and the command carries
+    on. Everything else is the wrapped stream's."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.dropping = False  # a stream without a file descriptor to redirect: drop what follows
+
+    def write(self, text):
+        """Write ``text`` (dropped once the reader is gone); returns its length."""
+        if not self.dropping:
+            try:
+                self.stream.write(text)
+            except BrokenPipeError:
+                self._reader_gone()
+        return len(text)
+
+    def flush(self):
+        if not self.dropping:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self._reader_gone()
+
+    def _reader_gone(self):
+        try:
+            fd = self.stream.fileno()
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+            self.dropping = True
+            return
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+        with contextlib.suppress(OSError, ValueError):
+            self.stream.flush()  # what is left in the buffer goes to os.devnull
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def output_never_stops_work():
+    """While inside, ``sys.stdout`` and ``sys.stderr`` are :class:`ClosedPipeSafe`; both are
+    flushed (through it) and restored on leaving."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = (s if s is None or isinstance(s, ClosedPipeSafe) else ClosedPipeSafe(s) for s in saved)
+    try:
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+        sys.stdout, sys.stderr = saved
+
+
+def default_out(profile, overrides) -> Path:
+    """The default ``--out`` of a run (:data:`sfxlin.storage.FOLDER_RULE`): the paper results'
+    folder (:func:`sfxlin.storage.default_results_dir`) for the paper profile without
+    overrides, ``runs/PROFILE`` of the working directory otherwise."""
+    return default_results_dir() if profile == "paper" and not overrides else Path("runs") / profile
 
 
 def check_replaceable(path, experiment, config):
     """Refuse, before any work, to replace a results file made by another experiment or under
-    another configuration (its ``experiment`` and ``config`` attrs), or one that is not a results
-    file at all. The same configuration (a rerun) may replace it."""
+    another configuration (its ``experiment`` and ``config`` attrs, and the sha256 of every token
+    file in its ``input_files``: a file whose content changed under the same path is another
+    configuration), or one that is not a results file at all. The same configuration (a rerun)
+    may replace it."""
     path = Path(path)
     if not path.exists():
         return
@@ -79,16 +198,18 @@ def check_replaceable(path, experiment, config):
     try:
         with xr.open_dataset(path, engine="netcdf4") as old:
             made_by, made_with = old.attrs.get("experiment"), json.loads(old.attrs["config"])
+            made_from = old.attrs.get("input_files")
     except Exception as exc:  # netCDF4/HDF5 raise OSError, ValueError, KeyError for foreign files
         raise ResultsError(f"{path} exists and is not a results file of sfxlin "
                            f"({type(exc).__name__}: {exc}); {hint}") from None
     if made_by != experiment:
         raise ResultsError(f"{path} holds a {made_by} run, not {experiment}; {hint}")
-    config = json.loads(config.to_json())
-    if made_with != config:
-        changed = "; ".join(f"{key}: {json.dumps(made_with.get(key))} -> {json.dumps(config.get(key))}"
-                            for key in sorted(set(made_with) | set(config)) if made_with.get(key) != config.get(key))
-        raise ResultsError(f"{path} holds a run under another configuration ({changed}); {hint}")
+    plain = json.loads(config.to_json())
+    changed = [f"{key}: {json.dumps(made_with.get(key))} -> {json.dumps(plain.get(key))}"
+               for key in sorted(set(made_with) | set(plain)) if made_with.get(key) != plain.get(key)]
+    changed += changed_input_files(made_from, config)
+    if changed:
+        raise ResultsError(f"{path} holds a run under another configuration ({'; '.join(changed)}); {hint}")
 
 
 def resume_command(argv):
@@ -128,14 +249,22 @@ def report(ds, figure, quiet=False):
 
 
 def cmd_run(args):
+    experiment = get_experiment(args.experiment)
+    config = experiment.configure(args.profile, args.set)
+    out_dir = Path(args.out) if args.out else default_out(args.profile, args.set)
+    run_experiment(experiment, config, out_dir, args.name or experiment.name, args)
+
+
+def run_experiment(experiment, config, out_dir, name, args):
+    """Compute ``experiment`` under ``config`` into ``out_dir/name.nc`` (and its figure), keeping
+    every finished cell in ``out_dir/.EXP.cells``, then print its tables; ``args`` holds the
+    run options (``--force``, ``--fresh``, ``--chunks``, the scheduler, ``--quiet``/``--verbose``)
+    and ``argv``, the command line that resumes. Returns None."""
     from .cellstore import CellStore
     from .execution import compute
     from .sweep import build
 
-    experiment = get_experiment(args.experiment)
-    config = experiment.configure(args.profile, args.set)
-    out_dir = Path(args.out or ("datasets" if args.profile == "paper" and not args.set else f"runs/{args.profile}"))
-    path = out_dir / f"{args.name or experiment.name}.nc"
+    path = out_dir / f"{name}.nc"
     if not args.force:
         check_replaceable(path, experiment.name, config)  # before --fresh discards any kept cell
     store = CellStore(out_dir / f".{experiment.name}.cells", experiment, config, fresh=args.fresh)
@@ -145,7 +274,7 @@ def cmd_run(args):
     n_cells = lazy.attrs["n_cells"]
     if not args.quiet:
         kept = store.count()
-        print(f"{experiment.name}: profile {args.profile}, {n_cells} cells"
+        print(f"{experiment.name}: profile {config.profile}, {n_cells} cells"
               + (f" ({kept} kept from earlier runs in {store.folder}, {n_cells - kept} to compute)"
                  if kept else ""), flush=True)
     try:
@@ -156,9 +285,128 @@ def cmd_run(args):
         if not args.quiet:
             print(f"wrote {path} in {wall:.1f} s ({label})\n")
         report(ds, path.with_suffix(".png"), quiet=args.quiet)
-    except KeyboardInterrupt:
+    except BaseException as exc:
+        # a failure that follows a SIGTERM (a pool worker killed by the same signal) is the termination
+        if not isinstance(exc, KeyboardInterrupt) and not TERMINATED.is_set():
+            raise
+        status = Terminated.status if TERMINATED.is_set() else getattr(exc, "status", 130)
         raise Interrupted(f"{store.count()} of {n_cells} cells kept in {store.folder}; "
-                          f"the same command resumes: {resume_command(args.argv)}") from None
+                          f"the same command resumes: {resume_command(args.argv)}", status) from None
+
+
+def cmd_rerun(args):
+    """Rerun a results file from its provenance attrs (``experiment``, ``profile``,
+    ``overrides``, ``config``), into ``--out`` under ``--name`` (default: the run rule's
+    folder, the file's own stem). Refused when a token file it read has changed since."""
+    path = results_path(args.file)
+    attrs = _provenance_attrs(path)
+    experiment = get_experiment(attrs["experiment"])
+    config, note = rerun_configuration(experiment, attrs)
+    changed = changed_input_files(attrs.get("input_files"), config)
+    if changed:
+        raise ResultsError(f"{path} read token files that changed since ({'; '.join(changed)}): a rerun would not "
+                           "give the same results")
+    if note and not args.quiet:
+        print(note)
+    out_dir = Path(args.out) if args.out else default_out(config.profile, config.overrides)
+    run_experiment(experiment, config, out_dir, args.name or path.stem, args)
+
+
+def _provenance_attrs(path) -> dict:
+    """The attrs of the results file ``path``; ResultsError unless it records at least its
+    ``experiment`` and ``config``."""
+    import xarray as xr
+
+    try:
+        with xr.open_dataset(path, engine="netcdf4") as ds:
+            attrs = dict(ds.attrs)
+    except Exception as exc:  # netCDF4/HDF5 raise OSError, ValueError, KeyError for damaged files
+        raise ResultsError(f"{path} is not a readable netCDF file ({type(exc).__name__}: {exc})") from None
+    missing = [key for key in ("experiment", "config") if key not in attrs]
+    if missing:
+        raise ResultsError(f"{path} records no {' and no '.join(missing)} attr: not a results file of sfxlin")
+    return attrs
+
+
+def rerun_configuration(experiment, attrs):
+    """``(config, note)``: the configuration a results file was made with. Its profile and
+    overrides when they still give the recorded ``config`` (the new file then records them too),
+    else the recorded values themselves (profile ``custom``), with a note saying so."""
+    recorded = json.loads(attrs["config"])
+    profile, overrides = attrs.get("profile"), json.loads(attrs.get("overrides") or "[]")
+    if profile in experiment.profiles:
+        try:
+            config = experiment.configure(profile, overrides)
+        except ValueError:  # a parameter renamed or a rule tightened since: the recorded values decide
+            config = None
+        if config is not None and json.loads(config.to_json()) == recorded:
+            return config, ""
+    return (experiment.configure(None, values=recorded),
+            f"note: profile {profile!r} with overrides {overrides} no longer gives the recorded configuration; "
+            "rerunning the recorded values")
+
+
+def cmd_merge(args):
+    from .merge import merge_files  # written beside this module
+
+    out = merge_files([Path(p) for p in args.files], Path(args.out))
+    print(f"wrote {out} ({merged_cells(out)} cells)")
+
+
+def merged_cells(path) -> int:
+    """The number of cells of the results file ``path``: per part of its experiment, the product
+    of the sizes of the part's grid dims in the file (a part without grid dims is one cell)."""
+    import xarray as xr
+
+    with xr.open_dataset(path, engine="netcdf4") as ds:
+        experiment = get_experiment(ds.attrs["experiment"])
+        config = json.loads(ds.attrs["config"])
+        sizes = dict(ds.sizes)
+    total = 0
+    for part in experiment.parts:
+        cells = 1
+        for dim, values in part.grid(config).items():
+            cells *= sizes.get(dim, len(values))
+        total += cells
+    return total
+
+
+def cmd_cells(args):
+    """For each experiment with kept cells in ``OUT`` (or ``--experiment``'s), one line: how many,
+    their size, how many the current code computed (the others are stale: never served again);
+    ``--prune`` removes the stale ones, ``--prune --all`` every one."""
+    from .cellstore import KeptCells, prune, survey
+
+    if args.all and not args.prune:
+        raise ValueError("--all goes with --prune (sfxlin cells OUT --prune --all removes every kept cell)")
+    folder = Path(args.out)
+    if not folder.is_dir():
+        raise ResultsError(f"no folder {folder.absolute()}: give the --out folder of a run")
+    names = ([get_experiment(args.experiment).name] if args.experiment else
+             sorted(p.name[1:-len(".cells")] for p in folder.glob(".*.cells") if p.is_dir()))
+    if not names:
+        print(f"no kept cells in {folder.absolute()}")
+    for name in names:
+        try:
+            experiment = get_experiment(name)
+        except ValueError:
+            print(f"{name}: not an experiment known here (set ${ENV} to its pipeline module); skipped")
+            continue
+        kept = survey(folder / f".{name}.cells", experiment)
+        print(f"{name}: {len(kept.current) + len(kept.stale)} cells, "
+              f"{human_bytes(KeptCells.size(kept.current + kept.stale))} in {kept.folder}: "
+              f"{len(kept.current)} of the current code, {len(kept.stale)} stale")
+        if args.prune:
+            removed, freed = prune(kept, everything=args.all)
+            print(f"  removed {removed} {'' if args.all else 'stale '}cells ({human_bytes(freed)})")
+
+
+def human_bytes(n) -> str:
+    """``n`` bytes in B, kB, MB or GB (powers of 1000)."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
 
 
 # glibc returns large freed blocks to the OS by default, so a reference that allocates fresh
@@ -189,9 +437,17 @@ def cmd_bench(args):
 
 
 def cmd_report(args):
+    """The report of the results in ``--results`` (default: the paper results' folder), written
+    beside them unless ``--out`` says otherwise (never into another folder's report)."""
     from .analysis.report import write_report
 
-    html_path, md_path = write_report(args.results, args.out)
+    folder = Path(args.results) if args.results else default_results_dir()
+    point = f"--results DIR (or ${RESULTS_ENV}) points elsewhere"
+    if not folder.is_dir():
+        raise ResultsError(f"no results folder {folder.absolute()}; {point}")
+    if not any(not p.name.startswith(".") for p in folder.glob("*.nc")):
+        raise ResultsError(f"no results files (*.nc) in {folder.absolute()}; {point}")
+    html_path, md_path = write_report(folder, args.out)
     print(f"wrote {html_path} and {md_path}")
 
 
@@ -210,7 +466,8 @@ def cmd_reproduce(args):
 
 
 def cmd_list(args):
-    for experiment in experiments().values():
+    """Every experiment (or only ``EXP``): its profiles, scheduler and parameters with their rules."""
+    for experiment in [get_experiment(args.experiment)] if args.experiment else experiments().values():
         print(f"{experiment.short or experiment.name} ({experiment.name}): {experiment.description}")
         print(f"  profiles: {', '.join(experiment.profiles)}; local scheduler: {experiment.scheduler or 'threads'}")
         for p in experiment.params:
@@ -280,7 +537,7 @@ def _md(text):
 
 def schema_markdown():
     """Markdown of every experiment's file schema, generated from the declarations."""
-    from .schema import COORDS, SCHEMA_VERSION
+    from .schema import CONVENTIONS, COORDS, SCHEMA_VERSION
 
     lines = ["# datasets", "",
              "Results of the paper profiles (`make reproduce`), one netCDF file per experiment, with the",
@@ -290,6 +547,15 @@ def schema_markdown():
              "every parameter: `sfxlin run EXP --profile P` with these values reruns it), `sfxlin_version`,",
              "`sfxlin_schema_version`, `git_revision`, `library_versions`, `created` (UTC), `wall_seconds`,",
              "`scheduler`, `history`, and `criteria` (JSON: the predeclared criteria of the verdict table).", "",
+             "A file merged from runs over parts of one grid (`sfxlin merge A.nc B.nc -o C.nc`, `sfxlin.merge`)",
+             "has the merged `config`, `overrides` and `n_cells`, one more `history` line, and `merged_from`",
+             "(JSON: each input's path, sha256, `created`, `git_revision`, and its `wall_seconds`, `scheduler`",
+             "and `cell_timeline`, which the merged file does not carry).", "",
+             f"The files follow the CF conventions (attr `Conventions = \"{CONVENTIONS}\"`; `ncdump -h FILE.nc`",
+             "shows them): every coordinate and variable has a `long_name` and a `description` (sentences",
+             "ending with a full stop), and `units` where the quantity has one (`tokens`, `steps`, ...); a flag",
+             "is an integer variable with `flag_values` and `flag_meanings` (`in_protocol` of `c3_transfer.nc`:",
+             "int8, 0 `outside_protocol`, 1 `in_protocol`).", "",
              "## Coordinates", "", "| dim | long_name | units | description |", "|---|---|---|---|"]
     for dim, attrs in COORDS.items():
         lines.append(f"| `{dim}` | {_md(attrs['long_name'])} | {attrs.get('units', '')} | {_md(attrs['description'])} |")
@@ -306,78 +572,103 @@ def cmd_schema(args):
     print(schema_markdown(), end="")
 
 
-def parser():
-    p = argparse.ArgumentParser(prog="sfxlin", description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="compute an experiment, save it as netCDF, print fits and verdicts")
-    run.add_argument("experiment", help="an experiment's name or short name (sfxlin list)")
-    run.add_argument("--profile", default="quick", help="quick (seconds) or paper (the reference protocol)")
-    run.add_argument("--out", help="output folder (default: datasets/ for the paper profile without --set, "
-                                   "runs/PROFILE/ otherwise, so a quick run never replaces the paper results)")
-    where = run.add_mutually_exclusive_group()
+def _run_options(sub):
+    """The options ``run`` and ``rerun`` share: where the results go and how they are computed."""
+    sub.add_argument("--out", help="output folder (default: ./datasets, or $SFXLIN_RESULTS, for the paper profile "
+                                   "without --set; ./runs/PROFILE otherwise, so a quick run never replaces the "
+                                   "paper results)")
+    where = sub.add_mutually_exclusive_group()
     where.add_argument("--workers", type=_positive_int, help="start a dask.distributed LocalCluster with N workers")
     where.add_argument("--scheduler", help="address of an existing dask.distributed scheduler (tcp://host:8786)")
     where.add_argument("--local-scheduler", choices=["threads", "synchronous", "processes"],
                        help="a local dask scheduler (default: the experiment's, threads on all cores unless it "
                             "declares processes: sfxlin list)")
-    run.add_argument("--set", action="append", metavar="KEY=VALUE",
-                     help="override a parameter of the profile (lists comma-separated), e.g. --set d=2,3")
-    run.add_argument("--chunks", action="append", metavar="DIM=N", help="cells per dask task along a grid dim")
-    run.add_argument("--name", type=_file_stem,
+    sub.add_argument("--chunks", action="append", metavar="DIM=N", help="cells per dask task along a grid dim")
+    sub.add_argument("--name", type=_file_stem,
                      help="file stem of the results: NAME.nc and NAME.png in --out (default: the experiment's "
-                          "full name, e.g. c1_limit)")
-    run.add_argument("--force", action="store_true",
+                          "full name, e.g. c1_limit; for rerun, the file's own)")
+    sub.add_argument("--force", action="store_true",
                      help="replace a results file of the same name made under another configuration (by "
                           "default refused before any work; a rerun of the same configuration replaces it)")
-    run.add_argument("--fresh", action="store_true",
+    sub.add_argument("--fresh", action="store_true",
                      help="discard the kept cells of this experiment in --out (by default a cell computed by an "
                           "earlier or interrupted run with the same inputs and code is reused)")
-    talk = run.add_mutually_exclusive_group()
+    talk = sub.add_mutually_exclusive_group()
     talk.add_argument("--quiet", action="store_true",
                       help="no progress bar or tables (the analysis still runs: same exit status)")
     talk.add_argument("--verbose", action="store_true", help="also one line per finished block of cells")
-    run.set_defaults(func=cmd_run)
-    bench = sub.add_parser("bench", help="benchmark an engine against its reference, ratio in one run")
+
+
+def parser():
+    p = argparse.ArgumentParser(prog="sfxlin", description=__doc__.split("\n")[0], epilog=FOLDER_RULE)
+    p.add_argument("--version", action="version", version=f"sfxlin {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def command(name, help, func):
+        parsed = sub.add_parser(name, help=help, description=help, epilog=FOLDER_RULE)
+        parsed.set_defaults(func=func)
+        return parsed
+
+    run = command("run", "compute an experiment, save it as netCDF, print fits and verdicts", cmd_run)
+    run.add_argument("experiment", help="an experiment's name or short name (sfxlin list)")
+    run.add_argument("--profile", default="quick", help="quick (seconds) or paper (the reference protocol)")
+    run.add_argument("--set", action="append", metavar="KEY=VALUE",
+                     help="override a parameter of the profile, each at most once (lists comma-separated), "
+                          "e.g. --set d=2,3")
+    _run_options(run)
+    rerun = command("rerun", "rerun a results file from its stored experiment, profile and configuration", cmd_rerun)
+    rerun.add_argument("file", help="a results file (FILE.nc), or an experiment name in the paper results' folder")
+    _run_options(rerun)
+    merge = command("merge", "combine results files of compatible configurations into one", cmd_merge)
+    merge.add_argument("files", nargs="+", metavar="FILE.nc", help="the results files to combine")
+    merge.add_argument("-o", "--out", required=True, metavar="OUT.nc", help="the combined file (written atomically)")
+    cells = command("cells", "the kept cells of the runs in a folder: count, size, stale or not; prune them",
+                    cmd_cells)
+    cells.add_argument("out", help="the --out folder of the runs (it holds .EXP.cells/)")
+    cells.add_argument("--experiment", help="only this experiment's cells (default: every experiment's)")
+    cells.add_argument("--prune", action="store_true",
+                       help="remove the stale cells (computed by other code: never served again)")
+    cells.add_argument("--all", action="store_true", help="with --prune: remove every kept cell")
+    bench = command("bench", "benchmark an engine against its reference, ratio in one run", cmd_bench)
     bench.add_argument("experiment", help=f"one of {sorted(BENCHES)}")
     bench.add_argument("--protocol", action="store_true",
                        help="c3 only: the paper protocol end to end (sfxlin run) against a seed-style per-L loop, "
                             "same tasks, both wall times and their ratio")
     bench.add_argument("--steps", type=_positive_int, help="with --protocol: n_steps of both arms (shorter run)")
     bench.add_argument("--heldout-every", type=_positive_int, help="with --protocol: heldout_every of both arms")
-    bench.set_defaults(func=cmd_bench)
-    lst = sub.add_parser("list", help="experiments, their parameters and profiles")
-    lst.set_defaults(func=cmd_list)
-    rep = sub.add_parser("report", help="one self-contained HTML page (and Markdown) of every claim")
-    rep.add_argument("--results", default="datasets", help="folder of results files (default: datasets)")
-    rep.add_argument("--out", default="datasets/report.html",
-                     help="FILE.html (the Markdown goes beside it as FILE.md) or FILE.md (the HTML beside it)")
-    rep.set_defaults(func=cmd_report)
-    rep = sub.add_parser("reproduce", help="every experiment at its paper profile, then the report")
-    rep.add_argument("--out", default="datasets", help="folder of the results (default: datasets)")
+    lst = command("list", "experiments, their parameters and profiles", cmd_list)
+    lst.add_argument("experiment", nargs="?", help="only this experiment (name or short name)")
+    rep = command("report", "one self-contained HTML page (and Markdown) of every claim", cmd_report)
+    rep.add_argument("--results", help="folder of results files (default: ./datasets, or $SFXLIN_RESULTS)")
+    rep.add_argument("--out", help="FILE.html (the Markdown goes beside it as FILE.md) or FILE.md (the HTML beside "
+                                   "it); default: report.html and report.md in the --results folder")
+    rep = command("reproduce", "every experiment at its paper profile, then the report", cmd_reproduce)
+    rep.add_argument("--out", default=default_results_dir(),
+                     help="folder of the results (default: ./datasets, or $SFXLIN_RESULTS)")
     rep.add_argument("--quiet", action="store_true", help="no progress bars or tables")
-    rep.set_defaults(func=cmd_reproduce)
-    schema = sub.add_parser("schema", help="markdown schema of every results file (datasets/README.md)")
-    schema.set_defaults(func=cmd_schema)
-    info = sub.add_parser("info", help="dims, coordinates, variables and provenance of a results file")
-    info.add_argument("file")
-    info.set_defaults(func=cmd_info)
+    command("schema", "markdown schema of every results file (datasets/README.md)", cmd_schema)
+    info = command("info", "dims, coordinates, variables and provenance of a results file", cmd_info)
+    info.add_argument("file", help="a netCDF file, or an experiment name in ./datasets (or $SFXLIN_RESULTS)")
     return p
 
 
 def main(argv=None):
+    """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser().parse_args(argv)
-    args.argv = argv
-    try:
-        status = args.func(args)
-    except BrokenPipeError:  # output piped into head & co.
-        return 0
-    except KeyboardInterrupt as exc:  # Interrupted: "; N of M cells kept in ...; the same command resumes: ..."
-        print("sfxlin: interrupted" + (f"; {exc}" if str(exc) else ""), file=sys.stderr)
-        return 130
-    except (ValueError, TypeError, ResultsError, RuntimeError, OSError) as exc:
-        print(f"sfxlin: error: {exc}", file=sys.stderr)
-        return 2
+    TERMINATED.clear()
+    with output_never_stops_work(), sigterm_as_interrupt():
+        args = parser().parse_args(argv)
+        args.argv = argv
+        try:
+            status = args.func(args)
+        except KeyboardInterrupt as exc:  # Interrupted: "; N of M cells kept in ...; the same command resumes: ..."
+            status = getattr(exc, "status", 130)
+            what = "terminated (SIGTERM)" if status == Terminated.status else "interrupted"
+            print(f"sfxlin: {what}" + (f"; {exc}" if str(exc) else ""), file=sys.stderr)
+            return status
+        except (ValueError, TypeError, ResultsError, RuntimeError, OSError) as exc:
+            print(f"sfxlin: error: {exc}", file=sys.stderr)
+            return 2
     return status or 0
 
 

@@ -3,23 +3,48 @@
 Threads on all local cores by default (numpy releases the GIL); ``workers=N`` starts a
 ``dask.distributed.LocalCluster`` with N single-threaded worker processes; ``address`` joins an
 existing cluster (``tcp://host:8786``; dask-jobqueue clusters on SLURM/PBS expose one).
+
+The local process pool's workers follow the process that started them: each watches its parent
+(:func:`follow_parent`) and exits when it dies (SIGKILL, a crash), so no worker is left
+behind computing cells nobody will collect.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
 import sys
+import threading
 import time
 
 import dask
 import xarray as xr
 from dask.callbacks import Callback
 
-__all__ = ["compute", "scheduler_label", "CellProgress"]
+__all__ = ["compute", "scheduler_label", "CellProgress", "follow_parent"]
 
 LOCAL_SCHEDULERS = ("threads", "synchronous", "processes")
+
+#: seconds between two looks of a pool worker at its parent
+PARENT_POLL_SECONDS = 0.25
+
+
+def follow_parent(parent_pid):
+    """Initializer of a process-pool worker started by ``parent_pid``: starts a daemon thread that
+    ends the worker (``os._exit``) as soon as its parent is no longer ``parent_pid`` (the parent
+    died and the worker was re-parented); returns None."""
+    if os.getppid() != parent_pid:  # the parent died before this worker started
+        os._exit(1)
+    threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), name="sfxlin-follow-parent",
+                     daemon=True).start()
+
+
+def _exit_when_orphaned(parent_pid):
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_POLL_SECONDS)
+    os._exit(1)
 
 
 def scheduler_label(scheduler=None, workers=None, address=None):
@@ -183,7 +208,11 @@ def compute(ds: xr.Dataset, scheduler=None, workers=None, address=None, progress
             timeline = CellTimeline(name)
             # chunksize 1: dask's process pool otherwise hands up to 6 ready tasks to one process at a
             # time, which ran a sweep of <= 6 cells (C3's paper profile) on one core
-            with bar, timeline, dask.config.set(scheduler=scheduler or "threads", chunksize=1):
+            # the pool's workers exit with this process (follow_parent); the initializer is read by
+            # dask.multiprocessing.get from this config key when it starts the pool
+            with bar, timeline, dask.config.set({"scheduler": scheduler or "threads", "chunksize": 1,
+                                                 "multiprocessing.initializer":
+                                                     functools.partial(follow_parent, os.getpid())}):
                 result = ds.compute()
             result.attrs["cell_timeline"] = json.dumps(sorted(timeline.rows, key=lambda row: row[2]))
     wall = time.perf_counter() - start

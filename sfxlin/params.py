@@ -12,7 +12,10 @@ Kinds: ``int``, ``float``, ``str``, ``bool``, the lists ``int_list``, ``float_li
 ``str_list``, and ``matrix`` (a symmetric positive-definite matrix, given whole or as its
 diagonal; stored whole). Rules: ``low``/``high`` bounds (``low_open``/``high_open`` for strict),
 ``choices``, ``order`` (``"increasing"`` / ``"decreasing"``, strict) and ``min_len`` for lists,
-``unique`` (no repeated list value: a grid coordinate names each cell once).
+``unique`` (no repeated list value: a grid coordinate names each cell once). ``root_seed``, the
+root of every cell's generator (:func:`sfxlin.sweep.cell_rng`, numpy's ``SeedSequence``, which
+takes no negative integer), is ``>= 0`` whether or not its declaration says so (:data:`SEED`).
+A parameter given twice in the overrides is refused, not silently resolved to the last value.
 """
 from __future__ import annotations
 
@@ -26,6 +29,9 @@ import numpy as np
 __all__ = ["Param", "Profiles", "Config", "configure", "parse_text", "KINDS"]
 
 KINDS = ("int", "float", "str", "bool", "int_list", "float_list", "str_list", "matrix")
+
+#: the parameter every experiment seeds its cells with; numpy's SeedSequence needs it >= 0
+SEED = "root_seed"
 
 
 class Profiles(dict):
@@ -66,6 +72,8 @@ class Param:
             raise ValueError(f"parameter {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
         if self.order not in (None, "increasing", "decreasing"):
             raise ValueError(f"parameter {self.name!r}: order must be 'increasing' or 'decreasing'")
+        if self.name == SEED and self.low is None:  # stated by rule() and checked by check() like any bound
+            object.__setattr__(self, "low", 0)
 
     def default(self, profile):
         """The value of this parameter in ``profile``."""
@@ -255,7 +263,7 @@ def _plain(value):
 def configure(params, profile="quick", overrides=(), values=None, checks=(), name="the experiment") -> Config:
     """The configuration of ``profile`` with ``overrides`` applied, every value checked.
 
-    ``overrides``: ``"KEY=TEXT"`` strings (the command line's ``--set``); ``values``: a mapping of
+    ``overrides``: ``"KEY=TEXT"`` strings (the command line's ``--set``), each key at most once; ``values``: a mapping of
     Python values (e.g. a file's ``config`` attr) replacing the profile's; with ``profile=None``
     ``values`` must give every parameter. ``checks``: functions ``check(config)`` raising
     ValueError for rules that tie several parameters together. Unknown keys, and missing ones,
@@ -271,13 +279,18 @@ def configure(params, profile="quick", overrides=(), values=None, checks=(), nam
     missing = sorted(set(table) - set(raw))
     if missing:
         raise ValueError(f"missing parameter(s) {missing}")
-    parsed = {}
+    parsed, given = {}, {}
     for item in overrides or ():
         key, sep, text = item.partition("=")
         if not sep:
             raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
         if key not in table:
             raise ValueError(f"--set {key}: unknown parameter of {name}; known: {sorted(table)}")
+        if key in given:
+            several = f" (several values comma-separated: --set {key}=A,B)" if table[key].kind.endswith("_list") else ""
+            raise ValueError(f"--set {key}: given twice ({given[key]!r}, then {item!r}); give each parameter "
+                             f"once{several}")
+        given[key] = item
         try:
             parsed[key] = parse_text(table[key], text)
         except ValueError as exc:

@@ -84,15 +84,17 @@ def read_tokens(source, name="samples", feature_dim=None) -> np.ndarray:
     ``source``: an array-like ``(n, D)``; a path to a ``.npy`` file holding one; or
     ``"file.nc:variable"``, a two-dimensional netCDF variable whose dims are (token, feature)
     in that order, or any order when ``feature_dim`` names its feature dim. A ``ValueError``
-    naming ``name`` for a missing file or variable, another number of dims, an empty array, or
-    NaN or inf entries (with the number of such rows and the first one).
+    naming ``name`` for a missing file or variable, a ``.npy`` file that is not a plain numeric
+    array (pickled objects, strings, not a ``.npy`` file), a variable whose dim names look
+    transposed (``(feature, token)``), another number of dims, an empty array, or NaN or inf
+    entries (with the number of such rows and the first one).
     """
     if isinstance(source, (str, os.PathLike)):
         path, variable = parse_token_source(source, name)
         if variable is None:
             if feature_dim is not None:
                 raise ValueError(f"{name}: feature_dim names a netCDF dim; a .npy array has none")
-            X = np.load(path, allow_pickle=False)
+            X = _read_npy(path, name)
         else:
             X = _read_netcdf(path, variable, name, feature_dim)
     else:
@@ -115,6 +117,45 @@ def read_tokens(source, name="samples", feature_dim=None) -> np.ndarray:
     return np.ascontiguousarray(X)
 
 
+def _read_npy(path, name) -> np.ndarray:
+    """The array of the ``.npy`` file ``path``; a ``ValueError`` naming ``name`` and the file, and
+    how to write one that can be read, for anything but a plain numeric array."""
+    try:
+        X = np.load(path, allow_pickle=False)
+    except EOFError:
+        raise ValueError(_not_plain_npy(name, path, "the file is empty or truncated")) from None
+    except ValueError:  # numpy: object arrays, pickles, and bytes that are no .npy header
+        raise ValueError(_not_plain_npy(name, path, "it holds pickled Python objects, or is not a .npy file at "
+                                                    "all")) from None
+    if not isinstance(X, np.ndarray):  # an .npz archive under a .npy name
+        X.close()
+        raise ValueError(_not_plain_npy(name, path, "it is an .npz archive"))
+    if X.dtype.kind not in "biuf":
+        raise ValueError(_not_plain_npy(name, path, f"its dtype is {X.dtype}"))
+    return X
+
+
+def _not_plain_npy(name, path, reason) -> str:
+    return (f"{name}: {path} is not a plain numeric .npy array ({reason}); save it with np.save(path, array) "
+            "from a float array")
+
+
+#: dim names that say "one token per row" or "one feature per column"
+TOKEN_DIMS = frozenset({"token", "tokens", "sample", "samples", "n", "row", "rows", "item", "items", "word", "words",
+                        "position", "positions", "obs", "observation", "observations", "seq", "sequence"})
+FEATURE_DIMS = frozenset({"feature", "features", "feat", "dim", "dims", "d", "D", "embedding", "embed", "emb",
+                          "hidden", "channel", "channels", "component", "components", "col", "cols", "column",
+                          "columns"})
+
+
+def _looks_transposed(dims) -> bool:
+    """Whether the dim names of a two-dimensional variable say features first, tokens last."""
+    first, last = (str(d) for d in dims)
+    said_transposed = first in FEATURE_DIMS or last in TOKEN_DIMS
+    said_upright = first in TOKEN_DIMS or last in FEATURE_DIMS
+    return said_transposed and not said_upright
+
+
 def _read_netcdf(path, variable, name, feature_dim):
     import xarray as xr
 
@@ -128,6 +169,11 @@ def _read_netcdf(path, variable, name, feature_dim):
             if feature_dim not in da.dims:
                 raise ValueError(f"{name}: feature_dim {feature_dim!r} is not a dim of {variable!r} {da.dims}")
             da = da.transpose(*[d for d in da.dims if d != feature_dim], feature_dim)
+        elif _looks_transposed(da.dims):
+            token_dim, feat_dim = da.dims[1], da.dims[0]
+            raise ValueError(f"{name}: variable {variable!r} of {path} has dims {da.dims}, which look transposed: "
+                             f"tokens are the rows and features the last dim, ({token_dim!r}, {feat_dim!r}); write "
+                             f"it as ds[{variable!r}].transpose({token_dim!r}, {feat_dim!r})")
         return da.values.astype(float)
 
 

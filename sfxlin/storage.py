@@ -15,7 +15,7 @@ from ._version import __version__
 from .schema import SCHEMA_VERSION
 
 __all__ = ["save", "ensure_writable", "open_results", "results_path", "provenance", "input_files",
-           "default_results_dir", "ResultsError"]
+           "changed_input_files", "default_results_dir", "FOLDER_RULE", "RESULTS_ENV", "ResultsError"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,15 +86,31 @@ def input_files(config) -> dict:
             for name, value in config.items() if is_token_source(value)}
 
 
+def changed_input_files(recorded, config) -> list[str]:
+    """One ``"PARAM: sha256 OLD -> NEW"`` per token file of ``config`` whose content differs from
+    ``recorded`` (a results file's ``input_files`` attr: JSON text, a mapping, or None for a file
+    that records none); digests shortened to 12 hex digits, ``none`` where absent. Empty when
+    every token file is the one recorded."""
+    recorded = json.loads(recorded) if isinstance(recorded, str) else dict(recorded or {})
+    current = input_files(config)
+
+    def digest(files, name):
+        return files[name]["sha256"][:12] if name in files else "none"
+
+    return [f"{name}: sha256 {digest(recorded, name)} -> {digest(current, name)}"
+            for name in sorted(set(recorded) | set(current)) if digest(recorded, name) != digest(current, name)]
+
+
 def ensure_writable(folder) -> Path:
-    """Create ``folder`` if needed and check it is writable (before, not after, a long run)."""
+    """Create ``folder`` if needed and check it is writable (before, not after, a long run);
+    returns it. The messages name its absolute path."""
     folder = Path(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ResultsError(f"cannot create output folder {folder}: {exc.strerror}") from exc
+        raise ResultsError(f"cannot create output folder {folder.absolute()}: {exc.strerror}") from exc
     if not os.access(folder, os.W_OK):
-        raise ResultsError(f"output folder {folder} is not writable")
+        raise ResultsError(f"output folder {folder.absolute()} is not writable")
     return folder
 
 
@@ -117,26 +133,42 @@ def save(ds: xr.Dataset, path) -> Path:
     return path
 
 
+#: environment variable naming the folder of the paper results (default ``./datasets``)
+RESULTS_ENV = "SFXLIN_RESULTS"
+
+FOLDER_RULE = (f"Default folders are relative to the current working directory: ./datasets (or ${RESULTS_ENV} "
+               "when set) holds the paper results (run --profile paper, reproduce, report, info NAME, "
+               "open_results); other runs go to ./runs/PROFILE.")
+"""The one rule for every default folder, stated in each command's ``--help`` and the README."""
+
+
 def default_results_dir() -> Path:
-    """``$SFXLIN_RESULTS`` if set, else ``datasets/`` of the source tree."""
-    return Path(os.environ.get("SFXLIN_RESULTS", REPO_ROOT / "datasets"))
+    """The folder of the paper results: ``$SFXLIN_RESULTS`` if set, else ``datasets`` relative
+    to the current working directory (:data:`FOLDER_RULE`)."""
+    return Path(os.environ.get(RESULTS_ENV) or "datasets")
 
 
 def results_path(name_or_path, results_dir=None) -> Path:
-    """The file ``name_or_path`` names: a path, or an experiment name in the results folder."""
+    """The file ``name_or_path`` names: a path to an existing file, or an experiment name (a
+    stem) in ``results_dir`` (default :func:`default_results_dir`). :class:`ResultsError`
+    naming the absolute path looked at, and how to point elsewhere, when there is none."""
     folder = Path(results_dir) if results_dir is not None else default_results_dir()
     path = Path(name_or_path)
     if path.exists():
         return path
+    if path.suffix == ".nc" or len(path.parts) > 1:
+        raise ResultsError(f"no results file {str(path.absolute())!r}: no such file")
     candidate = folder / f"{name_or_path}.nc"
     if not candidate.exists():
-        available = sorted(p.stem for p in folder.glob("*.nc"))
-        raise ResultsError(f"no results file {name_or_path!r} (looked in {folder}; available: {available})")
+        where = "no such folder" if not folder.is_dir() else f"available: {sorted(p.stem for p in folder.glob('*.nc'))}"
+        raise ResultsError(f"no results file {name_or_path!r} in {folder.absolute()} ({where}); give its path, "
+                           f"or set ${RESULTS_ENV} to the folder that holds it")
     return candidate
 
 
 def open_results(name_or_path=None, results_dir=None):
-    """Open a results file by path, or by experiment name in the results folder.
+    """Open a results file by path, or by experiment name in ``results_dir`` (default
+    :func:`default_results_dir`: ``$SFXLIN_RESULTS``, else ``./datasets``).
 
     With no argument, returns the sorted list of experiment names available there. The Dataset
     is loaded into memory (the file is closed when this returns).

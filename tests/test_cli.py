@@ -5,6 +5,7 @@ import sys
 import pytest
 
 from sfxlin.cli import main
+from sfxlin.experiments import experiments
 
 
 def run_cli(*args):
@@ -47,6 +48,9 @@ def test_list_shows_experiments_parameters_and_profiles(capsys):
     out = capsys.readouterr().out
     assert "c1 (c1_limit)" in out and "profiles: quick, paper; local scheduler: threads" in out and "U_norm" in out
     assert "profiles: quick, paper; local scheduler: processes" in out.split("(c3_transfer)")[1].split("\n")[1]
+    seeds = [line for line in out.splitlines() if line.strip().startswith("root_seed ")]
+    assert len(seeds) == len(experiments()), "every experiment seeds its cells"
+    assert all("[int, >= 0]" in line for line in seeds), seeds  # numpy takes no negative seed: the rule is shown
 
 
 def test_run_takes_the_experiments_scheduler_unless_one_is_asked(tmp_path, monkeypatch):

@@ -201,7 +201,7 @@ def test_a_run_of_another_configuration_does_not_replace_the_file(tmp_path, caps
     real_run_cell = sfxlin.sweep.run_cell
     monkeypatch.setattr(sfxlin.sweep, "run_cell", lambda *a: computed.append(a) or real_run_cell(*a))
 
-    other = [*TINY, "--set", "n_prompts=3"]
+    other = [a if a != "n_prompts=2" else "n_prompts=3" for a in TINY]  # each parameter is given once
     assert main(["run", "c1", *other, "--quiet", "--fresh", "--out", str(tmp_path)]) == 2
     line = error_line(capsys.readouterr().err, str(tmp_path / "c1_limit.nc"), "another configuration",
                       "n_prompts", "--force", "--name")

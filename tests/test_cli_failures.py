@@ -81,6 +81,9 @@ def good_file(tmp_path_factory):
     (["--set", "n_seeds"], "--set expects KEY=VALUE, got 'n_seeds'"),
     (["--set", "L=64,32"], "strictly increasing"),
     (["--set", "U_norm=-1"], "U_norm: must be > 0"),
+    (["--set", "root_seed=-1"], "--set root_seed: must be >= 0, got -1"),
+    (["--set", "d=2", "--set", "d=3"], "--set d: given twice ('d=2', then 'd=3'); give each parameter once"),
+    (["--set", "n_seeds=1", "--set", "d=2", "--set", "n_seeds=1"], "--set n_seeds: given twice"),
     (["--chunks", "seed=0"], "chunk size for 'seed' must be a positive integer"),
     (["--chunks", "zeta=2"], "not grid dims"),
 ])

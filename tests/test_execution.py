@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import dask
 import pytest
@@ -114,3 +116,21 @@ def test_a_process_pool_runs_the_cells_of_a_small_sweep_at_once(tmp_path):
     result, _, _ = compute(ds, scheduler="processes", progress=False)
     assert result["met"].values.tolist() == [1.0, 1.0]
     assert len({(tmp_path / s).read_text() for s in ("0", "1")}) == 2   # two worker processes
+
+
+_FOLLOWER = """
+import os, sys, time
+from sfxlin.execution import follow_parent
+follow_parent(int(sys.argv[1]))
+time.sleep(0.5)   # the watching thread sees the same parent all along
+print("still here", flush=True)
+"""
+
+
+@pytest.mark.parametrize("parent, code, stdout", [("own", 0, "still here\n"), ("other", 1, "")])
+def test_a_pool_worker_follows_the_process_that_started_it(parent, code, stdout):
+    """``follow_parent(pid)`` (the process pool's initializer) ends the worker at once when its
+    parent is not ``pid`` any more, and leaves it alone while it is."""
+    pid = os.getpid() if parent == "own" else -1  # this process is the child's parent; no process is -1
+    res = subprocess.run([sys.executable, "-c", _FOLLOWER, str(pid)], capture_output=True, text=True, timeout=120)
+    assert (res.returncode, res.stdout) == (code, stdout), res.stderr

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime as dt
 import errno
+import hashlib
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ import xarray as xr
 import sfxlin
 from sfxlin.schema import SCHEMA_VERSION
 from sfxlin.testing import assert_same_results
-from sfxlin.storage import ResultsError, open_results, provenance, save
+from sfxlin.storage import ResultsError, changed_input_files, input_files, open_results, provenance, save
 
 PROVENANCE_KEYS = ("experiment", "profile", "config", "sfxlin_version", "sfxlin_schema_version", "git_revision",
                    "library_versions", "created", "wall_seconds", "scheduler", "history")
@@ -33,10 +34,12 @@ def results(toy, toy_computed):
 
 @pytest.fixture(autouse=True)
 def _elsewhere(tmp_path, monkeypatch):
-    """Run from an empty folder: name lookups must not depend on the working directory."""
+    """Run from an empty folder, without $SFXLIN_RESULTS: a default folder is the working
+    directory's (./datasets), never the source tree's."""
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
+    monkeypatch.delenv("SFXLIN_RESULTS", raising=False)
 
 
 def _listing(folder):
@@ -293,3 +296,47 @@ def test_other_schema_version(results, tmp_path, version):
     message = str(info.value)
     assert "schema version" in message and repr(version) in message and str(SCHEMA_VERSION) in message
     path.unlink()  # the file was closed: it can be removed and rewritten
+
+
+def test_the_default_results_folder_is_the_working_directorys_datasets(results, tmp_path):
+    """open_results and results_path read ./datasets of the working directory (the source tree's
+    datasets/ only when run from there)."""
+    save(results, Path("datasets") / "toy.nc")
+    assert open_results() == ["toy"]
+    with open_results("toy") as ds:
+        assert ds.attrs["experiment"] == "toy"
+    os.chdir(tmp_path)  # the fixture restores the working directory
+    assert open_results() == []
+    with pytest.raises(ResultsError) as info:
+        open_results("toy")
+    assert str(info.value) == (f"no results file 'toy' in {tmp_path / 'datasets'} (no such folder); give its path, "
+                               f"or set $SFXLIN_RESULTS to the folder that holds it")
+
+
+def test_a_missing_path_is_named_absolute(tmp_path):
+    with pytest.raises(ResultsError) as info:
+        open_results(Path("sub") / "gone.nc")
+    assert str(info.value) == f"no results file {str(tmp_path / 'cwd' / 'sub' / 'gone.nc')!r}: no such file"
+
+
+def test_an_output_folder_that_cannot_be_made_is_named_absolute(results, tmp_path):
+    Path("blocker").write_text("a regular file")
+    with pytest.raises(ResultsError) as info:
+        save(results, Path("blocker") / "sub" / "toy.nc")
+    assert str(info.value).startswith(f"cannot create output folder {tmp_path / 'cwd' / 'blocker' / 'sub'}: ")
+
+
+def test_changed_input_files_names_the_parameter_and_both_digests(tmp_path):
+    path = tmp_path / "emb.npy"
+    np.save(path, np.zeros((3, 2)))
+    config = {"tokens": str(path), "d": [2]}
+    recorded = json.dumps(input_files(config))
+    assert changed_input_files(recorded, config) == []
+    old = json.loads(recorded)["tokens"]["sha256"]
+    st = os.stat(path)
+    np.save(path, np.ones((3, 2)))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    new = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert changed_input_files(recorded, config) == [f"tokens: sha256 {old[:12]} -> {new[:12]}"]
+    assert changed_input_files(None, config) == [f"tokens: sha256 none -> {new[:12]}"]  # a file that recorded none
+    assert changed_input_files(recorded, {"tokens": ""}) == [f"tokens: sha256 {old[:12]} -> none"]

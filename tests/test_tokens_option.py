@@ -10,6 +10,7 @@ import xarray as xr
 
 from sfxlin.cellstore import cell_fingerprint
 from sfxlin.pipelines import c1_limit
+from sfxlin.realdata import read_tokens
 from sfxlin.sweep import build, cell_rng, run_cell
 
 SMALL = {"d": [2], "U_norm": [0.3], "n_seeds": 1, "L": [8, 16, 32], "n_queries": 3, "n_prompts": 4, "query_chunk": 2,
@@ -122,3 +123,59 @@ def test_bad_token_files_are_refused_before_any_work(make, values, match, tmp_pa
     overrides = {**({"tokens": source[make]} if make else {}), **values}
     with pytest.raises(ValueError, match=match):
         _config(**overrides)
+
+
+def _garbage(path):
+    path.write_bytes(b"these bytes are no .npy file at all")
+
+
+def _pickled(path):
+    np.save(path, np.array([{"token": 1}, None], dtype=object), allow_pickle=True)
+
+
+def _strings(path):
+    np.save(path, np.array([["a", "b"], ["c", "d"]]))
+
+
+def _archive(path):
+    with open(path, "wb") as fh:
+        np.savez(fh, Z=np.zeros((3, 2)))
+
+
+def _empty(path):
+    path.write_bytes(b"")
+
+
+@pytest.mark.parametrize("write, reason", [(_garbage, "not a .npy file"), (_pickled, "pickled Python objects"),
+                                           (_strings, "its dtype is <U1"), (_archive, ".npz archive"),
+                                           (_empty, "empty or truncated")])
+def test_a_file_that_is_not_a_plain_numeric_array_says_how_to_save_one(tmp_path, write, reason):
+    path = tmp_path / "t.npy"
+    write(path)
+    with pytest.raises(ValueError) as info:
+        _config(tokens=str(path))
+    message = str(info.value)
+    assert message.startswith(f"tokens: {path} is not a plain numeric .npy array (")
+    assert reason in message and message.endswith("; save it with np.save(path, array) from a float array")
+    assert "allow_pickle" not in message and "\n" not in message
+
+
+@pytest.mark.parametrize("dims", [("feature", "token"), ("d", "n"), ("dim", "sample")])
+def test_a_netcdf_variable_with_features_first_is_said_to_look_transposed(tmp_path, dims):
+    """(feature, token) read as is would be 2 tokens of dimension 50 (and a hint to run with
+    d = 50): the message says the dims look transposed and how to fix the file."""
+    Z = np.random.default_rng(13).standard_normal((50, 2))
+    xr.Dataset({"emb": (dims, Z.T)}).to_netcdf(tmp_path / "emb.nc")
+    with pytest.raises(ValueError) as info:
+        _config(tokens=f"{tmp_path}/emb.nc:emb")
+    message = str(info.value)
+    assert message.startswith("tokens: variable 'emb' of ") and f"has dims {dims}, which look transposed" in message
+    assert "tokens are the rows and features the last dim" in message
+    assert f".transpose({dims[1]!r}, {dims[0]!r})" in message and "--set d=" not in message
+
+
+def test_a_netcdf_variable_with_neutral_or_upright_dim_names_is_read_as_is(tmp_path):
+    Z = np.random.default_rng(14).standard_normal((20, 2))
+    for dims in (("dim_0", "dim_1"), ("token", "feature"), ("sample", "d")):
+        xr.Dataset({"emb": (dims, Z)}).to_netcdf(tmp_path / "emb.nc")
+        np.testing.assert_array_equal(read_tokens(f"{tmp_path}/emb.nc:emb"), Z)
