@@ -51,10 +51,12 @@ def summaries(ds: xr.Dataset) -> xr.Dataset:
 
 def slopes(ds: xr.Dataset) -> xr.Dataset:
     """Log-log slopes in ``L`` (all ``L``) of ``excess``, ``D_inf`` and ``D_linL`` per setting, and of
-    ``D_inf`` over the last four ``L`` (``D_inf_tail``)."""
+    ``D_inf`` over the last four ``L`` (``D_inf_tail``); the excess slope is NaN in a setting whose
+    excess is not positive at every ``L``."""
     s = summaries(ds)
-    exc = s.excess.where(s.excess > 0)
-    out = {"excess": loglog_slope(exc, "L").slope, "D_inf": loglog_slope(s.D_inf, "L").slope,
+    positive = (s.excess > 0).all("L")
+    excess = loglog_slope(s.excess.where(positive, 1.0), "L").slope.where(positive)   # NaN where not > 0
+    out = {"excess": excess, "D_inf": loglog_slope(s.D_inf, "L").slope,
            "D_linL": loglog_slope(s.D_linL, "L").slope,
            "D_inf_tail": loglog_slope(s.D_inf.isel(L=slice(-4, None)), "L").slope}
     return xr.Dataset(out)
@@ -90,7 +92,18 @@ CRITERIA = Criteria("C3L", prepare=lambda ds: ds if isinstance(ds, _Shared) else
           reason="ours: the excess must fall towards the setting's own floor at least like L^-0.3; faster than "
                  "L^-1.2 would beat the parametric rate")
 def _risk_slope(sh):
-    return sh.over("centred", sh.few, lambda: sh.slopes.excess)
+    return sh.over("centred", sh.few or _on_the_floor(sh), lambda: sh.slopes.excess)
+
+
+def _on_the_floor(sh):
+    """Why the excess slope cannot be taken (an excess <= 0 in some centred setting), or None."""
+    if not sh.centred:
+        return None
+    floor = (sh.s.excess.sel(mean_norm=sh.centred) <= 0).any("L")
+    if not floor.any():
+        return None
+    return (f"the excess risk over the Bayes floor is <= 0 at some L in {int(floor.sum())} of {floor.size} centred "
+            "settings (softmax(L) on or below the Monte Carlo floor): no log-log slope there")
 
 
 @CRITERIA("C3L-D-slope", "log-log slope in L of D(L) = max_t ||theta_L^softmax - theta_inf||, every centred setting",
