@@ -2,10 +2,12 @@
 and nested prompt lengths, their held-out risks, and the closed forms of their risks (docs/tasks.md).
 
 Estimators (``w_hat (nL, n, d)`` for every ``L`` of a strictly increasing ``Ls``, each from the
-first ``L`` tokens of each task; the prompt sums ``X^T X`` and ``X^T y`` are accumulated block by
-block over the nested prompts):
+first ``L`` tokens of each task; the regularised ones from the prompt sums ``X^T X`` and ``X^T y``,
+accumulated block by block over the nested prompts, the interpolators from the SVD of each nested
+``X``):
 
-* :func:`min_norm` -- minimum-norm least squares ``pinv(X) y``;
+* :func:`min_norm` -- minimum-norm least squares ``pinv(X) y``, by the SVD of each nested ``X``
+  itself (the normal equations would square its condition number);
 * :func:`ridge` -- ``argmin (1/L) ||y - X w||^2 + lam ||w||^2``;
 * :func:`posterior_mean` -- ``E[w | prompt]`` for the prior ``N(0, Omega)`` and the label noise of
   the tasks: ridge with the Bayes penalty ``noise^2 Omega^{-1}`` (``(1/L)``-normalised:
@@ -53,19 +55,32 @@ def prompt_sums(tasks, Ls):
     return XtX, Xty
 
 
-def _pinv_solve(A, b):
-    """``pinv(A) b`` for symmetric positive semi-definite ``A (..., d, d)``: eigenvalues below
-    ``d * eps * max eigenvalue`` count as 0 (numpy.linalg.pinv's rule)."""
-    lam, Q = np.linalg.eigh(A)
-    cut = A.shape[-1] * np.finfo(float).eps * lam[..., -1:]
-    inv = np.where(lam > cut, 1.0 / np.where(lam > cut, lam, 1.0), 0.0)
-    return np.einsum("...ij,...j->...i", Q, inv * np.einsum("...ji,...j->...i", Q, b))
+def _min_norm_solve(X, y):
+    """``pinv(X) y`` per task for ``X (n, L, k)``, ``y (n, L)`` -> ``(n, k)``, by the SVD of ``X``
+    (batched): singular values at or below ``eps max(L, k)`` times the largest count as 0
+    (numpy.linalg.lstsq's default ``rcond``). Under-determined (``L < k``): the minimum-norm solution."""
+    U, S, Vt = np.linalg.svd(X, full_matrices=False)
+    cut = np.finfo(float).eps * max(X.shape[-2:]) * S[..., :1]
+    inv = np.where(S > cut, 1.0 / np.where(S > cut, S, 1.0), 0.0)
+    return np.einsum("nki,nk->ni", Vt, inv * np.einsum("nlk,nl->nk", U, y))
+
+
+def _nested_min_norm(tasks, Ls, R=None):
+    """``pinv(X_L R) y_L`` for every ``L`` in ``Ls`` (``X_L``, ``y_L`` the first ``L`` tokens of each
+    task; ``R = I`` by default) -> ``(nL, n, d)``. Cost ``O(n d^2 sum(Ls))``."""
+    Ls = validate_Ls(Ls, tasks.L_max)
+    X, y = tasks.Z[..., : tasks.d], tasks.Z[..., tasks.d]
+    if R is not None:
+        X = X @ R
+    return np.stack([_min_norm_solve(X[:, :L], y[:, :L]) for L in Ls])
 
 
 def min_norm(tasks, Ls):
-    """Minimum-norm least squares ``pinv(X) y = pinv(X^T X) X^T y`` per task and ``L`` -> ``(nL, n, d)``."""
-    XtX, Xty = prompt_sums(tasks, Ls)
-    return _pinv_solve(XtX, Xty)
+    """Minimum-norm least squares ``pinv(X) y`` per task and ``L`` -> ``(nL, n, d)``: by the SVD of
+    ``X`` itself, backward stable like ``numpy.linalg.lstsq`` (within 1e-8 of it at ``cond(X) = 1e8``;
+    the eigenvalues of ``X^T X`` would square the condition number and lose its smallest
+    directions)."""
+    return _nested_min_norm(tasks, Ls)
 
 
 def _lams(lam, nL):
@@ -89,13 +104,14 @@ def ridge(tasks, Ls, lam):
 def posterior_mean(tasks, Ls):
     """``E[w | prompt]`` for the tasks' prior ``N(0, tasks.Omega)`` and label noise ``tasks.noise``:
     ``(X^T X + noise^2 Omega^{-1})^{-1} X^T y``; noiseless: ``Omega^{1/2} pinv(X Omega^{1/2}) y``
-    (the interpolator of least ``w^T Omega^{-1} w``, the posterior mean's limit). ``(nL, n, d)``."""
-    XtX, Xty = prompt_sums(tasks, Ls)
+    (the interpolator of least ``w^T Omega^{-1} w``, the posterior mean's limit; by the SVD of
+    ``X Omega^{1/2}``, as :func:`min_norm`). ``(nL, n, d)``."""
     Omega = tasks.Omega
     if tasks.noise > 0:
+        XtX, Xty = prompt_sums(tasks, Ls)
         return np.linalg.solve(XtX + tasks.noise**2 * np.linalg.inv(Omega), Xty[..., None])[..., 0]
     R = np.linalg.cholesky(Omega)                 # Omega = R R^T; any root gives the same estimator
-    return _pinv_solve(R.T @ XtX @ R, Xty @ R) @ R.T
+    return _nested_min_norm(tasks, Ls, R) @ R.T
 
 
 def pgd_preconditioner(L, Sigma, Omega=None, noise=0.0):

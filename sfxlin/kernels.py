@@ -16,8 +16,11 @@ Sigma a E[kappa'(s)]``, ``s ~ N(0, r^2)``, ``r^2 = a^T Sigma a``): ``V Sigma a g
 ``gain = E kappa'(s) / E kappa(s)`` (normalised) or ``E kappa'(s)`` (unnormalised); for
 ``sigmoid_logL`` the limit of ``L E sigma'(s - log L)`` is ``E e^s = exp(r^2 / 2)``.
 Closed forms: softmax ``1/T``; ReLU ``1/2``; ReLU^2 ``r sqrt(2/pi)``; normalised ReLU
-``sqrt(pi/2) / r``; normalised ReLU^2 ``2 sqrt(2/pi) / r``. The sigmoid gains are 1-D
-Gauss-Hermite integrals (:func:`sfxlin.quadrature.normal_expectation`).
+``sqrt(pi/2) / r``; normalised ReLU^2 ``2 sqrt(2/pi) / r``. The sigmoid moments are 1-D integrals
+by a composite Gauss-Legendre rule graded around the sigmoid's transition
+(:func:`sfxlin.quadrature.graded_normal_rule`), to rounding (1e-14 relative measured) for
+``r <= SIGMOID_R_MAX`` and ``|b| <= SIGMOID_BIAS_MAX``; larger values are refused. A moment that
+overflows float64 (softmax at ``r / T`` beyond about 18) raises ``FloatOverflowError``.
 
 Random-feature softmax (positive features, Performer-style): ``phi(x) = exp(W x - |x|^2/2) / sqrt(m)``,
 ``W (m, D)`` with ``N(0, 1)`` rows, so ``E_W phi(a).phi(z) = exp(a.z)``; its attention is normalised
@@ -36,17 +39,21 @@ import numpy as np
 from .laws import FloatOverflowError
 from .attention import (_check_operands, _check_UVq, _read_out, _weighted_sum, check_prompt_lengths,
                         online_softmax_prefix)
-from .quadrature import normal_expectation
+from .quadrature import graded_normal_rule
 from .validation import finite_array
 
 __all__ = ["KERNEL_NAMES", "Kernel", "kernel_attention", "kernel_attention_prefix", "kernel_gain",
            "kernel_limit", "kernel_mse", "positive_random_features", "rf_attention_prefix", "rf_limit",
-           "rf_feature_constant", "gaussian_covariance"]
+           "rf_feature_constant", "gaussian_covariance", "SIGMOID_R_MAX", "SIGMOID_BIAS_MAX"]
 
 #: every kernel :class:`Kernel` knows
 KERNEL_NAMES = ("softmax", "sigmoid", "sigmoid_logL", "relu", "relu_norm", "relu2", "relu2_norm")
 _NORMALISED = ("softmax", "relu_norm", "relu2_norm")
 _RELU_POWER = {"relu": 1, "relu_norm": 1, "relu2": 2, "relu2_norm": 2}
+#: largest r = ||a||_Sigma and |bias| (sigmoid_logL: log L) at which the sigmoid moments are computed
+#: (the range over which graded_normal_rule was checked against adaptive quadrature)
+SIGMOID_R_MAX = 1e8
+SIGMOID_BIAS_MAX = 700.0
 
 
 def _sigmoid(x):
@@ -76,6 +83,9 @@ class Kernel:
             raise ValueError(f"temperature must be finite and > 0, got {self.temperature!r}")
         if not np.isfinite(self.bias):
             raise ValueError(f"bias must be finite, got {self.bias!r}")
+        if self.name == "sigmoid" and abs(self.bias) > SIGMOID_BIAS_MAX:
+            raise ValueError(f"bias: the sigmoid kernel accepts |bias| <= {SIGMOID_BIAS_MAX:g} (beyond, its moments "
+                             f"leave the float64 range), got {self.bias!r}")
 
     @property
     def normalised(self) -> bool:
@@ -94,40 +104,83 @@ class Kernel:
             return _sigmoid(s - np.log(L))
         return np.maximum(s, 0.0) ** _RELU_POWER[self.name]
 
-    def moments(self, r, L=None, n_nodes=120):
+    def moments(self, r, L=None):
         """``E kappa, E kappa', E kappa^2, E kappa^2 s, E kappa^2 s^2`` for ``s ~ N(0, r^2)``, as
-        arrays shaped like ``r`` (closed forms where they exist, else 1-D Gauss-Hermite)."""
+        arrays shaped like ``r`` (broadcast against ``L`` for ``sigmoid_logL``): closed forms for
+        softmax and the ReLUs, the graded rule of :func:`sfxlin.quadrature.graded_normal_rule` for
+        the sigmoids (to rounding for ``r <= SIGMOID_R_MAX``; beyond, a ``ValueError``)."""
         r = np.asarray(r, dtype=float)
         if self.name in _RELU_POWER:
             p = _RELU_POWER[self.name]
-            return (_half_moment(p, r), p * _half_moment(p - 1, r), _half_moment(2 * p, r),
-                    _half_moment(2 * p + 1, r), _half_moment(2 * p + 2, r))
-        if self.name == "softmax":  # E e^{cs} s^j: closed forms of the Gaussian MGF
+            with np.errstate(over="ignore"):
+                out = (_half_moment(p, r), p * _half_moment(p - 1, r), _half_moment(2 * p, r),
+                       _half_moment(2 * p + 1, r), _half_moment(2 * p + 2, r))
+        elif self.name == "softmax":  # E e^{cs} s^j: closed forms of the Gaussian MGF
             c, r2 = 1.0 / self.temperature, r**2
-            e1, e2 = np.exp(c**2 * r2 / 2), np.exp(2 * c**2 * r2)
-            return e1, c * e1, e2, 2 * c * r2 * e2, (r2 + 4 * c**2 * r2**2) * e2
-        Lx = None if L is None else np.asarray(L, dtype=float)[..., None]  # broadcasts against r and the nodes
-        k = lambda s: self.weight(s, Lx)  # noqa: E731  (sigmoids: sigma' = sigma (1 - sigma))
-        return (normal_expectation(k, r, n_nodes), normal_expectation(lambda s: k(s) * (1 - k(s)), r, n_nodes),
-                normal_expectation(lambda s: k(s) ** 2, r, n_nodes),
-                normal_expectation(lambda s: k(s) ** 2 * s, r, n_nodes),
-                normal_expectation(lambda s: k(s) ** 2 * s**2, r, n_nodes))
+            with np.errstate(over="ignore", invalid="ignore"):
+                e1, e2 = np.exp(c**2 * r2 / 2), np.exp(2 * c**2 * r2)
+                out = (e1, c * e1, e2, 2 * c * r2 * e2, (r2 + 4 * c**2 * r2**2) * e2)
+        else:
+            out = self._sigmoid_moments(r, L)
+        if not all(np.all(np.isfinite(m)) for m in out):
+            raise FloatOverflowError(f"Kernel({self.name!r}).moments: a moment at r = {np.max(r):.4g} overflows "
+                                     "float64 (softmax: E e^(2 s / T) = exp(2 r^2 / T^2)); r is too large")
+        return out
+
+    def _sigmoid_moments(self, r, L):
+        """The five moments of :meth:`moments` for ``kappa(s) = sigma(s + b)`` (``sigmoid_logL``:
+        ``b = -log L``) by :func:`sfxlin.quadrature.graded_normal_rule` around the transition
+        ``s = -b``. Every integrand is positive (no cancellation): ``sigma' = sigma(u) sigma(-u)``
+        in log space, and ``E kappa^2 s = r^2 E (kappa^2)' = 2 r^2 E sigma(u)^2 sigma(-u)``
+        (Stein), ``u = s + b``."""
+        if np.any(r > SIGMOID_R_MAX):
+            raise ValueError(f"r: the sigmoid moments are computed for r = ||a||_Sigma <= {SIGMOID_R_MAX:g}, got "
+                             f"max {np.max(r):.4g}")
+        if self.name == "sigmoid":
+            b = np.asarray(self.bias)
+        else:
+            if L is None or np.any(np.asarray(L) < 1):
+                raise ValueError(f"L: the sigmoid_logL moments need a prompt length >= 1, got {L}")
+            b = -np.log(np.asarray(L, dtype=float))
+            if np.any(-b > SIGMOID_BIAS_MAX):
+                raise ValueError(f"L: sigmoid_logL accepts log L <= {SIGMOID_BIAS_MAX:g}, got L = {np.max(L):.4g}")
+        s, w = graded_normal_rule(r, -b[..., None])
+        u = s + b[..., None]
+        log_k, log_1mk = -np.logaddexp(0.0, -u), -np.logaddexp(0.0, u)   # log sigma(u), log sigma(-u)
+        r = np.broadcast_to(r, s.shape[:-1])
+        return (np.sum(w * np.exp(log_k), -1), np.sum(w * np.exp(log_k + log_1mk), -1),
+                np.sum(w * np.exp(2 * log_k), -1), 2 * r**2 * np.sum(w * np.exp(2 * log_k + log_1mk), -1),
+                np.sum(w * np.exp(2 * log_k) * s**2, -1))
 
     def gain(self, r, L=None):
         """Scalar gain of the limit ``V Sigma a gain`` at ``r = ||a||_Sigma``: ``E kappa'/E kappa``
         (normalised) or ``E kappa'`` (unnormalised); ``sigmoid_logL``: ``exp(r^2/2)`` (``L = None``,
         the limit) or ``L E sigma'(s - log L)`` (the exact mean at prompt length ``L``).
 
-        ``r`` must be > 0 for the normalised ReLUs (their gain is ``c / r``)."""
+        ``r`` must be > 0 for the normalised ReLUs (their gain is ``c / r``). Closed forms but for
+        the sigmoids (:meth:`moments`)."""
         r = np.asarray(r, dtype=float)
         if self.name in ("relu_norm", "relu2_norm") and np.any(r <= 0):
             raise ValueError(f"r: the normalised ReLU gains are c / r and need r = ||a||_Sigma > 0, got {r}")
+        if self.name == "softmax":
+            return np.full(r.shape, 1.0 / self.temperature)
+        if self.name in _RELU_POWER:  # p E max(s,0)^(p-1) [/ E max(s,0)^p]
+            p = _RELU_POWER[self.name]
+            with np.errstate(over="ignore"):
+                m1, m0 = p * _half_moment(p - 1, r), _half_moment(p, r)
+            if not (np.all(np.isfinite(m0)) and np.all(np.isfinite(m1))):
+                raise FloatOverflowError(f"Kernel({self.name!r}).gain: E max(s, 0)^{p} overflows float64 at r = "
+                                         f"{np.max(r):.4g}; r is too large")
+            return m1 / m0 if self.normalised else m1
         if self.name == "sigmoid_logL" and L is None:
-            return np.exp(r**2 / 2)
-        m0, m1 = self.moments(r, L)[:2]
-        if self.name == "sigmoid_logL":
-            return L * m1
-        return m1 / m0 if self.normalised else m1
+            with np.errstate(over="ignore"):
+                limit = np.exp(r**2 / 2)
+            if not np.all(np.isfinite(limit)):
+                raise FloatOverflowError(f"Kernel('sigmoid_logL').gain: exp(r^2 / 2) overflows float64 at r = "
+                                         f"{np.max(r):.4g}; r is too large")
+            return limit
+        m1 = self.moments(r, L)[1]
+        return L * m1 if self.name == "sigmoid_logL" else m1
 
 
 def _check_kernel(kernel):

@@ -29,7 +29,10 @@ gaussian_mixture_rule(weights, means, covs, n_nodes=40)
 gaussian_mixture_tilted_mean_quadrature(weights, means, covs, a, n_nodes=40)
     The tilted mean of the mixture by a softmax over the nodes of that rule.
 normal_expectation(g, r, n_nodes=120)
-    ``E g(s)``, ``s ~ N(0, r^2)``, by 1-D Gauss-Hermite (the gains of kernel attention).
+    ``E g(s)``, ``s ~ N(0, r^2)``, by 1-D Gauss-Hermite (smooth ``g`` of moderate ``r`` only).
+graded_normal_rule(r, points)
+    Nodes and weights of ``E g(s)``, ``s ~ N(0, r^2)``, for ``g`` with unit-scale transitions at
+    ``points`` (a sigmoid's), at any ``r``: composite Gauss-Legendre (the kernel attention gains).
 """
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ from numpy.polynomial.legendre import leggauss
 from .validation import component_covariances, finite_array
 
 __all__ = ["gaussian_tilted_mean_quadrature", "product_law_tilted_mean_quadrature", "gaussian_mixture_rule",
-           "gaussian_mixture_tilted_mean_quadrature", "normal_expectation", "MAX_DIM"]
+           "gaussian_mixture_tilted_mean_quadrature", "normal_expectation", "graded_normal_rule", "MAX_DIM"]
 
 MAX_DIM = 4
 _CHUNK_ELEMENTS = 1 << 22  # rows of a per chunk x grid nodes; 4M float64 = 32 MB per work array
@@ -442,8 +445,11 @@ def normal_expectation(g, r, n_nodes=120):
     """``E[g(s)]`` for ``s ~ N(0, r^2)`` by ``n_nodes``-point Gauss-Hermite (probabilists') quadrature.
 
     ``g`` is a vectorised function of ``s``; ``r >= 0`` broadcasts (result shaped like ``r``).
-    Exact for polynomials of degree < ``2 n_nodes``; for smooth ``g`` (sigmoids, exponentials of
-    moderate rate) it converges geometrically; for kinked ``g`` (ReLU) only algebraically.
+    Exact for polynomials of degree < ``2 n_nodes``; for smooth ``g`` (exponentials of moderate
+    rate) it converges geometrically; for kinked ``g`` (ReLU) only algebraically. The nodes reach
+    only ``|s| <= ~sqrt(4 n_nodes) r``, so a feature of ``g`` of width ``w`` is resolved only while
+    ``r`` is small against ``w``: a sigmoid's (``w = 1``) to 4e-13 at ``r = 2``, 5e-5 at ``r = 5``
+    (120 nodes). Use :func:`graded_normal_rule` for those.
     """
     r = finite_array(r, "r")
     if np.any(r < 0):
@@ -460,3 +466,56 @@ def _normal_rule(n_nodes):
     x, w = hermegauss(n_nodes)
     x.flags.writeable = w.flags.writeable = False
     return x, w / np.sqrt(2 * np.pi)
+
+
+_PANEL_XI, _PANEL_OMEGA = leggauss(20)   # Gauss-Legendre on [-1, 1], per panel
+_PANEL_XI.flags.writeable = _PANEL_OMEGA.flags.writeable = False
+_X_MAX = 40.0                            # |x| beyond 40: the N(0, 1) density < 1e-347 underflows
+_X_PANELS = np.linspace(-_X_MAX, _X_MAX, 41)   # panels of width 2 in x = s / r
+
+
+def _graded_breakpoints(r, points):
+    """Panel ends in ``x = s / r``, sorted, shape ``lead + (n,)``: the uniform grid
+    :data:`_X_PANELS` and, around each point ``t`` (in ``s``), ``t`` and ``t +- 2^k``
+    (``k = 0 .. K-1``, ``2^(K-1) >= 4 max r``), clipped to ``[-40, 40]``. At ``r = 0`` the integrand
+    does not depend on ``x`` and any panels do: ``r = 1`` places them."""
+    lead = points.shape[:-1]
+    scale = np.where(r > 0, r, 1.0)[..., None]
+    K = int(np.ceil(np.log2(max(4.0 * float(np.max(scale, initial=0.0)), 1.0)))) + 1
+    steps = np.concatenate([-(2.0 ** np.arange(K)), [0.0], 2.0 ** np.arange(K)])
+    graded = (points[..., :, None] + steps).reshape(lead + (-1,)) / scale
+    x = np.concatenate([np.broadcast_to(_X_PANELS, lead + _X_PANELS.shape), np.clip(graded, -_X_MAX, _X_MAX)], -1)
+    return np.sort(x, axis=-1)
+
+
+def graded_normal_rule(r, points):
+    """Nodes ``s`` and weights ``w`` with ``E g(s) ~= sum(w * g(s), axis=-1)`` for ``s ~ N(0, r^2)``:
+    both of shape ``lead + (N,)``, ``lead`` the broadcast of ``r.shape`` and ``points.shape[:-1]``.
+
+    ``r >= 0`` (array); ``points (..., P)``: the values of ``s`` around which ``g`` changes on the
+    unit scale (a sigmoid ``sigma(s + b)``: ``-b``). Composite 20-point Gauss-Legendre in
+    ``x = s / r`` over ``|x| <= 40`` (the Gaussian weight underflows beyond), with panels of width
+    at most 2 in ``x`` and, on both sides of each point ``t``, geometrically graded panels
+    ``[t + 2^k, t + 2^(k+1)]`` in ``s`` (widths 1, 2, 4, ... out to ``4 r``). So every panel is
+    short against the Gaussian's scale and against its distance to the complex singularities of
+    ``g`` near ``t`` (a sigmoid's poles are at ``t + i pi (2j + 1)``): the rule converges
+    geometrically on each panel whatever ``r`` and ``t``. Measured against adaptive quadrature
+    (``scipy.integrate.quad``) for ``sigma^k`` times ``1, s^2`` and ``sigma'``: at most 1e-14
+    relative for ``1e-6 <= r <= 1e8`` and ``|t| <= 700``. ``g`` must be finite at the nodes.
+
+    Cost: ``20 (40 + 2 P (K + 1))`` nodes, ``K = ceil(log2(max(4 max r, 1))) + 1`` (980 nodes for
+    one point and ``r <= 2``).
+    """
+    r = finite_array(r, "r")
+    if np.any(r < 0):
+        raise ValueError(f"r (a standard deviation) must be >= 0, got {r}")
+    points = finite_array(points, "points")
+    if points.ndim == 0:
+        raise ValueError(f"points must have shape (..., P), got shape {points.shape}")
+    lead = np.broadcast_shapes(r.shape, points.shape[:-1])
+    r = np.broadcast_to(r, lead)
+    x = _graded_breakpoints(r, np.broadcast_to(points, lead + points.shape[-1:]))
+    half, mid = (x[..., 1:] - x[..., :-1]) / 2, (x[..., 1:] + x[..., :-1]) / 2
+    nodes = (mid[..., None] + half[..., None] * _PANEL_XI).reshape(lead + (-1,))
+    w = (half[..., None] * _PANEL_OMEGA).reshape(lead + (-1,)) * np.exp(-nodes**2 / 2) / np.sqrt(2 * np.pi)
+    return r[..., None] * nodes, w

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from sfxlin.analysis import c1_kernels as analysis
-from sfxlin.kernels import Kernel, kernel_mse, rf_feature_constant
 from sfxlin.pipelines import c1_kernels
-from sfxlin.sweep import build
+from sfxlin.sweep import build, cell_rng
+from test_kernel_exact import reference_mse, snis_constant_by_quadrature
 
 SMALL = {**c1_kernels.EXPERIMENT.configure("quick"), "kernels": ["softmax_sqrtd", "sigmoid_logL", "relu_norm", "rf_softmax"],
          "r": [0.5, 1.0], "L": [16, 64, 256], "n_queries": 2, "n_prompts": 6, "rf_sigma2": [0.1, 2.0],
@@ -31,15 +31,23 @@ def test_exact_limit_gains_are_the_closed_forms(ds):
                                rtol=1e-12)
 
 
-def test_predicted_error_depends_on_the_query_direction_only_through_sigma_a(ds):
-    """mse_theory of relu_norm: the delta-method constant of a query with ||a||_Sigma = r; bounded by
-    the constants at the extreme directions (eigenvectors of Sigma), computed independently."""
+def test_predicted_error_is_the_mean_of_the_quadrature_constants_of_the_cells_queries(ds):
+    """mse_theory = mean over the cell's queries (drawn first from the cell's generator: directions
+    N(0, I), rescaled to ||a||_Sigma = r) of E||f_L - f_inf||^2 by adaptive quadrature
+    (tests/test_kernel_exact.py), to 1e-10."""
     S = np.diag(SMALL["Sigma"])
-    for r in ds.r.values:
-        ends = [float(kernel_mse(Kernel("relu_norm"), S, np.eye(3), r / math.sqrt(S[i, i]) * np.eye(3)[i], 256))
-                for i in range(3)]
-        got = float(ds.mse_theory.sel(kernel="relu_norm", r=r, L=256).isel(seed=0))
-        assert min(ends) <= got <= max(ends)
+    config = c1_kernels.EXPERIMENT.configure(profile=None, values=SMALL)
+    kernels = {"softmax_sqrtd": ("softmax", math.sqrt(3)), "sigmoid_logL": ("sigmoid_logL", 1.0),
+               "relu_norm": ("relu_norm", 1.0)}
+    for name, (kern, T) in kernels.items():
+        for r in ds.r.values:
+            rng = cell_rng(c1_kernels.EXPERIMENT.rng_name(""), {"kernel": name, "r": r, "seed": 0}, config["root_seed"])
+            a = rng.standard_normal((SMALL["n_queries"], 3))
+            a = r * a / np.sqrt(np.einsum("qd,de,qe->q", a, S, a))[:, None]
+            for L in ds.L.values:
+                want = np.mean([reference_mse(kern, S, ai, float(L), T=T) for ai in a])
+                got = float(ds.mse_theory.sel(kernel=name, r=r, L=L).isel(seed=0))
+                assert abs(got - want) <= 1e-10 * want, (name, r, L, got, want)
     assert np.isnan(ds.mse_theory.sel(kernel="rf_softmax")).all()
 
 
@@ -49,10 +57,10 @@ def test_errors_fall_and_the_stein_check_is_at_rounding_level(ds):
     assert float(ds.stein_error.sel(stein_kernel=list(analysis.SMOOTH)).max()) < 1e-8
 
 
-def test_rf_constant_is_the_formula_and_infinite_for_heavy_tails(ds):
+def test_rf_constant_is_the_snis_expectation_and_infinite_for_heavy_tails(ds):
     a = SMALL["rf_a"] * np.eye(3)[0]
-    np.testing.assert_allclose(ds.rf_constant.sel(rf_sigma2=0.1).isel(rf_m=0),
-                               rf_feature_constant(0.1 * np.eye(3), np.eye(3), a), rtol=1e-12)
+    np.testing.assert_allclose(ds.rf_constant.sel(rf_sigma2=0.1), snis_constant_by_quadrature(0.1 * np.eye(3), a),
+                               rtol=1e-10)
     assert np.isinf(ds.rf_constant.sel(rf_sigma2=2.0)).all()
     # 1/m for the light-tailed case: the mean squared error falls by about 16 from m = 4 to 64
     e = ds.rf_sq_error.sel(rf_sigma2=0.1).mean("rf_draw")

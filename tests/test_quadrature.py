@@ -431,3 +431,55 @@ def test_gaussian_mixture_quadrature_validation(kwargs, match):
     kwargs.setdefault("a", np.ones(np.shape(kwargs["means"])[-1]))
     with pytest.raises(ValueError, match=match):
         gaussian_mixture_tilted_mean_quadrature(**kwargs)
+
+
+# --------------------------------------------------------------------------------------------
+# 1-D Gaussian expectations with a sharp transition: the graded composite Gauss-Legendre rule
+# --------------------------------------------------------------------------------------------
+def test_graded_normal_rule_integrates_gaussian_moments_at_every_scale():
+    """E s^(2k) = r^(2k) (2k - 1)!! (k <= 5), to 1e-13 relative, from r = 1e-3 to 1e6 with the
+    transition anywhere; at r = 0 the rule returns g(0)."""
+    r = np.array([1e-3, 0.7, 3.0, 1e4, 1e6])
+    for t in (-5.0, 0.0, 300.0):
+        s, w = quadrature.graded_normal_rule(r, [t])
+        for k in range(6):
+            want = r ** (2 * k) * np.prod(np.arange(1, 2 * k, 2))
+            np.testing.assert_allclose(np.sum(w * s ** (2 * k), -1), want, rtol=1e-13)
+    s, w = quadrature.graded_normal_rule(0.0, [1.0])
+    assert np.sum(w * (np.cos(s) + 3.0)) == pytest.approx(4.0, rel=1e-15)
+
+
+def test_graded_normal_rule_resolves_a_unit_width_peak_at_any_r():
+    """E phi(s - t) = phi(t / sqrt(1 + r^2)) / sqrt(1 + r^2) and E Phi(s - t) = Phi(-t / sqrt(1 + r^2))
+    (a Gaussian feature of unit width at s = t, the sigmoid's derivative's analogue): 1e-12 relative
+    from r = 0.1 to 1e6, where the 120-node Gauss-Hermite rule already misses the peak at r = 5."""
+    from scipy.special import ndtr
+
+    r = np.array([0.1, 1.0, 5.0, 10.0, 1e3, 1e6])
+    for t in (-8.0, -1.3, 0.0, 4.0):
+        s, w = quadrature.graded_normal_rule(r, [t])
+        c = np.sqrt(1 + r**2)
+        pdf = np.exp(-(s - t) ** 2 / 2) / np.sqrt(2 * np.pi)
+        np.testing.assert_allclose(np.sum(w * pdf, -1), np.exp(-(t / c) ** 2 / 2) / np.sqrt(2 * np.pi) / c,
+                                   rtol=1e-12)
+        np.testing.assert_allclose(np.sum(w * ndtr(s - t), -1), ndtr(-t / c), rtol=1e-12)
+    gh = quadrature.normal_expectation(lambda s: np.exp(-(s + 1.3) ** 2 / 2) / np.sqrt(2 * np.pi), 5.0)
+    assert abs(gh / (np.exp(-(1.3 / np.sqrt(26)) ** 2 / 2) / np.sqrt(2 * np.pi * 26)) - 1) > 1e-6
+
+
+def test_graded_normal_rule_broadcasts_r_against_the_points():
+    r, t = np.array([[0.5], [4.0]]), np.array([[-1.0, 2.0], [0.0, 3.0], [5.0, 5.0]])
+    s, w = quadrature.graded_normal_rule(r, t)
+    assert s.shape[:2] == w.shape[:2] == (2, 3)
+    for i in range(2):
+        for j in range(3):
+            si, wi = quadrature.graded_normal_rule(r[i, 0], t[j])
+            np.testing.assert_allclose(np.sum(w[i, j] * np.tanh(s[i, j] - 1)), np.sum(wi * np.tanh(si - 1)),
+                                       rtol=1e-14, atol=1e-16)
+
+
+@pytest.mark.parametrize("args, match", [((-1.0, [0.0]), "r "), ((np.nan, [0.0]), "r "), ((1.0, 0.0), "points"),
+                                         ((1.0, [np.inf]), "points")])
+def test_graded_normal_rule_validation(args, match):
+    with pytest.raises(ValueError, match=match):
+        quadrature.graded_normal_rule(*args)

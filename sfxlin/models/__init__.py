@@ -5,8 +5,9 @@ Importing this package imports JAX and switches on its float64 mode (a JAX-wide 
 touches nothing outside JAX); ``import sfxlin`` and the command line never import it.
 """
 from .optimise import METHODS, train
-from .transformer import (KERNELS, LINEAR_LIMIT, Kernel, Transformer, flatten, kernel, limit_layers, predict,
-                          predict_layers, risk, risk_and_grad)
+from .transformer import (KERNELS, LAMBDA_BOUND, LINEAR_LIMIT, Kernel, RateConditionWarning, Transformer, flatten,
+                          head_lambdas, kernel, limit_layers, predict, predict_layers, risk, risk_and_grad)
 
-__all__ = ["KERNELS", "LINEAR_LIMIT", "METHODS", "Kernel", "Transformer", "flatten", "kernel", "limit_layers",
-           "predict", "predict_layers", "risk", "risk_and_grad", "train"]
+__all__ = ["KERNELS", "LAMBDA_BOUND", "LINEAR_LIMIT", "METHODS", "Kernel", "RateConditionWarning", "Transformer",
+           "flatten", "head_lambdas", "kernel", "limit_layers", "predict", "predict_layers", "risk", "risk_and_grad",
+           "train"]

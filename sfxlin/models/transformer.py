@@ -24,6 +24,12 @@ tokens stay centred Gaussian with ``Sigma_{l+1} = A_l Sigma_l A_l^T`` and the ou
 ``v . A_K ... A_1 z_q``. For a pointwise kernel the limit is not linear (its gain depends on
 ``a^T Sigma a``) and the tokens leave the Gaussian family after one layer: no closed form here.
 
+Rate condition (:func:`head_lambdas`): softmax's squared error to the limit falls like ``1/L``
+only while every head has ``lambda = ||Sigma_l^{1/2} U_{l,h} Sigma_l^{1/2}||_op^2 < 1/2``: its
+constant ``exp(z^T U^T Sigma_l U z)`` has a finite mean over ``z ~ N(0, Sigma_l)`` only then (a
+finite variance needs ``lambda < 1/4``). The finite-``L`` functions warn
+(:class:`RateConditionWarning`) when a softmax model breaks it on the prompt they are given.
+
 Cost per task, layer and head: ``O(L^2 D)`` time and ``O(L^2)`` memory for the softmax and the
 pointwise kernels (tokens attend to tokens; the last layer updates the query only, ``O(L D)``),
 ``O(L D^2)`` for linear attention. Tasks are mapped in batches that keep the logits under 64 MB.
@@ -34,6 +40,7 @@ on by :mod:`sfxlin.models`).
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -42,9 +49,18 @@ import numpy as np
 from ._jax import jax, jnp
 
 __all__ = ["Kernel", "KERNELS", "LINEAR_LIMIT", "kernel", "Transformer", "predict", "predict_layers", "limit_layers",
-           "risk", "risk_and_grad", "flatten"]
+           "head_lambdas", "RateConditionWarning", "LAMBDA_BOUND", "risk", "risk_and_grad", "flatten"]
 
 _LOGIT_BYTES = 1 << 26
+
+#: the bound on every head's lambda (head_lambdas) below which softmax's error to the deep limit falls like 1/L
+LAMBDA_BOUND = 0.5
+
+
+class RateConditionWarning(UserWarning):
+    """A softmax head has ``lambda >= 1/2`` (:func:`head_lambdas`) on the prompt it is evaluated on:
+    its error constant has an infinite mean over Gaussian queries, and the squared error to the
+    deep limit need not fall like ``1/L``."""
 
 
 @dataclass(frozen=True)
@@ -146,11 +162,11 @@ class Transformer:
         return out
 
 
-def _U(model, params):
-    """``(K, H, D, D)`` attention matrices (``W_K^T W_Q`` when factored)."""
+def _U(model, params, xp=jnp):
+    """``(K, H, D, D)`` attention matrices (``W_K^T W_Q`` when factored); ``xp``: ``jax.numpy`` or ``numpy``."""
     if model.d_k is None:
         return params["U"]
-    return jnp.einsum("khai,khaj->khij", params["W_K"], params["W_Q"])
+    return xp.einsum("khai,khaj->khij", params["W_K"], params["W_Q"])
 
 
 def _attend(kern, U, X, Z, G):
@@ -204,17 +220,26 @@ def _layers(model, kern, params, Z, z_q, tokens=False):
     return jnp.moveaxis(out, 0, 1)
 
 
-def _limit(model, params, Sigma, z_q):
-    U = _U(model, params)
-    eye = jnp.eye(model.D)
-    preds, moments = [], []
+def _layer_maps(model, params, Sigma, xp=jnp):
+    """The deep limit layer by layer: yields ``(A_l, Sigma_l)``, the map ``A_l = I + sum_h V_{l,h}
+    Sigma_l U_{l,h}`` and the token covariance entering layer ``l`` (``Sigma_1 = Sigma``,
+    ``Sigma_{l+1} = A_l Sigma_l A_l^T``), arrays ``(n, D, D)``; ``xp``: ``jax.numpy`` (traced) or
+    ``numpy``."""
+    U = _U(model, params, xp)
+    eye = xp.eye(model.D)
     for l in range(model.n_layers):
-        moments.append(Sigma)
-        M = jnp.einsum("hij,njk,hkl->nil", params["V"][l], Sigma, U[l]) if model.values else \
-            jnp.einsum("njk,hkl->njl", Sigma, U[l])
+        M = xp.einsum("hij,njk,hkl->nil", params["V"][l], Sigma, U[l]) if model.values else \
+            xp.einsum("njk,hkl->njl", Sigma, U[l])
         A = eye + M if model.residual else M                 # (n, D, D)
+        yield A, Sigma
+        Sigma = A @ Sigma @ xp.swapaxes(A, -1, -2)
+
+
+def _limit(model, params, Sigma, z_q):
+    preds, moments = [], []
+    for A, S in _layer_maps(model, params, Sigma):
+        moments.append(S)
         z_q = jnp.einsum("nij,nqj->nqi", A, z_q)
-        Sigma = A @ Sigma @ jnp.swapaxes(A, -1, -2)
         preds.append(z_q @ params["v"])
     return jnp.stack(preds), jnp.stack(moments)
 
@@ -242,22 +267,76 @@ def _arrays(Z, z_q, D, Zname="Z"):
         raise ValueError(f"{Zname} must have shape (n, L, {D}), got {Z.shape}")
     if z_q.ndim != 3 or z_q.shape[0] != Z.shape[0] or z_q.shape[-1] != D:
         raise ValueError(f"z_q must have shape ({Z.shape[0]}, q, {D}), got {z_q.shape}")
+    for name, a in ((Zname, Z), ("z_q", z_q)):
+        if not np.all(np.isfinite(a)):
+            raise ValueError(f"{name} must be finite (no NaN or inf entries)")
     return Z, z_q
+
+
+def _square_root(Sigma):
+    """The PSD square roots of ``Sigma (..., D, D)`` (symmetric PSD, possibly singular)."""
+    lam, Q = np.linalg.eigh(Sigma)
+    return (Q * np.sqrt(np.clip(lam, 0.0, None))[..., None, :]) @ np.swapaxes(Q, -1, -2)
+
+
+def head_lambdas(model, params, Sigma):
+    """``lambda_{l,h} = ||Sigma_l^{1/2} U_{l,h} Sigma_l^{1/2}||_op^2`` for every layer ``l``, head ``h``
+    and task, along the deep limit's token covariances ``Sigma_l`` (``Sigma_1 = Sigma (n, D, D)``,
+    ``Sigma_{l+1} = A_l Sigma_l A_l^T``, :func:`limit_layers`): ``(K, H, n)`` numpy.
+
+    Softmax's squared error to the limit falls like ``1/L`` only while every ``lambda < 1/2``
+    (:data:`LAMBDA_BOUND`): for ``z ~ N(0, Sigma_l)``, ``z^T U^T Sigma_l U z = |B g|^2`` with
+    ``B = Sigma_l^{1/2} U Sigma_l^{1/2}`` and ``g ~ N(0, I)``, so the error constant
+    ``exp(z^T U^T Sigma_l U z)`` has a finite mean iff ``||B||_op^2 < 1/2`` (finite variance iff
+    ``< 1/4``)."""
+    p = model.params(**params)
+    Sigma = np.asarray(Sigma, dtype=float)
+    if Sigma.ndim != 3 or Sigma.shape[1:] != (model.D, model.D) or not np.all(np.isfinite(Sigma)):
+        raise ValueError(f"Sigma must be finite with shape (n, {model.D}, {model.D}), got {Sigma.shape}")
+    covariances = np.stack([S for _, S in _layer_maps(model, p, Sigma, np)])   # (K, n, D, D)
+    R = _square_root(covariances)[:, None]                           # (K, 1, n, D, D)
+    B = R @ _U(model, p, np)[:, :, None] @ R                          # (K, H, n, D, D)
+    return np.linalg.norm(B, ord=2, axis=(-2, -1)) ** 2
+
+
+def _warn_rate_condition(model, kern, params, Z, stacklevel):
+    """Warn (:class:`RateConditionWarning`, attributed ``stacklevel`` frames up) when a softmax model
+    has a head with ``lambda >= 1/2`` on the prompts ``Z (n, L, D)`` (``Sigma_1`` their second
+    moments ``Z^T Z / L``, max over tasks)."""
+    if kernel(kern).name != "softmax":
+        return
+    lam = head_lambdas(model, params, np.einsum("nli,nlj->nij", Z, Z) / Z.shape[1]).max(axis=-1)   # (K, H)
+    broken = sorted(zip(*np.nonzero(lam >= LAMBDA_BOUND)), key=lambda lh: -lam[lh])
+    if broken:
+        heads = ", ".join(f"layer {l + 1} head {h + 1}: lambda = {lam[l, h]:.3g}" for l, h in broken)
+        warnings.warn(f"softmax: {heads} (lambda = ||Sigma_l^(1/2) U Sigma_l^(1/2)||_op^2, max over the tasks, "
+                      "Sigma_1 the prompts' second moment) is not below the bound 1/2: the error constant "
+                      "exp(z^T U^T Sigma_l U z) has an infinite mean over Gaussian queries, and the error to the "
+                      "deep limit need not fall like 1/L", RateConditionWarning, stacklevel=stacklevel)
 
 
 def predict_layers(model, kern, params, Z, z_q, moments=False):
     """Read-outs ``v . z_q^{(l)}`` after every layer ``l = 1..K``: ``(K, n, q)`` numpy.
     ``Z (n, L, D)`` prompts, ``z_q (n, q, D)`` queries; ``kern`` a name or :class:`Kernel`.
     ``moments=True``: also the second moments ``Z_l^T Z_l / L`` of the prompt tokens entering
-    every layer, ``(K, n, D, D)`` (layer 1: the prompt's ``Ghat_L``)."""
+    every layer, ``(K, n, D, D)`` (layer 1: the prompt's ``Ghat_L``). Softmax: a
+    :class:`RateConditionWarning` when a head has ``lambda >= 1/2`` on these prompts
+    (:func:`head_lambdas` with ``Sigma_1 = Z^T Z / L``)."""
+    return _predict_layers(model, kern, params, Z, z_q, moments)
+
+
+def _predict_layers(model, kern, params, Z, z_q, moments):
+    """:func:`predict_layers`, called by the public functions (the warning names their caller)."""
     Z, z_q = _arrays(Z, z_q, model.D)
-    out = _layers_jit(model, kernel(kern), model.params(**params), Z, z_q, bool(moments))
+    kern, params = kernel(kern), model.params(**params)
+    _warn_rate_condition(model, kern, params, Z, stacklevel=4)
+    out = _layers_jit(model, kern, params, Z, z_q, bool(moments))
     return tuple(np.asarray(a) for a in out) if moments else np.asarray(out)
 
 
 def predict(model, kern, params, Z, z_q):
     """Read-out of the last layer, ``(n, q)`` (:func:`predict_layers`)."""
-    return predict_layers(model, kern, params, Z, z_q)[-1]
+    return _predict_layers(model, kern, params, Z, z_q, False)[-1]
 
 
 def limit_layers(model, params, Sigma, z_q, moments=False):
@@ -286,17 +365,23 @@ def _data(kern, tasks, L):
 def risk(model, kern, params, tasks, L=None):
     """Risk ``mean 1/2 (pred - y_q)^2`` over the tasks and queries of ``tasks``
     (:class:`sfxlin.icl.Tasks`) at prompt length ``L``; ``kern="limit"``: the deep limit with
-    ``Sigma = Gamma_w`` (``L`` ignored)."""
-    data = _data(kern, tasks, L)
-    return float(_loss_jit(model.params(**params), model, kern, data, tasks.z_q, tasks.y_q))
+    ``Sigma = Gamma_w`` (``L`` ignored). Softmax: the :class:`RateConditionWarning` of
+    :func:`predict_layers`."""
+    data, params = _data(kern, tasks, L), model.params(**params)
+    if kern != "limit":
+        _warn_rate_condition(model, kern, params, data, stacklevel=3)
+    return float(_loss_jit(params, model, kern, data, tasks.z_q, tasks.y_q))
 
 
 def risk_and_grad(model, kern, params, tasks, L=None):
     """``(risk, grad)`` of :func:`risk`, the gradient a dict like ``params`` (numpy), by
     reverse-mode autodiff. The compiled function is the one training uses (:func:`train`), so
-    evaluating tasks shaped like the training tasks compiles nothing new."""
-    data = _data(kern, tasks, L)
-    params = {k: jnp.asarray(a) for k, a in model.params(**params).items()}
+    evaluating tasks shaped like the training tasks compiles nothing new. Softmax: the
+    :class:`RateConditionWarning` of :func:`predict_layers`."""
+    data, params = _data(kern, tasks, L), model.params(**params)
+    if kern != "limit":
+        _warn_rate_condition(model, kern, params, data, stacklevel=3)
+    params = {k: jnp.asarray(a) for k, a in params.items()}
     r, g = _loss_grad_jit(params, model, kern, data, tasks.z_q, tasks.y_q)
     return float(r), {k: np.asarray(a) for k, a in g.items()}
 
