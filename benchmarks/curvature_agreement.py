@@ -23,7 +23,7 @@ def agreement(path, n_last=6):
     """Rows ``(setting, seed, L, lr*lambda_max range, rho range, measured range, final/eps)``."""
     import xarray as xr
 
-    from sfxlin import curvature, icl
+    from sfxlin import curvature, icl, laws
     from sfxlin.pipelines import c3_transfer as c3
     from sfxlin.sweep import cell_rng
 
@@ -42,7 +42,7 @@ def agreement(path, n_last=6):
             rng = cell_rng(c3.NAME, {"setting": setting, "seed": seed}, cfg["root_seed"])
             Sigma = np.asarray(cfg[f"Sigma_{setting}"], dtype=float)
             tasks = icl.make_tasks(rng, cfg["d"], cfg["n_pairs"], cfg["n_queries"], Ls[-1],
-                                   icl.covariate_law(c3.SETTINGS[setting], Sigma))
+                                   laws.covariate_law(c3.SETTINGS[setting], Sigma))
             cell = ds.sel(setting=setting, seed=seed, model="softmax")
             H = curvature.off_block_hessian("softmax", tasks, Ls, cell.U.values[:, tsel], cell.v.values[:, tsel])
             lo, hi = curvature.curvature_extremes(H)

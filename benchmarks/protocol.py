@@ -36,7 +36,7 @@ def seed_loop(path):
     returns the largest relative difference of its trajectories and held-out risks from the file's."""
     import xarray as xr
 
-    from sfxlin import icl
+    from sfxlin import icl, laws
     from sfxlin.pipelines import c3_transfer as c3
     from sfxlin.sweep import cell_rng
     from sfxlin.testing import reference_c3
@@ -51,7 +51,7 @@ def seed_loop(path):
         for seed in range(c3.seeds_of(config, setting)):
             rng = cell_rng(c3.NAME, {"setting": setting, "seed": seed}, config["root_seed"])
             Sigma = np.asarray(config[f"Sigma_{setting}"], dtype=float)
-            law = icl.covariate_law(c3.SETTINGS[setting], Sigma)
+            law = laws.covariate_law(c3.SETTINGS[setting], Sigma)
             tasks = icl.make_tasks(rng, config["d"], config["n_pairs"], config["n_queries"], Ls[-1], law)
             held = icl.make_tasks(rng, config["d"], config["heldout_pairs"], config["heldout_queries"],
                                   max(Ls[-1], L_eval), law)

@@ -47,14 +47,13 @@ import math
 
 import numpy as np
 
-from sfxlin import covariance, icl
+from sfxlin import covariance, icl, laws
 from sfxlin.params import Param, Profiles
 from sfxlin.stability import TRAINERS, concentration_constant, gap_constant, gradient_gap_trajectory
 from sfxlin.sweep import Experiment, Part, Variable
 from sfxlin.training import checkpoint_steps
 
 NAME = "c2_threshold"
-X_LAWS = ("gaussian", "rademacher")
 
 
 def _tau_grid(lo, hi, n):
@@ -83,7 +82,8 @@ PARAMS = (
           unit="steps", low=0),
     Param("ckpt_every", "int", "steps between checkpoints at which the gap is measured", Profiles(quick=50, paper=100),
           unit="steps", low=1),
-    Param("x_law", "str", "covariate law: 'gaussian' (the study) or 'rademacher'", "gaussian", choices=X_LAWS),
+    Param("x_law", "str", "covariate law with covariance Sigma, a spec of sfxlin.laws.covariate_law: 'gaussian' (the "
+          "study), 'rademacher', 'uniform', 'student_t:DF' (DF > 2), 'gaussian_mixture:SPREAD'", "gaussian"),
     Param("trainer", "str", "'pairs' (antithetic partners summed first: the off-block gradient cancels exactly) or "
           "'simple' (training.train; its rounding seeds a GD instability of the block structure at small tau)",
           "pairs", choices=TRAINERS),
@@ -108,6 +108,14 @@ def _steps_fit_checkpoints(config):
     for steps, every in (("n_steps", "ckpt_every"), ("family_steps", "family_ckpt_every")):
         if config[steps] % config[every]:
             raise ValueError(f"{steps}: {config[steps]} must be a multiple of {every} = {config[every]}")
+
+
+def _x_law_serves(config):
+    """``x_law`` names a covariate law with a covariance ``Sigma`` on ``R^d`` (ValueError ``"x_law: ..."``)."""
+    try:
+        laws.covariate_law(config["x_law"], np.eye(config["d"]), d=config["d"])
+    except ValueError as exc:
+        raise ValueError(f"x_law: {exc}") from None
 
 
 def sigma_scale(tau, d):
@@ -260,7 +268,7 @@ VARIABLES = (
 )
 
 EXPERIMENT = Experiment(
-    name=NAME, short="c2_threshold", params=PARAMS, checks=(_steps_fit_checkpoints, covariance.spec_check("families")),
+    name=NAME, short="c2_threshold", params=PARAMS, checks=(_steps_fit_checkpoints, covariance.spec_check("families"), _x_law_serves),
     inner_coords=inner_coords, variables=VARIABLES, analysis="sfxlin.analysis.c2_threshold",
     parts=(Part("", grid, kernel), Part("families", family_grid, family_kernel),
            Part("constants", constants_grid, constants_kernel, inputs=constants_inputs),

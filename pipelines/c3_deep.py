@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sfxlin import icl
+from sfxlin import icl, laws
 from sfxlin.params import Param, Profiles
 from sfxlin.sweep import Experiment, Part, Variable
 from sfxlin.training import checkpoint_steps
@@ -116,7 +116,7 @@ def _heldout_risk(models, model, kern, params, held, n, L=None):
 
 
 def _tasks(rng, d, n_pairs, n_queries, L_max):
-    return icl.make_tasks(rng, d, n_pairs, n_queries, L_max, icl.covariate_law("gaussian", np.eye(d)))
+    return icl.make_tasks(rng, d, n_pairs, n_queries, L_max, laws.covariate_law("gaussian", np.eye(d)))
 
 
 def kernel(cell, rng, config):

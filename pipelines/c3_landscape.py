@@ -41,8 +41,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sfxlin import baselines, bayes, covariance, icl, training
-from sfxlin.laws import Gaussian
+from sfxlin import baselines, bayes, covariance, icl, laws, training
 from sfxlin.params import Param, Profiles
 from sfxlin.sweep import Experiment, Part, Variable
 
@@ -94,14 +93,10 @@ def inner_coords(config):
     return {"model": list(MODELS), "L": list(config["L"])}
 
 
-def covariate_law(spec, d, mean_norm):
-    """``N(m, Sigma)``: ``Sigma = covariance.from_spec(spec, d)``, ``m = mean_norm (1, ..., 1) / sqrt(d)``."""
-    return Gaussian(mean=np.full(d, mean_norm / np.sqrt(d)), cov=covariance.from_spec(spec, d))
-
-
 def kernel(cell, rng, config):
     d, s, Ls = cell["d"], cell["noise"], config["L"]
-    law = covariate_law(cell["covariance"], d, cell["mean_norm"])
+    law = laws.covariate_law("gaussian", covariance.from_spec(cell["covariance"], d),
+                             np.full(d, cell["mean_norm"] / np.sqrt(d)))
     Sigma, mean = law.cov, law.mean
     kw = dict(lr=config["lr"], n_steps=config["n_steps"], ckpt_every=config["ckpt_every"])
     tasks = icl.make_tasks(rng, d, config["n_pairs"], config["n_queries"], Ls[-1], law, noise=s, query_noise=s)

@@ -6,7 +6,13 @@ Grid (one dask task per cell): ``setting x seed``.
 * ``setting``: ``isotropic`` (Gaussian covariates, ``Sigma = I_d``), ``anisotropic`` (Gaussian,
   ``Sigma = diag(2, 1, 0.5)``) and the control ``rademacher`` (``x = Sigma^{1/2} r``, ``r_i = +-1``,
   ``Sigma = I_d``: bounded, not Gaussian, so softmax(L) converges to its own tilted-mean limit and
-  not to linear(inf)). Each setting's ``Sigma`` is a parameter (``Sigma_<setting>``).
+  not to linear(inf)). Each setting's ``Sigma`` is a parameter (``Sigma_<setting>``). With
+  ``covariates`` (a file of covariates, one row each, ``.npy`` or ``file.nc:variable``) the setting
+  ``empirical`` joins them: covariates drawn with replacement from the file's rows as given (the law
+  ``laws.covariate_law("empirical:FILE")``), ``n_seeds`` seeds; its ``Sigma`` is the rows' second
+  moment ``M = cov + m m^T`` (the Eq. 9 init, the Bayes optimum of Remark 5.2, and what linear(inf)
+  sees: "inf" is then linear attention at infinite prompt length, not softmax's limit, which is the
+  rows' own tilted mean). The file's sha256 is one of that setting's cell inputs.
 * ``seed``: ``0 .. max(n_seeds, n_seeds_control) - 1``. Gaussian settings run ``n_seeds`` seeds, the
   control ``n_seeds_control`` (the protocol: 2 and 1). The grid is a product, so cells outside the
   protocol (the control's extra seeds) exist in the file but are not computed: their kernel returns
@@ -67,8 +73,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from sfxlin import baselines, curvature, icl, training
+from sfxlin import baselines, curvature, icl, laws, training
 from sfxlin.params import Param, Profiles
+from sfxlin.realdata import file_sha256, parse_token_source
 from sfxlin.sweep import Experiment, Part, Variable
 
 NAME = "c3_transfer"
@@ -76,6 +83,7 @@ NAME = "c3_transfer"
 #: setting -> covariate law (the names are part of the file schema; ``rademacher`` is the control).
 SETTINGS = {"isotropic": "gaussian", "anisotropic": "gaussian", "rademacher": "rademacher"}
 CONTROL = "rademacher"
+EMPIRICAL = "empirical"  # the setting of the ``covariates`` file
 MODELS = ("softmax", "linear")  # the finite-L models, coordinate ``model``
 
 _MATRIX = "d diagonal entries or a d x d symmetric positive-definite matrix"
@@ -88,6 +96,9 @@ PARAMS = (
     Param("Sigma_anisotropic", "matrix", f"covariance of the 'anisotropic' setting: {_MATRIX}", [2.0, 1.0, 0.5]),
     Param("Sigma_rademacher", "matrix", f"covariance of the Rademacher control, x = Sigma^{{1/2}} r: {_MATRIX}",
           [1.0, 1.0, 1.0]),
+    Param("covariates", "str", "a covariate file, 'path.npy' or 'path.nc:variable' (one covariate x of dimension d per "
+          "row), whose empirical law joins the settings as 'empirical' (rows as given, drawn with replacement); '' for "
+          "none", ""),
     Param("n_seeds", "int", "seeds of the Gaussian settings", 2, low=1, grid=True),
     Param("n_seeds_control", "int", "seeds of the Rademacher control (the grid runs max of both; extra cells are "
           "NaN, in_protocol = 0)", 1, low=1, grid=True),
@@ -142,6 +153,38 @@ def _sigmas_are_d_by_d(config):
                              f"{shape[0]} x {shape[1]}")
 
 
+def _covariates_fit(config):
+    """``covariates``: a readable file of finite rows of dimension ``d`` with a positive-definite covariance."""
+    if config["covariates"]:
+        try:
+            laws.covariate_law(f"{EMPIRICAL}:{config['covariates']}", d=config["d"])
+        except ValueError as exc:
+            raise ValueError(f"covariates: {exc}") from None
+
+
+def settings_of(config):
+    """The setting coordinate: ``config["settings"]``, then ``"empirical"`` when ``covariates`` names a file."""
+    return list(config["settings"]) + ([EMPIRICAL] if config["covariates"] else [])
+
+
+def _sha256_of(spec):
+    return file_sha256(parse_token_source(spec, "covariates")[0])
+
+
+def covariate_law_of(setting, config):
+    """``(law, Sigma)`` of a cell of ``setting`` (``config``: its cell inputs): the covariate law and
+    the matrix of the Eq. 9 init and the Bayes optimum, the setting's ``Sigma`` (Gaussian or
+    Rademacher law with that covariance), or for ``empirical`` the file's rows' second moment
+    ``cov + m m^T``; ``ValueError`` if the file changed since the run was configured."""
+    if setting != EMPIRICAL:
+        Sigma = np.asarray(config["Sigma"], dtype=float)
+        return laws.covariate_law(SETTINGS[setting], Sigma), Sigma
+    if _sha256_of(config["covariates"]) != config["covariates_sha256"]:
+        raise ValueError(f"covariates: {config['covariates']!r} changed since the run was configured (sha256 differs)")
+    law = laws.covariate_law(f"{EMPIRICAL}:{config['covariates']}", d=config["d"])
+    return law, law.cov + np.outer(law.mean, law.mean)
+
+
 def seeds_of(config, setting):
     """Number of seeds of ``setting`` in the protocol."""
     return config["n_seeds_control"] if setting == CONTROL else config["n_seeds"]
@@ -152,12 +195,17 @@ def in_protocol(config, setting, seed):
 
 
 def cell_inputs(config, cell):
-    """What reaches a cell: the run's parameters less the grid's (``settings``, the seed counts)
-    and the other settings' covariances; plus the cell's own ``Sigma`` and ``in_protocol`` flag."""
+    """What reaches a cell: the run's parameters less the grid's (``settings``, the seed counts),
+    the covariances and the covariate file; plus the cell's own ``Sigma`` (for ``empirical``: the
+    file and its sha256 instead) and ``in_protocol`` flag."""
     setting = cell["setting"]
     inputs = {k: v for k, v in config.items()
-              if k not in ("settings", "n_seeds", "n_seeds_control") and not k.startswith("Sigma_")}
-    inputs["Sigma"] = config[f"Sigma_{setting}"]
+              if k not in ("settings", "n_seeds", "n_seeds_control", "covariates") and not k.startswith("Sigma_")}
+    if setting == EMPIRICAL:
+        inputs["covariates"] = config["covariates"]
+        inputs["covariates_sha256"] = _sha256_of(config["covariates"])
+    else:
+        inputs["Sigma"] = config[f"Sigma_{setting}"]
     inputs["in_protocol"] = in_protocol(config, setting, cell["seed"])
     return inputs
 
@@ -166,7 +214,7 @@ def cell_inputs(config, cell):
 
 
 def grid(config):
-    settings = list(config["settings"])
+    settings = settings_of(config)
     return {"setting": settings, "seed": list(range(max(seeds_of(config, s) for s in settings)))}
 
 
@@ -197,8 +245,7 @@ def kernel(cell, rng, config):
     if not config["in_protocol"]:
         return _nan_cell(config)
     d = config["d"]
-    Sigma = np.asarray(config["Sigma"], dtype=float)
-    law = icl.covariate_law(SETTINGS[setting], Sigma)
+    law, Sigma = covariate_law_of(setting, config)
     Ls, L_eval = config["L"], config["L_eval"]
     kw = dict(lr=config["lr"], n_steps=config["n_steps"], ckpt_every=config["ckpt_every"])
     tasks = icl.make_tasks(rng, d, config["n_pairs"], config["n_queries"], Ls[-1], law)
@@ -385,7 +432,8 @@ VARIABLES = (
 
 EXPERIMENT = Experiment(
     name=NAME, short="c3", params=PARAMS,
-    checks=(_steps_fit_checkpoints, _heldout_on_checkpoints, _sigmas_are_d_by_d), inner_coords=inner_coords,
+    checks=(_steps_fit_checkpoints, _heldout_on_checkpoints, _sigmas_are_d_by_d, _covariates_fit),
+    inner_coords=inner_coords,
     variables=VARIABLES, analysis="sfxlin.analysis.c3", parts=(Part("", grid, kernel, inputs=cell_inputs),),
     scheduler="processes",   # a cell takes ~30% longer beside another on threads (the GIL): docs/performance.md
     title="C3: large-prompt softmax training inherits linear-attention training",

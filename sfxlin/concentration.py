@@ -47,7 +47,7 @@ import numpy as np
 
 from . import icl
 from .attention import softmax_attention_prefix
-from .laws import Gaussian
+from .laws import Gaussian, covariate_law
 
 __all__ = ["SETTINGS", "covariance", "clt_radii", "clt_tail", "tail_counts", "paper_factor", "tail_bound_constants",
            "tail_bound", "output_tails", "gradient_parameters", "gradient_log_bound_constant", "fresh_prompt",
@@ -250,7 +250,7 @@ def gradient_gaps(rng, Sigma, U, v, Ls, n_pairs, n_queries, n_draws):
     of the risk (mean over tasks and queries; softmax(L) vs linear(inf), both from ``icl``).
     """
     d = Sigma.shape[0]
-    law = icl.covariate_law("gaussian", Sigma)
+    law = covariate_law("gaussian", Sigma)
     tasks = icl.make_tasks(rng, d, n_pairs, n_queries, int(Ls[-1]), law)
     _, gU_inf, gv_inf = icl.linear_risk_grad(U, v, icl.Gamma_w(Sigma, tasks.w), tasks.z_q, tasks.y_q)
     gap_sq = np.empty((n_draws, len(Ls)))

@@ -19,7 +19,12 @@ Models, all read out by ``v`` in ``R^D`` with ``U`` a ``D x D`` matrix (raw logi
   as ``L -> inf``, built from the second moment ``M = Sigma + m m^T`` of the covariates (and the
   label-noise variance ``noise^2`` in its label-label corner). For centred
   Gaussian covariates it is also the limit of ``softmax(L)`` (Lemma 2.1). For non-centred Gaussian
-  covariates it is not: softmax's limit is then affine in ``a = U z_q``, ``E z + Cov(z) a``.
+  covariates it is not: softmax's limit is then affine in ``a = U z_q``, ``E z + Cov(z) a``. For a
+  non-Gaussian covariate law (Rademacher, uniform, a mixture, Student-t, an empirical law: any law
+  of :func:`sfxlin.laws.covariate_law`) "inf" means linear attention at infinite prompt length:
+  ``Gamma_w`` from that law's second moment, still the limit of ``linear(L)`` (law of large
+  numbers), but no longer the limit of ``softmax(L)``, which tends to the law's own tilted mean
+  (``grad K(a)``; none for Student-t, which has no exponential moments).
 
 The risk is the mean over tasks and queries of ``1/2 (pred - y_q)^2``. Gradients are analytic:
 with ``a = U z_q``, ``p = softmax(Z a)``, ``mbar = sum p_k z_k`` and
@@ -39,7 +44,7 @@ import numpy as np
 from .validation import finite_array, numeric_array
 
 __all__ = [
-    "Tasks", "make_tasks", "covariate_law", "Ghat", "Gamma_w", "init_alpha", "init_theta",
+    "Tasks", "make_tasks", "Ghat", "Gamma_w", "init_alpha", "init_theta",
     "bayes_optimum", "off_block_mass", "theta_distance", "ridge_risk",
     "softmax_predict", "linear_predict", "softmax_risk_grad", "linear_risk_grad",
     "model_matrix", "risk", "risk_grad", "MODELS",
@@ -197,20 +202,6 @@ def _as_spd(A, d, name):
     return S
 
 
-def covariate_law(name, Sigma):
-    """Covariate law on ``R^d`` with covariance ``Sigma``: ``"gaussian"`` (``N(0, Sigma)``) or
-    ``"rademacher"`` (``Sigma^{1/2} r``, ``r_i = +-1``, symmetric square root)."""
-    from .laws import Gaussian, Rademacher
-
-    Sigma = _as_sigma(Sigma)
-    if name == "gaussian":
-        return Gaussian(cov=Sigma)
-    if name == "rademacher":
-        lam, Q = np.linalg.eigh(Sigma)
-        return Rademacher(scale=(Q * np.sqrt(np.clip(lam, 0.0, None))) @ Q.T)
-    raise ValueError(f"unknown covariate law {name!r}; expected 'gaussian' or 'rademacher'")
-
-
 def _as_sigma(Sigma, d=None):
     """``Sigma`` as a finite symmetric ``d x d`` float64 matrix (a length-``d`` vector is its
     diagonal). Symmetry is checked relative to the largest entry, so it holds at any scale."""
@@ -238,8 +229,9 @@ def make_tasks(rng, d, n_pairs, n_queries, L_max, x_law, *, noise=0.0, query_noi
     else is drawn and the tasks are bit-for-bit those of the paper's setting.
     Task ``2i`` has ``(w_i, eps_i)``, task ``2i + 1`` has ``(-w_i, -eps_i)``, both with the same
     covariates; the labels and targets of the second are the exact negatives of the first.
-    ``x_law`` is a token law of :mod:`sfxlin.laws` on ``R^d`` (``Sigma = x_law.cov``, ``mean =
-    x_law.mean``; the laws without a ``mean`` attribute are symmetric, hence centred).
+    ``x_law`` is a token law of :mod:`sfxlin.laws` on ``R^d``, usually from
+    :func:`sfxlin.laws.covariate_law` (the tasks read ``Sigma = x_law.cov`` and ``mean =
+    x_law.mean``, and draw with ``x_law.sample``).
     """
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy Generator, got {type(rng).__name__}")

@@ -10,10 +10,15 @@ Every law ``mu`` on ``R^D`` is a subclass of :class:`Law`, which declares what a
   the leading axes of ``a`` (shape ``(..., D)``). This is the exact infinite-prompt read-out
   of softmax attention with logit vector ``a = U q`` (docs/models.md, section 1);
 * ``snis_covariance(a)``: ``lim_L L Cov(f_L)`` (the sharp finite-L constant, delta method);
-* ``isotropic(D, sigma)``: the law on ``R^D`` with covariance ``sigma^2 I_D``.
+* ``isotropic(D, sigma)``: the law on ``R^D`` with covariance ``sigma^2 I_D`` (the laws of C1);
+* ``with_moments(Sigma, mean)``: the law with covariance ``Sigma`` (and mean, where the law has
+  one), the covariate law of the in-context tasks (C2, C3); ``spec_option`` names the one option
+  a spec ``"name:VALUE"`` sets.
 
 Adding a law is a subclass of :class:`Law` with a ``name``: it is registered in :data:`LAWS`
-when the class is defined, and :func:`law_from_name` builds it.
+when the class is defined, :func:`law_from_name` builds it, and :func:`covariate_law` builds it
+from a spec string (``"gaussian"``, ``"student_t:5"``, ``"empirical:FILE.npy"``) and a covariance:
+the one way every in-context experiment names its covariates.
 
 Validation errors are ``ValueError`` naming the offending argument (``TypeError`` for
 non-numeric input). A result that is finite in exact arithmetic but beyond the float64 range
@@ -28,7 +33,7 @@ import numpy as np
 from .validation import component_covariances, finite_array
 
 __all__ = ["Law", "LAWS", "Gaussian", "Rademacher", "Uniform", "StudentT", "GaussianMixture", "Empirical",
-           "NoLimitError", "FloatOverflowError", "law_from_name"]
+           "NoLimitError", "FloatOverflowError", "law_from_name", "covariate_law"]
 
 SQRT3 = np.sqrt(3.0)
 
@@ -109,10 +114,15 @@ class Law(abc.ABC):
         raise :class:`NoLimitError`.
     D : int
         Dimension of the tokens.
+    spec_option : (str, type) or None (class attribute)
+        The keyword of :meth:`with_moments` that the value of a spec ``"name:VALUE"`` sets, and
+        the type it is read as (``("df", float)`` for ``"student_t:5"``); ``None`` (default): the
+        spec is the bare name.
     """
 
     name: str
     has_limit: bool = True
+    spec_option: tuple | None = None
     D: int
 
     def __init_subclass__(cls, abstract=False, **kwargs):
@@ -170,6 +180,18 @@ class Law(abc.ABC):
         Law-specific shape parameters are keyword arguments; a law that has no such member
         raises ``NotImplementedError`` saying why."""
 
+    @classmethod
+    def with_moments(cls, Sigma, mean=None, **options):
+        """This law with covariance ``Sigma`` and mean ``mean``: the covariate law of the in-context
+        tasks (C2, C3; built by :func:`covariate_law`, which passes ``Sigma`` as a finite symmetric
+        ``d x d`` matrix or ``None`` and ``mean`` as a finite ``(d,)`` vector or ``None``: centred,
+        and checks that the law returned has a positive-definite ``cov``). Law-specific shape
+        parameters are keyword arguments (the one :attr:`spec_option` names comes from the spec).
+        A law without this member keeps the default, which raises ``NotImplementedError``: it then
+        serves C1 only."""
+        raise NotImplementedError(f"{cls.__name__} has no member with a given covariance: it does not define the "
+                                  "classmethod with_moments(Sigma, mean)")
+
 
 def _check_sigma(sigma):
     """``sigma`` checked to be a finite scalar >= 0 and returned unchanged (so ``isotropic`` does the
@@ -178,6 +200,36 @@ def _check_sigma(sigma):
     if s.ndim != 0 or not s >= 0:
         raise ValueError(f"sigma must be a scalar >= 0, got {sigma!r}")
     return sigma
+
+
+def _given(Sigma, law_name):
+    """``Sigma`` unchanged; ``ValueError`` if it is ``None`` (the law is built from its covariance)."""
+    if Sigma is None:
+        raise ValueError(f"Sigma: the {law_name} law is built from its covariance, give Sigma (a d x d matrix or "
+                         "a length-d diagonal)")
+    return Sigma
+
+
+def _centred(mean, law_name):
+    """``ValueError`` unless ``mean`` is ``None`` or zero: the law has no mean parameter."""
+    if mean is not None and np.any(mean):
+        raise ValueError(f"mean: the {law_name} law is centred (it has no mean parameter), got mean "
+                         f"{np.asarray(mean).tolist()}")
+
+
+def _symmetric_root(Sigma):
+    """``Sigma^{1/2}``, the symmetric square root (eigen-decomposition; negative rounding
+    eigenvalues clipped to 0), so that ``root @ root.T = Sigma``."""
+    lam, Q = np.linalg.eigh(Sigma)
+    return (Q * np.sqrt(np.clip(lam, 0.0, None))) @ Q.T
+
+
+def _check_spread(spread):
+    """``spread`` checked to be a scalar in ``[0, 1)`` and returned as a float array."""
+    s = finite_array(spread, "spread")
+    if s.ndim != 0 or not 0 <= s < 1:
+        raise ValueError(f"spread must be a scalar in [0, 1), got {spread!r}")
+    return s
 
 
 class Gaussian(Law):
@@ -230,6 +282,11 @@ class Gaussian(Law):
     def isotropic(cls, D, sigma=1.0):
         """``N(0, sigma^2 I_D)``."""
         return cls(cov=_check_sigma(sigma) ** 2, D=D)
+
+    @classmethod
+    def with_moments(cls, Sigma, mean=None):
+        """``N(mean, Sigma)`` (``mean = None``: centred)."""
+        return cls(mean=mean, cov=_given(Sigma, cls.name))
 
     @property
     def mean(self):
@@ -302,6 +359,13 @@ class _ProductLaw(Law, abstract=True):
     def isotropic(cls, D, sigma=1.0):
         """Scale ``S = sigma I_D``: covariance ``sigma^2 I_D`` (the coordinates have unit variance)."""
         return cls(_check_sigma(sigma), D=D)
+
+    @classmethod
+    def with_moments(cls, Sigma, mean=None):
+        """Scale ``S = Sigma^{1/2}``, the symmetric square root: covariance ``Sigma``, centred (a
+        non-zero ``mean`` is refused: the law has none)."""
+        _centred(mean, cls.name)
+        return cls(scale=_symmetric_root(_given(Sigma, cls.name)))
 
     @property
     def mean(self):
@@ -485,6 +549,7 @@ class StudentT(Law):
 
     name = "student_t"
     has_limit = False
+    spec_option = ("df", float)
 
     def __init__(self, df=3.0, scale=1.0, D=None):
         df_arr = finite_array(df, "df")
@@ -514,6 +579,18 @@ class StudentT(Law):
         if df_arr.ndim != 0 or not df_arr > 2:
             raise ValueError(f"df must be a scalar > 2 for a finite covariance sigma^2 I, got {df!r}")
         return cls(df, sigma * np.sqrt((df - 2) / df), D=D)
+
+    @classmethod
+    def with_moments(cls, Sigma, mean=None, df=3.0):
+        """Scale ``sqrt((df - 2) / df) Sigma^{1/2}`` (symmetric root), so that the covariance is
+        ``Sigma``; centred. Needs ``df > 2`` (a finite second moment, which the in-context tasks
+        read); spec ``"student_t:DF"``."""
+        _centred(mean, cls.name)
+        df_arr = finite_array(df, "df")
+        if df_arr.ndim != 0 or not df_arr > 2:
+            raise ValueError(f"df must be a scalar > 2 for a finite covariance Sigma (the in-context tasks need the "
+                             f"covariates' second moment), got {df!r}")
+        return cls(df, np.sqrt((df - 2) / df) * _symmetric_root(_given(Sigma, cls.name)))
 
     @property
     def mean(self):
@@ -582,6 +659,7 @@ class GaussianMixture(Law):
     """
 
     name = "gaussian_mixture"
+    spec_option = ("spread", float)
 
     def __init__(self, weights, means, covs, D=None):
         if D is not None:
@@ -634,11 +712,20 @@ class GaussianMixture(Law):
         """
         D = _check_D(D)
         sigma = _check_sigma(sigma)
-        s = finite_array(spread, "spread")
-        if s.ndim != 0 or not 0 <= s < 1:
-            raise ValueError(f"spread must be a scalar in [0, 1), got {spread!r}")
+        s = _check_spread(spread)
         var = sigma**2 * np.array([1.0 - s, 1.0 + s])
         return cls(weights=[0.5, 0.5], means=np.zeros((2, D)), covs=var)
+
+    @classmethod
+    def with_moments(cls, Sigma, mean=None, spread=0.5):
+        """Scale mixture ``N(m, (1 - spread) Sigma) / 2 + N(m, (1 + spread) Sigma) / 2``
+        (``m = mean``, 0 when ``None``), ``0 <= spread < 1``: mean ``m``, covariance ``Sigma``, not
+        Gaussian for ``spread > 0`` (the :meth:`isotropic` member with ``Sigma`` for ``sigma^2
+        I``); spec ``"gaussian_mixture:SPREAD"``."""
+        Sigma = _given(Sigma, cls.name)
+        s = _check_spread(spread)
+        m = np.zeros(Sigma.shape[0]) if mean is None else mean
+        return cls(weights=[0.5, 0.5], means=np.stack([m, m]), covs=np.stack([(1.0 - s) * Sigma, (1.0 + s) * Sigma]))
 
     @property
     def K(self):
@@ -745,6 +832,7 @@ class Empirical(Law):
     """
 
     name = "empirical"
+    spec_option = ("samples", str)
     BLOCK = 1 << 21
     """Largest number of floats a chunk of the streaming computations holds (16 MB)."""
 
@@ -779,6 +867,20 @@ class Empirical(Law):
         own (standardise and whiten the samples instead, e.g. :func:`sfxlin.realdata.pca_whiten`)."""
         raise NotImplementedError("Empirical has no isotropic member: an empirical law is given by its samples "
                                   "(whiten them, e.g. with sfxlin.realdata.pca_whiten, for covariance I_D)")
+
+    @classmethod
+    def with_moments(cls, Sigma=None, mean=None, samples=None):
+        """The empirical law of ``samples`` as given (spec ``"empirical:FILE.npy"`` or
+        ``"empirical:FILE.nc:variable"``): its covariance and mean are the samples' own, so
+        ``Sigma`` and ``mean`` must be ``None`` (transform the samples for others, e.g.
+        :func:`sfxlin.realdata.pca_whiten`)."""
+        if Sigma is not None or mean is not None:
+            raise ValueError("Sigma, mean: an empirical law has its samples' own covariance and mean, give neither "
+                             "(transform the samples instead, e.g. sfxlin.realdata.pca_whiten)")
+        if samples is None:
+            raise ValueError("samples: an empirical law needs its samples (spec 'empirical:FILE.npy' or "
+                             "'empirical:FILE.nc:variable')")
+        return cls(samples)
 
     def __repr__(self):
         return f"Empirical(n={self.n}, D={self.D}{', weighted' if self.weights is not None else ''})"
@@ -898,3 +1000,94 @@ def law_from_name(name, D, **kwargs):
     if name not in LAWS:
         raise ValueError(f"unknown law name {name!r}; expected one of {sorted(LAWS)}")
     return LAWS[name](D=D, **kwargs)
+
+
+def covariate_law(spec, Sigma=None, mean=None, *, d=None):
+    """The covariate law of the in-context tasks (C2, C3, the landscape, the deep models), named
+    by ``spec``, with covariance ``Sigma`` and mean ``mean``.
+
+    ``spec``: a name of :data:`LAWS` (``"gaussian"``, ``"rademacher"``, ``"uniform"``,
+    ``"student_t"``, ``"gaussian_mixture"``) or ``"name:VALUE"``, the value of the law's
+    :attr:`Law.spec_option` (``"student_t:5"``: ``df = 5``; ``"gaussian_mixture:0.3"``: ``spread``;
+    ``"empirical:FILE.npy"`` or ``"empirical:FILE.nc:variable"``: the samples, read with
+    :func:`sfxlin.realdata.read_tokens`). ``Sigma``: a ``d x d`` symmetric positive-definite matrix or
+    a length-``d`` diagonal (``None`` for ``empirical``, whose moments are its samples'). ``mean``:
+    ``(d,)`` or ``None`` (centred); only laws with a mean parameter take a non-zero one. ``d``, when
+    given, is checked against the law's dimension.
+
+    Returns ``LAWS[name].with_moments(Sigma, mean, **option)``: a :class:`Law` on ``R^d`` whose
+    ``cov`` is ``Sigma`` (to rounding) and ``mean`` is ``mean``, the two moments the tasks read
+    (:func:`sfxlin.icl.make_tasks`; linear(inf) sees the second moment ``Sigma + m m^T``). For
+    ``"gaussian"`` and ``"rademacher"`` it is ``Gaussian(mean=mean, cov=Sigma)`` and
+    ``Rademacher(scale=Sigma^{1/2})`` (symmetric root), the laws and draws of the shipped experiments.
+
+    One ``ValueError`` naming the spec for a law that cannot serve: an unknown name or a bad value,
+    a law built from no covariance or given one it cannot take, a non-zero mean for a centred law,
+    too few degrees of freedom for a second moment (``student_t`` needs ``df > 2``), a dimension
+    other than ``d``, a covariance that is not positive definite, a law without ``with_moments``.
+    """
+    name, options = _parse_law_spec(spec)
+    try:
+        S = None if Sigma is None else _covariance_matrix(Sigma, d)
+        m = None if mean is None else _mean_vector(mean, d if S is None else S.shape[0])
+        law = LAWS[name].with_moments(S, m, **options)
+        _check_serves(law, d)
+    except (ValueError, NotImplementedError) as exc:
+        raise ValueError(f"covariate law {spec!r}: {exc}") from None
+    return law
+
+
+def _parse_law_spec(spec):
+    """``(name, options)`` of a covariate-law spec ``"name"`` or ``"name:VALUE"`` (split at the
+    first ``:``; the value typed by the law's ``spec_option``)."""
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"covariate law must be a law name or 'name:VALUE' (a non-empty string), got {spec!r}")
+    name, sep, value = spec.partition(":")
+    if name not in LAWS:
+        raise ValueError(f"covariate law {spec!r}: unknown law name {name!r}; expected one of {sorted(LAWS)}")
+    option = LAWS[name].spec_option
+    if not sep:
+        return name, {}
+    if option is None:
+        raise ValueError(f"covariate law {spec!r}: the {name} law takes no ':VALUE' (its spec is {name!r})")
+    key, kind = option
+    try:
+        if value:
+            return name, {key: kind(value)}
+    except ValueError:
+        pass
+    raise ValueError(f"covariate law {spec!r}: expected {name}:{key.upper()} with {key} a {kind.__name__}, "
+                     f"got {value!r}")
+
+
+def _covariance_matrix(Sigma, d=None):
+    """``Sigma`` (a square matrix or a diagonal) as a finite symmetric ``d x d`` float64 matrix,
+    symmetry checked relative to the largest entry (definiteness: :func:`_check_serves`)."""
+    S = finite_array(Sigma, "Sigma")
+    if S.ndim == 1:
+        S = np.diag(S)
+    if S.ndim != 2 or S.shape[0] != S.shape[1] or S.shape[0] < 1 or (d is not None and S.shape[0] != d):
+        raise ValueError(f"Sigma must be a square {d or 'd'} x {d or 'd'} matrix or a length-{d or 'd'} diagonal, "
+                         f"got shape {S.shape}")
+    if not np.allclose(S, S.T, atol=1e-8 * np.abs(S).max()):
+        raise ValueError("Sigma must be symmetric")
+    return S
+
+
+def _mean_vector(mean, d):
+    """``mean`` as a finite float64 vector of length ``d`` (when ``d`` is known)."""
+    m = finite_array(mean, "mean")
+    if m.ndim != 1 or (d is not None and m.shape[0] != d):
+        raise ValueError(f"mean must have shape (d,) = ({d or 'd'},), got {m.shape}")
+    return m
+
+
+def _check_serves(law, d):
+    """``ValueError`` unless ``law`` lives on ``R^d`` (when ``d`` is given) and has a finite,
+    positive-definite covariance (the tasks' ``Sigma``)."""
+    if d is not None and law.D != d:
+        raise ValueError(f"the law is on R^{law.D} ({law!r}), but d = {d}")
+    lam = np.linalg.eigvalsh(law.cov)
+    if not lam[0] > 0:
+        raise ValueError(f"its covariance is not positive definite (smallest eigenvalue {lam[0]:.3g}); the "
+                         "in-context tasks need a positive-definite Sigma")

@@ -30,7 +30,7 @@ import math
 
 import numpy as np
 
-from . import icl
+from . import icl, laws
 from .training import checkpoint_steps, train, train_all_arrays, validate_Ls
 
 __all__ = ["gradient_gap_trajectory", "gradient_gap", "concentration_constant", "gap_constant", "TRAJECTORY_KEYS",
@@ -348,8 +348,9 @@ def gradient_gap_trajectory(rng, Sigma, Ls, *, n_pairs, n_queries, n_replicates,
     """Train ``linear(inf)`` and measure the gradient gap of ``softmax(L)`` along its trajectory.
 
     Draws, from ``rng`` in this order: the tasks (``icl.make_tasks``: ``n_pairs`` antithetic pairs,
-    ``n_queries`` queries each, ``L_max = max(Ls)`` prompt tokens, covariates from ``x_law``
-    (``"gaussian"`` or ``"rademacher"`` with covariance ``Sigma``)), then, one replicate at a time,
+    ``n_queries`` queries each, ``L_max = max(Ls)`` prompt tokens, covariates from
+    ``laws.covariate_law(x_law, Sigma)``: any law spec with covariance ``Sigma``, e.g. ``"gaussian"``,
+    ``"rademacher"``, ``"uniform"``, ``"student_t:5"``), then, one replicate at a time,
     the covariates ``(n_pairs, L_max)`` of ``n_replicates - 1`` further prompt sets for the same
     tasks and queries (shared by antithetic partners, labels ``w^T x``); replicate 0 is the tasks'
     own prompts.
@@ -384,7 +385,7 @@ def gradient_gap_trajectory(rng, Sigma, Ls, *, n_pairs, n_queries, n_replicates,
     checkpoint_steps(n_steps, ckpt_every)
     if trainer not in TRAINERS:
         raise ValueError(f"trainer must be one of {TRAINERS}, got {trainer!r}")
-    law = icl.covariate_law(x_law, Sigma)   # validates Sigma (square, symmetric, finite)
+    law = laws.covariate_law(x_law, Sigma)   # validates Sigma (square, symmetric, positive definite)
     Sigma = np.asarray(law.cov, dtype=float)
     d = Sigma.shape[0]
     tasks = icl.make_tasks(rng, d, n_pairs, n_queries, Ls[-1], law)

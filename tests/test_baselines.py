@@ -4,7 +4,7 @@ Monte Carlo at large d (finite-size error O(1/d) on top of Monte Carlo's)."""
 import numpy as np
 import pytest
 
-from sfxlin import baselines, icl
+from sfxlin import baselines, icl, laws
 from sfxlin.laws import Gaussian
 
 ANISO = np.diag([2.0, 1.0, 0.5])
@@ -17,7 +17,7 @@ def _rng(*ids):
 
 
 def _tasks(noise=0.5, Omega=OMEGA, n_pairs=3, L=20, mean=None, q=2, seed=0, Sigma=ANISO, d=3):
-    law = Gaussian(mean=mean, cov=Sigma) if mean is not None else icl.covariate_law("gaussian", Sigma)
+    law = Gaussian(mean=mean, cov=Sigma) if mean is not None else laws.covariate_law("gaussian", Sigma)
     return icl.make_tasks(_rng(seed), d, n_pairs, q, L, law, noise=noise, query_noise=0.3, Omega=Omega)
 
 
@@ -37,6 +37,63 @@ def test_min_norm_and_ridge_match_numpy_loops():
     np.testing.assert_allclose(baselines.ridge(t, LS, lam), naive, rtol=1e-10, atol=1e-12)
     with pytest.raises(ValueError, match="lam"):
         baselines.ridge(t, LS, -1.0)
+
+
+def _ill_conditioned_tasks(seed, cond=1e8, d=4, n=6, L_max=30, noise=0.5):
+    """Tasks whose covariates are ``G diag(1, .., 1/cond) V^T`` (``G`` Gaussian, ``V`` a random rotation):
+    every nested ``X`` with ``L >= d`` has condition number about ``cond``; noisy labels."""
+    rng = _rng(seed, 99)
+    V = np.linalg.qr(rng.standard_normal((d, d)))[0]
+    X = rng.standard_normal((n, L_max, d)) * np.logspace(0, -np.log10(cond), d) @ V.T
+    w = rng.standard_normal((n, d))
+    y = np.einsum("nld,nd->nl", X, w) + noise * rng.standard_normal((n, L_max))
+    return icl.Tasks(Z=np.concatenate([X, y[..., None]], axis=-1), w=w, x_q=np.zeros((n, 1, d)), y_q=np.zeros((n, 1)),
+                     Sigma=np.eye(d), paired=False, noise=noise)
+
+
+def _residual(X, y, w):
+    """``||y - X w||^2`` in extended precision: at ``|w| ~ cond`` the float64 product ``X w`` rounds by
+    ``~|X| |w| eps``, more than the gap between two backward-stable solutions."""
+    ld = np.longdouble
+    return np.sum((y.astype(ld) - X.astype(ld) @ w.astype(ld)) ** 2)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_min_norm_at_condition_number_1e8_is_lstsq(seed):
+    """cond(X) = 1e8 (X^T X: 1e16, at which its eigenvalues lose the smallest direction): per task
+    and L, relative 1e-8 to numpy.linalg.lstsq (backward-stable solvers agree to ~cond eps) and a
+    residual no larger than lstsq's times (1 + 1e-8); L < d: lstsq's minimum-norm solution."""
+    t = _ill_conditioned_tasks(seed)
+    Ls = (1, 2, 3, 4, 5, 9, 30)
+    got = baselines.min_norm(t, Ls)
+    assert got.shape == (len(Ls), t.n_tasks, t.d)
+    for k, L in enumerate(Ls):
+        for i in range(t.n_tasks):
+            X, y = t.Z[i, :L, :t.d], t.Z[i, :L, t.d]
+            ref = np.linalg.lstsq(X, y, rcond=None)[0]
+            assert np.linalg.norm(got[k, i] - ref) <= 1e-8 * np.linalg.norm(ref), (L, i)
+            if L > t.d:
+                assert _residual(X, y, got[k, i]) <= _residual(X, y, ref) * (1 + 1e-8), (L, i)
+
+
+def test_noiseless_posterior_mean_at_condition_number_1e8_is_the_least_omega_norm_interpolator():
+    """Omega^{1/2} lstsq(X Omega^{1/2}, y) per task (relative 1e-8), L < d included (the interpolator
+    of least w^T Omega^{-1} w). The tasks declare noise = 0 (the interpolator branch) but their labels
+    carry the noise of _ill_conditioned_tasks: the solution is then large along the small singular
+    direction, as in test_min_norm_at_condition_number_1e8_is_lstsq, and two backward-stable solvers
+    agree to 1e-8 relative (with exact labels and |w| ~ 1 they agree only to ~cond eps = 1e-8 times
+    a few, in that direction)."""
+    t0 = _ill_conditioned_tasks(3)
+    Omega = np.diag([2.0, 1.0, 0.5, 1.5]) + 0.2
+    t = icl.Tasks(Z=t0.Z, w=t0.w, x_q=t0.x_q, y_q=t0.y_q, Sigma=t0.Sigma, paired=False, Omega=Omega)
+    assert t.noise == 0
+    R = np.linalg.cholesky(Omega)
+    Ls = (2, 3, 4, 6, 30)
+    got = baselines.posterior_mean(t, Ls)
+    for k, L in enumerate(Ls):
+        for i in range(t.n_tasks):
+            ref = R @ np.linalg.lstsq(t.Z[i, :L, :t.d] @ R, t.Z[i, :L, t.d], rcond=None)[0]
+            assert np.linalg.norm(got[k, i] - ref) <= 1e-8 * np.linalg.norm(ref), (L, i)
 
 
 @pytest.mark.parametrize("noise", [0.0, 0.5])
@@ -63,7 +120,7 @@ def test_pgd_matches_a_loop_and_tends_to_the_plug_in():
 
 
 def _mc_risk(estimator, L, n_pairs=4000, noise=0.5, Omega=OMEGA, Sigma=ANISO, seed=1, d=3):
-    t = icl.make_tasks(_rng(seed, L), d, n_pairs, 1, L, icl.covariate_law("gaussian", Sigma), noise=noise,
+    t = icl.make_tasks(_rng(seed, L), d, n_pairs, 1, L, laws.covariate_law("gaussian", Sigma), noise=noise,
                        query_noise=0.3, Omega=Omega)
     w_hat = estimator(t, (L,))[0]
     loss = 0.5 * (np.einsum("nqi,ni->nq", t.x_q, w_hat) - t.y_q)[0::2].ravel() ** 2   # pairs are not independent
@@ -84,7 +141,7 @@ def test_ols_risk_closed_form_matches_monte_carlo(L):
 
 
 def test_bayes_estimator_beats_the_others_on_the_same_tasks():
-    t = icl.make_tasks(_rng(2), 3, 3000, 1, 12, icl.covariate_law("gaussian", ANISO), noise=1.0, query_noise=0.3,
+    t = icl.make_tasks(_rng(2), 3, 3000, 1, 12, laws.covariate_law("gaussian", ANISO), noise=1.0, query_noise=0.3,
                        Omega=OMEGA)
     risks = baselines.baseline_risks(t, (4, 12))
     assert set(risks) == set(baselines.BASELINES)
@@ -114,7 +171,7 @@ def test_asymptotic_ridge_risk_matches_large_d_monte_carlo(lam):
     Deterministic-equivalent error O(1/d) ~ 1%: tolerance 4 SE + 3%."""
     d, L, noise = 80, 128, 0.5
     Sigma, Omega = 0.5 * np.eye(d), 2.0 / d * np.eye(d)
-    t = icl.make_tasks(_rng(3), d, 120, 64, L, icl.covariate_law("gaussian", Sigma), noise=noise, query_noise=0.3,
+    t = icl.make_tasks(_rng(3), d, 120, 64, L, laws.covariate_law("gaussian", Sigma), noise=noise, query_noise=0.3,
                        Omega=Omega)
     w_hat = (baselines.posterior_mean(t, (L,)) if lam is None else baselines.ridge(t, (L,), lam))[0]
     loss = 0.5 * (np.einsum("nqi,ni->nq", t.x_q, w_hat) - t.y_q)[0::2] ** 2

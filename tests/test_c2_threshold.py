@@ -9,7 +9,7 @@ import pytest
 import xarray as xr
 
 from conftest import raise_if_dask_computes
-from sfxlin import covariance, icl
+from sfxlin import covariance, icl, laws
 from sfxlin.analysis import c2_threshold as analysis
 from sfxlin.analysis.verdicts import FAIL, INCONCLUSIVE, PASS, format_table
 from sfxlin.execution import compute
@@ -129,7 +129,9 @@ BAD = [
     ({"L": [8, 16]}, r"^L: needs at least 3 values"),
     ({"lr": -0.1}, r"^lr: must be > 0"),
     ({"lr": 0.0}, r"^lr: must be > 0"),
-    ({"x_law": "student_t"}, r"^x_law: expected one of \['gaussian', 'rademacher'\]"),
+    ({"x_law": "cauchy"}, r"^x_law: covariate law 'cauchy': unknown law name 'cauchy'; expected one of \["),
+    ({"x_law": "student_t:2"}, r"^x_law: covariate law 'student_t:2': df must be a scalar > 2"),
+    ({"x_law": "empirical"}, r"^x_law: covariate law 'empirical': Sigma, mean: an empirical law has its samples' own"),
     ({"n_replicates": 0}, r"^n_replicates: must be >= 1"),
     ({"n_seeds": 1.5}, r"^n_seeds: expected an integer"),
     ({"trainer": "adam"}, r"^trainer: expected one of \['pairs', 'simple'\]"),
@@ -246,7 +248,7 @@ KMS = covariance.scaled(covariance.kms(3, 0.5), 30.0)
 def test_bayes_optimum_and_concentration_constant_for_a_kms_sigma():
     rng = np.random.default_rng(0)
     U, v = icl.bayes_optimum(KMS)
-    tasks = icl.make_tasks(rng, 3, 5, 4, 8, icl.covariate_law("gaussian", KMS))
+    tasks = icl.make_tasks(rng, 3, 5, 4, 8, laws.covariate_law("gaussian", KMS))
     pred = np.einsum("i,nij,j...->n...", v, icl.Gamma_w(KMS, tasks.w), U @ tasks.z_q.reshape(-1, 4).T)
     # v*^T Gamma_w U* z_q = w^T x_q exactly (Remark 5.2 holds for any Sigma) and the point is balanced
     np.testing.assert_allclose(pred.reshape(10, 10, 4)[np.arange(10), np.arange(10)], tasks.y_q, atol=1e-12)
@@ -286,7 +288,7 @@ def test_gap_constant_integrand_is_the_limit_of_the_measured_gap():
     # O(1/L) terms the limit drops (measured: +2% to +7% at L = 2048 on three draws)
     Sigma = covariance.scaled(covariance.kms(2, 0.5), 64.0)
     U, v = icl.bayes_optimum(Sigma)
-    law = icl.covariate_law("gaussian", Sigma)
+    law = laws.covariate_law("gaussian", Sigma)
     rng = np.random.default_rng(4)
     tasks = icl.make_tasks(rng, 2, 1, 2, 8, law)
     w, xq, c2 = tasks.w[0], tasks.x_q[0], 8.0

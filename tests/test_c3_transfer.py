@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from sfxlin import icl, storage, training
+from sfxlin import icl, laws, storage, training
 from sfxlin.analysis import c3 as c3_analysis
 from sfxlin.analysis.verdicts import format_table
 from sfxlin.execution import compute
@@ -106,7 +106,7 @@ def test_kernel_matches_an_independent_recomputation():
     rng = cell_rng(c3.NAME, cell, config["root_seed"])
     Sigma = np.diag([2.0, 1.0, 0.5])
     assert np.array_equal(config["Sigma_anisotropic"], Sigma)   # the profile's diagonal, stored whole
-    law = icl.covariate_law("gaussian", Sigma)
+    law = laws.covariate_law("gaussian", Sigma)
     tasks = icl.make_tasks(rng, 3, config["n_pairs"], config["n_queries"], 32, law)
     held = icl.make_tasks(rng, 3, config["heldout_pairs"], config["heldout_queries"], config["L_eval"], law)
     direction = rng.standard_normal(6)

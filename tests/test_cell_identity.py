@@ -50,6 +50,13 @@ def _token_file():
         np.save(path, np.random.default_rng(3).standard_normal((64, 2)))
     return str(path)
 
+def _covariate_file():
+    """A small covariate file on R^3 (the c3 ``covariates`` perturbation), written once per machine."""
+    path = Path(tempfile.gettempdir()) / "sfxlin-cell-identity-covariates-d3.npy"
+    if not path.exists():
+        np.save(path, np.random.default_rng(4).standard_normal((64, 3)))
+    return str(path)
+
 C3D = {**c3_deep.EXPERIMENT.configure("quick"), "heads": [1], "n_seeds": 1, "depth_max": 2, "L": [4, 8, 16],
        "n_pairs": 1, "n_queries": 1, "depths": [1], "L_train": [4, 8, 16], "train_pairs": 1, "train_queries": 2,
        "heldout_pairs": 2, "n_steps": 2, "ckpt_every": 1}
@@ -95,7 +102,8 @@ PERTURBATIONS = {
            "Sigma_anisotropic": [3.0, 1.0, 0.5], "Sigma_rademacher": [1.0, 2.0, 1.0], "n_seeds": 2,
            "n_seeds_control": 2, "n_pairs": 2, "n_queries": 2, "L": [4, 8, 32], "lr": 0.02, "n_steps": 40,
            "ckpt_every": 20, "heldout_pairs": 2, "heldout_queries": 2, "L_eval": 64, "heldout_every": 10,
-           "ridge_lam": 0.1, "perturbation": 1e-10, "perturbed_run": False, "root_seed": 7},
+           "ridge_lam": 0.1, "perturbation": 1e-10, "perturbed_run": False, "root_seed": 7,
+           "covariates": _covariate_file()},
     "c3_landscape": {"covariances": ["isotropic", "kms:0.5"], "noises": [0.5, 0.2], "d": [2, 3],
                      "mean_norms": [0.0, 1.0], "n_seeds": 2, "n_pairs": 2, "n_queries": 2, "L": [4, 8, 16, 64],
                      "lr": 0.02, "n_steps": 40, "ckpt_every": 5, "heldout_pairs": 2, "heldout_queries": 2,

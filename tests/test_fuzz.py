@@ -25,7 +25,7 @@ import xarray as xr
 from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 
-from sfxlin import icl
+from sfxlin import icl, laws
 from sfxlin.analysis.fits import loglog_slope
 from sfxlin.analysis.threshold import threshold_regression
 from sfxlin.attention import (asymptotic_mse, check_prompt_lengths, limit_attention, linear_attention,
@@ -738,7 +738,7 @@ def tasks_strategy(draw, log_var=(-50.0, 50.0), max_L=8):
     var = 10.0 ** draw(st.floats(*log_var))
     A = rng.standard_normal((d, d))
     Sigma = var * (A @ A.T / d + 0.1 * np.eye(d)) if draw(st.booleans()) else var * rng.uniform(0.1, 1, d)
-    x_law = icl.covariate_law(law_kind, Sigma)
+    x_law = laws.covariate_law(law_kind, Sigma)
     n_pairs, n_q, L_max = draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, max_L))
     tasks = icl.make_tasks(np.random.default_rng(draw(seeds)), d, n_pairs, n_q, L_max, x_law)
     return tasks, (d, n_pairs, n_q, L_max), Sigma

@@ -3,7 +3,7 @@ models and their analytic gradients (against finite differences and independent 
 import numpy as np
 import pytest
 
-from sfxlin import icl
+from sfxlin import icl, laws
 from sfxlin.laws import Gaussian, Rademacher
 
 ANISO = np.diag([2.0, 1.0, 0.5])
@@ -15,7 +15,7 @@ def _rng(*ids):
 
 def _tasks(d=3, n_pairs=3, n_queries=2, L_max=32, Sigma=None, law="gaussian", seed=0):
     Sigma = np.eye(d) if Sigma is None else Sigma
-    return icl.make_tasks(_rng(seed), d, n_pairs, n_queries, L_max, icl.covariate_law(law, Sigma))
+    return icl.make_tasks(_rng(seed), d, n_pairs, n_queries, L_max, laws.covariate_law(law, Sigma))
 
 
 def _generic_theta(D, rng, scale=0.4):
@@ -56,8 +56,8 @@ def test_make_tasks_rademacher_covariates_are_scaled_signs():
     r = np.linalg.solve(S, t.Z[..., :3].reshape(-1, 3).T)
     np.testing.assert_allclose(np.abs(r), 1.0, rtol=1e-12)
     np.testing.assert_allclose(t.Sigma, ANISO, rtol=1e-14)
-    # covariate_law("rademacher", Sigma) uses the symmetric root: covariance Sigma exactly
-    np.testing.assert_allclose(icl.covariate_law("rademacher", ANISO).cov, ANISO, rtol=1e-12, atol=1e-15)
+    # laws.covariate_law("rademacher", Sigma) uses the symmetric root: covariance Sigma exactly
+    np.testing.assert_allclose(laws.covariate_law("rademacher", ANISO).cov, ANISO, rtol=1e-12, atol=1e-15)
 
 
 def test_make_tasks_is_reproducible_and_validates():
@@ -72,8 +72,8 @@ def test_make_tasks_is_reproducible_and_validates():
         icl.make_tasks(0, 3, 2, 2, 8, Gaussian(cov=np.eye(3)))
     with pytest.raises(ValueError, match="L must be"):
         a.prompt(a.L_max + 1)
-    with pytest.raises(ValueError, match="unknown covariate law"):
-        icl.covariate_law("cauchy", np.eye(2))
+    with pytest.raises(ValueError, match="unknown law name 'cauchy'"):
+        laws.covariate_law("cauchy", np.eye(2))
 
 
 def test_subset_keeps_pairs_only_when_whole_pairs_are_kept():
@@ -89,7 +89,7 @@ def test_subset_keeps_pairs_only_when_whole_pairs_are_kept():
 def test_Gamma_w_is_the_exact_second_moment(law):
     """Gamma_w = E[z z^T] for z = (x, w^T x): Monte Carlo mean within 5 CLT standard errors."""
     rng = _rng(11)
-    x_law = icl.covariate_law(law, ANISO)
+    x_law = laws.covariate_law(law, ANISO)
     w = rng.standard_normal(3)
     n = 200_000
     x = x_law.sample(rng, n)

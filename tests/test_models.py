@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from sfxlin import icl, training
+from sfxlin import icl, laws, training
 
 M = pytest.importorskip("sfxlin.models")
 
@@ -23,7 +23,12 @@ D3 = 3
 
 def _tasks(seed=0, n_pairs=3, n_queries=2, L_max=32, d=D3):
     rng = np.random.default_rng(seed)
-    return icl.make_tasks(rng, d, n_pairs, n_queries, L_max, icl.covariate_law("gaussian", np.eye(d)))
+    return icl.make_tasks(rng, d, n_pairs, n_queries, L_max, laws.covariate_law("gaussian", np.eye(d)))
+
+
+#: for tests that compare implementations on models breaking the 1/L rate condition (lambda >= 1/2,
+#: test_softmax_warns_when_a_head_breaks_the_rate_condition): the condition does not concern them
+BREAKS_RATE_CONDITION = pytest.mark.filterwarnings("ignore::sfxlin.models.RateConditionWarning")
 
 
 def _rel(a, b):
@@ -47,6 +52,7 @@ def test_float64_is_on():
     assert jnp.zeros(1).dtype == np.float64
 
 
+@BREAKS_RATE_CONDITION
 @pytest.mark.parametrize("model, kern", [("softmax", "softmax"), ("linear", "linear"), ("linear_inf", "limit")])
 def test_single_head_risk_and_gradient_equal_icl(model, kern):
     tasks = _tasks()
@@ -136,6 +142,8 @@ def _naive_forward(kappa, normalised, p, Z, zq, K, H):
     return zq @ p["v"]
 
 
+@BREAKS_RATE_CONDITION
+@BREAKS_RATE_CONDITION
 @pytest.mark.parametrize("kern, kappa, normalised", [
     ("softmax", np.exp, True), ("relu", lambda s: np.maximum(s, 0), False),
     ("sigmoid", lambda s: 1 / (1 + np.exp(-s)), False)])
@@ -148,6 +156,7 @@ def test_two_layer_kernels_equal_a_naive_loop(kern, kappa, normalised):
     assert _rel(got, want) <= 1e-12
 
 
+@BREAKS_RATE_CONDITION
 def test_a_custom_normalised_exp_kernel_is_softmax():
     from sfxlin.models._jax import jnp
 
@@ -159,23 +168,31 @@ def test_a_custom_normalised_exp_kernel_is_softmax():
 
 
 def test_deep_softmax_converges_to_the_limit_at_rate_one_over_L():
-    """2 layers x 2 heads on Gaussian tokens: mean squared error to the closed form ~ C / L, so from
+    """2 layers x 2 heads on Gaussian tokens, every head with lambda < 1/4 (the error constant has a
+    finite variance; no RateConditionWarning): mean squared error to the closed form ~ C / L, so from
     L = 32 to 512 it falls ~16x. Monte Carlo over 64 tasks x 4 queries: the ratio of two means of
     squared errors scatters by a factor < 2.5 (5 SEs of each mean); the token moments' relative
     error falls ~4x (root L)."""
+    import warnings
+
     tasks = _tasks(seed=11, n_pairs=32, n_queries=4, L_max=512)
     model = M.Transformer(4, 2, 2)
-    p = model.init(np.random.default_rng(12), 0.25, 0.25)
-    lim, Sig = M.limit_layers(model, p, icl.Gamma_w(tasks.Sigma, tasks.w), tasks.z_q, moments=True)
+    p = model.init(np.random.default_rng(12), 0.05, 0.25)
+    Gamma = icl.Gamma_w(tasks.Sigma, tasks.w)
+    assert M.head_lambdas(model, p, Gamma).max() < 0.25
+    lim, Sig = M.limit_layers(model, p, Gamma, tasks.z_q, moments=True)
     err, cov = [], []
     for L in (32, 512):
-        pred, mom = M.predict_layers(model, "softmax", p, tasks.prompt(L), tasks.z_q, moments=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", M.RateConditionWarning)
+            pred, mom = M.predict_layers(model, "softmax", p, tasks.prompt(L), tasks.z_q, moments=True)
         err.append(np.mean((pred[-1] - lim[-1]) ** 2))
         cov.append(np.mean(np.linalg.norm(mom[-1] - Sig[-1], axis=(-2, -1)) / np.linalg.norm(Sig[-1], axis=(-2, -1))))
     assert 16 / 2.5 < err[0] / err[1] < 16 * 2.5
     assert 4 / 2 < cov[0] / cov[1] < 4 * 2
 
 
+@BREAKS_RATE_CONDITION
 def test_factored_keys_and_queries_equal_the_merged_matrix():
     tasks = _tasks(seed=13, L_max=8)
     fac = M.Transformer(4, 2, 1, d_k=3)
@@ -186,6 +203,7 @@ def test_factored_keys_and_queries_equal_the_merged_matrix():
                                                                              tasks.z_q)) <= 1e-12
 
 
+@BREAKS_RATE_CONDITION
 def test_adam_follows_the_textbook_update():
     tasks = _tasks(seed=15, L_max=8)
     model = M.Transformer(4, 1, 1)
@@ -205,7 +223,7 @@ def test_sgd_draws_fresh_tasks_in_order():
     tasks = _tasks(seed=17, L_max=8)
     model = M.Transformer(4, 1, 1)
     p = model.init(np.random.default_rng(18))
-    law = icl.covariate_law("gaussian", np.eye(D3))
+    law = laws.covariate_law("gaussian", np.eye(D3))
     run = M.train(model, "linear", p, tasks, 8, method="sgd", lr=0.01, n_steps=2, ckpt_every=1,
                   fresh=(np.random.default_rng(19), law, 3, 2))
     rng = np.random.default_rng(19)
@@ -229,6 +247,8 @@ def test_bad_input_raises_value_errors():
         M.predict(model, "softmax", {"U": p["U"]}, tasks.Z, tasks.z_q)
     with pytest.raises(ValueError, match="Z must"):
         M.predict(model, "softmax", p, tasks.Z[..., :3], tasks.z_q)
+    with pytest.raises(ValueError, match="Z must be finite"):
+        M.predict(model, "softmax", p, np.where(tasks.Z > 1.5, np.nan, tasks.Z), tasks.z_q)
     with pytest.raises(ValueError, match="n_heads"):
         M.Transformer(4, 1, 0)
     with pytest.raises(ValueError, match="method"):
@@ -242,6 +262,7 @@ def test_bad_input_raises_value_errors():
         M.risk(model, "limit", p, off)
 
 
+@BREAKS_RATE_CONDITION
 def test_tasks_mapped_in_batches_with_a_remainder(monkeypatch):
     """Logit memory capped so that 5 tasks go in batches of 2 (2, 2, 1): same values as one batch."""
     from sfxlin.models import transformer as T
@@ -254,3 +275,72 @@ def test_tasks_mapped_in_batches_with_a_remainder(monkeypatch):
     monkeypatch.setattr(T, "_LOGIT_BYTES", 8 * 3 * 8 * 8 * 2)
     assert T._batch(model, 8, 5) == 2
     assert _rel(M.predict(model, "softmax", p, tasks.Z, tasks.z_q), whole) <= 1e-12
+
+
+# ------------------------------------------------------------------ the 1/L rate condition
+def _lambda_direct(model, p, Sigma):
+    """(K, H, n): the largest eigenvalue of the explicit product Sigma_l U^T Sigma_l U (the same
+    spectrum as (Sigma_l^1/2 U Sigma_l^1/2)^T (Sigma_l^1/2 U Sigma_l^1/2)), Sigma_l by a numpy loop."""
+    U = p["U"] if "U" in p else np.einsum("khai,khaj->khij", p["W_K"], p["W_Q"])
+    K, H = U.shape[:2]
+    out = np.empty((K, H, Sigma.shape[0]))
+    for n in range(Sigma.shape[0]):
+        S = Sigma[n]
+        for l in range(K):
+            for h in range(H):
+                out[l, h, n] = np.max(np.linalg.eigvals(S @ U[l, h].T @ S @ U[l, h]).real)
+            A = sum((p["V"][l, h] if model.values else np.eye(model.D)) @ S @ U[l, h] for h in range(H))
+            A = A + np.eye(model.D) if model.residual else A
+            S = A @ S @ A.T
+    return out
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(residual=False), dict(values=False), dict(d_k=2)])
+def test_head_lambdas_are_the_top_eigenvalues_of_the_explicit_products(kw):
+    tasks = _tasks(seed=24)
+    model = M.Transformer(4, 3, 2, **kw)
+    p = model.init(np.random.default_rng(25), 0.5, 0.5)
+    Sigma = icl.Gamma_w(tasks.Sigma, tasks.w)                 # rank d in R^(d+1): a singular Sigma_1
+    got = M.head_lambdas(model, p, Sigma)
+    assert got.shape == (3, 2, tasks.n_tasks)
+    np.testing.assert_allclose(got, _lambda_direct(model, p, Sigma), rtol=1e-10)
+    with pytest.raises(ValueError, match="Sigma must"):
+        M.head_lambdas(model, p, Sigma[0])
+
+
+def _one_bad_head(lam_bad, lam_good=0.3):
+    """A 2-layer, 2-head model and prompts on which layer 1 leaves the tokens unchanged (V = 0) with
+    lambda = 0.1 on both heads and layer 2's heads have max-over-tasks lambda = lam_good (head 1) and
+    lam_bad (head 2), Sigma_1 the prompts' second moment (lambda scales as the square of U)."""
+    tasks = _tasks(seed=26, n_pairs=1, L_max=12)             # the shapes of test_two_layer_kernels_equal_a_naive_loop
+    model = M.Transformer(4, 2, 2)
+    p = model.init(np.random.default_rng(27), 0.5, 0.5)
+    p["V"][0] = 0.0
+    G = np.einsum("nli,nlj->nij", tasks.Z, tasks.Z) / 12
+    for (l, h), target in {(0, 0): 0.1, (0, 1): 0.1, (1, 0): lam_good, (1, 1): lam_bad}.items():
+        p["U"][l, h] *= np.sqrt(target / _lambda_direct(model, p, G)[l, h].max())
+    return model, p, tasks
+
+
+def test_softmax_warns_when_a_head_breaks_the_rate_condition():
+    model, p, tasks = _one_bad_head(1.72)
+    with pytest.warns(M.RateConditionWarning, match=r"layer 2 head 2: lambda = 1\.72 .*bound 1/2") as rec:
+        M.predict(model, "softmax", p, tasks.Z, tasks.z_q)
+    assert len(rec) == 1 and "head 1" not in str(rec[0].message)
+    assert issubclass(M.RateConditionWarning, UserWarning) and not issubclass(M.RateConditionWarning, RuntimeWarning)
+    with pytest.warns(M.RateConditionWarning, match="layer 2 head 2"):
+        M.risk(model, "softmax", p, tasks, 12)
+    with pytest.warns(M.RateConditionWarning, match="layer 2 head 2"):
+        M.risk_and_grad(model, "softmax", p, tasks, 12)
+
+
+def test_no_warning_below_the_bound_or_without_softmax():
+    import warnings
+
+    model, p, tasks = _one_bad_head(0.3)
+    bad = _one_bad_head(1.72)[1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", M.RateConditionWarning)
+        M.predict_layers(model, "softmax", p, tasks.Z, tasks.z_q)
+        M.predict_layers(model, "linear", bad, tasks.Z, tasks.z_q)
+        M.risk(model, "limit", bad, tasks)

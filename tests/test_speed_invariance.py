@@ -136,7 +136,7 @@ def test_trajectories_agree_with_the_per_L_reference_loop(both_diagnostics):
         rng = cell_rng(c3.NAME, cell, config["root_seed"])
         Sigma = np.asarray(config[f"Sigma_{setting}"])
         tasks = icl.make_tasks(rng, 3, config["n_pairs"], config["n_queries"], config["L"][-1],
-                               icl.covariate_law("gaussian", Sigma))
+                               laws.covariate_law("gaussian", Sigma))
         U0, v0 = icl.init_theta(3, Sigma)
         ref = reference_c3.train_reference_all(tasks, config["L"], lr=config["lr"], n_steps=config["n_steps"],
                                                ckpt_every=config["ckpt_every"], U0=U0, v0=v0)

@@ -4,7 +4,7 @@ constant against Monte Carlo."""
 import numpy as np
 import pytest
 
-from sfxlin import icl, stability
+from sfxlin import icl, laws, stability
 from sfxlin.training import train, train_all_arrays
 
 
@@ -45,7 +45,7 @@ def test_gap_matches_naive_loops(block, monkeypatch):
     chunking of the BLAS calls, several parameter points, replicates, nested L) against loops."""
     rng = np.random.default_rng(7)
     d, Sigma = 2, np.array([[1.5, 0.3], [0.3, 0.6]])
-    law = icl.covariate_law("gaussian", Sigma)
+    law = laws.covariate_law("gaussian", Sigma)
     tasks = icl.make_tasks(rng, d, 3, 2, 96, law)
     prompts = np.concatenate([tasks.Z[None], _prompts(rng, tasks, law, 1)])
     U = 0.5 * rng.standard_normal((3, d + 1, d + 1))
@@ -78,7 +78,7 @@ def test_gap_matches_naive_loops(block, monkeypatch):
 def test_gap_survives_huge_logits():
     """Raw logits of order 1e3: the online max-shift keeps every prefix finite and exact."""
     rng = np.random.default_rng(3)
-    law = icl.covariate_law("gaussian", np.eye(2))
+    law = laws.covariate_law("gaussian", np.eye(2))
     tasks = icl.make_tasks(rng, 2, 2, 1, 64, law)
     U = np.zeros((1, 3, 3))
     U[0, :2, :2] = 400.0 * np.eye(2)
@@ -91,7 +91,7 @@ def test_gap_survives_huge_logits():
 
 def test_gap_rejects_noisy_labels_and_unshared_partners():
     rng = np.random.default_rng(0)
-    law = icl.covariate_law("gaussian", np.eye(2))
+    law = laws.covariate_law("gaussian", np.eye(2))
     tasks = icl.make_tasks(rng, 2, 2, 1, 16, law)
     U, v = icl.init_theta(2, np.eye(2))
     Z = tasks.Z.copy()
@@ -112,7 +112,7 @@ def test_gap_decays_like_inverse_sqrt_L_at_fixed_parameters():
     Spread of the fitted slope over seeds in this setting: sd 0.05, so [-0.7, -0.3] is 4 sd."""
     rng = np.random.default_rng([11, 5])
     Sigma = np.eye(2)
-    law = icl.covariate_law("gaussian", Sigma)
+    law = laws.covariate_law("gaussian", Sigma)
     Ls = [2**k for k in range(4, 12)]
     tasks = icl.make_tasks(rng, 2, 8, 2, Ls[-1], law)
     U0, v0 = icl.init_theta(2, Sigma)
@@ -132,7 +132,7 @@ def test_trajectory_outputs_and_draw_order(trainer):
     out = stability.gradient_gap_trajectory(np.random.default_rng(5), Sigma, Ls, trainer=trainer, **kw)
     assert set(out) == set(stability.TRAJECTORY_KEYS)
     rng = np.random.default_rng(5)
-    law = icl.covariate_law("gaussian", Sigma)
+    law = laws.covariate_law("gaussian", Sigma)
     tasks = icl.make_tasks(rng, 2, 3, 2, 32, law)
     prompts = [tasks.Z]
     for _ in range(2):

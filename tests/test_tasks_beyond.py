@@ -5,7 +5,7 @@ the per-L paths on noisy tasks (1e-10)."""
 import numpy as np
 import pytest
 
-from sfxlin import baselines, bayes, icl, training
+from sfxlin import baselines, bayes, icl, laws, training
 from sfxlin.laws import Gaussian
 from sfxlin.testing import reference_c3
 
@@ -36,7 +36,7 @@ def _old_make_tasks(rng, d, n_pairs, n_queries, L_max, x_law):
 
 @pytest.mark.parametrize("law", ["gaussian", "rademacher"])
 def test_default_tasks_are_bit_for_bit_the_papers(law):
-    x_law = icl.covariate_law(law, ANISO)
+    x_law = laws.covariate_law(law, ANISO)
     t = icl.make_tasks(_rng(1), 3, 5, 2, 17, x_law)
     Z, W, XQ, YQ = _old_make_tasks(_rng(1), 3, 5, 2, 17, x_law)
     # einsum vs matmul may order the 3 products differently: labels agree to rounding, the rest exactly
@@ -86,7 +86,7 @@ def test_noisy_prior_tasks_draw_order_and_antithetic_pairs():
     (dict(Omega=np.eye(2)), "Omega")])
 def test_make_tasks_rejects_bad_noise_and_prior(kw, match):
     with pytest.raises(ValueError, match=match):
-        icl.make_tasks(_rng(0), 3, 2, 1, 4, icl.covariate_law("gaussian", ANISO), **kw)
+        icl.make_tasks(_rng(0), 3, 2, 1, 4, laws.covariate_law("gaussian", ANISO), **kw)
 
 
 # --------------------------------------------------------------------------- population moments
@@ -192,7 +192,7 @@ def test_linear_inf_optimum_reaches_the_query_noise_floor():
                                               (6, ANISO, OMEGA)])
 def test_bayes_risk_of_noiseless_tasks_matches_monte_carlo(L, Sigma, Omega):
     d = Sigma.shape[0]
-    t = icl.make_tasks(_rng(9, L), d, 3000, 1, L, icl.covariate_law("gaussian", Sigma), query_noise=0.2, Omega=Omega)
+    t = icl.make_tasks(_rng(9, L), d, 3000, 1, L, laws.covariate_law("gaussian", Sigma), query_noise=0.2, Omega=Omega)
     w_hat = baselines.posterior_mean(t, (L,))[0]
     loss = 0.5 * (np.einsum("nqi,ni->nq", t.x_q, w_hat) - t.y_q)[0::2].ravel() ** 2
     expected = bayes.bayes_risk_task(d, L, Sigma, Omega, 0.0, 0.2)
@@ -214,7 +214,7 @@ def test_bayes_risk_has_no_closed_form_where_documented():
 
 @pytest.mark.parametrize("mean, Omega", [(None, None), ([0.4, -0.3, 0.2], OMEGA)])
 def test_fast_trainer_on_noisy_tasks_matches_the_per_L_paths(mean, Omega):
-    law = Gaussian(mean=mean, cov=ANISO) if mean is not None else icl.covariate_law("gaussian", ANISO)
+    law = Gaussian(mean=mean, cov=ANISO) if mean is not None else laws.covariate_law("gaussian", ANISO)
     t = icl.make_tasks(_rng(10), 3, 3, 2, 32, law, noise=0.6, query_noise=0.4, Omega=Omega)
     Ls, kw = (4, 8, 32), dict(lr=0.02, n_steps=60, ckpt_every=20)
     fast = training.train_all_arrays(t, Ls, **kw)
@@ -238,7 +238,7 @@ def test_fast_trainer_on_noisy_tasks_matches_the_per_L_paths(mean, Omega):
 
 
 def test_fast_trainer_refuses_noisy_tasks_without_exact_pairs():
-    t = icl.make_tasks(_rng(12), 3, 2, 2, 16, icl.covariate_law("gaussian", ANISO), noise=0.5)
+    t = icl.make_tasks(_rng(12), 3, 2, 2, 16, laws.covariate_law("gaussian", ANISO), noise=0.5)
     Z = t.Z.copy()
     Z[1, 0, 3] += 1e-3                                  # breaks (w, eps) <-> (-w, -eps)
     broken = icl.Tasks(Z=Z, w=t.w, x_q=t.x_q, y_q=t.y_q, Sigma=t.Sigma, noise=0.5)

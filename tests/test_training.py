@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sfxlin.testing.reference_c3 import linear_step, softmax_step, train_reference, train_reference_all
-from sfxlin import icl, training
+from sfxlin import icl, laws, training
 from sfxlin.training import SoftmaxPrefixEngine, TrainingDiverged, train, train_all, train_all_arrays
 
 ANISO = np.diag([2.0, 1.0, 0.5])
@@ -20,7 +20,7 @@ def _rng(*ids):
 
 def _tasks(d=3, n_pairs=4, n_queries=2, L_max=64, Sigma=None, law="gaussian", seed=0):
     Sigma = np.eye(d) if Sigma is None else Sigma
-    return icl.make_tasks(_rng(seed), d, n_pairs, n_queries, L_max, icl.covariate_law(law, Sigma))
+    return icl.make_tasks(_rng(seed), d, n_pairs, n_queries, L_max, laws.covariate_law(law, Sigma))
 
 
 def _rel(a, b):
@@ -511,7 +511,7 @@ def test_heldout_risks_equal_the_plain_risks_of_every_model():
     from sfxlin.training import heldout_risks
 
     rng = np.random.default_rng(11)
-    held = icl.make_tasks(rng, 3, 4, 2, 64, icl.covariate_law("gaussian", ANISO))
+    held = icl.make_tasks(rng, 3, 4, 2, 64, laws.covariate_law("gaussian", ANISO))
     Ls, L_eval, k = (4, 16), 64, 3
     U = {m: 0.3 * rng.standard_normal((len(Ls), k, 4, 4)) for m in ("softmax", "linear")}
     v = {m: rng.standard_normal((len(Ls), k, 4)) for m in ("softmax", "linear")}
