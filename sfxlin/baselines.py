@@ -30,6 +30,7 @@ import numpy as np
 from . import icl
 from .bayes import whitened_scale
 from .training import validate_Ls
+from .validation import as_sigma, as_spd, noise_std, positive_int
 
 __all__ = ["prompt_sums", "min_norm", "ridge", "posterior_mean", "pgd", "pgd_preconditioner",
            "heldout_risk", "baseline_risks", "BASELINES", "pgd_risk", "ols_risk", "mp_stieltjes",
@@ -120,11 +121,11 @@ def pgd_preconditioner(L, Sigma, Omega=None, noise=0.0):
     Gaussian covariates (``Gamma = E[w h^T] E[h h^T]^{-1}``, ``h = X^T y / L``, by the Wishart
     fourth moment ``E[S A S] = Sigma A Sigma + (Sigma A Sigma + tr(A Sigma) Sigma) / L``). Tends to
     ``Sigma^{-1}`` as ``L -> inf`` (the paper's plug-in)."""
-    L = icl._positive_int(L, "L")
-    Sigma = icl._as_sigma(Sigma)
+    L = positive_int(L, "L")
+    Sigma = as_sigma(Sigma)
     d = Sigma.shape[0]
-    Omega = np.eye(d) if Omega is None else icl._as_spd(Omega, d, "Omega")
-    noise = icl._noise_std(noise, "noise")
+    Omega = np.eye(d) if Omega is None else as_spd(Omega, d, "Omega")
+    noise = noise_std(noise, "noise")
     H = (1 + 1 / L) * Sigma @ Omega @ Sigma + (np.trace(Sigma @ Omega) + noise**2) / L * Sigma
     return np.linalg.solve(H.T, (Omega @ Sigma).T).T
 
@@ -161,12 +162,12 @@ def baseline_risks(tasks, Ls):
 def pgd_risk(L, Sigma, Omega=None, noise=0.0, query_noise=0.0):
     """Exact risk of :func:`pgd` for centred Gaussian covariates:
     ``1/2 [tr(Sigma Omega) - tr(Sigma Gamma_L Sigma Omega) + query_noise^2]``."""
-    Sigma = icl._as_sigma(Sigma)
+    Sigma = as_sigma(Sigma)
     d = Sigma.shape[0]
-    Om = np.eye(d) if Omega is None else icl._as_spd(Omega, d, "Omega")
+    Om = np.eye(d) if Omega is None else as_spd(Omega, d, "Omega")
     G = pgd_preconditioner(L, Sigma, Om, noise)
     return 0.5 * (np.trace(Sigma @ Om) - np.trace(Sigma @ G @ Sigma @ Om)
-                  + icl._noise_std(query_noise, "query_noise") ** 2)
+                  + noise_std(query_noise, "query_noise") ** 2)
 
 
 def ols_risk(d, L, noise=0.0, query_noise=0.0):
@@ -174,8 +175,8 @@ def ols_risk(d, L, noise=0.0, query_noise=0.0):
     ``1/2 [noise^2 d / (L - d - 1) + query_noise^2]`` for ``L > d + 1`` (inverse-Wishart mean,
     ``E (X^T X)^{-1} = Sigma^{-1} / (L - d - 1)``); noiseless, ``L >= d``: ``query_noise^2 / 2``;
     ``nan`` otherwise (infinite at ``L = d + 1``; depends on ``w`` below ``d``)."""
-    d, L = icl._positive_int(d, "d"), icl._positive_int(L, "L")
-    noise, query_noise = icl._noise_std(noise, "noise"), icl._noise_std(query_noise, "query_noise")
+    d, L = positive_int(d, "d"), positive_int(L, "L")
+    noise, query_noise = noise_std(noise, "noise"), noise_std(query_noise, "query_noise")
     if noise == 0 and L >= d:
         return 0.5 * query_noise**2
     if noise > 0 and L > d + 1:
@@ -207,10 +208,10 @@ def asymptotic_ridge_risk(d, L, Sigma, Omega=None, noise=0.0, query_noise=0.0, l
     ``l = gamma noise^2 / r^2`` it reduces to ``1/2 [noise^2 gamma m + query_noise^2]``.
     Noiseless labels need ``lam > 0`` (at ``lam = 0`` the estimator interpolates; the limit is
     ``(1 - 1/gamma)_+ r^2 / 2``, the Bayes risk's)."""
-    d, L = icl._positive_int(d, "d"), icl._positive_int(L, "L")
-    Sigma = icl._as_sigma(Sigma, d)
-    noise, query_noise = icl._noise_std(noise, "noise"), icl._noise_std(query_noise, "query_noise")
-    Om = np.eye(d) if Omega is None else icl._as_spd(Omega, d, "Omega")
+    d, L = positive_int(d, "d"), positive_int(L, "L")
+    Sigma = as_sigma(Sigma, d)
+    noise, query_noise = noise_std(noise, "noise"), noise_std(query_noise, "query_noise")
+    Om = np.eye(d) if Omega is None else as_spd(Omega, d, "Omega")
     sx2, om2 = whitened_scale(Sigma), whitened_scale(Om)
     if sx2 is None or om2 is None:
         return float("nan")

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import icl
-from .validation import finite_array
+from .validation import as_sigma, as_spd, finite_array, noise_std, positive_int
 
 __all__ = ["task_mean", "task_covariance", "prior_second_moment", "linear_limit", "softmax_limit",
            "linear_inf_optimum", "bayes_risk_linear_inf", "bayes_risk_task", "whitened_scale"]
@@ -60,14 +60,14 @@ def task_covariance(Sigma, w, noise=0.0):
 def prior_second_moment(Sigma, Omega=None, mean=None, noise=0.0):
     """``E_w E[z z^T] = [[M, 0], [0, tr(M Omega) + noise^2]]`` over the prior ``w ~ N(0, Omega)``
     (``Omega = None``: ``I_d``), ``M = Sigma + m m^T``: the second moment of a token of a random task."""
-    Sigma = icl._as_sigma(Sigma)
+    Sigma = as_sigma(Sigma)
     d = Sigma.shape[0]
-    Omega = np.eye(d) if Omega is None else icl._as_spd(Omega, d, "Omega")
+    Omega = np.eye(d) if Omega is None else as_spd(Omega, d, "Omega")
     m = _mean(mean, d)
     M = Sigma + np.outer(m, m)
     out = np.zeros((d + 1, d + 1))
     out[:d, :d] = M
-    out[d, d] = np.trace(M @ Omega) + icl._noise_std(noise, "noise") ** 2
+    out[d, d] = np.trace(M @ Omega) + noise_std(noise, "noise") ** 2
     return out
 
 
@@ -93,7 +93,7 @@ def linear_inf_optimum(Sigma, mean=None):
     second moment ``M = Sigma + m m^T`` in place of ``Sigma``: ``c = ||M^{-1}||_F^{1/2}``,
     ``U* = blockdiag(M^{-1} / c, 0)``, ``v* = c e_{d+1}``; then ``v*^T Gamma_w U* z_q = w^T x_q``
     for every task (any noise, prior, mean)."""
-    Sigma = icl._as_sigma(Sigma)
+    Sigma = as_sigma(Sigma)
     m = _mean(mean, Sigma.shape[0])
     return icl.bayes_optimum(Sigma + np.outer(m, m))
 
@@ -101,16 +101,16 @@ def linear_inf_optimum(Sigma, mean=None):
 def bayes_risk_linear_inf(query_noise=0.0):
     """Minimum over ``(U, v)`` of the risk of linear(inf): ``query_noise^2 / 2`` (reached by
     :func:`linear_inf_optimum`; no model can beat the query noise)."""
-    return 0.5 * icl._noise_std(query_noise, "query_noise") ** 2
+    return 0.5 * noise_std(query_noise, "query_noise") ** 2
 
 
 def whitened_scale(Sigma, Omega=None):
     """``kappa`` if ``K = Omega^{1/2} Sigma Omega^{1/2} = kappa I_d`` (to relative 1e-12; the
     whitened problem is then isotropic and rotation invariant), else ``None``. The eigenvalues of
     ``K`` are those of ``Sigma Omega``."""
-    Sigma = icl._as_sigma(Sigma)
+    Sigma = as_sigma(Sigma)
     d = Sigma.shape[0]
-    Omega = np.eye(d) if Omega is None else icl._as_spd(Omega, d, "Omega")
+    Omega = np.eye(d) if Omega is None else as_spd(Omega, d, "Omega")
     R = np.linalg.cholesky(Omega)
     lam = np.linalg.eigvalsh(R.T @ Sigma @ R)       # the spectrum of K
     return float(lam.mean()) if lam.max() - lam.min() <= 1e-12 * lam.max() else None
@@ -129,10 +129,10 @@ def bayes_risk_task(d, L, Sigma, Omega=None, noise=0.0, query_noise=0.0, mean=No
       closed-form expectation at finite ``L`` (``nan``; its large-``d`` equivalent is
       :func:`sfxlin.baselines.asymptotic_ridge_risk` at the Bayes penalty).
     """
-    d = icl._positive_int(d, "d")
-    L = icl._positive_int(L, "L")
-    Sigma = icl._as_sigma(Sigma, d)
-    noise = icl._noise_std(noise, "noise")
+    d = positive_int(d, "d")
+    L = positive_int(L, "L")
+    Sigma = as_sigma(Sigma, d)
+    noise = noise_std(noise, "noise")
     floor = bayes_risk_linear_inf(query_noise)
     if noise > 0:
         return float("nan")

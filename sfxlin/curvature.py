@@ -47,7 +47,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import icl
-from .training import _pair_structure, validate_Ls
+from .training import pair_structure, validate_Ls
 
 __all__ = ["off_block_coordinates", "off_block_hessian", "curvature_extremes", "spectral_radius"]
 
@@ -139,7 +139,7 @@ def off_block_hessian(model, tasks, Ls, U, v):
     if np.any(off_block_coordinates(U, v)) or np.any(U[..., :d, d]) or np.any(U[..., d, d]):
         raise ValueError("U, v: the parameters must be block structured (U[d, :] = U[:d, d] = 0, v[:d] = 0)")
     if model == "softmax":
-        if _pair_structure(tasks) == 2:      # partners' terms are equal at block structure: one of each
+        if pair_structure(tasks) == 2:      # partners' terms are equal at block structure: one of each
             tasks = tasks.subset(slice(0, None, 2))
         H = np.stack([_softmax_hessian(tasks, L, U[i], v[i]) for i, L in enumerate(Ls)])
     elif model == "linear":

@@ -41,10 +41,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .validation import finite_array, numeric_array
+from .validation import as_sigma, as_spd, finite_array, noise_std, numeric_array, positive_int
 
 __all__ = [
-    "Tasks", "make_tasks", "Ghat", "Gamma_w", "init_alpha", "init_theta",
+    "Tasks", "make_tasks", "check_L", "check_model", "Ghat", "Gamma_w", "init_alpha", "init_theta",
     "bayes_optimum", "off_block_mass", "theta_distance", "ridge_risk",
     "softmax_predict", "linear_predict", "softmax_risk_grad", "linear_risk_grad",
     "model_matrix", "risk", "risk_grad", "MODELS",
@@ -103,16 +103,16 @@ class Tasks:
         if y_q.shape != (n, q):
             raise ValueError(f"Tasks.y_q must have shape (n, n_queries) = {(n, q)} (from x_q {x_q.shape}), "
                              f"got {y_q.shape}")
-        Sigma = _as_sigma(self.Sigma, d)
+        Sigma = as_sigma(self.Sigma, d)
         lam = np.linalg.eigvalsh(Sigma)
         if not lam[0] > 0:
             raise ValueError(f"Tasks.Sigma must be positive definite, smallest eigenvalue {lam[0]:.3g}")
         mean = np.zeros(d) if self.mean is None else finite_array(self.mean, "Tasks.mean")
         if mean.shape != (d,):
             raise ValueError(f"Tasks.mean must have shape (d,) = {(d,)} (from Z {Z.shape}), got {mean.shape}")
-        noise = _noise_std(self.noise, "Tasks.noise")
-        query_noise = _noise_std(self.query_noise, "Tasks.query_noise")
-        Omega = np.eye(d) if self.Omega is None else _as_spd(self.Omega, d, "Tasks.Omega")
+        noise = noise_std(self.noise, "Tasks.noise")
+        query_noise = noise_std(self.query_noise, "Tasks.query_noise")
+        Omega = np.eye(d) if self.Omega is None else as_spd(self.Omega, d, "Tasks.Omega")
         for name, value in (("Z", Z), ("w", w), ("x_q", x_q), ("y_q", y_q), ("Sigma", Sigma), ("mean", mean),
                             ("noise", noise), ("query_noise", query_noise), ("Omega", Omega)):
             object.__setattr__(self, name, value)
@@ -149,7 +149,7 @@ class Tasks:
 
     def prompt(self, L):
         """The first ``L`` tokens, ``(n, L, D)`` (a view)."""
-        return self.Z[:, :_check_L(L, self.L_max), :]
+        return self.Z[:, :check_L(L, self.L_max), :]
 
     def subset(self, idx):
         """Tasks ``idx`` (e.g. a slice); ``paired`` only if whole pairs are kept in order."""
@@ -164,57 +164,12 @@ def _slice_keeps_pairs(s, n):
     return step == 1 and start % 2 == 0 and (stop - start) % 2 == 0
 
 
-def _check_L(L, L_max):
+def check_L(L, L_max):
     if isinstance(L, (bool, np.bool_)) or not isinstance(L, (int, np.integer)):
         raise TypeError(f"L must be an integer, got {L!r}")
     if not 1 <= L <= L_max:
         raise ValueError(f"L must be in [1, {L_max}], got {L}")
     return int(L)
-
-
-def _positive_int(value, name):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def _noise_std(value, name):
-    """A finite standard deviation ``>= 0`` as a float."""
-    if isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    try:
-        s = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}") from None
-    if not (np.isfinite(s) and s >= 0):
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    return s
-
-
-def _as_spd(A, d, name):
-    """``A`` (a ``d x d`` matrix or a length-``d`` diagonal) as a symmetric positive-definite matrix."""
-    try:
-        S = _as_sigma(A, d)
-    except ValueError as exc:
-        raise ValueError(f"{name}: {exc}") from None
-    if not np.linalg.eigvalsh(S)[0] > 0:
-        raise ValueError(f"{name} must be positive definite, smallest eigenvalue {np.linalg.eigvalsh(S)[0]:.3g}")
-    return S
-
-
-def _as_sigma(Sigma, d=None):
-    """``Sigma`` as a finite symmetric ``d x d`` float64 matrix (a length-``d`` vector is its
-    diagonal). Symmetry is checked relative to the largest entry, so it holds at any scale."""
-    S = numeric_array(Sigma, "Sigma")
-    if S.ndim == 1:
-        S = np.diag(S)
-    if S.ndim != 2 or S.shape[0] != S.shape[1] or (d is not None and S.shape[0] != d):
-        raise ValueError(f"Sigma must be a square {d or 'd'} x {d or 'd'} matrix or a diagonal, got shape {S.shape}")
-    if not np.all(np.isfinite(S)):
-        raise ValueError("Sigma must be finite")
-    if not np.allclose(S, S.T, atol=1e-8 * np.abs(S).max()):
-        raise ValueError("Sigma must be symmetric")
-    return S
 
 
 def make_tasks(rng, d, n_pairs, n_queries, L_max, x_law, *, noise=0.0, query_noise=0.0, Omega=None):
@@ -235,16 +190,16 @@ def make_tasks(rng, d, n_pairs, n_queries, L_max, x_law, *, noise=0.0, query_noi
     """
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy Generator, got {type(rng).__name__}")
-    d = _positive_int(d, "d")
-    n_pairs = _positive_int(n_pairs, "n_pairs")
-    n_queries = _positive_int(n_queries, "n_queries")
-    L_max = _positive_int(L_max, "L_max")
+    d = positive_int(d, "d")
+    n_pairs = positive_int(n_pairs, "n_pairs")
+    n_queries = positive_int(n_queries, "n_queries")
+    L_max = positive_int(L_max, "L_max")
     if getattr(x_law, "D", None) != d:
         raise ValueError(f"x_law must be a law on R^{d}, got {x_law!r}")
-    noise = _noise_std(noise, "noise")
-    query_noise = _noise_std(query_noise, "query_noise")
-    Omega = None if Omega is None else _as_spd(Omega, d, "Omega")
-    Sigma = _as_sigma(x_law.cov, d)
+    noise = noise_std(noise, "noise")
+    query_noise = noise_std(query_noise, "query_noise")
+    Omega = None if Omega is None else as_spd(Omega, d, "Omega")
+    Sigma = as_sigma(x_law.cov, d)
     mean = getattr(x_law, "mean", None)
     w = rng.standard_normal((n_pairs, d))
     if Omega is not None:
@@ -281,7 +236,7 @@ def Ghat(Z, L=None):
     if Z.ndim < 2:
         raise ValueError(f"Z must have shape (..., L, D), got {Z.shape}")
     if L is not None:
-        Z = Z[..., : _check_L(L, Z.shape[-2]), :]
+        Z = Z[..., : check_L(L, Z.shape[-2]), :]
     return np.swapaxes(Z, -1, -2) @ Z / Z.shape[-2]
 
 
@@ -291,7 +246,7 @@ def Gamma_w(Sigma, w, mean=None, noise=0.0):
     ``[[M, M w], [w^T M, w^T M w + noise^2]]`` with the second moment ``M = Sigma + m m^T``
     (``M = Sigma`` when centred). ``w (..., d)`` -> ``(..., D, D)``. ``Sigma`` is a ``d x d`` matrix
     or a length-``d`` diagonal, as everywhere in this module."""
-    Sigma = _as_sigma(Sigma)
+    Sigma = as_sigma(Sigma)
     w = numeric_array(w, "w")
     d = Sigma.shape[0]
     if w.shape[-1] != d:
@@ -308,7 +263,7 @@ def Gamma_w(Sigma, w, mean=None, noise=0.0):
     out[..., :d, d] = Sw
     out[..., d, :d] = Sw
     out[..., d, d] = np.einsum("...i,...i->...", Sw, w)
-    noise = _noise_std(noise, "noise")
+    noise = noise_std(noise, "noise")
     if noise > 0:
         out[..., d, d] += noise**2
     return out
@@ -318,7 +273,7 @@ def init_alpha(d, Sigma):
     """Eq. 9 scale ``alpha = 0.5 sqrt(2) / (d^{1/4} ||Sigma||_op)`` (midpoint of the admissible
     interval). Eq. 9 is stated for centred covariates, where ``Sigma = E[x x^T]``; training passes
     the second moment ``Tasks.second_moment`` (the matrix linear(inf) sees)."""
-    Sigma = _as_sigma(Sigma, d)
+    Sigma = as_sigma(Sigma, d)
     return 0.5 * np.sqrt(2.0) / (d**0.25 * np.linalg.norm(Sigma, 2))
 
 
@@ -337,7 +292,7 @@ def bayes_optimum(Sigma):
     """Remark 5.2: the Bayes optimum on the balanced manifold, ``(U*, v*)`` with
     ``c = ||Sigma^{-1}||_F^{1/2}``, ``U* = blockdiag(Sigma^{-1} / c, 0)``, ``v* = c e_{d+1}``, for
     centred covariates of covariance ``Sigma`` (the paper's setting)."""
-    Sigma = _as_sigma(Sigma)
+    Sigma = as_sigma(Sigma)
     d = Sigma.shape[0]
     Sinv = np.linalg.inv(Sigma)
     c = np.sqrt(np.linalg.norm(Sinv, "fro"))
@@ -472,7 +427,7 @@ def model_matrix(model, tasks, L=None):
     raise ValueError(f"model {model!r} has no fixed matrix; expected 'linear' or 'linear_inf'")
 
 
-def _check_model(model, L):
+def check_model(model, L):
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}; expected one of {MODELS}")
     if model != "linear_inf" and L is None:
@@ -482,7 +437,7 @@ def _check_model(model, L):
 def risk_grad(model, U, v, tasks, L=None):
     """Risk and analytic gradient of ``model`` (``"softmax"``, ``"linear"``, ``"linear_inf"``)
     at prompt length ``L`` (ignored for ``linear_inf``) on ``tasks``: ``(risk, grad_U, grad_v)``."""
-    _check_model(model, L)
+    check_model(model, L)
     if model == "softmax":
         return softmax_risk_grad(U, v, tasks.prompt(L), tasks.z_q, tasks.y_q)
     return linear_risk_grad(U, v, model_matrix(model, tasks, L), tasks.z_q, tasks.y_q)
@@ -490,7 +445,7 @@ def risk_grad(model, U, v, tasks, L=None):
 
 def risk(model, U, v, tasks, L=None):
     """Risk ``mean 1/2 (pred - y_q)^2`` of ``model`` on ``tasks`` (leading parameter axes kept)."""
-    _check_model(model, L)
+    check_model(model, L)
     if model == "softmax":
         pred = softmax_predict(U, v, tasks.prompt(L), tasks.z_q)
     else:

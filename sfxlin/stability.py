@@ -32,6 +32,7 @@ import numpy as np
 
 from . import icl, laws
 from .training import checkpoint_steps, train, train_all_arrays, validate_Ls
+from .validation import as_sigma
 
 __all__ = ["gradient_gap_trajectory", "gradient_gap", "concentration_constant", "gap_constant", "TRAJECTORY_KEYS",
            "TRAINERS"]
@@ -67,7 +68,7 @@ def concentration_constant(Sigma, d=None):
         if d is None or isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
             raise ValueError(f"a scalar Sigma = s I_d needs a positive integer d, got d = {d!r}")
         S = float(S) * np.eye(int(d))
-    S = icl._as_sigma(S, d)  # diagonal or square, finite, symmetric
+    S = as_sigma(S, d)  # diagonal or square, finite, symmetric
     lam = np.linalg.eigvalsh(S)
     if lam.min() <= 0:
         raise ValueError(f"Sigma must be positive definite (smallest eigenvalue {lam.min():g}): "
@@ -107,7 +108,7 @@ def gap_constant(Sigma, n_queries, rng, n_samples=1 << 18):
     ``n_samples`` draws from ``rng`` (finite variance: the standard error is returned). ``+inf`` (SE 0)
     when ``tau <= 4``.
     """
-    S = icl._as_sigma(Sigma)
+    S = as_sigma(Sigma)
     lam, V = np.linalg.eigh(S)
     if lam.min() <= 0:
         raise ValueError(f"Sigma must be positive definite (smallest eigenvalue {lam.min():g})")

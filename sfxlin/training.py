@@ -50,7 +50,7 @@ from . import icl
 from ._version import __version__
 
 __all__ = ["TrainingDiverged", "train", "train_all", "train_all_arrays", "validate_Ls",
-           "checkpoint_steps", "SoftmaxPrefixEngine", "LinearEngine", "heldout_risks", "perturbed_init"]
+           "checkpoint_steps", "SoftmaxPrefixEngine", "LinearEngine", "heldout_risks", "perturbed_init", "pair_structure"]
 
 FINITE_MODELS = ("softmax", "linear")
 _TINY, _HUGE = 1e-200, 1e200
@@ -162,11 +162,11 @@ def train(model, tasks, L=None, *, lr=0.01, n_steps=2500, ckpt_every=20, U0=None
     Raises :class:`TrainingDiverged` naming ``label`` and the step on a non-finite or exploding
     risk or parameter.
     """
-    icl._check_model(model, L)
+    icl.check_model(model, L)
     if model == "linear_inf":
         L = None
     else:
-        L = icl._check_L(L, tasks.L_max)
+        L = icl.check_L(L, tasks.L_max)
     lr = _check_lr(lr)
     steps = checkpoint_steps(n_steps, ckpt_every)
     U, v = _init(tasks, U0, v0)
@@ -222,7 +222,7 @@ def _annotate(ds):
 # --------------------------------------------------------------------------- fast engine
 
 
-def _pair_structure(tasks):
+def pair_structure(tasks):
     """Group size: 2 if tasks ``2i, 2i+1`` are exact antithetic pairs (same covariates and query
     points, opposite ``w``, labels and query targets), else 1."""
     if not tasks.paired or tasks.n_tasks % 2:
@@ -295,7 +295,7 @@ class SoftmaxPrefixEngine:
         scale = np.max(np.abs(tasks.Z[:, :, d])) + 1.0
         resid = np.abs(tasks.Z[:, :, d] - y_model)
         if not np.all(resid <= 1e-12 * scale):
-            if (_pair_structure(tasks) if _group is None else _group) == 2:
+            if (pair_structure(tasks) if _group is None else _group) == 2:
                 self._embed_noise(tasks, Ls, cache_bytes, pair_first)
                 return
             task, token = np.unravel_index(np.argmax(resid), resid.shape)
@@ -305,7 +305,7 @@ class SoftmaxPrefixEngine:
                 f"{resid.max():.3g}, task {task}, token {token}, pairs not exact); for other labels call the general "
                 "path training.train('softmax', tasks, L) once per prompt length L (slower); linear(L) accepts them "
                 "in train_all(tasks, Ls, models=('linear',))")
-        g = _pair_structure(tasks) if _group is None else _group
+        g = pair_structure(tasks) if _group is None else _group
         if pair_first and g != 2:
             raise ValueError("pair_first needs tasks in exact antithetic pairs sharing covariates")
         ng = n // g
@@ -539,7 +539,7 @@ class LinearEngine:
         self.zq = tasks.z_q.reshape(self.N, D)                  # items (task, query)
         self.zqT = np.ascontiguousarray(tasks.z_q.transpose(2, 1, 0)).reshape(D, q * n)  # (q, task) order
         self.YQ = np.ascontiguousarray(tasks.y_q.T)             # (q, n)
-        if pair_first and (_pair_structure(tasks) if _group is None else _group) != 2:
+        if pair_first and (pair_structure(tasks) if _group is None else _group) != 2:
             raise ValueError("pair_first needs tasks in exact antithetic pairs sharing covariates")
         self.sum_items = _ItemSum(n, q, pair_first)
 
@@ -598,7 +598,7 @@ def train_all_arrays(tasks, Ls, *, models=icl.MODELS, lr=0.01, n_steps=2500, ckp
     lr = _check_lr(lr)
     steps = checkpoint_steps(n_steps, ckpt_every)
     U0, v0 = _init(tasks, U0, v0)
-    group = _pair_structure(tasks)
+    group = pair_structure(tasks)
     if pair_first is None:
         pair_first = group == 2
     nL, D, nc = len(Ls), tasks.D, len(steps)

@@ -3,13 +3,17 @@
 * :func:`numeric_array`: ``x`` as a float64 array, a ``TypeError`` naming it when it is not numeric;
 * :func:`finite_array`: the same, and a ``ValueError`` naming it, counting the non-finite entries
   and giving the first one's index when any entry is NaN or infinite;
-* :func:`component_covariances`: a mixture's covariances, whole, diagonal or scalar, as matrices.
+* :func:`component_covariances`: a mixture's covariances, whole, diagonal or scalar, as matrices;
+* :func:`positive_int`, :func:`noise_std`: a count >= 1, a standard deviation >= 0;
+* :func:`as_sigma`, :func:`as_spd`: a covariance (whole or its diagonal) as a symmetric, resp.
+  symmetric positive-definite, matrix.
 """
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["numeric_array", "finite_array", "component_covariances"]
+__all__ = ["numeric_array", "finite_array", "component_covariances", "positive_int", "noise_std", "as_sigma",
+           "as_spd"]
 
 
 def numeric_array(x, name) -> np.ndarray:
@@ -45,3 +49,48 @@ def component_covariances(covs, K, D, name="covs") -> np.ndarray:
         raise ValueError(f"{name} must have shape ({K}, {D}, {D}) (matrices), ({K}, {D}) (diagonals) or ({K},) "
                          f"(scalars) for K = {K} components in D = {D}, got shape {c.shape}")
     return c
+
+
+def positive_int(value, name):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def noise_std(value, name):
+    """A finite standard deviation ``>= 0`` as a float."""
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    try:
+        s = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}") from None
+    if not (np.isfinite(s) and s >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return s
+
+
+def as_sigma(Sigma, d=None):
+    """``Sigma`` as a finite symmetric ``d x d`` float64 matrix (a length-``d`` vector is its
+    diagonal). Symmetry is checked relative to the largest entry, so it holds at any scale."""
+    S = numeric_array(Sigma, "Sigma")
+    if S.ndim == 1:
+        S = np.diag(S)
+    if S.ndim != 2 or S.shape[0] != S.shape[1] or (d is not None and S.shape[0] != d):
+        raise ValueError(f"Sigma must be a square {d or 'd'} x {d or 'd'} matrix or a diagonal, got shape {S.shape}")
+    if not np.all(np.isfinite(S)):
+        raise ValueError("Sigma must be finite")
+    if not np.allclose(S, S.T, atol=1e-8 * np.abs(S).max()):
+        raise ValueError("Sigma must be symmetric")
+    return S
+
+
+def as_spd(A, d, name):
+    """``A`` (a ``d x d`` matrix or a length-``d`` diagonal) as a symmetric positive-definite matrix."""
+    try:
+        S = as_sigma(A, d)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+    if not np.linalg.eigvalsh(S)[0] > 0:
+        raise ValueError(f"{name} must be positive definite, smallest eigenvalue {np.linalg.eigvalsh(S)[0]:.3g}")
+    return S

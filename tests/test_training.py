@@ -142,7 +142,7 @@ def test_fast_engine_on_tasks_that_are_not_pairs():
     t = _tasks(n_pairs=3, seed=3)
     keep = [0, 3, 4]                          # no two partners
     tasks = icl.Tasks(Z=t.Z[keep], w=t.w[keep], x_q=t.x_q[keep], y_q=t.y_q[keep], Sigma=t.Sigma, paired=False)
-    assert training._pair_structure(tasks) == 1
+    assert training.pair_structure(tasks) == 1
     kw = dict(lr=0.05, n_steps=20, ckpt_every=5)
     fast = train_all_arrays(tasks, (3, 9, 64), **kw)
     U0, v0 = icl.init_theta(3, tasks.Sigma)
