@@ -1,12 +1,12 @@
-"""Kernel attention (softmax with a temperature, sigmoid, ReLU, ReLU^2, random-feature softmax)
-at finite prompt length and its exact limit on Gaussian tokens.
+"""Kernel attention (softmax with a temperature, sigmoid, ReLU, ReLU^2, linear, random-feature
+softmax) at finite prompt length and its exact limit on Gaussian tokens.
 
 Notation as :mod:`sfxlin.attention`: tokens ``Z (..., L, D)``, query ``q (..., D)``, ``U`` (D x D),
 read-out ``V`` (D_out x D), logits ``s_k = z_k^T a`` with ``a = U q``. A kernel is a weight
-``kappa(s) >= 0``; its attention at prompt length ``L`` is
+``kappa(s)``; its attention at prompt length ``L`` is
 
 * normalised: ``V sum_k kappa(s_k) z_k / sum_k kappa(s_k)`` (softmax, ``relu_norm``, ``relu2_norm``);
-* unnormalised: ``V (1/L) sum_k kappa(s_k) z_k`` (``sigmoid``, ``relu``, ``relu2``);
+* unnormalised: ``V (1/L) sum_k kappa(s_k) z_k`` (``sigmoid``, ``relu``, ``relu2``, ``linear``);
 * ``sigmoid_logL``: ``V sum_k sigma(s_k - log L) z_k``, sigmoid attention with the bias ``-log L``,
   summed over tokens (as it is used in practice): the bias plays the part of ``1/L``, since
   ``sigma(s - log L) = e^s / (L + e^s) ~ e^s / L``. Its ``(1/L)``-mean tends to 0 like ``1/L``.
@@ -16,11 +16,19 @@ Sigma a E[kappa'(s)]``, ``s ~ N(0, r^2)``, ``r^2 = a^T Sigma a``): ``V Sigma a g
 ``gain = E kappa'(s) / E kappa(s)`` (normalised) or ``E kappa'(s)`` (unnormalised); for
 ``sigmoid_logL`` the limit of ``L E sigma'(s - log L)`` is ``E e^s = exp(r^2 / 2)``.
 Closed forms: softmax ``1/T``; ReLU ``1/2``; ReLU^2 ``r sqrt(2/pi)``; normalised ReLU
-``sqrt(pi/2) / r``; normalised ReLU^2 ``2 sqrt(2/pi) / r``. The sigmoid moments are 1-D integrals
-by a composite Gauss-Legendre rule graded around the sigmoid's transition
+``sqrt(pi/2) / r``; normalised ReLU^2 ``2 sqrt(2/pi) / r``; linear ``1``. The sigmoid moments are 1-D
+integrals by a composite Gauss-Legendre rule graded around the sigmoid's transition
 (:func:`sfxlin.quadrature.graded_normal_rule`), to rounding (1e-14 relative measured) for
 ``r <= SIGMOID_R_MAX`` and ``|b| <= SIGMOID_BIAS_MAX``; larger values are refused. A moment that
 overflows float64 (softmax at ``r / T`` beyond about 18) raises ``FloatOverflowError``.
+
+**One class per kernel.** Every kernel is a subclass of :class:`Kernel` that declares what a
+kernel is (``name``, ``normalised``, ``smoothness``; its numpy and JAX weights; its Gaussian
+moments, in closed form or by :func:`quadrature_moments`) and is registered in :data:`KERNELS`
+when the class is defined, like :data:`sfxlin.laws.LAWS`. ``Kernel(name, **parameters)`` builds
+the kernel registered as ``name``; :mod:`sfxlin.models` takes the same kernels (by name or
+instance) and uses their JAX weights, which import JAX at their first call only: importing
+this module never imports JAX.
 
 Random-feature softmax (positive features, Performer-style): ``phi(x) = exp(W x - |x|^2/2) / sqrt(m)``,
 ``W (m, D)`` with ``N(0, 1)`` rows, so ``E_W phi(a).phi(z) = exp(a.z)``; its attention is normalised
@@ -31,8 +39,9 @@ limit), by self-normalised importance sampling over the features (docs/kernels.m
 """
 from __future__ import annotations
 
+import abc
+import dataclasses
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -42,18 +51,30 @@ from .attention import (_check_operands, _check_UVq, _read_out, _weighted_sum, c
 from .quadrature import graded_normal_rule
 from .validation import finite_array
 
-__all__ = ["KERNEL_NAMES", "Kernel", "kernel_attention", "kernel_attention_prefix", "kernel_gain",
-           "kernel_limit", "kernel_mse", "positive_random_features", "rf_attention_prefix", "rf_limit",
-           "rf_feature_constant", "gaussian_covariance", "SIGMOID_R_MAX", "SIGMOID_BIAS_MAX"]
+__all__ = ["KERNELS", "KERNEL_NAMES", "SMOOTHNESS", "Kernel", "Softmax", "Sigmoid", "SigmoidLogL", "ReLU", "ReLUNorm",
+           "ReLU2", "ReLU2Norm", "Linear", "as_kernel", "quadrature_moments", "kernel_attention",
+           "kernel_attention_prefix", "kernel_gain", "kernel_limit", "kernel_mse", "positive_random_features",
+           "rf_attention_prefix", "rf_limit", "rf_feature_constant", "gaussian_covariance", "SIGMOID_R_MAX",
+           "SIGMOID_BIAS_MAX"]
 
-#: every kernel :class:`Kernel` knows
-KERNEL_NAMES = ("softmax", "sigmoid", "sigmoid_logL", "relu", "relu_norm", "relu2", "relu2_norm")
-_NORMALISED = ("softmax", "relu_norm", "relu2_norm")
-_RELU_POWER = {"relu": 1, "relu_norm": 1, "relu2": 2, "relu2_norm": 2}
 #: largest r = ||a||_Sigma and |bias| (sigmoid_logL: log L) at which the sigmoid moments are computed
 #: (the range over which graded_normal_rule was checked against adaptive quadrature)
 SIGMOID_R_MAX = 1e8
 SIGMOID_BIAS_MAX = 700.0
+#: the values of :attr:`Kernel.smoothness`: ``"smooth"``, a weight with derivatives of every order
+#: (Gauss-Hermite quadrature of its Stein integrands converges geometrically); ``"kinked"``, a weight
+#: with a jump in some derivative (ReLU: the first, ReLU^2: the second), for which Stein's lemma
+#: holds with the weak derivative and Gauss-Hermite converges only algebraically
+SMOOTHNESS = ("smooth", "kinked")
+
+KERNELS: dict[str, type] = {}
+"""Every concrete :class:`Kernel` subclass by its ``name``, filled when the class is defined."""
+
+#: class attributes every kernel declares (plain class attributes, not constructor parameters)
+_DECLARED = ("name", "normalised", "smoothness")
+#: parameters of some kernels, accepted by ``Kernel(name, ...)`` for a kernel without them at the
+#: value that leaves every kernel unchanged (the keywords of the former single kernel class)
+_NEUTRAL = {"temperature": 1.0, "bias": 0.0}
 
 
 def _sigmoid(x):
@@ -66,121 +87,480 @@ def _half_moment(p, r):
     return r**p * 2.0 ** (p / 2) * math.gamma((p + 1) / 2) / (2 * math.sqrt(math.pi))
 
 
-@dataclass(frozen=True)
-class Kernel:
-    """An attention weight ``kappa``: ``name`` in :data:`KERNEL_NAMES`, ``temperature`` (softmax:
-    ``kappa(s) = exp(s / T)``; ``T = sqrt(D)`` is the usual ``1/sqrt(d)`` scaling) and ``bias``
-    (sigmoid: ``kappa(s) = sigma(s + b)``; ``sigmoid_logL`` uses ``b = -log L`` instead)."""
+def _jax():
+    """``(jax, jax.numpy)`` with float64 on (:mod:`sfxlin.models._jax`, the one place sfxlin imports
+    JAX): imported at the first JAX weight, never when this module is imported."""
+    from .models._jax import jax, jnp
+
+    return jax, jnp
+
+
+def _jax_logits(A, Z):
+    """``s_k = z_k . a`` for the rows ``a`` of ``A (H, m, D)`` over the tokens ``Z (L, D)``: ``(H, m, L)``."""
+    return _jax()[1].einsum("hmi,li->hml", A, Z)
+
+
+# ------------------------------------------------------------------ the interface and the registry
+class _KernelType(abc.ABCMeta):
+    """The type of the kernels: calling :class:`Kernel` itself builds the kernel registered under a name."""
+
+    def __call__(cls, *args, **kwargs):
+        if cls is Kernel:
+            return _by_name(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
+
+
+def _is_neutral(key, value):
+    """Whether ``key=value`` is a parameter at the value that leaves every kernel unchanged."""
+    return key in _NEUTRAL and np.ndim(value) == 0 and value == _NEUTRAL[key]
+
+
+def _by_name(name, **parameters):
+    """The kernel registered in :data:`KERNELS` as ``name``, built with ``parameters`` (one it does
+    not have is accepted at its neutral value only)."""
+    if name not in KERNELS:
+        raise ValueError(f"kernel name must be one of {tuple(KERNELS)}, got {name!r}")
+    cls = KERNELS[name]
+    own = [f.name for f in dataclasses.fields(cls)]
+    for key, value in parameters.items():
+        if key not in own and not _is_neutral(key, value):
+            accepted = f", accepted only at {_NEUTRAL[key]!r}" if key in _NEUTRAL else ""
+            raise ValueError(f"{key}: kernel {name!r} has no parameter {key} (its parameters: "
+                             f"{', '.join(own) or 'none'}); got {key}={value!r}{accepted}")
+    return cls(**{key: value for key, value in parameters.items() if key in own})
+
+
+def _check_declarations(cls):
+    """Refuse (``TypeError``) a kernel class without its own new ``name``, ``normalised`` and
+    ``smoothness``, or with a member left abstract."""
+    name = cls.__dict__.get("name")
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"kernel class {cls.__qualname__} must set a class attribute name (a non-empty string, "
+                        f"its key in KERNELS), got {name!r}")
+    if name in KERNELS:
+        raise TypeError(f"kernel name {name!r} of {cls.__qualname__} is already taken by "
+                        f"{KERNELS[name].__module__}.{KERNELS[name].__qualname__}")
+    normalised = cls.__dict__.get("normalised")
+    if not isinstance(normalised, bool):
+        raise TypeError(f"kernel class {cls.__qualname__} must set a class attribute normalised (True: weights "
+                        f"divided by their sum; False: not), got {normalised!r}")
+    smoothness = cls.__dict__.get("smoothness")
+    if smoothness not in SMOOTHNESS:
+        raise TypeError(f"kernel class {cls.__qualname__} must set a class attribute smoothness, one of "
+                        f"{SMOOTHNESS}, got {smoothness!r}")
+    missing = sorted(attr for attr in dir(cls) if getattr(getattr(cls, attr, None), "__isabstractmethod__", False))
+    if missing:
+        raise TypeError(f"kernel class {cls.__qualname__} does not implement {missing} (declared by Kernel)")
+
+
+class Kernel(metaclass=_KernelType):
+    """An attention weight ``kappa`` (module doc): the interface every kernel provides.
+
+    ``Kernel(name, **parameters)`` builds the kernel registered in :data:`KERNELS` as ``name``
+    (``Kernel("sigmoid", bias=-1.3)`` is ``Sigmoid(bias=-1.3)``); an unknown name, or a parameter
+    the kernel does not have, is a ``ValueError``, but ``temperature=1.0`` and ``bias=0.0``, which
+    leave any kernel as it is, are accepted by every kernel.
+
+    A kernel is a subclass that sets, in its own body and as plain class attributes (no annotation):
+
+    * ``name``: a new non-empty string, its key in :data:`KERNELS`;
+    * ``normalised``: ``True`` if its attention divides the weights by their sum, ``False`` if not
+      (by ``L``, or by nothing for a kernel that says so in its own :meth:`attention_prefix`);
+    * ``smoothness``: one of :data:`SMOOTHNESS` (whether Stein's lemma holds in its smooth form,
+      with Gauss-Hermite quadrature of the Stein integrands converging geometrically);
+
+    and implements :meth:`weight` (numpy), :meth:`jax_weight` (JAX) and :meth:`expectations`
+    (closed forms, or :func:`quadrature_moments`). Its parameters are annotated class attributes
+    with defaults (``bias: float = 0.0``), checked in ``__post_init__``: every kernel class is made a
+    frozen dataclass when it is defined (hashable and equal by value, as the compiled JAX models
+    need), so it is not decorated itself. It is then registered; a missing or taken ``name``, a
+    missing or invalid ``normalised`` or ``smoothness``, or a member left abstract is refused there
+    with a ``TypeError``. An intermediate class that is not a kernel by itself is declared with
+    ``class Base(Kernel, abstract=True)`` and is not registered.
+
+    :meth:`moments`, :meth:`gain` (the Stein gain from the moments), :meth:`attention_prefix` and
+    :meth:`jax_attention` (the weights divided by their sum or by ``L``) and :meth:`finite_mse`
+    (an i.i.d. mean or the delta method) follow; a kernel overrides the last four where it has a
+    closed form or its own evaluation.
+    """
 
     name: str
-    temperature: float = 1.0
-    bias: float = 0.0
+    normalised: bool
+    smoothness: str
 
-    def __post_init__(self):
-        if self.name not in KERNEL_NAMES:
-            raise ValueError(f"kernel name must be one of {KERNEL_NAMES}, got {self.name!r}")
-        if not (np.isfinite(self.temperature) and self.temperature > 0):
-            raise ValueError(f"temperature must be finite and > 0, got {self.temperature!r}")
-        if not np.isfinite(self.bias):
-            raise ValueError(f"bias must be finite, got {self.bias!r}")
-        if self.name == "sigmoid" and abs(self.bias) > SIGMOID_BIAS_MAX:
-            raise ValueError(f"bias: the sigmoid kernel accepts |bias| <= {SIGMOID_BIAS_MAX:g} (beyond, its moments "
-                             f"leave the float64 range), got {self.bias!r}")
+    def __init_subclass__(cls, abstract=False, **kwargs):
+        """Make the subclass a frozen dataclass and register it in :data:`KERNELS` (class doc)."""
+        super().__init_subclass__(**kwargs)
+        annotated = sorted(set(_DECLARED) & set(cls.__dict__.get("__annotations__", {})))
+        if annotated:
+            raise TypeError(f"kernel class {cls.__qualname__}: {annotated} must be plain class attributes (no "
+                            "annotation: an annotated attribute is a constructor parameter)")
+        dataclasses.dataclass(frozen=True)(cls)
+        if not abstract:
+            _check_declarations(cls)
+            KERNELS[cls.name] = cls
 
-    @property
-    def normalised(self) -> bool:
-        """True if the weights are divided by their sum (else by L, or by nothing for ``sigmoid_logL``)."""
-        return self.name in _NORMALISED
-
+    @abc.abstractmethod
     def weight(self, s, L=None):
-        """``kappa(s)`` (``sigmoid_logL``: ``sigma(s - log L)``, ``L`` needed)."""
-        if self.name == "softmax":
-            return np.exp(s / self.temperature)
-        if self.name == "sigmoid":
-            return _sigmoid(s + self.bias)
-        if self.name == "sigmoid_logL":
-            if L is None or np.any(np.asarray(L) < 1):
-                raise ValueError(f"L: the sigmoid_logL weight sigma(s - log L) needs a prompt length >= 1, got {L}")
-            return _sigmoid(s - np.log(L))
-        return np.maximum(s, 0.0) ** _RELU_POWER[self.name]
+        """``kappa(s)``, numpy, elementwise (``L``: the prompt length, for a weight that depends on it)."""
+
+    @abc.abstractmethod
+    def jax_weight(self, s, L=None):
+        """``kappa(s)`` on JAX arrays, differentiable (the weight of :meth:`jax_attention`)."""
+
+    @abc.abstractmethod
+    def expectations(self, r, L=None):
+        """``(E kappa, E kappa', E kappa^2, E kappa^2 s, E kappa^2 s^2)`` for ``s ~ N(0, r^2)``, ``r`` a
+        float array: arrays shaped like ``r`` (broadcast against ``L`` where the weight depends on
+        it), a value beyond float64 as inf (:meth:`moments` refuses it)."""
 
     def moments(self, r, L=None):
-        """``E kappa, E kappa', E kappa^2, E kappa^2 s, E kappa^2 s^2`` for ``s ~ N(0, r^2)``, as
-        arrays shaped like ``r`` (broadcast against ``L`` for ``sigmoid_logL``): closed forms for
-        softmax and the ReLUs, the graded rule of :func:`sfxlin.quadrature.graded_normal_rule` for
-        the sigmoids (to rounding for ``r <= SIGMOID_R_MAX``; beyond, a ``ValueError``)."""
+        """The five moments of :meth:`expectations` at ``r`` (any array); a ``FloatOverflowError``
+        where one overflows float64."""
         r = np.asarray(r, dtype=float)
-        if self.name in _RELU_POWER:
-            p = _RELU_POWER[self.name]
-            with np.errstate(over="ignore"):
-                out = (_half_moment(p, r), p * _half_moment(p - 1, r), _half_moment(2 * p, r),
-                       _half_moment(2 * p + 1, r), _half_moment(2 * p + 2, r))
-        elif self.name == "softmax":  # E e^{cs} s^j: closed forms of the Gaussian MGF
-            c, r2 = 1.0 / self.temperature, r**2
-            with np.errstate(over="ignore", invalid="ignore"):
-                e1, e2 = np.exp(c**2 * r2 / 2), np.exp(2 * c**2 * r2)
-                out = (e1, c * e1, e2, 2 * c * r2 * e2, (r2 + 4 * c**2 * r2**2) * e2)
-        else:
-            out = self._sigmoid_moments(r, L)
+        with np.errstate(over="ignore", invalid="ignore"):   # overflow is reported below
+            out = self.expectations(r, L)
         if not all(np.all(np.isfinite(m)) for m in out):
             raise FloatOverflowError(f"Kernel({self.name!r}).moments: a moment at r = {np.max(r):.4g} overflows "
                                      "float64 (softmax: E e^(2 s / T) = exp(2 r^2 / T^2)); r is too large")
         return out
 
-    def _sigmoid_moments(self, r, L):
-        """The five moments of :meth:`moments` for ``kappa(s) = sigma(s + b)`` (``sigmoid_logL``:
-        ``b = -log L``) by :func:`sfxlin.quadrature.graded_normal_rule` around the transition
-        ``s = -b``. Every integrand is positive (no cancellation): ``sigma' = sigma(u) sigma(-u)``
-        in log space, and ``E kappa^2 s = r^2 E (kappa^2)' = 2 r^2 E sigma(u)^2 sigma(-u)``
-        (Stein), ``u = s + b``."""
-        if np.any(r > SIGMOID_R_MAX):
-            raise ValueError(f"r: the sigmoid moments are computed for r = ||a||_Sigma <= {SIGMOID_R_MAX:g}, got "
-                             f"max {np.max(r):.4g}")
-        if self.name == "sigmoid":
-            b = np.asarray(self.bias)
-        else:
-            if L is None or np.any(np.asarray(L) < 1):
-                raise ValueError(f"L: the sigmoid_logL moments need a prompt length >= 1, got {L}")
-            b = -np.log(np.asarray(L, dtype=float))
-            if np.any(-b > SIGMOID_BIAS_MAX):
-                raise ValueError(f"L: sigmoid_logL accepts log L <= {SIGMOID_BIAS_MAX:g}, got L = {np.max(L):.4g}")
-        s, w = graded_normal_rule(r, -b[..., None])
-        u = s + b[..., None]
-        log_k, log_1mk = -np.logaddexp(0.0, -u), -np.logaddexp(0.0, u)   # log sigma(u), log sigma(-u)
-        r = np.broadcast_to(r, s.shape[:-1])
-        return (np.sum(w * np.exp(log_k), -1), np.sum(w * np.exp(log_k + log_1mk), -1),
-                np.sum(w * np.exp(2 * log_k), -1), 2 * r**2 * np.sum(w * np.exp(2 * log_k + log_1mk), -1),
-                np.sum(w * np.exp(2 * log_k) * s**2, -1))
+    def gain(self, r, L=None):
+        """Scalar gain of the limit ``V Sigma a gain`` at ``r = ||a||_Sigma``: ``E kappa' / E kappa``
+        (normalised) or ``E kappa'`` (:meth:`moments`), shaped like ``r``."""
+        m = self.moments(r, L)
+        return m[1] / m[0] if self.normalised else m[1]
+
+    def attention_prefix(self, s, Z, Ls):
+        """The attention before the read-out at every ``L in Ls`` (checked, increasing): ``(...,
+        len(Ls), D)`` from the logits ``s (..., L_max)`` and tokens ``Z (..., L_max, D)``, by
+        cumulating ``kappa(s) z`` and ``kappa(s)`` block by block (cost O(L_max)), divided by the
+        sum of the weights (normalised) or by ``L``."""
+        w = self.weight(s)
+        out, num, den = [], 0.0, 0.0
+        for lo, hi in zip(np.concatenate([[0], Ls[:-1]]), Ls):
+            num = num + _weighted_sum(w[..., lo:hi], Z[..., lo:hi, :])
+            den = den + w[..., lo:hi].sum(axis=-1)
+            out.append(_reduce_sums(self, num, den, hi))
+        return np.stack(out, axis=-2)
+
+    def jax_attention(self, A, Z, G):
+        """JAX attention of the rows ``a`` of ``A (H, m, D)`` (``a = U x``) over the tokens ``Z (L, D)``:
+        ``(H, m, D)``, the weights :meth:`jax_weight` of the logits divided by their sum (normalised)
+        or by ``L``. ``G = Z^T Z / L`` (for kernels that attend through it)."""
+        S = _jax_logits(A, Z)
+        W = self.jax_weight(S, Z.shape[0])
+        W = W / (W.sum(axis=-1, keepdims=True) if self.normalised else Z.shape[0])
+        return W @ Z
+
+    def finite_mse(self, r, L, tr_Sigma, B):
+        """``E||f_L - f_inf||^2`` (``V = I``) on ``N(0, Sigma)`` tokens from ``r = ||a||_Sigma > 0``,
+        ``tr Sigma`` and ``B = |Sigma a|^2`` (arrays that broadcast): exact for an unnormalised
+        kernel (an i.i.d. mean: variance / L), the delta-method constant / L for a normalised one
+        (:func:`kernel_mse`)."""
+        k0, k1, k2, k2s, k2ss = self.moments(r)
+        r2 = r**2
+        second = _second_moment(k2, k2ss, tr_Sigma, B, r2)
+        if not self.normalised:
+            return (second - B * k1**2) / L
+        g = k1 / k0
+        return (second - 2 * g * B * k2s / r2 + g**2 * B * k2) / k0**2 / L
+
+
+def _second_moment(k2, k2ss, tr_Sigma, B, r2):
+    """``E kappa^2 |z|^2 = E kappa^2 tr Sigma + (B / r^2)(E kappa^2 s^2 / r^2 - E kappa^2)``
+    (``z = Sigma a s / r^2 + z_perp``, ``z_perp`` independent of ``s``)."""
+    return k2 * tr_Sigma + B / r2 * (k2ss / r2 - k2)
+
+
+def _reduce_sums(kernel, num, den, L):
+    """Normalised (``num / den``; 0 where no weight is positive: every ReLU logit <= 0, probability
+    ``2^-L``) or the ``(1/L)``-mean."""
+    if kernel.normalised:
+        den = den[..., None]
+        return np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)
+    return num / L
+
+
+def quadrature_moments(kappa, kappa_prime, r, points):
+    """The five moments of :meth:`Kernel.expectations` of a weight without a closed form:
+    ``(E kappa, E kappa', E kappa^2, E kappa^2 s, E kappa^2 s^2)`` for ``s ~ N(0, r^2)``, arrays
+    shaped like ``r``, by :func:`sfxlin.quadrature.graded_normal_rule` around ``points`` (the values
+    of ``s`` where ``kappa`` changes on the unit scale, shape ``(P,)``). ``kappa`` and ``kappa_prime``
+    (its derivative) are numpy functions; ``E kappa^2 s = 2 r^2 E kappa kappa'`` (Stein: no
+    cancellation for a positive increasing weight)."""
+    r = np.asarray(r, dtype=float)
+    s, w = graded_normal_rule(r, np.asarray(points, dtype=float))
+    k, dk = kappa(s), kappa_prime(s)
+    return (np.sum(w * k, -1), np.sum(w * dk, -1), np.sum(w * k**2, -1), 2 * r**2 * np.sum(w * k * dk, -1),
+            np.sum(w * k**2 * s**2, -1))
+
+
+# ------------------------------------------------------------------ the kernels
+class Softmax(Kernel):
+    """``kappa(s) = exp(s / T)``, normalised: softmax at the temperature ``T`` (``T = sqrt(D)`` is the
+    usual ``1/sqrt(d)`` scaling); gain ``1/T``; evaluated by the online softmax (stable)."""
+
+    name = "softmax"
+    normalised = True
+    smoothness = "smooth"
+    temperature: float = 1.0
+
+    def __post_init__(self):
+        if not (np.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"temperature must be finite and > 0, got {self.temperature!r}")
+
+    def weight(self, s, L=None):
+        """``exp(s / T)``."""
+        return np.exp(s / self.temperature)
+
+    def jax_weight(self, s, L=None):
+        """``exp(s / T)`` (JAX)."""
+        return _jax()[1].exp(s / self.temperature)
+
+    def expectations(self, r, L=None):
+        """``E e^{cs} s^j``, ``c = 1/T``: closed forms of the Gaussian moment generating function."""
+        c, r2 = 1.0 / self.temperature, r**2
+        e1, e2 = np.exp(c**2 * r2 / 2), np.exp(2 * c**2 * r2)
+        return (e1, c * e1, e2, 2 * c * r2 * e2, (r2 + 4 * c**2 * r2**2) * e2)
 
     def gain(self, r, L=None):
-        """Scalar gain of the limit ``V Sigma a gain`` at ``r = ||a||_Sigma``: ``E kappa'/E kappa``
-        (normalised) or ``E kappa'`` (unnormalised); ``sigmoid_logL``: ``exp(r^2/2)`` (``L = None``,
-        the limit) or ``L E sigma'(s - log L)`` (the exact mean at prompt length ``L``).
-
-        ``r`` must be > 0 for the normalised ReLUs (their gain is ``c / r``). Closed forms but for
-        the sigmoids (:meth:`moments`)."""
+        """``1/T`` at every ``r``."""
         r = np.asarray(r, dtype=float)
-        if self.name in ("relu_norm", "relu2_norm") and np.any(r <= 0):
-            raise ValueError(f"r: the normalised ReLU gains are c / r and need r = ||a||_Sigma > 0, got {r}")
-        if self.name == "softmax":
-            return np.full(r.shape, 1.0 / self.temperature)
-        if self.name in _RELU_POWER:  # p E max(s,0)^(p-1) [/ E max(s,0)^p]
-            p = _RELU_POWER[self.name]
-            with np.errstate(over="ignore"):
-                m1, m0 = p * _half_moment(p - 1, r), _half_moment(p, r)
-            if not (np.all(np.isfinite(m0)) and np.all(np.isfinite(m1))):
-                raise FloatOverflowError(f"Kernel({self.name!r}).gain: E max(s, 0)^{p} overflows float64 at r = "
-                                         f"{np.max(r):.4g}; r is too large")
-            return m1 / m0 if self.normalised else m1
-        if self.name == "sigmoid_logL" and L is None:
+        return np.full(r.shape, 1.0 / self.temperature)
+
+    def attention_prefix(self, s, Z, Ls):
+        """The online softmax of ``s / T`` (:func:`sfxlin.attention.online_softmax_prefix`)."""
+        return online_softmax_prefix(s / self.temperature, Z, Ls)
+
+    def jax_attention(self, A, Z, G):
+        """``softmax(s / T) @ Z`` (the maximum logit subtracted)."""
+        jax = _jax()[0]
+        return jax.nn.softmax(_jax_logits(A, Z) / self.temperature, axis=-1) @ Z
+
+
+def _check_sigmoid_r(r):
+    if np.any(r > SIGMOID_R_MAX):
+        raise ValueError(f"r: the sigmoid moments are computed for r = ||a||_Sigma <= {SIGMOID_R_MAX:g}, got "
+                         f"max {np.max(r):.4g}")
+
+
+def _check_L(L, what):
+    """A prompt length ``L >= 1`` (array) for ``what``; ``ValueError`` naming ``L`` otherwise."""
+    if L is None or np.any(np.asarray(L) < 1):
+        raise ValueError(f"L: {what} needs a prompt length >= 1, got {L}")
+
+
+def _sigmoid_moments(r, b):
+    """The five moments for ``kappa(s) = sigma(s + b)`` by :func:`sfxlin.quadrature.graded_normal_rule`
+    around the transition ``s = -b``. Every integrand is positive (no cancellation): ``sigma' =
+    sigma(u) sigma(-u)`` in log space, and ``E kappa^2 s = r^2 E (kappa^2)' = 2 r^2 E sigma(u)^2
+    sigma(-u)`` (Stein), ``u = s + b``."""
+    s, w = graded_normal_rule(r, -b[..., None])
+    u = s + b[..., None]
+    log_k, log_1mk = -np.logaddexp(0.0, -u), -np.logaddexp(0.0, u)   # log sigma(u), log sigma(-u)
+    r = np.broadcast_to(r, s.shape[:-1])
+    return (np.sum(w * np.exp(log_k), -1), np.sum(w * np.exp(log_k + log_1mk), -1),
+            np.sum(w * np.exp(2 * log_k), -1), 2 * r**2 * np.sum(w * np.exp(2 * log_k + log_1mk), -1),
+            np.sum(w * np.exp(2 * log_k) * s**2, -1))
+
+
+class Sigmoid(Kernel):
+    """``kappa(s) = sigma(s + b)``, the ``(1/L)``-mean; gain ``E sigma'(s + b)`` by the graded rule
+    (to rounding for ``r <= SIGMOID_R_MAX``, ``|b| <= SIGMOID_BIAS_MAX``)."""
+
+    name = "sigmoid"
+    normalised = False
+    smoothness = "smooth"
+    bias: float = 0.0
+
+    def __post_init__(self):
+        if not np.isfinite(self.bias):
+            raise ValueError(f"bias must be finite, got {self.bias!r}")
+        if abs(self.bias) > SIGMOID_BIAS_MAX:
+            raise ValueError(f"bias: the sigmoid kernel accepts |bias| <= {SIGMOID_BIAS_MAX:g} (beyond, its moments "
+                             f"leave the float64 range), got {self.bias!r}")
+
+    def weight(self, s, L=None):
+        """``sigma(s + b)``."""
+        return _sigmoid(s + self.bias)
+
+    def jax_weight(self, s, L=None):
+        """``sigma(s + b)`` (JAX)."""
+        return _jax()[0].nn.sigmoid(s + self.bias)
+
+    def expectations(self, r, L=None):
+        """The graded rule around ``s = -b`` (:func:`_sigmoid_moments`); ``ValueError`` for ``r > SIGMOID_R_MAX``."""
+        _check_sigmoid_r(r)
+        return _sigmoid_moments(r, np.asarray(self.bias))
+
+
+class SigmoidLogL(Kernel):
+    """``kappa(s) = sigma(s - log L)``, summed over the tokens (not divided by ``L``): tends to the
+    unnormalised softmax numerator ``exp(r^2 / 2) Sigma a`` (module doc)."""
+
+    name = "sigmoid_logL"
+    normalised = False
+    smoothness = "smooth"
+
+    def weight(self, s, L=None):
+        """``sigma(s - log L)`` (``L`` needed)."""
+        _check_L(L, "the sigmoid_logL weight sigma(s - log L)")
+        return _sigmoid(s - np.log(L))
+
+    def jax_weight(self, s, L=None):
+        """``sigma(s - log L)`` (JAX; ``L`` needed)."""
+        _check_L(L, "the sigmoid_logL weight sigma(s - log L)")
+        jax, jnp = _jax()
+        return jax.nn.sigmoid(s - jnp.log(L))
+
+    def expectations(self, r, L=None):
+        """The sigmoid's graded rule at the bias ``-log L`` (``r`` and ``L`` broadcast); ``ValueError``
+        for ``r > SIGMOID_R_MAX`` or ``log L > SIGMOID_BIAS_MAX``."""
+        _check_sigmoid_r(r)
+        _check_L(L, "the sigmoid_logL moments")
+        b = -np.log(np.asarray(L, dtype=float))
+        if np.any(-b > SIGMOID_BIAS_MAX):
+            raise ValueError(f"L: sigmoid_logL accepts log L <= {SIGMOID_BIAS_MAX:g}, got L = {np.max(L):.4g}")
+        return _sigmoid_moments(r, b)
+
+    def gain(self, r, L=None):
+        """``exp(r^2 / 2)`` (``L = None``: the limit) or ``L E sigma'(s - log L)`` (the exact mean at
+        prompt length ``L``)."""
+        r = np.asarray(r, dtype=float)
+        if L is None:
             with np.errstate(over="ignore"):
                 limit = np.exp(r**2 / 2)
             if not np.all(np.isfinite(limit)):
                 raise FloatOverflowError(f"Kernel('sigmoid_logL').gain: exp(r^2 / 2) overflows float64 at r = "
                                          f"{np.max(r):.4g}; r is too large")
             return limit
-        m1 = self.moments(r, L)[1]
-        return L * m1 if self.name == "sigmoid_logL" else m1
+        return L * self.moments(r, L)[1]
+
+    def attention_prefix(self, s, Z, Ls):
+        """``sum_k sigma(s_k - log L) z_k`` at every ``L`` (the weights depend on ``L``: cost O(sum L))."""
+        return np.stack([_weighted_sum(self.weight(s[..., :L], L), Z[..., :L, :]) for L in Ls], axis=-2)
+
+    def jax_attention(self, A, Z, G):
+        """``sum_k sigma(s_k - log L) z_k`` (JAX)."""
+        return self.jax_weight(_jax_logits(A, Z), Z.shape[0]) @ Z
+
+    def finite_mse(self, r, L, tr_Sigma, B):
+        """Exact: the squared bias ``|L E sigma'(s - log L) - e^{r^2/2}|^2 B`` plus the variance of the sum."""
+        k0, k1, k2, k2s, k2ss = self.moments(*np.broadcast_arrays(r, L))
+        r2 = r**2
+        second = _second_moment(k2, k2ss, tr_Sigma, B, r2)
+        return (L * k1 - np.exp(r2 / 2)) ** 2 * B + L * (second - B * k1**2)
+
+
+class _ReLUPower(Kernel, abstract=True):
+    """``kappa(s) = max(s, 0)^p`` (class attribute ``power = p``): Gaussian half-moments in closed
+    form, ``E max(s, 0)^p = r^p 2^(p/2) Gamma((p+1)/2) / (2 sqrt pi)``."""
+
+    def weight(self, s, L=None):
+        """``max(s, 0)^p``."""
+        return np.maximum(s, 0.0) ** self.power
+
+    def jax_weight(self, s, L=None):
+        """``relu(s)^p`` (JAX)."""
+        return _jax()[0].nn.relu(s) ** self.power
+
+    def expectations(self, r, L=None):
+        """Half-moments: ``E k = h_p``, ``E k' = p h_(p-1)``, ``E k^2 s^j = h_(2p+j)``."""
+        p = self.power
+        return (_half_moment(p, r), p * _half_moment(p - 1, r), _half_moment(2 * p, r), _half_moment(2 * p + 1, r),
+                _half_moment(2 * p + 2, r))
+
+    def gain(self, r, L=None):
+        """``p h_(p-1) [/ h_p]``: ``1/2``, ``r sqrt(2/pi)`` (unnormalised), ``sqrt(pi/2) / r``,
+        ``2 sqrt(2/pi) / r`` (normalised, which need ``r > 0``)."""
+        r = np.asarray(r, dtype=float)
+        if self.normalised and np.any(r <= 0):
+            raise ValueError(f"r: the normalised ReLU gains are c / r and need r = ||a||_Sigma > 0, got {r}")
+        p = self.power
+        with np.errstate(over="ignore"):
+            m1, m0 = p * _half_moment(p - 1, r), _half_moment(p, r)
+        if not (np.all(np.isfinite(m0)) and np.all(np.isfinite(m1))):
+            raise FloatOverflowError(f"Kernel({self.name!r}).gain: E max(s, 0)^{p} overflows float64 at r = "
+                                     f"{np.max(r):.4g}; r is too large")
+        return m1 / m0 if self.normalised else m1
+
+
+class ReLU(_ReLUPower):
+    """``max(s, 0)``, the ``(1/L)``-mean; gain ``1/2``."""
+
+    name = "relu"
+    normalised = False
+    smoothness = "kinked"
+    power = 1
+
+
+class ReLUNorm(_ReLUPower):
+    """``max(s, 0)``, normalised (0 when no logit is positive); gain ``sqrt(pi/2) / r``."""
+
+    name = "relu_norm"
+    normalised = True
+    smoothness = "kinked"
+    power = 1
+
+
+class ReLU2(_ReLUPower):
+    """``max(s, 0)^2``, the ``(1/L)``-mean; gain ``r sqrt(2/pi)``."""
+
+    name = "relu2"
+    normalised = False
+    smoothness = "kinked"
+    power = 2
+
+
+class ReLU2Norm(_ReLUPower):
+    """``max(s, 0)^2``, normalised; gain ``2 sqrt(2/pi) / r``."""
+
+    name = "relu2_norm"
+    normalised = True
+    smoothness = "kinked"
+    power = 2
+
+
+class Linear(Kernel):
+    """``kappa(s) = s``, the ``(1/L)``-mean: linear attention ``Ghat_L a`` (the limit every other kernel
+    is compared with); gain 1. The JAX attention is computed as ``Ghat_L a`` (cost ``O(L D^2)``)."""
+
+    name = "linear"
+    normalised = False
+    smoothness = "smooth"
+
+    def weight(self, s, L=None):
+        """``s``."""
+        return np.asarray(s)
+
+    def jax_weight(self, s, L=None):
+        """``s`` (JAX)."""
+        return s
+
+    def expectations(self, r, L=None):
+        """``E s = 0``, ``E 1 = 1``, ``E s^2 = r^2``, ``E s^3 = 0``, ``E s^4 = 3 r^4``."""
+        return np.zeros_like(r), np.ones_like(r), r**2, np.zeros_like(r), 3 * r**4
+
+    def jax_attention(self, A, Z, G):
+        """``Ghat_L a`` (``G = Ghat_L`` symmetric)."""
+        return _jax()[1].einsum("hmi,ij->hmj", A, G)
+
+
+#: the kernels of the Stein study (docs/kernels.md, the part ``stein`` of ``c1_kernels``): every
+#: kernel defined in this module but linear attention, the limit they are compared with
+KERNEL_NAMES = tuple(name for name in KERNELS if name != Linear.name)
+
+
+def as_kernel(kernel):
+    """``kernel`` itself if it is a :class:`Kernel`, else the kernel registered under that name with
+    its default parameters (``Kernel(name)``); ``ValueError`` otherwise."""
+    if isinstance(kernel, Kernel):
+        return kernel
+    if isinstance(kernel, str):
+        return Kernel(kernel)
+    raise ValueError(f"kernel must be a sfxlin.kernels.Kernel or the name of one of {tuple(KERNELS)}, got "
+                     f"{type(kernel).__name__}")
 
 
 def _check_kernel(kernel):
@@ -201,10 +581,11 @@ def kernel_attention(Z, U, V, q, kernel):
 def kernel_attention_prefix(Z, U, V, q, Ls, kernel):
     """Kernel attention at every nested prompt length ``L in Ls`` (the prompt ``Z[..., :L, :]``).
 
-    Logits are computed once; softmax uses the online softmax of
-    :func:`sfxlin.attention.online_softmax_prefix`; the other kernels cumulate ``kappa(s) z`` and
-    ``kappa(s)`` block by block (cost O(L_max)), but for ``sigmoid_logL`` whose weights depend on
-    ``L`` (cost O(sum L)). ``Z (..., L_max, D)``, ``q (..., D)`` -> ``(..., len(Ls), D_out)``.
+    Logits are computed once, then evaluated by the kernel's :meth:`Kernel.attention_prefix`:
+    softmax by the online softmax of :func:`sfxlin.attention.online_softmax_prefix`; the other
+    kernels cumulate ``kappa(s) z`` and ``kappa(s)`` block by block (cost O(L_max)), but for
+    ``sigmoid_logL`` whose weights depend on ``L`` (cost O(sum L)). ``Z (..., L_max, D)``,
+    ``q (..., D)`` -> ``(..., len(Ls), D_out)``.
     """
     kernel = _check_kernel(kernel)
     Z, U, V, q = _check_operands(Z, U, V, q, check_Z=False)
@@ -216,27 +597,7 @@ def kernel_attention_prefix(Z, U, V, q, Ls, kernel):
     if not np.all(np.isfinite(s)):
         raise FloatOverflowError("kernel_attention_prefix: the logits z_k^T U q overflow float64; Z, U and q are "
                                  "too large together")
-    if kernel.name == "softmax":
-        return _read_out(online_softmax_prefix(s / kernel.temperature, Z, Ls), V, "kernel_attention_prefix")
-    if kernel.name == "sigmoid_logL":
-        out = [_weighted_sum(kernel.weight(s[..., :L], L), Z[..., :L, :]) for L in Ls]
-    else:
-        w = kernel.weight(s)
-        out, num, den = [], 0.0, 0.0
-        for lo, hi in zip(np.concatenate([[0], Ls[:-1]]), Ls):
-            num = num + _weighted_sum(w[..., lo:hi], Z[..., lo:hi, :])
-            den = den + w[..., lo:hi].sum(axis=-1)
-            out.append(_reduce_sums(kernel, num, den, hi))
-    return _read_out(np.stack(out, axis=-2), V, "kernel_attention_prefix")
-
-
-def _reduce_sums(kernel, num, den, L):
-    """Normalised (``num / den``; 0 where no weight is positive: every ReLU logit <= 0, probability
-    ``2^-L``) or the ``(1/L)``-mean."""
-    if kernel.normalised:
-        den = den[..., None]
-        return np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)
-    return num / L
+    return _read_out(kernel.attention_prefix(s, Z, Ls), V, "kernel_attention_prefix")
 
 
 def gaussian_covariance(Sigma, D=None):
@@ -281,11 +642,12 @@ def kernel_mse(kernel, Sigma, U, q, L):
     """``E||f_L(q) - f_inf(q)||^2`` on ``N(0, Sigma)`` tokens with ``V = I``, per query and ``L``
     (``L`` broadcasts against ``q.shape[:-1]``).
 
-    Exact for the unnormalised kernels (an i.i.d. mean: variance / L) and for ``sigmoid_logL``
-    (squared bias ``|L E sigma'(s - log L) - e^{r^2/2}|^2 |Sigma a|^2`` plus the variance of the sum);
-    the delta-method (self-normalised importance sampling) constant over ``L`` for the normalised
-    ones, sharp as ``L -> inf``. With ``z = Sigma a s / r^2 + z_perp`` (``z_perp`` independent of
-    ``s``): ``E kappa^2 |z|^2 = E kappa^2 tr Sigma + (|Sigma a|^2 / r^2)(E kappa^2 s^2 / r^2 - E kappa^2)``.
+    By :meth:`Kernel.finite_mse`: exact for the unnormalised kernels (an i.i.d. mean: variance / L)
+    and for ``sigmoid_logL`` (squared bias ``|L E sigma'(s - log L) - e^{r^2/2}|^2 |Sigma a|^2`` plus
+    the variance of the sum); the delta-method (self-normalised importance sampling) constant over
+    ``L`` for the normalised ones, sharp as ``L -> inf``. With ``z = Sigma a s / r^2 + z_perp``
+    (``z_perp`` independent of ``s``): ``E kappa^2 |z|^2 = E kappa^2 tr Sigma + (|Sigma a|^2 / r^2)
+    (E kappa^2 s^2 / r^2 - E kappa^2)``.
     """
     kernel = _check_kernel(kernel)
     S, _, a, Sa, r = _law_operands(Sigma, U, np.eye(np.shape(U)[0]), q)
@@ -294,17 +656,7 @@ def kernel_mse(kernel, Sigma, U, q, L):
         raise ValueError(f"L must be >= 1, got {L}")
     if np.any(r <= 0):
         raise ValueError("q: kernel_mse needs a = U q != 0 (r = ||a||_Sigma > 0)")
-    B, r2 = np.sum(Sa**2, axis=-1), r**2
-    if kernel.name == "sigmoid_logL":
-        k0, k1, k2, k2s, k2ss = kernel.moments(*np.broadcast_arrays(r, L))
-        second = k2 * np.trace(S) + B / r2 * (k2ss / r2 - k2)
-        return (L * k1 - np.exp(r2 / 2)) ** 2 * B + L * (second - B * k1**2)
-    k0, k1, k2, k2s, k2ss = kernel.moments(r)
-    second = k2 * np.trace(S) + B / r2 * (k2ss / r2 - k2)
-    if not kernel.normalised:
-        return (second - B * k1**2) / L
-    g = k1 / k0
-    return (second - 2 * g * B * k2s / r2 + g**2 * B * k2) / k0**2 / L
+    return kernel.finite_mse(r, L, np.trace(S), np.sum(Sa**2, axis=-1))
 
 
 def positive_random_features(rng, m, D, n_draws=None):

@@ -54,6 +54,8 @@ def _definition(name, T=1.0, b=0.0):
     if name == "softmax":
         return (lambda s: np.exp(s / T), lambda s: np.exp(s / T) / T, lambda s: 2 * np.sinh(s / T),
                 lambda s: 2 * np.sinh(2 * s / T), [], [1 / T, 2 / T])
+    if name == "linear":
+        return (lambda s: s, lambda s: np.ones_like(s), lambda s: 2 * s, lambda s: 0 * s, [], [])
     if name in ("relu", "relu_norm", "relu2", "relu2_norm"):
         p = 2 if name.startswith("relu2") else 1
         return (lambda s: np.maximum(s, 0.0) ** p, lambda s: p * np.maximum(s, 0.0) ** (p - 1) * (s > 0),
@@ -88,8 +90,8 @@ def _reference_moments(name, r, T=1.0, b=0.0):
     half_transitions = [abs(t) for t in transitions]
     half_peaks = [p for p in peaks if p > 0]
     half = lambda f: _quad(lambda s: s * f(s) * phi(s), 0.0, 45 * r, half_transitions, half_peaks)  # noqa: E731
-    return (full(k), full(dk), full(lambda s: k(s) ** 2), half(odd_k2), full(lambda s: k(s) ** 2 * s * s),
-            half(odd_k))
+    e_k = 0.0 if name == "linear" else full(k)     # linear: an odd weight, E s = 0 (quad cannot reach epsrel at 0)
+    return (e_k, full(dk), full(lambda s: k(s) ** 2), half(odd_k2), full(lambda s: k(s) ** 2 * s * s), half(odd_k))
 
 
 def _assert_close(got, want, what):
@@ -133,20 +135,35 @@ def test_sigmoid_logL_moments_and_gain_at_finite_L_match_adaptive_quadrature():
         _assert_close(k.gain(r), want, ("limit", r))
 
 
+def _closed_form_kernel(name, T):
+    """The kernel ``name``, softmax at the temperature ``T``."""
+    return Kernel(name, temperature=T) if name == "softmax" else Kernel(name)
+
+
 @pytest.mark.parametrize("name", ["softmax", "relu", "relu_norm", "relu2", "relu2_norm"])
 def test_closed_form_moments_match_adaptive_quadrature(name):
     T = 1.7
-    got = Kernel(name, temperature=T).moments(R_GRID)
+    got = _closed_form_kernel(name, T).moments(R_GRID)
     for i, r in enumerate(R_GRID):
         want = _reference_moments(name, r, T=T)
         for j, what in enumerate(("E k", "E k'", "E k^2", "E k^2 s", "E k^2 s^2")):
             _assert_close(got[j][i], want[j], (name, r, what))
 
 
+def test_linear_moments_match_adaptive_quadrature():
+    """kappa(s) = s: E 1, E s^2, E s^4 against quadrature; E s^3 in the half-line form of the odd
+    moments (kappa^2(s) - kappa^2(-s) = 0) and E s = 0 (symmetry) are exactly 0."""
+    got = Kernel("linear").moments(R_GRID)
+    for i, r in enumerate(R_GRID):
+        want = _reference_moments("linear", r)
+        for j, what in enumerate(("E k", "E k'", "E k^2", "E k^2 s", "E k^2 s^2")):
+            _assert_close(got[j][i], want[j], ("linear", r, what))
+
+
 #: the gains of docs/kernels.md section 1, and which kernels divide by the sum of their weights
 DOC_GAINS = {"softmax": lambda r, T: np.full_like(r, 1 / T), "relu": lambda r, T: np.full_like(r, 0.5),
              "relu_norm": lambda r, T: np.sqrt(np.pi / 2) / r, "relu2": lambda r, T: r * np.sqrt(2 / np.pi),
-             "relu2_norm": lambda r, T: 2 * np.sqrt(2 / np.pi) / r}
+             "relu2_norm": lambda r, T: 2 * np.sqrt(2 / np.pi) / r, "linear": lambda r, T: np.ones_like(r)}
 DOC_NORMALISED = {"softmax", "relu_norm", "relu2_norm"}
 
 
@@ -156,7 +173,7 @@ def test_closed_form_gains_are_the_documented_ones_and_the_stein_ratio(name):
     docs; relu2_norm's 2 sqrt(2/pi)/r is not relu2's r sqrt(2/pi) (they meet only at r = sqrt 2)."""
     T = 1.7
     r = np.array([0.3, 1.0, 2.5, 7.0])
-    got = Kernel(name, temperature=T).gain(r)
+    got = _closed_form_kernel(name, T).gain(r)
     np.testing.assert_allclose(got, DOC_GAINS[name](r, T), rtol=1e-14)
     for i, ri in enumerate(r):
         m = _reference_moments(name, ri, T=T)
@@ -211,7 +228,7 @@ def reference_mse(name, Sigma, a, L, T=1.0, b=0.0):
                                            ("sigmoid_logL", 1.0, 0.0, 50), ("sigmoid_logL", 1.0, 0.0, 1e4),
                                            ("relu", 1.0, 0.0, 256), ("relu2", 1.0, 0.0, 256),
                                            ("softmax", 1.7, 0.0, 256), ("relu_norm", 1.0, 0.0, 256),
-                                           ("relu2_norm", 1.0, 0.0, 256)])
+                                           ("relu2_norm", 1.0, 0.0, 256), ("linear", 1.0, 0.0, 256)])
 def test_kernel_mse_matches_its_quadrature_in_whitened_coordinates(name, T, b, L):
     for r in (0.5, 2.0, 5.0, 10.0):
         a = r * DIRECTION / math.sqrt(DIRECTION @ SIGMA @ DIRECTION)

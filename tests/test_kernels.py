@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from numpy.polynomial.hermite_e import hermegauss
 
-from sfxlin.attention import softmax_attention
-from sfxlin.kernels import (KERNEL_NAMES, Kernel, kernel_attention, kernel_attention_prefix, kernel_gain,
+from sfxlin.attention import linear_attention, softmax_attention
+from sfxlin.kernels import (KERNELS as REGISTRY, Kernel, kernel_attention, kernel_attention_prefix, kernel_gain,
                             kernel_limit, kernel_mse, positive_random_features, rf_attention_prefix,
                             rf_feature_constant, rf_limit)
 from sfxlin.quadrature import normal_expectation
@@ -18,7 +18,10 @@ from test_kernel_exact import rotated_sigma
 
 SIGMA = np.diag([1.5, 1.0, 0.5])
 I3 = np.eye(3)
-KERNELS = [Kernel(n, temperature=1.7, bias=-1.0) for n in KERNEL_NAMES]
+#: every registered kernel, softmax at temperature 1.7 and the sigmoid at bias -1
+PARAMETERS = {"softmax": {"temperature": 1.7}, "sigmoid": {"bias": -1.0}}
+NAMES = list(REGISTRY)
+KERNELS = [Kernel(n, **PARAMETERS.get(n, {})) for n in NAMES]
 
 
 def _sigmoid(x):
@@ -41,6 +44,8 @@ def _naive(Z, a, k):
             w.append(_sigmoid(s + k.bias))
         elif k.name == "sigmoid_logL":
             w.append(_sigmoid(s - math.log(L)))
+        elif k.name == "linear":
+            w.append(s)
         else:
             w.append(max(s, 0.0) ** (2 if k.name.startswith("relu2") else 1))
     num = sum(wi * z for wi, z in zip(w, Z))
@@ -53,7 +58,7 @@ def _tokens(rng, shape):
     return rng.standard_normal(shape + (3,)) @ np.linalg.cholesky(SIGMA).T
 
 
-@pytest.mark.parametrize("k", KERNELS, ids=KERNEL_NAMES)
+@pytest.mark.parametrize("k", KERNELS, ids=NAMES)
 def test_prefix_equals_naive_loop_at_every_length(k):
     rng = np.random.default_rng(1)
     Z, q = _tokens(rng, (2, 40)), 0.7 * rng.standard_normal((2, 3))
@@ -75,6 +80,13 @@ def test_softmax_kernel_with_temperature_is_softmax_attention_of_U_over_T():
                                softmax_attention(Z, U / 2.5, I3, q), rtol=1e-12)
 
 
+def test_linear_kernel_is_linear_attention():
+    rng = np.random.default_rng(12)
+    Z, q, U = _tokens(rng, (4, 30)), rng.standard_normal((4, 3)), rng.standard_normal((3, 3))
+    np.testing.assert_allclose(kernel_attention(Z, U, I3, q, Kernel("linear")), linear_attention(Z, U, I3, q),
+                               rtol=1e-12)
+
+
 def test_normalised_relu_with_no_positive_weight_attends_to_nothing():
     Z = np.array([[[1.0, 0.0, 0.0], [2.0, 0.0, 0.0]]])
     out = kernel_attention(Z, I3, I3, np.array([-1.0, 0.0, 0.0]), Kernel("relu_norm"))
@@ -86,6 +98,12 @@ def test_bad_input_is_refused_with_the_argument_named():
         Kernel("gelu")
     with pytest.raises(ValueError, match="temperature"):
         Kernel("softmax", temperature=0.0)
+    with pytest.raises(ValueError, match="bias: kernel 'relu' has no parameter bias"):
+        Kernel("relu", bias=-1.0)
+    with pytest.raises(ValueError, match="temperature: kernel 'sigmoid' has no parameter temperature"):
+        Kernel("sigmoid", temperature=2.0)
+    with pytest.raises(ValueError, match="bias must be finite"):
+        Kernel("sigmoid", bias=np.nan)
     with pytest.raises(ValueError, match="kernel must be"):
         kernel_attention(np.zeros((4, 3)), I3, I3, np.ones(3), "softmax")
     with pytest.raises(ValueError, match="Sigma"):
@@ -120,7 +138,7 @@ def test_normal_expectation_is_exact_on_polynomials_and_the_gaussian_mgf():
     np.testing.assert_allclose(normal_expectation(lambda s: np.exp(0.7 * s), r, 60), np.exp(0.245 * r**2), rtol=1e-13)
 
 
-@pytest.mark.parametrize("k", KERNELS, ids=KERNEL_NAMES)
+@pytest.mark.parametrize("k", KERNELS, ids=NAMES)
 def test_limit_matches_monte_carlo_at_large_L_within_its_standard_error(k):
     """Prompt mean of f_L at L = 4096 over 64 prompts vs the exact limit: every component within
     4.5 SE (the bias is O(1/L), far below the SE ~ 1/sqrt(64 L)). For sigmoid_logL the exact mean
@@ -160,7 +178,7 @@ def test_sigmoid_with_bias_minus_log_L_tends_to_the_unnormalised_softmax_numerat
         assert np.all(np.abs(rel + 2 * np.exp(1.5 * r**2) / L) < 2 * 3 * np.exp(4 * r**2) / L**2), rel
 
 
-@pytest.mark.parametrize("k", KERNELS, ids=KERNEL_NAMES)
+@pytest.mark.parametrize("k", KERNELS, ids=NAMES)
 def test_predicted_mse_matches_monte_carlo(k):
     """E||f_L - f_inf||^2 over 3000 prompts at L = 256 vs kernel_mse: within 4 SE of the Monte Carlo
     mean plus 10% for the normalised kernels (their prediction is the delta method, 1 + O(1/L))."""

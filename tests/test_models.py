@@ -14,7 +14,8 @@ import sys
 import numpy as np
 import pytest
 
-from sfxlin import icl, laws, training
+from sfxlin import icl, kernels, laws, training
+from sfxlin.kernels import Kernel
 
 M = pytest.importorskip("sfxlin.models")
 
@@ -124,8 +125,9 @@ def test_deep_linear_attention_is_the_limit_with_the_empirical_moment():
     assert _rel(pred, lim) <= 1e-12 and _rel(mom, Sig) <= 1e-12
 
 
-def _naive_forward(kappa, normalised, p, Z, zq, K, H):
-    """One task, plain loops: tokens attend to tokens, the query to the tokens, residual, values."""
+def _naive_forward(kappa, normalised, p, Z, zq, K, H, summed=False):
+    """One task, plain loops: tokens attend to tokens, the query to the tokens, residual, values;
+    the weights divided by their sum (``normalised``), by ``L``, or by nothing (``summed``)."""
     Z, zq = Z.copy(), zq.copy()
     for l in range(K):
         def attend(x):
@@ -133,7 +135,7 @@ def _naive_forward(kappa, normalised, p, Z, zq, K, H):
             for h in range(H):
                 s = np.array([z @ p["U"][l, h] @ x for z in Z])
                 w = kappa(s)
-                w = w / (w.sum() if normalised else len(Z))
+                w = w if summed else w / (w.sum() if normalised else len(Z))
                 out += p["V"][l, h] @ (w @ Z)
             return out
         newZ = np.array([z + attend(z) for z in Z])
@@ -143,28 +145,44 @@ def _naive_forward(kappa, normalised, p, Z, zq, K, H):
 
 
 @BREAKS_RATE_CONDITION
-@BREAKS_RATE_CONDITION
-@pytest.mark.parametrize("kern, kappa, normalised", [
-    ("softmax", np.exp, True), ("relu", lambda s: np.maximum(s, 0), False),
-    ("sigmoid", lambda s: 1 / (1 + np.exp(-s)), False)])
-def test_two_layer_kernels_equal_a_naive_loop(kern, kappa, normalised):
+@pytest.mark.parametrize("kern, kappa, normalised, summed", [
+    ("softmax", np.exp, True, False), ("relu", lambda s: np.maximum(s, 0), False, False),
+    ("sigmoid", lambda s: 1 / (1 + np.exp(-s)), False, False), ("linear", lambda s: s, False, False),
+    (Kernel("softmax", temperature=2.0), lambda s: np.exp(s / 2), True, False),
+    (Kernel("sigmoid", bias=-1.3), lambda s: 1 / (1 + np.exp(1.3 - s)), False, False),
+    ("relu2_norm", lambda s: np.maximum(s, 0) ** 2, True, False),
+    ("sigmoid_logL", lambda s: 1 / (1 + 12 / np.exp(s)), False, True)],     # sigma(s - log L), L = 12
+    ids=["softmax", "relu", "sigmoid", "linear", "softmax_T2", "sigmoid_b", "relu2_norm", "sigmoid_logL"])
+def test_two_layer_kernels_equal_a_naive_loop(kern, kappa, normalised, summed):
+    """Every kernel of sfxlin.kernels, by name or instance, through its JAX weight."""
     tasks = _tasks(seed=7, n_pairs=1, L_max=12)
     model = M.Transformer(4, 2, 2)
     p = model.init(np.random.default_rng(8), 0.7, 0.5)
     got = M.predict(model, kern, p, tasks.Z, tasks.z_q)
-    want = np.array([_naive_forward(kappa, normalised, p, tasks.Z[n], tasks.z_q[n], 2, 2) for n in range(2)])
+    want = np.array([_naive_forward(kappa, normalised, p, tasks.Z[n], tasks.z_q[n], 2, 2, summed) for n in range(2)])
     assert _rel(got, want) <= 1e-12
 
 
 @BREAKS_RATE_CONDITION
-def test_a_custom_normalised_exp_kernel_is_softmax():
-    from sfxlin.models._jax import jnp
+def test_softmax_through_its_pointwise_weight_is_softmax(monkeypatch):
+    """A kernel class with softmax's weight exp(s / T) and the generic normalised JAX attention
+    (Kernel.jax_attention: weights over their sum) equals softmax's own stable evaluation."""
+    monkeypatch.setattr(kernels, "KERNELS", dict(kernels.KERNELS))    # the registry, restored after the test
+
+    class PointwiseExp(kernels.Softmax):
+        name = "pointwise_exp"
+        normalised = True
+        smoothness = "smooth"
+        jax_attention = kernels.Kernel.jax_attention
 
     tasks = _tasks(seed=9, n_pairs=1, L_max=12)
     model = M.Transformer(4, 2, 1)
     p = model.init(np.random.default_rng(10))
-    a = M.predict(model, M.Kernel("exp", jnp.exp, True), p, tasks.Z, tasks.z_q)
-    assert _rel(a, M.predict(model, "softmax", p, tasks.Z, tasks.z_q)) <= 1e-12
+    for T in (1.0, 1.5):
+        a = M.predict(model, PointwiseExp(temperature=T), p, tasks.Z, tasks.z_q)
+        assert _rel(a, M.predict(model, Kernel("softmax", temperature=T), p, tasks.Z, tasks.z_q)) <= 1e-12
+    assert _rel(M.predict(model, "pointwise_exp", p, tasks.Z, tasks.z_q),
+                M.predict(model, "softmax", p, tasks.Z, tasks.z_q)) <= 1e-12
 
 
 def test_deep_softmax_converges_to_the_limit_at_rate_one_over_L():
@@ -239,8 +257,12 @@ def test_bad_input_raises_value_errors():
     tasks = _tasks(L_max=8)
     model = M.Transformer(4, 1, 1)
     p = model.init(np.random.default_rng(0))
-    with pytest.raises(ValueError, match="kernel"):
+    with pytest.raises(ValueError, match="kernel name must be one of"):
         M.predict(model, "tanh", p, tasks.Z, tasks.z_q)
+    with pytest.raises(ValueError, match="kernel must be a sfxlin.kernels.Kernel or the name"):
+        M.predict(model, 3, p, tasks.Z, tasks.z_q)
+    with pytest.raises(ValueError, match="kernel name must be one of"):
+        M.train(model, "tanh", p, tasks, 8)
     with pytest.raises(ValueError, match=r"params\['U'\]"):
         M.predict(model, "softmax", {**p, "U": p["U"][0]}, tasks.Z, tasks.z_q)
     with pytest.raises(ValueError, match="exactly the arrays"):
@@ -332,6 +354,8 @@ def test_softmax_warns_when_a_head_breaks_the_rate_condition():
         M.risk(model, "softmax", p, tasks, 12)
     with pytest.warns(M.RateConditionWarning, match="layer 2 head 2"):
         M.risk_and_grad(model, "softmax", p, tasks, 12)
+    with pytest.warns(M.RateConditionWarning, match=r"layer 2 head 2: lambda = 0\.764 .*T = 1\.5"):
+        M.predict(model, Kernel("softmax", temperature=1.5), p, tasks.Z, tasks.z_q)   # U / T: 1.72 / 1.5^2
 
 
 def test_no_warning_below_the_bound_or_without_softmax():
@@ -343,4 +367,5 @@ def test_no_warning_below_the_bound_or_without_softmax():
         warnings.simplefilter("error", M.RateConditionWarning)
         M.predict_layers(model, "softmax", p, tasks.Z, tasks.z_q)
         M.predict_layers(model, "linear", bad, tasks.Z, tasks.z_q)
+        M.predict_layers(model, Kernel("softmax", temperature=2.0), bad, tasks.Z, tasks.z_q)   # 1.72 / 4 < 1/2
         M.risk(model, "limit", bad, tasks)

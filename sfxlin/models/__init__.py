@@ -1,13 +1,13 @@
-"""JAX models (docs/deep.md): deep multi-head attention with any kernel, its exact deep linear
-limit on Gaussian tokens, and training with optax.
+"""JAX models (docs/deep.md): deep multi-head attention with any kernel of :mod:`sfxlin.kernels`
+(by name or instance, through its JAX weight), its exact deep linear limit on Gaussian tokens,
+and training with optax.
 
 Importing this package imports JAX and switches on its float64 mode (a JAX-wide setting that
 touches nothing outside JAX); ``import sfxlin`` and the command line never import it.
 """
 from .optimise import METHODS, train
-from .transformer import (KERNELS, LAMBDA_BOUND, LINEAR_LIMIT, Kernel, RateConditionWarning, Transformer, flatten,
-                          head_lambdas, kernel, limit_layers, predict, predict_layers, risk, risk_and_grad)
+from .transformer import (LAMBDA_BOUND, LINEAR_LIMIT, RateConditionWarning, Transformer, flatten, head_lambdas,
+                          limit_layers, predict, predict_layers, risk, risk_and_grad)
 
-__all__ = ["KERNELS", "LAMBDA_BOUND", "LINEAR_LIMIT", "METHODS", "Kernel", "RateConditionWarning", "Transformer",
-           "flatten", "head_lambdas", "kernel", "limit_layers", "predict", "predict_layers", "risk", "risk_and_grad",
-           "train"]
+__all__ = ["LAMBDA_BOUND", "LINEAR_LIMIT", "METHODS", "RateConditionWarning", "Transformer", "flatten", "head_lambdas",
+           "limit_layers", "predict", "predict_layers", "risk", "risk_and_grad", "train"]

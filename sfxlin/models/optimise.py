@@ -3,9 +3,10 @@
 Optimisers (``method``): ``"gd"`` gradient descent on fixed tasks (``optax.sgd``: the update is
 ``theta - lr * grad``, exactly :func:`sfxlin.training.train_all`'s), ``"adam"`` Adam on fixed tasks
 (``optax.adam``), ``"sgd"`` stochastic gradient descent with fresh tasks and prompts at every step
-(drawn by :func:`sfxlin.icl.make_tasks` from a numpy generator). The model is one of
-``"softmax"``, ``"linear"``, a pointwise kernel name, or ``"limit"`` (the deep linear limit with
-``Sigma = Gamma_w`` per task). A step is the compiled risk-and-gradient of
+(drawn by :func:`sfxlin.icl.make_tasks` from a numpy generator). The model is a kernel of
+:mod:`sfxlin.kernels` (``"softmax"``, ``"linear"``, any registered name, or a
+:class:`~sfxlin.kernels.Kernel`), or ``"limit"`` (the deep linear limit with ``Sigma = Gamma_w``
+per task). A step is the compiled risk-and-gradient of
 :func:`sfxlin.models.risk_and_grad` (one compilation per model shape, kernel and data shape, shared
 with held-out evaluations of the same shape) and the compiled optax update (one per optimiser and
 parameter shapes); compiled functions are safe to call from several threads (dask workers).

@@ -8,8 +8,10 @@ query ``z`` attend to the prompt with ``a = U z`` and logits ``s_k = z_k . a``:
 
 * ``softmax``: ``sum_k softmax_k(s) z_k``;
 * ``linear``: ``(1/L) sum_k s_k z_k = Ghat_L a`` (computed so, ``O(L D^2)``);
-* a pointwise kernel ``kappa`` (:class:`Kernel`): ``(1/L) sum_k kappa(s_k) z_k``, or with
-  ``normalised=True`` ``sum_k kappa(s_k) z_k / sum_k kappa(s_k)`` (``relu``, ``sigmoid`` built in).
+* any other kernel of :mod:`sfxlin.kernels` (a :class:`sfxlin.kernels.Kernel`, or its name in
+  :data:`sfxlin.kernels.KERNELS`), through its JAX weight ``kappa``: ``(1/L) sum_k kappa(s_k) z_k``,
+  or, normalised, ``sum_k kappa(s_k) z_k / sum_k kappa(s_k)`` (:meth:`~sfxlin.kernels.Kernel.jax_attention`;
+  softmax at a temperature ``T`` is the softmax of ``s / T``).
 
 Layer ``l`` (heads ``h``): ``z <- z + sum_h V_{l,h} attn_{l,h}(z)`` (``residual=True``) or
 ``z <- sum_h V_{l,h} attn_{l,h}(z)``; without value matrices (``values=False``) ``V = I``. The
@@ -42,13 +44,13 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
+from ..kernels import as_kernel
 from ._jax import jax, jnp
 
-__all__ = ["Kernel", "KERNELS", "LINEAR_LIMIT", "kernel", "Transformer", "predict", "predict_layers", "limit_layers",
+__all__ = ["LINEAR_LIMIT", "Transformer", "predict", "predict_layers", "limit_layers",
            "head_lambdas", "RateConditionWarning", "LAMBDA_BOUND", "risk", "risk_and_grad", "flatten"]
 
 _LOGIT_BYTES = 1 << 26
@@ -63,35 +65,9 @@ class RateConditionWarning(UserWarning):
     deep limit need not fall like ``1/L``."""
 
 
-@dataclass(frozen=True)
-class Kernel:
-    """An attention kernel: ``name``; ``kappa`` a pointwise JAX function of the logits (``None``
-    for ``softmax`` and ``linear``, which have their own exact code); ``normalised``: divide by
-    ``sum_k kappa(s_k)`` rather than by ``L``."""
-
-    name: str
-    kappa: Callable | None = None
-    normalised: bool = False
-
-
-KERNELS = {
-    "softmax": Kernel("softmax", None, True),
-    "linear": Kernel("linear", None, False),
-    "relu": Kernel("relu", jax.nn.relu, False),
-    "sigmoid": Kernel("sigmoid", jax.nn.sigmoid, False),
-}
-
-#: kernels whose large-prompt limit on centred Gaussian tokens is ``Sigma U z`` (the deep limit)
+#: kernels whose large-prompt limit on centred Gaussian tokens is ``Sigma U z`` (the deep limit;
+#: softmax at temperature 1)
 LINEAR_LIMIT = ("softmax", "linear")
-
-
-def kernel(k) -> Kernel:
-    """A :class:`Kernel` from its name in :data:`KERNELS` (or the kernel itself)."""
-    if isinstance(k, Kernel):
-        return k
-    if k not in KERNELS:
-        raise ValueError(f"kernel must be one of {list(KERNELS)} or a Kernel, got {k!r}")
-    return KERNELS[k]
 
 
 def _positive(value, name):
@@ -170,18 +146,11 @@ def _U(model, params, xp=jnp):
 
 
 def _attend(kern, U, X, Z, G):
-    """Heads' attention of the rows of ``X (m, D)`` over the tokens ``Z (L, D)``: ``(H, m, D)``.
-    ``G = Z^T Z / L`` (used by linear attention)."""
+    """Heads' attention of the rows of ``X (m, D)`` over the tokens ``Z (L, D)``: ``(H, m, D)``, by
+    the kernel's :meth:`~sfxlin.kernels.Kernel.jax_attention`. ``G = Z^T Z / L`` (used by linear
+    attention)."""
     A = jnp.einsum("hij,mj->hmi", U, X)                     # a = U x
-    if kern.name == "linear":
-        return jnp.einsum("hmi,ij->hmj", A, G)               # Ghat a (Ghat symmetric)
-    S = jnp.einsum("hmi,li->hml", A, Z)                     # s_k = z_k . a
-    if kern.name == "softmax":
-        W = jax.nn.softmax(S, axis=-1)
-    else:
-        W = kern.kappa(S)
-        W = W / (W.sum(axis=-1, keepdims=True) if kern.normalised else Z.shape[0])
-    return W @ Z
+    return kern.jax_attention(A, Z, G)
 
 
 def _mix(model, V, O, X):
@@ -252,7 +221,7 @@ def _loss(params, model, kern, data, z_q, y_q):
     if kern == "limit":
         pred = _limit(model, params, data, z_q)[0][-1]
     else:
-        pred = _layers(model, kernel(kern), params, data, z_q)[-1]
+        pred = _layers(model, as_kernel(kern), params, data, z_q)[-1]
     return 0.5 * jnp.mean((pred - y_q) ** 2)
 
 
@@ -302,22 +271,27 @@ def head_lambdas(model, params, Sigma):
 def _warn_rate_condition(model, kern, params, Z, stacklevel):
     """Warn (:class:`RateConditionWarning`, attributed ``stacklevel`` frames up) when a softmax model
     has a head with ``lambda >= 1/2`` on the prompts ``Z (n, L, D)`` (``Sigma_1`` their second
-    moments ``Z^T Z / L``, max over tasks)."""
-    if kernel(kern).name != "softmax":
+    moments ``Z^T Z / L``, max over tasks); at the temperature ``T`` the logits are those of
+    ``U / T``, so ``lambda`` is :func:`head_lambdas` ``/ T^2``."""
+    kern = as_kernel(kern)
+    if kern.name != "softmax":
         return
-    lam = head_lambdas(model, params, np.einsum("nli,nlj->nij", Z, Z) / Z.shape[1]).max(axis=-1)   # (K, H)
+    T = kern.temperature
+    lam = head_lambdas(model, params, np.einsum("nli,nlj->nij", Z, Z) / Z.shape[1]).max(axis=-1) / T**2   # (K, H)
     broken = sorted(zip(*np.nonzero(lam >= LAMBDA_BOUND)), key=lambda lh: -lam[lh])
     if broken:
         heads = ", ".join(f"layer {l + 1} head {h + 1}: lambda = {lam[l, h]:.3g}" for l, h in broken)
-        warnings.warn(f"softmax: {heads} (lambda = ||Sigma_l^(1/2) U Sigma_l^(1/2)||_op^2, max over the tasks, "
-                      "Sigma_1 the prompts' second moment) is not below the bound 1/2: the error constant "
+        warnings.warn(f"softmax: {heads} (lambda = ||Sigma_l^(1/2) U Sigma_l^(1/2)||_op^2 / T^2 at the temperature "
+                      f"T = {T:g}, max over the tasks, Sigma_1 the prompts' second moment) is not below the bound "
+                      "1/2: the error constant "
                       "exp(z^T U^T Sigma_l U z) has an infinite mean over Gaussian queries, and the error to the "
                       "deep limit need not fall like 1/L", RateConditionWarning, stacklevel=stacklevel)
 
 
 def predict_layers(model, kern, params, Z, z_q, moments=False):
     """Read-outs ``v . z_q^{(l)}`` after every layer ``l = 1..K``: ``(K, n, q)`` numpy.
-    ``Z (n, L, D)`` prompts, ``z_q (n, q, D)`` queries; ``kern`` a name or :class:`Kernel`.
+    ``Z (n, L, D)`` prompts, ``z_q (n, q, D)`` queries; ``kern`` a :class:`sfxlin.kernels.Kernel`
+    or its name.
     ``moments=True``: also the second moments ``Z_l^T Z_l / L`` of the prompt tokens entering
     every layer, ``(K, n, D, D)`` (layer 1: the prompt's ``Ghat_L``). Softmax: a
     :class:`RateConditionWarning` when a head has ``lambda >= 1/2`` on these prompts
@@ -328,7 +302,7 @@ def predict_layers(model, kern, params, Z, z_q, moments=False):
 def _predict_layers(model, kern, params, Z, z_q, moments):
     """:func:`predict_layers`, called by the public functions (the warning names their caller)."""
     Z, z_q = _arrays(Z, z_q, model.D)
-    kern, params = kernel(kern), model.params(**params)
+    kern, params = as_kernel(kern), model.params(**params)
     _warn_rate_condition(model, kern, params, Z, stacklevel=4)
     out = _layers_jit(model, kern, params, Z, z_q, bool(moments))
     return tuple(np.asarray(a) for a in out) if moments else np.asarray(out)
@@ -358,7 +332,7 @@ def _data(kern, tasks, L):
         if np.any(tasks.mean):
             raise ValueError("the deep limit needs centred covariates (Tasks.mean = 0)")
         return icl.Gamma_w(tasks.Sigma, tasks.w)
-    kernel(kern)
+    as_kernel(kern)
     return tasks.prompt(L)
 
 
