@@ -18,6 +18,10 @@ from .validation import finite_array, numeric_array
 from .laws import FloatOverflowError
 
 __all__ = [
+    "check_operands",
+    "check_UVq",
+    "read_out",
+    "weighted_sum",
     "softmax_attention",
     "softmax_attention_prefix",
     "online_softmax_prefix",
@@ -37,7 +41,7 @@ def _check_logits(s, func):
     return top
 
 
-def _read_out(mean, V, func):
+def read_out(mean, V, func):
     """``mean @ V.T``; a convex combination of tokens is finite, but a huge ``V`` can overflow it."""
     with np.errstate(over="ignore", invalid="ignore"):
         out = mean @ V.T
@@ -46,7 +50,7 @@ def _read_out(mean, V, func):
     return out
 
 
-def _check_UVq(D, U, V, q, against):
+def check_UVq(D, U, V, q, against):
     """Validate the attention operands ``U (D, D)``, ``V (D_out, D)``, ``q (..., D)`` (finite
     arrays); ``against`` names what fixes ``D`` in the error message."""
     U = finite_array(U, "U")
@@ -61,12 +65,12 @@ def _check_UVq(D, U, V, q, against):
     return U, V, q
 
 
-def _check_operands(Z, U, V, q, check_Z=True):
+def check_operands(Z, U, V, q, check_Z=True):
     Z = (finite_array(Z, "Z") if check_Z else numeric_array(Z, "Z"))
     if Z.ndim < 2:
         raise ValueError(f"Z must have shape (..., L, D), got {Z.shape}")
     D = Z.shape[-1]
-    U, V, q = _check_UVq(D, U, V, q, f"the token dimension D = {D}")
+    U, V, q = check_UVq(D, U, V, q, f"the token dimension D = {D}")
     if Z.shape[-2] < 1:
         raise ValueError("Z holds no tokens (L = 0)")
     return Z, U, V, q
@@ -79,7 +83,7 @@ def _logits(Z, U, q):
         return (Z @ a[..., None])[..., 0]
 
 
-def _weighted_sum(e, Z):
+def weighted_sum(e, Z):
     """``sum_k e_k z_k`` as a batched matmul, shape ``(..., D)``."""
     return (e[..., None, :] @ Z)[..., 0, :]
 
@@ -91,11 +95,11 @@ def softmax_attention(Z, U, V, q):
     so the largest weight is exactly 1 and the normaliser lies in ``[1, L]``.
     Returns shape ``(..., D_out)``.
     """
-    Z, U, V, q = _check_operands(Z, U, V, q)
+    Z, U, V, q = check_operands(Z, U, V, q)
     s = _logits(Z, U, q)
     e = np.exp(s - _check_logits(s, "softmax_attention")[..., None])
-    mean = _weighted_sum(e, Z) / e.sum(axis=-1)[..., None]
-    return _read_out(mean, V, "softmax_attention")
+    mean = weighted_sum(e, Z) / e.sum(axis=-1)[..., None]
+    return read_out(mean, V, "softmax_attention")
 
 
 def check_prompt_lengths(Ls, L_max=None):
@@ -128,12 +132,12 @@ def softmax_attention_prefix(Z, U, V, q, Ls):
 
     ``Z (..., L_max, D)``, ``q (..., D)`` -> ``(..., len(Ls), D_out)``.
     """
-    Z, U, V, q = _check_operands(Z, U, V, q, check_Z=False)
+    Z, U, V, q = check_operands(Z, U, V, q, check_Z=False)
     Ls = check_prompt_lengths(Ls, Z.shape[-2])
     finite_array(Z[..., : Ls[-1], :], "Z")  # tokens beyond the largest L are never read
     s = _logits(Z[..., : Ls[-1], :], U, q)  # (..., L_max): logits once for every L
     _check_logits(s, "softmax_attention_prefix")
-    return _read_out(online_softmax_prefix(s, Z, Ls), V, "softmax_attention_prefix")
+    return read_out(online_softmax_prefix(s, Z, Ls), V, "softmax_attention_prefix")
 
 
 def online_softmax_prefix(s, Z, Ls):
@@ -149,7 +153,7 @@ def online_softmax_prefix(s, Z, Ls):
         block = s[..., lo:hi]
         m = block.max(axis=-1)
         e = np.exp(block - m[..., None])
-        sum0, sum1 = e.sum(axis=-1), _weighted_sum(e, Z[..., lo:hi, :])
+        sum0, sum1 = e.sum(axis=-1), weighted_sum(e, Z[..., lo:hi, :])
         if out is None:
             run_max, acc0, acc1, out = m, sum0, sum1, []
         else:  # online softmax: rescale both to the larger maximum
@@ -164,9 +168,9 @@ def online_softmax_prefix(s, Z, Ls):
 
 def linear_attention(Z, U, V, q):
     """``V Ghat_L U q`` with ``Ghat_L = (1/L) sum_k z_k z_k^T``; shape ``(..., D_out)``."""
-    Z, U, V, q = _check_operands(Z, U, V, q)
+    Z, U, V, q = check_operands(Z, U, V, q)
     with np.errstate(over="ignore", invalid="ignore"):
-        out = (_weighted_sum(_logits(Z, U, q), Z) / Z.shape[-2]) @ V.T
+        out = (weighted_sum(_logits(Z, U, q), Z) / Z.shape[-2]) @ V.T
     if not np.all(np.isfinite(out)):
         raise FloatOverflowError("linear_attention: V Ghat_L U q overflows float64; Z, U, V and q are too large together")
     return out
@@ -174,7 +178,7 @@ def linear_attention(Z, U, V, q):
 
 def _law_logits(law, U, V, q, func):
     """Validate ``U``, ``V``, ``q`` against a token law; return ``V`` and the logit vector ``a = U q``."""
-    U, V, q = _check_UVq(law.D, U, V, q, "the law")
+    U, V, q = check_UVq(law.D, U, V, q, "the law")
     with np.errstate(over="ignore", invalid="ignore"):
         a = q @ U.T
     if not np.all(np.isfinite(a)):

@@ -46,7 +46,7 @@ import math
 import numpy as np
 
 from .laws import FloatOverflowError
-from .attention import (_check_operands, _check_UVq, _read_out, _weighted_sum, check_prompt_lengths,
+from .attention import (check_operands, check_UVq, read_out, weighted_sum, check_prompt_lengths,
                         online_softmax_prefix)
 from .quadrature import graded_normal_rule
 from .validation import finite_array
@@ -239,7 +239,7 @@ class Kernel(metaclass=_KernelType):
         w = self.weight(s)
         out, num, den = [], 0.0, 0.0
         for lo, hi in zip(np.concatenate([[0], Ls[:-1]]), Ls):
-            num = num + _weighted_sum(w[..., lo:hi], Z[..., lo:hi, :])
+            num = num + weighted_sum(w[..., lo:hi], Z[..., lo:hi, :])
             den = den + w[..., lo:hi].sum(axis=-1)
             out.append(_reduce_sums(self, num, den, hi))
         return np.stack(out, axis=-2)
@@ -439,7 +439,7 @@ class SigmoidLogL(Kernel):
 
     def attention_prefix(self, s, Z, Ls):
         """``sum_k sigma(s_k - log L) z_k`` at every ``L`` (the weights depend on ``L``: cost O(sum L))."""
-        return np.stack([_weighted_sum(self.weight(s[..., :L], L), Z[..., :L, :]) for L in Ls], axis=-2)
+        return np.stack([weighted_sum(self.weight(s[..., :L], L), Z[..., :L, :]) for L in Ls], axis=-2)
 
     def jax_attention(self, A, Z, G):
         """``sum_k sigma(s_k - log L) z_k`` (JAX)."""
@@ -588,7 +588,7 @@ def kernel_attention_prefix(Z, U, V, q, Ls, kernel):
     ``q (..., D)`` -> ``(..., len(Ls), D_out)``.
     """
     kernel = _check_kernel(kernel)
-    Z, U, V, q = _check_operands(Z, U, V, q, check_Z=False)
+    Z, U, V, q = check_operands(Z, U, V, q, check_Z=False)
     Ls = check_prompt_lengths(Ls, Z.shape[-2])
     Z = finite_array(Z[..., : Ls[-1], :], "Z")
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below
@@ -597,7 +597,7 @@ def kernel_attention_prefix(Z, U, V, q, Ls, kernel):
     if not np.all(np.isfinite(s)):
         raise FloatOverflowError("kernel_attention_prefix: the logits z_k^T U q overflow float64; Z, U and q are "
                                  "too large together")
-    return _read_out(kernel.attention_prefix(s, Z, Ls), V, "kernel_attention_prefix")
+    return read_out(kernel.attention_prefix(s, Z, Ls), V, "kernel_attention_prefix")
 
 
 def gaussian_covariance(Sigma, D=None):
@@ -617,7 +617,7 @@ def gaussian_covariance(Sigma, D=None):
 def _law_operands(Sigma, U, V, q):
     U = finite_array(U, "U")
     S = gaussian_covariance(Sigma, U.shape[0] if U.ndim == 2 else None)
-    U, V, q = _check_UVq(S.shape[0], U, V, q, "Sigma")
+    U, V, q = check_UVq(S.shape[0], U, V, q, "Sigma")
     a = q @ U.T
     Sa = a @ S  # Sigma a (Sigma symmetric)
     return S, V, a, Sa, np.sqrt(np.sum(a * Sa, axis=-1))
@@ -683,7 +683,7 @@ def rf_attention_prefix(Z, U, V, q, Ls, W):
     at every ``L in Ls``; ``W (m, D)`` from :func:`positive_random_features`. Weights are handled
     in log space (log-sum-exp over features, online softmax over tokens): no overflow.
     ``Z (..., L_max, D)``, ``q (..., D)`` -> ``(..., len(Ls), D_out)``."""
-    Z, U, V, q = _check_operands(Z, U, V, q, check_Z=False)
+    Z, U, V, q = check_operands(Z, U, V, q, check_Z=False)
     W = finite_array(W, "W")
     if W.ndim != 2 or W.shape[1] != Z.shape[-1]:
         raise ValueError(f"W must be (m, {Z.shape[-1]}), got {W.shape}")
@@ -694,7 +694,7 @@ def rf_attention_prefix(Z, U, V, q, Ls, W):
     if not np.all(np.isfinite(s)):
         raise FloatOverflowError("rf_attention_prefix: the feature logits overflow float64; Z, U, q and W are too "
                                  "large together")
-    return _read_out(online_softmax_prefix(s, Z, Ls), V, "rf_attention_prefix")
+    return read_out(online_softmax_prefix(s, Z, Ls), V, "rf_attention_prefix")
 
 
 def rf_limit(Sigma, U, V, q, W):

@@ -18,7 +18,7 @@ import functools
 import numpy as np
 
 from ._jax import jax
-from .transformer import _data, _loss_grad_jit, flatten
+from .transformer import model_data, loss_and_grad, flatten
 
 __all__ = ["METHODS", "train"]
 
@@ -80,7 +80,7 @@ def train(model, kern, params0, tasks, L=None, *, method="gd", lr=0.01, n_steps=
     params = {k: jax.numpy.asarray(a) for k, a in model.params(**params0).items()}
     update = _update(method, lr)
     state = _optimizer(method, lr).init(params)
-    data, z_q, y_q = _data(kern, tasks, L), tasks.z_q, tasks.y_q
+    data, z_q, y_q = model_data(kern, tasks, L), tasks.z_q, tasks.y_q
     rec = {k: [] for k in params}
     risks = []
     j = 0
@@ -88,8 +88,8 @@ def train(model, kern, params0, tasks, L=None, *, method="gd", lr=0.01, n_steps=
         if fresh is not None:
             rng, x_law, n_pairs, n_queries = fresh
             batch = icl.make_tasks(rng, tasks.d, n_pairs, n_queries, L or 1, x_law)
-            data, z_q, y_q = _data(kern, batch, L), batch.z_q, batch.y_q
-        r, grads = _loss_grad_jit(params, model, kern, data, z_q, y_q)
+            data, z_q, y_q = model_data(kern, batch, L), batch.z_q, batch.y_q
+        r, grads = loss_and_grad(params, model, kern, data, z_q, y_q)
         if t == steps[j]:
             r = float(r)
             if not np.isfinite(r) or not all(np.all(np.isfinite(a)) for a in params.values()):

@@ -51,7 +51,8 @@ from ..kernels import as_kernel
 from ._jax import jax, jnp
 
 __all__ = ["LINEAR_LIMIT", "Transformer", "predict", "predict_layers", "limit_layers",
-           "head_lambdas", "RateConditionWarning", "LAMBDA_BOUND", "risk", "risk_and_grad", "flatten"]
+           "head_lambdas", "RateConditionWarning", "LAMBDA_BOUND", "risk", "risk_and_grad", "flatten",
+           "model_data", "loss_and_grad"]
 
 _LOGIT_BYTES = 1 << 26
 
@@ -226,7 +227,9 @@ def _loss(params, model, kern, data, z_q, y_q):
 
 
 _loss_jit = jax.jit(_loss, static_argnums=(1, 2))
-_loss_grad_jit = jax.jit(jax.value_and_grad(_loss), static_argnums=(1, 2))
+#: ``(loss, grads)`` of ``model`` with kernel ``kern`` on ``data`` (:func:`model_data`), jitted:
+#: the one gradient every optimiser of :mod:`sfxlin.models.optimise` steps with
+loss_and_grad = jax.jit(jax.value_and_grad(_loss), static_argnums=(1, 2))
 
 
 def _arrays(Z, z_q, D, Zname="Z"):
@@ -325,7 +328,9 @@ def limit_layers(model, params, Sigma, z_q, moments=False):
     return (np.asarray(preds), np.asarray(Sig)) if moments else np.asarray(preds)
 
 
-def _data(kern, tasks, L):
+def model_data(kern, tasks, L):
+    """What ``kern`` attends over for ``tasks``: the first ``L`` prompt tokens, or the tasks'
+    second moments ``Gamma_w`` for the infinite-prompt ``"limit"``."""
     from sfxlin import icl
 
     if kern == "limit":
@@ -341,7 +346,7 @@ def risk(model, kern, params, tasks, L=None):
     (:class:`sfxlin.icl.Tasks`) at prompt length ``L``; ``kern="limit"``: the deep limit with
     ``Sigma = Gamma_w`` (``L`` ignored). Softmax: the :class:`RateConditionWarning` of
     :func:`predict_layers`."""
-    data, params = _data(kern, tasks, L), model.params(**params)
+    data, params = model_data(kern, tasks, L), model.params(**params)
     if kern != "limit":
         _warn_rate_condition(model, kern, params, data, stacklevel=3)
     return float(_loss_jit(params, model, kern, data, tasks.z_q, tasks.y_q))
@@ -352,11 +357,11 @@ def risk_and_grad(model, kern, params, tasks, L=None):
     reverse-mode autodiff. The compiled function is the one training uses (:func:`train`), so
     evaluating tasks shaped like the training tasks compiles nothing new. Softmax: the
     :class:`RateConditionWarning` of :func:`predict_layers`."""
-    data, params = _data(kern, tasks, L), model.params(**params)
+    data, params = model_data(kern, tasks, L), model.params(**params)
     if kern != "limit":
         _warn_rate_condition(model, kern, params, data, stacklevel=3)
     params = {k: jnp.asarray(a) for k, a in params.items()}
-    r, g = _loss_grad_jit(params, model, kern, data, tasks.z_q, tasks.y_q)
+    r, g = loss_and_grad(params, model, kern, data, tasks.z_q, tasks.y_q)
     return float(r), {k: np.asarray(a) for k, a in g.items()}
 
 
