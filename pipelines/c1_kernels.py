@@ -32,7 +32,7 @@ from numpy.polynomial.hermite_e import hermegauss
 from sfxlin.kernels import (KERNEL_NAMES, Kernel, kernel_attention_prefix, kernel_limit, kernel_mse,
                             positive_random_features, rf_attention_prefix, rf_feature_constant, rf_limit)
 from sfxlin.params import Param, Profiles
-from sfxlin.sweep import Experiment, Part, Variable, substream
+from sfxlin.sweep import Experiment, Out, Part, Variable, substream
 
 NAME = "c1_kernels"
 #: the kernels of the sweep: the Kernel names, softmax at temperature sqrt(D), and random features
@@ -124,9 +124,9 @@ def kernel(cell, rng, config):
     gain_q_se = np.sqrt(np.sum((final_se * Sa) ** 2, axis=-1)) / B
     orth = final_mean - gain_q[:, None] * Sa
     return {
-        "mse": sq_err.mean(axis=(0, 1)),
-        "mse_theory": theory,
-        "mse_query": sq_err.mean(axis=1).T,
+        "mse": Out(sq_err.mean(axis=(0, 1)), ("L",)),
+        "mse_theory": Out(theory, ("L",)),
+        "mse_query": Out(sq_err.mean(axis=1), ("query", "L")),
         "gain_measured": np.float64(gain_q.mean()),
         "gain_se": np.float64(np.sqrt(np.sum(gain_q_se**2)) / Q),
         "gain_limit": np.float64((np.sum(lim * Sa, axis=-1) / B).mean()),
@@ -164,7 +164,7 @@ def stein_check(cell, rng, config):
         e1 = k.moments(r, L)[1]                                      # E kappa'(s)
         rhs = (a @ S) * e1[:, None]
         errors.append(np.max(np.linalg.norm(lhs - rhs, axis=-1) / np.linalg.norm(rhs, axis=-1)))
-    return {"stein_error": np.array(errors)}
+    return {"stein_error": Out(np.array(errors), ("stein_kernel",))}
 
 
 def rf_grid(config):
@@ -183,7 +183,7 @@ def rf_study(cell, rng, config):
     err = np.concatenate([
         np.sum((rf_limit(S, I, I, a, positive_random_features(rng, m, 3, n_draws=min(chunk, n - lo))) - a @ S) ** 2,
                axis=-1) for lo in range(0, n, chunk)])
-    return {"rf_sq_error": err, "rf_constant": np.float64(rf_feature_constant(S, I, a))}
+    return {"rf_sq_error": Out(err, ("rf_draw",)), "rf_constant": np.float64(rf_feature_constant(S, I, a))}
 
 
 VARIABLES = (

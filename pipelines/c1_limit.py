@@ -16,9 +16,10 @@ laws, prompts, queries and all nested prompt lengths at once (prefix evaluation)
   measures the error to that U's own limit;
 * ``tokens`` (a ``.npy`` file or ``file.nc:variable``, rows of dimension d) adds the law
   ``empirical``: the file's tokens as given (not rescaled), drawn with replacement, with its
-  exact limit and SNIS constant (:class:`sfxlin.laws.Empirical`). The file's sha256 is one of
-  the cells' inputs (a changed file is recomputed) and is recorded in the results file's
-  ``input_files`` attr.
+  exact limit and SNIS constant (:class:`sfxlin.laws.Empirical`). It is a ``file`` parameter:
+  its sha256, taken once when the run is configured, is one of the main cells' inputs (a
+  changed file is recomputed), is checked again before each cell reads the file, and is
+  recorded in the results file's ``input_files`` attr.
 """
 from __future__ import annotations
 
@@ -28,10 +29,10 @@ import numpy as np
 
 from sfxlin.attention import asymptotic_mse, softmax_attention, softmax_attention_prefix
 from sfxlin.laws import LAWS, Empirical
-from sfxlin.params import Param, Profiles
+from sfxlin.params import Param, Profiles, file_digests
 from sfxlin.quadrature import gaussian_tilted_mean_quadrature
-from sfxlin.realdata import file_sha256, parse_token_source, read_tokens
-from sfxlin.sweep import Experiment, Part, Variable, cell_rng, substream
+from sfxlin.realdata import TOKEN_SUFFIXES, check_unchanged, read_tokens
+from sfxlin.sweep import Experiment, Out, Part, Variable, cell_rng, substream
 
 NAME = "c1_limit"
 
@@ -48,8 +49,9 @@ PARAMS = (
           "isotropic member); 'gaussian' is needed (its limit sigma^2 U q is the reference of every law)",
           ["gaussian", "rademacher", "uniform", "student_t"],
           choices=tuple(name for name in LAWS if name != Empirical.name)),
-    Param("tokens", "str", "a token file, 'path.npy' or 'path.nc:variable' (one token of dimension d per row), "
-          "whose empirical law joins the laws as 'empirical' (tokens as given); '' for none", ""),
+    Param("tokens", "file", "a token file, 'path.npy' or 'path.nc:variable' (one token of dimension d per row), "
+          "whose empirical law joins the laws as 'empirical' (tokens as given); '' for none", "",
+          suffixes=TOKEN_SUFFIXES, optional=True),
     Param("n_queries", "int", "queries per cell", Profiles(quick=6, paper=32), low=1),
     Param("n_prompts", "int", "independent prompts per query and law", Profiles(quick=8, paper=16), low=1),
     Param("sigma", "float", "token standard deviation (covariance sigma^2 I)", 1.0, low=0, low_open=True),
@@ -70,39 +72,35 @@ def _tokens_fit(config):
     """``tokens``: the file exists, holds finite (n, D) tokens, and D is every d of the grid."""
     if not config["tokens"]:
         return
-    Z = _read_token_file(config["tokens"], _sha256_of(config["tokens"]))
+    Z = _tokens_of(config["tokens"], config.digests["tokens"])
     bad = [d for d in config["d"] if d != Z.shape[1]]
     if bad:
         raise ValueError(f"tokens: the file's tokens have dimension {Z.shape[1]} (shape {Z.shape}), but d = "
                          f"{list(config['d'])}; run with --set d={Z.shape[1]}")
 
 
-def _sha256_of(spec):
-    return file_sha256(parse_token_source(spec, "tokens")[0])
-
-
 def _read_token_file(spec, sha256):
     """The tokens of ``spec`` (read once per process and file content); ``ValueError`` if the file's
-    content is no longer the one ``sha256`` names (changed after the run was configured)."""
-    if _sha256_of(spec) != sha256:
-        raise ValueError(f"tokens: {spec!r} changed since the run was configured (sha256 differs)")
+    content is no longer the one ``sha256`` names (changed after the run was configured): the
+    cache below is keyed by that digest, so it is checked wherever the kernel runs."""
+    check_unchanged(spec, sha256, "tokens")
     return _tokens_of(spec, sha256)
 
 
 @functools.lru_cache(maxsize=2)
 def _tokens_of(spec, sha256):
+    """The read-only tokens of ``spec``, whose file has the digest ``sha256`` (the cache key)."""
     Z = read_tokens(spec, "tokens")
     Z.flags.writeable = False
     return Z
 
 
 def main_inputs(config, cell):
-    """What reaches a main cell: every non-grid parameter, and the token file's sha256 when
-    ``tokens`` names one (so a changed file gives other fingerprints)."""
+    """What reaches a main cell: every non-grid parameter, and ``tokens_sha256``, the token file's
+    digest taken when the run was configured, when ``tokens`` names one (so a changed file gives
+    other fingerprints)."""
     inputs = {p.name: config[p.name] for p in PARAMS if not p.grid}
-    if config["tokens"]:
-        inputs["tokens_sha256"] = _sha256_of(config["tokens"])
-    return inputs
+    return {**inputs, **file_digests(PARAMS, config, inputs)}
 
 
 def law_names(config):
@@ -112,12 +110,12 @@ def law_names(config):
 
 def token_laws(config, d):
     """The laws of ``config["laws"]`` on R^d, each with covariance sigma^2 I_d, then the token
-    file's empirical law when ``config["tokens"]`` names one (its inputs carry the file's sha256)."""
+    file's empirical law when ``config["tokens"]`` names one (``config``: a cell's inputs, which
+    carry the file's ``tokens_sha256``)."""
     options = {"student_t": {"df": config["student_df"]}}
     laws = {name: LAWS[name].isotropic(d, config["sigma"], **options.get(name, {})) for name in config["laws"]}
     if config["tokens"]:
-        sha = config["tokens_sha256"] if "tokens_sha256" in config else _sha256_of(config["tokens"])
-        laws[Empirical.name] = Empirical(_read_token_file(config["tokens"], sha), D=d)
+        laws[Empirical.name] = Empirical(_read_token_file(config["tokens"], config["tokens_sha256"]), D=d)
     return laws
 
 
@@ -165,13 +163,13 @@ def kernel(cell, rng, config):
             bias[i] = np.mean(np.sum((law.tilted_mean(q @ U.T) - f_inf) ** 2, axis=-1))
             predicted[i] = bias[i] + asymptotic_mse(law, U, V, q[:, None, :], Ls).mean(axis=0)
     return {
-        "mse_predicted": predicted,
-        "mse": sq_err.mean(axis=(1, 2)),
-        "mse_asymptotic": asymptotic_mse(gauss, U, V, q[:, None, :], Ls).mean(axis=0),
-        "bias_exact": bias,
-        "mse_query": sq_err[list(laws).index("gaussian")].mean(axis=1).T,  # (L, query)
-        "Uq_sq": np.sum((q @ U.T) ** 2, axis=-1),
-        "mse_scaled_U": sq_err_scaled.mean(axis=(0, 1)),
+        "mse_predicted": Out(predicted, ("law", "L")),
+        "mse": Out(sq_err.mean(axis=(1, 2)), ("law", "L")),
+        "mse_asymptotic": Out(asymptotic_mse(gauss, U, V, q[:, None, :], Ls).mean(axis=0), ("L",)),
+        "bias_exact": Out(bias, ("law",)),
+        "mse_query": Out(sq_err[list(laws).index("gaussian")].mean(axis=1), ("query", "L")),
+        "Uq_sq": Out(np.sum((q @ U.T) ** 2, axis=-1), ("query",)),
+        "mse_scaled_U": Out(sq_err_scaled.mean(axis=(0, 1)), ("L",)),
     }
 
 
@@ -195,7 +193,7 @@ def quadrature_check(cell, rng, config):
         a = 0.5 * rng.standard_normal((8, D))
         closed = LAWS["gaussian"](mean, cov).tilted_mean(a)
         errors.append(np.max(np.abs(closed - gaussian_tilted_mean_quadrature(mean, cov, a))))
-    return {"quadrature_error": np.array(errors)}
+    return {"quadrature_error": Out(np.array(errors), ("D_quad",))}
 
 
 VARIABLES = (

@@ -29,7 +29,7 @@ from sfxlin.attention import asymptotic_mse, softmax_attention_prefix
 from sfxlin.laws import Empirical, Gaussian
 from sfxlin.params import Param, Profiles
 from sfxlin.realdata import DATASETS, token_set
-from sfxlin.sweep import Experiment, Part, Variable, cell_rng
+from sfxlin.sweep import Experiment, Out, Part, Variable, cell_rng
 
 NAME = "c1_real"
 
@@ -96,9 +96,9 @@ def kernel(cell, rng, config):
     w = np.exp(s - s.max(axis=1, keepdims=True))
     return {
         "weight_ratio": np.mean(law.n * np.sum(w**2, axis=1) / np.sum(w, axis=1) ** 2),
-        "mse": sq_err.mean(axis=(0, 1)),
-        "mse_asymptotic": asymptotic_mse(law, U, V, q[:, None, :], Ls).mean(axis=0),
-        "mse_gauss": sq_err_gauss.mean(axis=(0, 1)),
+        "mse": Out(sq_err.mean(axis=(0, 1)), ("L",)),
+        "mse_asymptotic": Out(asymptotic_mse(law, U, V, q[:, None, :], Ls).mean(axis=0), ("L",)),
+        "mse_gauss": Out(sq_err_gauss.mean(axis=(0, 1)), ("L",)),
         "bias_gauss": np.mean(np.sum((f_inf - f_gauss) ** 2, axis=-1)),
         "limit_sq": np.mean(np.sum((f_inf - law.mean) ** 2, axis=-1)),
     }

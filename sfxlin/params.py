@@ -9,9 +9,15 @@ experiment's parameters are a tuple of them. :func:`configure` turns a profile a
 separated by ``;``); Python values are checked by the same rules.
 
 Kinds: ``int``, ``float``, ``str``, ``bool``, the lists ``int_list``, ``float_list``,
-``str_list``, and ``matrix`` (a symmetric positive-definite matrix, given whole or as its
-diagonal; stored whole). Rules: ``low``/``high`` bounds (``low_open``/``high_open`` for strict),
-``choices``, ``order`` (``"increasing"`` / ``"decreasing"``, strict) and ``min_len`` for lists,
+``str_list``, ``matrix`` (a symmetric positive-definite matrix, given whole or as its
+diagonal; stored whole) and ``file`` (an input file: a path, or ``file.nc:variable``; the value
+is its text, ``suffixes`` the endings it may have, ``optional`` allows ``""`` or None for no
+file). A file's sha256 is taken once, when the configuration is made (:attr:`Config.digests`);
+it reaches every cell that reads the file as ``<name>_sha256`` (:func:`file_digests`: a changed
+file gives other cells), the engine checks it again before the cell runs
+(:func:`sfxlin.realdata.check_unchanged`) and the results file records it (``input_files``,
+:func:`sfxlin.storage.input_files`). Rules: ``low``/``high`` bounds (``low_open``/``high_open``
+for strict), ``choices``, ``order`` (``"increasing"`` / ``"decreasing"``, strict) and ``min_len`` for lists,
 ``unique`` (no repeated list value: a grid coordinate names each cell once). ``root_seed``, the
 root of every cell's generator (:func:`sfxlin.sweep.cell_rng`, numpy's ``SeedSequence``, which
 takes no negative integer), is ``>= 0`` whether or not its declaration says so (:data:`SEED`).
@@ -21,14 +27,17 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Param", "Profiles", "Config", "configure", "parse_text", "KINDS"]
+from .realdata import parse_file_source, source_sha256
 
-KINDS = ("int", "float", "str", "bool", "int_list", "float_list", "str_list", "matrix")
+__all__ = ["Param", "Profiles", "Config", "configure", "parse_text", "file_digests", "digest_key", "KINDS"]
+
+KINDS = ("int", "float", "str", "bool", "int_list", "float_list", "str_list", "matrix", "file")
 
 #: the parameter every experiment seeds its cells with; numpy's SeedSequence needs it >= 0
 SEED = "root_seed"
@@ -47,7 +56,9 @@ class Param:
     does not reach a cell's kernel except through the cell's coordinates, so changing it keeps
     every shared cell (an extended sweep reuses them). ``parts`` names the parts of the
     experiment whose cells it reaches (None: every part). ``why`` says why a list needs
-    ``min_len`` values (what the analysis fits with them).
+    ``min_len`` values (what the analysis fits with them). For a ``file``: ``suffixes``, the
+    endings its path may have (None: any; ``.nc`` stands for ``file.nc:variable``), and
+    ``optional``, whether ``""`` (or None) is allowed for no file.
     """
 
     name: str
@@ -66,10 +77,15 @@ class Param:
     unique: bool = True
     grid: bool = False
     parts: tuple | None = None
+    suffixes: tuple | None = None
+    optional: bool = False
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"parameter {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind != "file" and (self.suffixes is not None or self.optional):
+            raise ValueError(f"parameter {self.name!r}: suffixes and optional describe a file parameter; kind is "
+                             f"{self.kind!r}")
         if self.order not in (None, "increasing", "decreasing"):
             raise ValueError(f"parameter {self.name!r}: order must be 'increasing' or 'decreasing'")
         if self.name == SEED and self.low is None:  # stated by rule() and checked by check() like any bound
@@ -96,6 +112,9 @@ class Param:
                 parts.append(f"strictly {self.order}")
             if self.min_len > 1:
                 parts.append(f"at least {self.min_len} values")
+        if self.kind == "file":
+            parts += [f"ending {' or '.join(self.suffixes)}"] if self.suffixes else []
+            parts += ["'' for none"] if self.optional else []
         if self.unit:
             parts.append(f"unit: {self.unit}")
         return ", ".join(parts)
@@ -104,6 +123,8 @@ class Param:
     def check(self, value):
         """``value`` converted to the declared type and checked against every rule; a ValueError
         naming the parameter otherwise."""
+        if self.kind == "file":
+            return self._file(value)
         try:
             if self.kind == "matrix":
                 return self._matrix(value)
@@ -158,6 +179,20 @@ class Param:
             need = f"at least {self.min_len} values" if self.min_len > 1 else "a non-empty list"
             raise ValueError(f"needs {need}" + (f" ({self.why})" if self.why else "") + f", got {list(items)}")
         return items
+
+    def _file(self, value) -> str:
+        """The text of a file parameter's source once its form is checked and its file found; ``""``
+        for none (None or ``""``, where ``optional``). The messages name the parameter."""
+        if value is None or value == "":
+            if not self.optional:
+                raise ValueError(f"{self.name}: a file is needed, got {value!r}")
+            return ""
+        parse_file_source(value, self.name, self.suffixes)
+        return os.fspath(value)
+
+    def digest(self, value) -> str:
+        """The sha256 of the file that ``value`` (a checked, non-empty source) names."""
+        return source_sha256(value, self.name, self.suffixes)
 
     def _matrix(self, value):
         try:
@@ -220,11 +255,14 @@ class Config(Mapping):
     """A validated, immutable configuration: ``config["lr"]``, ``dict(config)``, ``config.to_json()``.
 
     ``profile`` and ``overrides`` say where the values came from (``"custom"`` for values given
-    whole); they travel into the results file's attrs, not into any computation."""
+    whole); they travel into the results file's attrs, not into any computation. ``digests``:
+    ``{parameter: sha256}`` of every ``file`` parameter that names a file, taken when the
+    configuration was made."""
 
     values: Mapping = field(default_factory=dict)
     profile: str = "custom"
     overrides: tuple = ()
+    digests: Mapping = field(default_factory=dict)
 
     def __getitem__(self, key):
         try:
@@ -242,7 +280,7 @@ class Config(Mapping):
         return hash(self.to_json())
 
     def __dask_tokenize__(self):
-        return ("sfxlin.Config", self.to_json())
+        return ("sfxlin.Config", self.to_json(), json.dumps(dict(self.digests), sort_keys=True))
 
     def to_json(self) -> str:
         return json.dumps(_plain(self.values), sort_keys=True)
@@ -265,7 +303,8 @@ def configure(params, profile="quick", overrides=(), values=None, checks=(), nam
 
     ``overrides``: ``"KEY=TEXT"`` strings (the command line's ``--set``), each key at most once; ``values``: a mapping of
     Python values (e.g. a file's ``config`` attr) replacing the profile's; with ``profile=None``
-    ``values`` must give every parameter. ``checks``: functions ``check(config)`` raising
+    ``values`` must give every parameter. Every ``file`` parameter's file is hashed here, once
+    (:attr:`Config.digests`). ``checks``: functions ``check(config)`` raising
     ValueError for rules that tie several parameters together. Unknown keys, and missing ones,
     are errors naming them (and ``name``, the experiment's).
     """
@@ -295,9 +334,32 @@ def configure(params, profile="quick", overrides=(), values=None, checks=(), nam
             parsed[key] = parse_text(table[key], text)
         except ValueError as exc:
             raise ValueError(f"--set {exc}") from None
-    config = Config({name: parsed[name] if name in parsed else table[name].check(raw[name]) for name in table},
-                    profile=profile if profile is not None and values is None else "custom",
-                    overrides=tuple(overrides or ()))
+    checked = {name: parsed[name] if name in parsed else table[name].check(raw[name]) for name in table}
+    config = Config(checked, profile=profile if profile is not None and values is None else "custom",
+                    overrides=tuple(overrides or ()),
+                    digests={name: table[name].digest(value) for name, value in checked.items()
+                             if table[name].kind == "file" and value})
     for check in checks:
         check(config)
     return config
+
+
+def digest_key(name) -> str:
+    """``"<name>_sha256"``: the key of a file parameter's digest among a cell's inputs."""
+    return f"{name}_sha256"
+
+
+def file_digests(params, config, inputs) -> dict:
+    """``{digest_key(name): sha256}`` for every ``file`` parameter of ``params`` that ``inputs`` (what
+    reaches a cell) holds with a file, from ``config``'s digests (no file is read). A ValueError
+    naming the parameter when ``config`` took no digest of it (a plain mapping, not a
+    :class:`Config` from :func:`configure`)."""
+    digests = getattr(config, "digests", {})
+    out = {}
+    for p in params:
+        if p.kind == "file" and inputs.get(p.name):
+            if p.name not in digests:
+                raise ValueError(f"{p.name}: the configuration took no digest of {inputs[p.name]!r}; make it with "
+                                 "configure() (experiment.configure)")
+            out[digest_key(p.name)] = digests[p.name]
+    return out

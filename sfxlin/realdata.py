@@ -3,8 +3,10 @@ and projected.
 
 * :func:`read_tokens`: an ``(n, D)`` float64 array from an array, a ``.npy`` file or a netCDF
   variable (``"file.nc:variable"``), with its rows checked (no NaN or inf row, not empty);
-* :func:`parse_token_source`, :func:`file_sha256`: where a token source lives and its checksum
-  (what enters a cell's fingerprint and a results file's provenance);
+* :func:`parse_file_source`, :func:`parse_token_source`, :func:`file_sha256`,
+  :func:`source_sha256`, :func:`check_unchanged`: where a file parameter's source lives, its
+  checksum (what enters a cell's fingerprint and a results file's provenance) and the check that
+  its file is still the one the configuration hashed;
 * :data:`DATASETS`, :func:`load_dataset`: the feature matrices of the data sets that ship inside
   the scikit-learn wheel (no download at run time);
 * :func:`standardise`, :func:`pca_whiten`, :func:`token_set`: the deterministic map from a data
@@ -21,42 +23,53 @@ import numpy as np
 
 from .threads import single_threaded_blas
 
-__all__ = ["DATASETS", "read_tokens", "parse_token_source", "is_token_source", "file_sha256", "load_dataset",
-           "standardise", "pca_whiten", "token_set"]
+__all__ = ["DATASETS", "TOKEN_SUFFIXES", "read_tokens", "parse_file_source", "parse_token_source", "file_sha256",
+           "source_sha256", "check_unchanged", "load_dataset", "standardise", "pca_whiten", "token_set"]
 
 DATASETS = ("digits", "wine", "breast_cancer", "diabetes")
 """The data sets bundled with scikit-learn (``sklearn.datasets.load_<name>``) used as token sets."""
 
 
-def is_token_source(text) -> bool:
-    """Whether the string ``text`` has the form of a token file: ``*.npy`` or ``*.nc:variable``."""
-    if not isinstance(text, str):
-        return False
-    head, sep, var = text.rpartition(":")
-    return text.endswith(".npy") or bool(sep and var and head.endswith(".nc"))
+TOKEN_SUFFIXES = (".npy", ".nc")
+"""The forms of a token file: a ``.npy`` array, or a variable of a netCDF file (``file.nc:variable``)."""
 
 
-def parse_token_source(spec, name="tokens"):
-    """``"path.npy"`` -> ``(Path, None)``; ``"path.nc:variable"`` -> ``(Path, "variable")``.
+def _forms(suffixes) -> str:
+    """``"a .npy file or 'file.nc:variable'"``: the accepted forms in words."""
+    return " or ".join("'file.nc:variable'" if s == ".nc" else f"a {s} file" for s in suffixes)
 
-    ``ValueError`` naming ``name`` for another form or a file that does not exist."""
+
+def parse_file_source(spec, name, suffixes=None):
+    """``"path"`` -> ``(Path, None)``; ``"path.nc:variable"`` -> ``(Path, "variable")``.
+
+    ``suffixes``: the endings the file's path may have (None: any); ``.nc`` among them stands for
+    ``file.nc:variable`` (a netCDF file then needs its variable). ``ValueError`` naming ``name`` for
+    another form or a file that does not exist."""
     if not isinstance(spec, (str, os.PathLike)):
-        raise ValueError(f"{name} must be a path to a .npy file or 'file.nc:variable', got {spec!r}")
+        raise ValueError(f"{name} must be a path{' to ' + _forms(suffixes) if suffixes else ''}, got {spec!r}")
     text = os.fspath(spec)
     head, sep, var = text.rpartition(":")
     if sep and head.endswith(".nc"):
         if not var:
             raise ValueError(f"{name}: {text!r} names no variable after ':' (expected 'file.nc:variable')")
         path, variable = Path(head), var
-    elif text.endswith(".npy"):
-        path, variable = Path(text), None
-    elif text.endswith(".nc"):
+    elif suffixes and ".nc" in suffixes and text.endswith(".nc"):
         raise ValueError(f"{name}: a netCDF file needs a variable: '{text}:variable'")
     else:
-        raise ValueError(f"{name} must be a .npy file or 'file.nc:variable', got {text!r}")
+        path, variable = Path(text), None
+    if suffixes and not str(path).endswith(tuple(suffixes)):
+        raise ValueError(f"{name} must be {_forms(suffixes)}, got {text!r}")
     if not path.is_file():
         raise ValueError(f"{name}: no such file {str(path)!r}")
     return path, variable
+
+
+def parse_token_source(spec, name="tokens"):
+    """``"path.npy"`` -> ``(Path, None)``; ``"path.nc:variable"`` -> ``(Path, "variable")``
+    (:func:`parse_file_source` with :data:`TOKEN_SUFFIXES`).
+
+    ``ValueError`` naming ``name`` for another form or a file that does not exist."""
+    return parse_file_source(spec, name, TOKEN_SUFFIXES)
 
 
 def file_sha256(path) -> str:
@@ -76,6 +89,22 @@ def _sha256(path, inode, size, mtime_ns, ctime_ns):
         for block in iter(lambda: fh.read(1 << 22), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def source_sha256(spec, name, suffixes=None) -> str:
+    """The sha256 (hex) of the file a source ``spec`` names (``path`` or ``file.nc:variable``,
+    :func:`parse_file_source`): the whole file, every variable of a netCDF file included."""
+    return file_sha256(parse_file_source(spec, name, suffixes)[0])
+
+
+def check_unchanged(spec, sha256, name) -> None:
+    """Check that the file ``spec`` names still has the digest ``sha256``: a ``ValueError`` naming
+    ``name``, the file and both digests (12 hex digits) when it changed since that digest was taken
+    (when the run was configured)."""
+    now = source_sha256(spec, name)
+    if now != sha256:
+        raise ValueError(f"{name}: {os.fspath(spec)!r} changed since the run was configured (sha256 {sha256[:12]} -> "
+                         f"{now[:12]}); configure the run again to use its new content")
 
 
 def read_tokens(source, name="samples", feature_dim=None) -> np.ndarray:

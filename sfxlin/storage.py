@@ -52,9 +52,9 @@ def provenance(experiment, config, call=None):
     """Provenance attrs: enough to rerun the file from its attrs alone.
 
     ``config``: a :class:`~sfxlin.params.Config` (its profile and ``--set`` overrides are
-    recorded) or a plain mapping (profile ``"custom"``). Every string parameter naming a token
-    file (``*.npy`` or ``*.nc:variable``, :func:`sfxlin.realdata.is_token_source`) adds its file's
-    sha256 to ``input_files`` (JSON ``{parameter: {"source", "sha256"}}``, when there is one). The
+    recorded) or a plain mapping (profile ``"custom"``). Every ``file`` parameter that names a
+    file adds its sha256, taken when the configuration was made, to ``input_files`` (JSON
+    ``{parameter: {"source", "sha256"}}``, when there is one: :func:`input_files`). The
     computation adds ``wall_seconds`` and ``scheduler`` (:func:`sfxlin.execution.compute`)."""
     created = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
     call = call or " ".join([Path(sys.argv[0]).name or "python"] + sys.argv[1:])
@@ -71,26 +71,26 @@ def provenance(experiment, config, call=None):
         "created": created,
         "history": f"{created}: {call} (sfxlin {__version__})",
     }
-    files = input_files(plain)
+    files = input_files(config)
     if files:
         attrs["input_files"] = json.dumps(files, sort_keys=True)
     return attrs
 
 
 def input_files(config) -> dict:
-    """``{parameter: {"source": value, "sha256": hex}}`` for every string parameter of ``config``
-    whose value names a token file (a ``.npy`` file or ``file.nc:variable``)."""
-    from .realdata import file_sha256, is_token_source, parse_token_source
-
-    return {name: {"source": value, "sha256": file_sha256(parse_token_source(value, name)[0])}
-            for name, value in config.items() if is_token_source(value)}
+    """``{parameter: {"source": value, "sha256": hex}}`` for every parameter declared of kind
+    ``file`` that names a file in ``config`` (a :class:`~sfxlin.params.Config`: the digests taken
+    when it was made, :attr:`~sfxlin.params.Config.digests`; no file is read). A plain mapping
+    declares no kinds: ``{}``."""
+    digests = getattr(config, "digests", {})
+    return {name: {"source": config[name], "sha256": sha256} for name, sha256 in digests.items()}
 
 
 def changed_input_files(recorded, config) -> list[str]:
-    """One ``"PARAM: sha256 OLD -> NEW"`` per token file of ``config`` whose content differs from
-    ``recorded`` (a results file's ``input_files`` attr: JSON text, a mapping, or None for a file
-    that records none); digests shortened to 12 hex digits, ``none`` where absent. Empty when
-    every token file is the one recorded."""
+    """One ``"PARAM: sha256 OLD -> NEW"`` per file parameter of ``config`` whose file's content
+    differs from ``recorded`` (a results file's ``input_files`` attr: JSON text, a mapping, or None
+    for a file that records none); digests shortened to 12 hex digits, ``none`` where absent.
+    Empty when every file is the one recorded."""
     recorded = json.loads(recorded) if isinstance(recorded, str) else dict(recorded or {})
     current = input_files(config)
 

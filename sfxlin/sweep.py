@@ -7,12 +7,15 @@ An :class:`Experiment` declares once
   configuration;
 * its parts (:class:`Part`): each a grid of cells (``grid(config) -> {dim: values}``, one cell
   per combination, ``{}`` for a single cell) and a kernel ``kernel(cell, rng, inputs) ->
-  {name: ndarray}``: ``cell`` maps every grid dim to the cell's coordinate value, ``inputs`` is
-  the read-only part of the configuration that reaches the cell (:meth:`Experiment.cell_inputs`),
-  so nothing outside a cell's fingerprint can change it;
+  {name: Out(array, dims) or ndarray}``: ``cell`` maps every grid dim to the cell's coordinate
+  value, ``inputs`` is the read-only part of the configuration that reaches the cell
+  (:meth:`Experiment.cell_inputs`), so nothing outside a cell's fingerprint can change it;
 * its inner coordinates (``inner_coords(config)``): dims a kernel returns whole (``L``,
   ``query``, ``law``, ...), vectorised numpy inside the cell;
-* its output :class:`Variable` s (dims, ``long_name``, ``units``, ``description``, part).
+* its output :class:`Variable` s (dims, ``long_name``, ``units``, ``description``, part): the
+  one declaration of each output's dims. A kernel names the axes of what it returns
+  (:class:`Out`) in whatever order it computed them; the engine transposes them to the declared
+  order and refuses other names (a plain array is taken to be in the declared order).
 
 :func:`build` turns that into a Dataset whose variables are dask arrays: one dask task per
 block of cells (one cell per block by default), nothing computed until asked. Each cell
@@ -41,10 +44,12 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
+from .params import digest_key, file_digests
+from .realdata import check_unchanged
 from .schema import CONVENTIONS, coord_attrs
 from .threads import single_threaded_blas
 
-__all__ = ["Variable", "Part", "Experiment", "CellError", "build", "cell_label", "cell_rng", "coordinate_key",
+__all__ = ["Variable", "Part", "Experiment", "CellError", "Out", "build", "cell_label", "cell_rng", "coordinate_key",
            "coordinate_text", "criteria_of", "run_cell", "substream"]
 
 
@@ -89,14 +94,29 @@ class Variable:
 
 
 @dataclass(frozen=True)
+class Out:
+    """A kernel output with its axes named: ``Out(sq_err.mean(axis=1), ("query", "L"))``.
+
+    ``dims`` names every axis of ``array`` once, in the array's order; they are the inner dims
+    of the output's :class:`Variable` (its dims less the grid's) in any order. The engine
+    transposes ``array`` to the declared order (no value changes) and raises a :class:`CellError`
+    for any other names."""
+
+    array: object
+    dims: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Part:
     """One grid of cells and its kernel.
 
     ``grid(config) -> {dim: values}`` (``{}``: a single cell, e.g. a quadrature check);
-    ``kernel(cell, rng, inputs) -> {variable: array}``; ``inputs(config, cell)``, where given,
-    says exactly what reaches a cell (default: every parameter that is not a grid parameter and
-    reaches this part, see :attr:`sfxlin.params.Param.parts`). The main part is named ``""``;
-    another part's cells draw from generators tagged ``"<experiment>/<part>"``.
+    ``kernel(cell, rng, inputs) -> {variable: Out(array, dims) or array}``; ``inputs(config,
+    cell)``, where given, says exactly what reaches a cell (default: every parameter that is not a
+    grid parameter and reaches this part, see :attr:`sfxlin.params.Param.parts`); either way the
+    digest of every file parameter it holds joins it (:func:`sfxlin.params.file_digests`). The
+    main part is named ``""``; another part's cells draw from generators tagged
+    ``"<experiment>/<part>"``.
     """
 
     name: str
@@ -181,14 +201,24 @@ class Experiment:
         return self.name if not part_name else f"{self.name}/{part_name}"
 
     def cell_inputs(self, config, cell, part_name="") -> dict:
-        """The part of ``config`` that reaches the kernel of ``cell`` (and its fingerprint)."""
+        """The part of ``config`` that reaches the kernel of ``cell`` (and its fingerprint), with
+        the digest (``<name>_sha256``) of every file parameter among it."""
         part = self.part(part_name)
         if part.inputs is not None:
-            return dict(part.inputs(config, cell))
-        if not self.params:
-            return dict(config)
-        return {p.name: config[p.name] for p in self.params
-                if not p.grid and (p.parts is None or part_name in p.parts)}
+            inputs = dict(part.inputs(config, cell))
+        elif not self.params:
+            inputs = dict(config)
+        else:
+            inputs = {p.name: config[p.name] for p in self.params
+                      if not p.grid and (p.parts is None or part_name in p.parts)}
+        return {**inputs, **file_digests(self.params, config, inputs)}
+
+    def check_files(self, inputs) -> None:
+        """Check that every file parameter in a cell's ``inputs`` names the file its digest was
+        taken of (:func:`sfxlin.realdata.check_unchanged`: a ValueError naming the parameter)."""
+        for p in self.params:
+            if p.kind == "file" and inputs.get(p.name):
+                check_unchanged(inputs[p.name], inputs[digest_key(p.name)], p.name)
 
     def n_cells(self, config) -> int:
         return sum(math.prod(len(v) for v in part.grid(config).values()) for part in self.parts)
@@ -244,7 +274,8 @@ def _cell_at(grid, index):
 def run_cell(experiment: Experiment, config: Mapping, cell: Mapping, part: str = "") -> dict:
     """Compute one cell of ``part``, given by its coordinate values (``{"d": 3, "U_norm": 0.5,
     "seed": 1}``), and validate its outputs. The same cell gives the same bits in any grid and with
-    any number of cores (the kernel runs with one BLAS thread)."""
+    any number of cores (the kernel runs with one BLAS thread). A file parameter whose file changed
+    since ``config`` was made is a ValueError naming the cell and the parameter, before any work."""
     grid = experiment.part(part).grid(config)
     if set(cell) != set(grid):
         raise ValueError(f"{experiment.name}: a cell names every grid dim {list(grid)}, got {dict(cell)}")
@@ -255,6 +286,10 @@ def run_cell(experiment: Experiment, config: Mapping, cell: Mapping, part: str =
     label = cell_label(name, cell)
     inputs = types.MappingProxyType(copy.deepcopy(experiment.cell_inputs(config, cell, part)))
     try:
+        experiment.check_files(inputs)
+    except ValueError as exc:
+        raise ValueError(f"{label}: {exc}") from None
+    try:
         with single_threaded_blas():   # the same bits whatever the core count (sfxlin.threads)
             out = experiment.part(part).kernel(cell, rng, inputs)
     except (FloatingPointError, ArithmeticError) as exc:
@@ -263,19 +298,36 @@ def run_cell(experiment: Experiment, config: Mapping, cell: Mapping, part: str =
 
 
 def _checked(out, variables, inner, grid, label):
-    """Validate kernel outputs against their declarations: present, shaped, finite."""
+    """Validate kernel outputs against their declarations: present, named, shaped, finite; each
+    returned with its axes in the declared order."""
     checked = {}
     for var in variables:
         if var.name not in out:
             raise CellError(f"{label}: kernel did not return variable {var.name!r}")
-        arr = np.asarray(out[var.name], dtype=float)
-        shape = tuple(len(inner[d]) for d in var.dims if d not in grid)
+        inner_dims = tuple(d for d in var.dims if d not in grid)
+        arr = _in_declared_order(out[var.name], var, inner_dims, label)
+        shape = tuple(len(inner[d]) for d in inner_dims)
         if arr.shape != shape:
             raise CellError(f"{label}: {var.name} has shape {arr.shape}, declared {shape}")
         if not var.allow_nonfinite and not np.all(np.isfinite(arr)):
             raise CellError(f"{label}: non-finite values in {var.name}")
         checked[var.name] = _as_declared(arr, var, label)
     return checked
+
+
+def _in_declared_order(value, var, inner_dims, label) -> np.ndarray:
+    """The float array of one kernel output with its axes in the order ``inner_dims`` (``var``'s
+    dims less the grid's): an :class:`Out` transposed by its names, a plain array as it is. A
+    CellError naming the variable and both dims when the names are not ``inner_dims``."""
+    if not isinstance(value, Out):
+        return np.asarray(value, dtype=float)
+    dims, arr = tuple(value.dims), np.asarray(value.array, dtype=float)
+    if sorted(dims) != sorted(inner_dims):
+        raise CellError(f"{label}: {var.name} was returned with dims {dims}, declared {inner_dims} (the dims "
+                        f"{var.dims} less the grid's)")
+    if arr.ndim != len(dims):
+        raise CellError(f"{label}: {var.name} has shape {arr.shape}, but its dims name {len(dims)} axes {dims}")
+    return arr.transpose([dims.index(d) for d in inner_dims])
 
 
 def _as_declared(arr, var, label):

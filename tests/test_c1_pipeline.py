@@ -96,7 +96,7 @@ def test_analysis_reports_every_criterion(quick_run):
     # robust even at quick size: exact checks and the 1/L rate
     for key in ("C1-quadrature", "C1-slopes", "C1-student-t-grows", "C1-sqrtL-grows"):
         assert by_id[key].verdict == "PASS", by_id[key]
-    table = c1_analysis.fit_table(ds)
+    table = ds.sfx.fit_table()
     assert "paper form" in table and "slope" in table
 
 

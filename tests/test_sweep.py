@@ -337,3 +337,65 @@ def test_substreams_depend_on_the_seed_and_the_key_only():
     others = [substream(fresh, law="gaussian"), substream(fresh, scale=1.0), substream(fresh, scale=2.0),
               substream(cell_rng("toy", {"d": 3}, 5), law="uniform"), substream(cell_rng("toy", {"d": 2}, 6), law="uniform")]
     assert len({a[0], *(g.standard_normal() for g in others)}) == 6
+
+
+# --------------------------------------------------------------------------------------------
+# labelled kernel outputs: the Variable's dims are the one declaration of an output's layout
+# --------------------------------------------------------------------------------------------
+SEED = {"root_seed": 0}
+
+
+def _labelled(returned_dims, shape):
+    """A one-part experiment over ``seed`` whose kernel returns ``M[i, j] = 100 seed + 10 i + j`` for
+    ``a = i`` (3 values), ``b = j`` (3 or 4), axes in the order ``returned_dims`` (as an :class:`Out`),
+    declared ``(b, seed, a)``."""
+    from sfxlin.sweep import Out, Part
+
+    def kernel(cell, rng, inputs):
+        i, j = np.meshgrid(np.arange(3), np.arange(shape[1]), indexing="ij")
+        M = 100.0 * cell["seed"] + 10 * i + j                            # axes (a, b)
+        order = [("a", "b").index(d) for d in returned_dims if d in ("a", "b")]
+        return {"M": Out(M.transpose(order) if len(order) == 2 else M, returned_dims)}
+
+    return Experiment(name="labelled", inner_coords=lambda config: {"a": [0, 1, 2], "b": list(range(shape[1]))},
+                      variables=(Variable("M", ("b", "seed", "a"), "M", "100 seed + 10 a + b"),),
+                      parts=(Part("", lambda config: {"seed": [0, 1]}, kernel),))
+
+
+@pytest.mark.parametrize("returned_dims", [("a", "b"), ("b", "a")])
+@pytest.mark.parametrize("shape", [(3, 4), (3, 3)])   # square: a shape check alone could not tell a from b
+def test_a_kernel_names_its_axes_and_the_engine_puts_them_in_the_declared_order(returned_dims, shape):
+    exp = _labelled(returned_dims, shape)
+    j, i = np.meshgrid(np.arange(shape[1]), np.arange(3), indexing="ij")  # declared inner order (b, a)
+    out = run_cell(exp, SEED, {"seed": 1})
+    np.testing.assert_array_equal(out["M"], 100.0 + 10 * i + j)
+    ds = build(exp, SEED).compute(scheduler="synchronous")
+    assert ds.M.dims == ("b", "seed", "a")
+    for seed in (0, 1):
+        for a in range(3):
+            for b in range(shape[1]):
+                assert ds.M.sel(seed=seed, a=a, b=b).item() == 100 * seed + 10 * a + b
+
+
+@pytest.mark.parametrize("returned_dims, match", [
+    (("a", "c"), r"labelled\[seed=0\]: M was returned with dims \('a', 'c'\), declared \('b', 'a'\) \(the dims "
+                 r"\('b', 'seed', 'a'\) less the grid's\)"),
+    (("a",), r"M was returned with dims \('a',\), declared \('b', 'a'\)"),
+    (("a", "b", "seed"), r"M was returned with dims \('a', 'b', 'seed'\), declared \('b', 'a'\)"),
+])
+def test_a_kernel_output_with_other_dim_names_is_a_cell_error(returned_dims, match):
+    with pytest.raises(CellError, match=match):
+        run_cell(_labelled(returned_dims, (3, 4)), SEED, {"seed": 0})
+
+
+def test_dim_names_that_do_not_fit_the_array_are_a_cell_error():
+    from sfxlin.sweep import Out, Part
+
+    def flat(cell, rng, inputs):
+        return {"M": Out(np.zeros(6), ("b", "a"))}
+
+    exp = Experiment(name="flat", inner_coords=lambda config: {"a": [0, 1, 2], "b": [0, 1]},
+                     variables=(Variable("M", ("a", "b"), "M", "a (3, 2) array"),),
+                     parts=(Part("", lambda config: {}, flat),))
+    with pytest.raises(CellError, match=r"flat\[\]: M has shape \(6,\), but its dims name 2 axes \('b', 'a'\)"):
+        run_cell(exp, SEED, {})
