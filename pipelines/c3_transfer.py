@@ -74,8 +74,8 @@ from __future__ import annotations
 import numpy as np
 
 from sfxlin import baselines, curvature, icl, laws, training
-from sfxlin.params import Param, Profiles
-from sfxlin.realdata import file_sha256, parse_token_source
+from sfxlin.params import Param, Profiles, digest_key
+from sfxlin.realdata import TOKEN_SUFFIXES, check_unchanged
 from sfxlin.sweep import Experiment, Part, Variable
 
 NAME = "c3_transfer"
@@ -96,9 +96,9 @@ PARAMS = (
     Param("Sigma_anisotropic", "matrix", f"covariance of the 'anisotropic' setting: {_MATRIX}", [2.0, 1.0, 0.5]),
     Param("Sigma_rademacher", "matrix", f"covariance of the Rademacher control, x = Sigma^{{1/2}} r: {_MATRIX}",
           [1.0, 1.0, 1.0]),
-    Param("covariates", "str", "a covariate file, 'path.npy' or 'path.nc:variable' (one covariate x of dimension d per "
+    Param("covariates", "file", "a covariate file, 'path.npy' or 'path.nc:variable' (one covariate x of dimension d per "
           "row), whose empirical law joins the settings as 'empirical' (rows as given, drawn with replacement); '' for "
-          "none", ""),
+          "none", "", suffixes=TOKEN_SUFFIXES, optional=True),
     Param("n_seeds", "int", "seeds of the Gaussian settings", 2, low=1, grid=True),
     Param("n_seeds_control", "int", "seeds of the Rademacher control (the grid runs max of both; extra cells are "
           "NaN, in_protocol = 0)", 1, low=1, grid=True),
@@ -167,10 +167,6 @@ def settings_of(config):
     return list(config["settings"]) + ([EMPIRICAL] if config["covariates"] else [])
 
 
-def _sha256_of(spec):
-    return file_sha256(parse_token_source(spec, "covariates")[0])
-
-
 def covariate_law_of(setting, config):
     """``(law, Sigma)`` of a cell of ``setting`` (``config``: its cell inputs): the covariate law and
     the matrix of the Eq. 9 init and the Bayes optimum, the setting's ``Sigma`` (Gaussian or
@@ -179,8 +175,7 @@ def covariate_law_of(setting, config):
     if setting != EMPIRICAL:
         Sigma = np.asarray(config["Sigma"], dtype=float)
         return laws.covariate_law(SETTINGS[setting], Sigma), Sigma
-    if _sha256_of(config["covariates"]) != config["covariates_sha256"]:
-        raise ValueError(f"covariates: {config['covariates']!r} changed since the run was configured (sha256 differs)")
+    check_unchanged(config["covariates"], config[digest_key("covariates")], "covariates")
     law = laws.covariate_law(f"{EMPIRICAL}:{config['covariates']}", d=config["d"])
     return law, law.cov + np.outer(law.mean, law.mean)
 
@@ -197,13 +192,12 @@ def in_protocol(config, setting, seed):
 def cell_inputs(config, cell):
     """What reaches a cell: the run's parameters less the grid's (``settings``, the seed counts),
     the covariances and the covariate file; plus the cell's own ``Sigma`` (for ``empirical``: the
-    file and its sha256 instead) and ``in_protocol`` flag."""
+    file instead, to which the engine adds its digest) and ``in_protocol`` flag."""
     setting = cell["setting"]
     inputs = {k: v for k, v in config.items()
               if k not in ("settings", "n_seeds", "n_seeds_control", "covariates") and not k.startswith("Sigma_")}
     if setting == EMPIRICAL:
         inputs["covariates"] = config["covariates"]
-        inputs["covariates_sha256"] = _sha256_of(config["covariates"])
     else:
         inputs["Sigma"] = config[f"Sigma_{setting}"]
     inputs["in_protocol"] = in_protocol(config, setting, cell["seed"])

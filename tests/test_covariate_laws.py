@@ -261,7 +261,11 @@ def test_the_covariate_file_reaches_only_its_own_setting(rows, tmp_path):
     assert cell_fingerprint(exp, plain, iso) == cell_fingerprint(exp, with_file, iso)   # reused by an extension
     before = cell_fingerprint(exp, with_file, EMPIRICAL_CELL)
     np.save(tmp_path / "x.npy", X[::-1])                                                 # same shape, new content
-    assert cell_fingerprint(exp, with_file, EMPIRICAL_CELL) != before
+    again = exp.configure("quick", values={**C3, "covariates": path})     # the digest is taken when configuring
+    assert cell_fingerprint(exp, again, EMPIRICAL_CELL) != before
+    assert cell_fingerprint(exp, again, iso) == cell_fingerprint(exp, plain, iso)
+    with pytest.raises(ValueError, match="covariates: .*changed since the run was configured"):
+        run_cell(exp, with_file, EMPIRICAL_CELL)                          # the old configuration is refused
 
 
 def test_a_covariate_file_changed_after_configuring_is_refused(rows, tmp_path):

@@ -325,18 +325,3 @@ def test_an_output_folder_that_cannot_be_made_is_named_absolute(results, tmp_pat
         save(results, Path("blocker") / "sub" / "toy.nc")
     assert str(info.value).startswith(f"cannot create output folder {tmp_path / 'cwd' / 'blocker' / 'sub'}: ")
 
-
-def test_changed_input_files_names_the_parameter_and_both_digests(tmp_path):
-    path = tmp_path / "emb.npy"
-    np.save(path, np.zeros((3, 2)))
-    config = {"tokens": str(path), "d": [2]}
-    recorded = json.dumps(input_files(config))
-    assert changed_input_files(recorded, config) == []
-    old = json.loads(recorded)["tokens"]["sha256"]
-    st = os.stat(path)
-    np.save(path, np.ones((3, 2)))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
-    new = hashlib.sha256(path.read_bytes()).hexdigest()
-    assert changed_input_files(recorded, config) == [f"tokens: sha256 {old[:12]} -> {new[:12]}"]
-    assert changed_input_files(None, config) == [f"tokens: sha256 none -> {new[:12]}"]  # a file that recorded none
-    assert changed_input_files(recorded, {"tokens": ""}) == [f"tokens: sha256 {old[:12]} -> none"]
