@@ -29,15 +29,16 @@ import math
 import numpy as np
 from numpy.polynomial.hermite_e import hermegauss
 
-from sfxlin.kernels import (KERNEL_NAMES, Kernel, kernel_attention_prefix, kernel_limit, kernel_mse,
+from sfxlin.kernels import KERNELS as KERNEL_CLASSES
+from sfxlin.kernels import (KERNEL_NAMES, SMOOTHNESS, Kernel, kernel_attention_prefix, kernel_limit, kernel_mse,
                             positive_random_features, rf_attention_prefix, rf_feature_constant, rf_limit)
 from sfxlin.params import Param, Profiles
 from sfxlin.sweep import Experiment, Out, Part, Variable, substream
 
 NAME = "c1_kernels"
-#: the kernels of the sweep: the Kernel names, softmax at temperature sqrt(D), and random features
-KERNELS = ("softmax", "softmax_sqrtd", "sigmoid", "sigmoid_logL", "relu", "relu_norm", "relu2", "relu2_norm",
-           "rf_softmax")
+#: the kernels of the sweep: every kernel of the registry (``sfxlin.kernels.KERNEL_NAMES``), softmax at
+#: temperature sqrt(D) beside softmax, and random features
+KERNELS = ("softmax", "softmax_sqrtd", *(name for name in KERNEL_NAMES if name != "softmax"), "rf_softmax")
 
 PARAMS = (
     Param("kernels", "str_list", "attention kernels: " + " ".join(KERNELS) + " (softmax_sqrtd: temperature "
@@ -72,7 +73,7 @@ def make_kernel(name, config):
     D = len(config["Sigma"])
     if name == "softmax_sqrtd":
         return Kernel("softmax", temperature=math.sqrt(D))
-    return Kernel(name, bias=config["sigmoid_bias"] if name == "sigmoid" else 0.0)
+    return Kernel("sigmoid", bias=config["sigmoid_bias"]) if name == "sigmoid" else Kernel(name)
 
 
 def grid(config):
@@ -164,7 +165,9 @@ def stein_check(cell, rng, config):
         e1 = k.moments(r, L)[1]                                      # E kappa'(s)
         rhs = (a @ S) * e1[:, None]
         errors.append(np.max(np.linalg.norm(lhs - rhs, axis=-1) / np.linalg.norm(rhs, axis=-1)))
-    return {"stein_error": Out(np.array(errors), ("stein_kernel",))}
+    smoothness = [SMOOTHNESS.index(KERNEL_CLASSES[name].smoothness) for name in KERNEL_NAMES]
+    return {"stein_error": Out(np.array(errors), ("stein_kernel",)),
+            "stein_smoothness": Out(np.array(smoothness, dtype=np.int8), ("stein_kernel",))}
 
 
 def rf_grid(config):
@@ -210,6 +213,10 @@ VARIABLES = (
     Variable("stein_error", ("stein_kernel",), "Stein identity vs tensor quadrature",
              "max over 4 random a of |E[kappa(s) z] (tensor Gauss-Hermite) - Sigma a E kappa'(s)| / |Sigma a E "
              "kappa'(s)|; the normalised ReLUs check their numerators.", part="stein"),
+    Variable("stein_smoothness", ("stein_kernel",), "smoothness class of the kernel's weight",
+             "The kernel class's declared smoothness: 0 smooth (derivatives of every order: the tensor Gauss-Hermite "
+             "rule converges geometrically), 1 kinked (a jump in some derivative: algebraic convergence).",
+             part="stein", dtype="int8", flag_meanings=SMOOTHNESS),
     Variable("rf_sq_error", ("rf_sigma2", "rf_m", "rf_draw"), "squared error of the fixed-feature limit",
              "||rf_limit(W) - Sigma a||^2 for one draw W of m positive random features.", part="rf"),
     Variable("rf_constant", ("rf_sigma2", "rf_m"), "delta-method constant of the feature average",
