@@ -3,6 +3,7 @@
     ds = sfxlin.open_results("c1_limit")
     ds.mse.sel(law="gaussian").mean("seed").sfx.loglog_slope("L")
     ds.sfx.verdicts()            # PASS / FAIL / INCONCLUSIVE, a DataFrame (ds.sfx.verdict_table(): text)
+    ds.sfx.fit_tables()          # {name: xr.Dataset}, the fit tables as data (ds.sfx.fit_table(): text)
     ds.sfx.figure("c1.png")
 
 Registered when ``sfxlin`` is imported. Statsmodels and matplotlib load on first use only.
@@ -43,11 +44,6 @@ class SfxDatasetAccessor:
     def __init__(self, ds):
         self._ds = ds
 
-    def _module(self):
-        from .report import analysis_for
-
-        return analysis_for(self._ds)
-
     @property
     def experiment(self):
         return self._ds.attrs.get("experiment")
@@ -65,25 +61,39 @@ class SfxDatasetAccessor:
     def verdicts(self):
         """The verdicts of the predeclared criteria as a DataFrame indexed by criterion id (the text
         rendering is :meth:`verdict_table`)."""
+        from .report import verdicts
         from .verdicts import to_frame
 
-        return to_frame(self._module().verdicts(self._ds))
+        return to_frame(verdicts(self._ds))
 
     def verdict_table(self) -> str:
         """The verdict table as text, with a note when the criteria are calibrated for another profile."""
+        from .report import verdicts
         from .verdicts import calibration_note, format_table
 
         note = calibration_note(self._ds)
-        return format_table(self._module().verdicts(self._ds)) + (f"\n{note}" if note else "")
+        return format_table(verdicts(self._ds)) + (f"\n{note}" if note else "")
+
+    def fit_tables(self) -> dict:
+        """The fit tables as data: ``{name: xr.Dataset}`` (see :mod:`sfxlin.analysis.tables`)."""
+        from .report import fit_tables
+
+        return fit_tables(self._ds)
 
     def fit_table(self) -> str:
-        return self._module().fit_table(self._ds)
+        """The fit tables as terminal text."""
+        from .report import fit_table
+
+        return fit_table(self._ds)
 
     def figure(self, path):
         """Draw the experiment's standard figure into ``path`` (a file name or a binary buffer)."""
-        return self._module().figure(self._ds, path)
+        from .report import analysis_for
+
+        return analysis_for(self._ds).figure(self._ds, path)
 
     def __repr__(self):
         p = self.provenance
         return (f"<sfx {p['experiment']} ({p['profile']} profile, {p['created']}, {p['wall_seconds']} s on "
-                f"{p['scheduler']}): .verdicts() .verdict_table() .fit_table() .figure(path) .config .provenance>")
+                f"{p['scheduler']}): .verdicts() .verdict_table() .fit_tables() .fit_table() .figure(path) "
+                ".config .provenance>")

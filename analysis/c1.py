@@ -16,10 +16,11 @@ import numpy as np
 import xarray as xr
 
 from .fits import MIN_LINE_POINTS, loglog_slope, paper_form_fit, too_few
+from .tables import column, make_table
 from .verdicts import Criteria, Inconclusive, measure_unless
 
-__all__ = ["CRITERIA", "slopes", "slope_shortfall", "measures", "verdicts", "fit_table", "figure", "paper_form",
-           "own_limit_laws", "no_limit_laws"]
+__all__ = ["CRITERIA", "slopes", "slope_shortfall", "measures", "verdicts", "fit_tables", "figure", "paper_form",
+           "sharp_ratio", "own_limit_laws", "no_limit_laws"]
 
 
 def slopes(ds: xr.Dataset) -> xr.Dataset:
@@ -80,7 +81,7 @@ def _monotone(ds):
           reference="(not reported)",
           reason="1 + O(exp(a'Sigma a)/L); the Monte Carlo SE of the mean is 2-3%, so +-10% is 3-5 SE")
 def _sharp_constant(ds):
-    return (ds.mse.sel(law="gaussian") / ds.mse_asymptotic).isel(L=-1).mean("seed").values.ravel()
+    return sharp_ratio(ds).values.ravel()
 
 
 @CRITERIA("C1-student-t-grows", "Student-t3 error growth mse(L_max)/mse(L_min), largest U_norm (every law "
@@ -112,15 +113,7 @@ def _plateau(ds):
     return (ds.mse.sel(**sel).isel(L=-1).mean("seed") / ds.mse_predicted.sel(**sel).isel(L=-1).mean("seed")).values.ravel()
 
 
-def measures(ds: xr.Dataset) -> dict:
-    """Measured figure of every C1 criterion (:class:`~.verdicts.Inconclusive` with the reason
-    where the file has too few prompt lengths for it)."""
-    return CRITERIA.measures(ds)
-
-
-def verdicts(ds: xr.Dataset):
-    """PASS / FAIL / INCONCLUSIVE rows of the predeclared criteria stored in the file."""
-    return CRITERIA.verdicts(ds)
+measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
 
 
 def paper_form(ds: xr.Dataset) -> xr.Dataset:
@@ -131,32 +124,40 @@ def paper_form(ds: xr.Dataset) -> xr.Dataset:
     return paper_form_fit(L_mse, sigma**2 * ds.Uq_sq)
 
 
-def fit_table(ds: xr.Dataset) -> str:
-    """Plain-text table of the slopes with SE (or why they are not fitted) and the paper-form fit."""
-    ratio = (ds.mse.sel(law="gaussian") / ds.mse_asymptotic).isel(L=-1).mean("seed")
+def sharp_ratio(ds: xr.Dataset) -> xr.DataArray:
+    """``mse / mse_asymptotic`` of the Gaussian tokens at the largest L, seed mean, per (d, U_norm)."""
+    return (ds.mse.sel(law="gaussian") / ds.mse_asymptotic).isel(L=-1).mean("seed")
+
+
+def fit_tables(ds: xr.Dataset) -> dict:
+    """``slopes``: per (d, U_norm) the log-log slope in L with SE, 95% CI and R^2 (columns only when
+    it can be fitted; the title says why not) and mse / mse_asymptotic at L_max; ``paper_form``: the
+    pooled paper-form fit at the largest L (when there are >= 3 queries in all)."""
+    return {"slopes": _slope_table(ds), "paper_form": _paper_form_table(ds)}
+
+
+def _slope_table(ds):
     reason = slope_shortfall(ds)
-    fit = None if reason else slopes(ds)
-    if fit is None:
-        lines = [f"log-log slopes in L: not fitted, {reason}", f"{'d':>3} {'U_norm':>7}  mse/asympt(L_max)"]
-    else:
-        lines = [f"{'d':>3} {'U_norm':>7} {'slope':>8} {'SE':>7} {'95% CI':>18} {'r2':>7}  mse/asympt(L_max)"]
-    for d in ds.d.values:
-        for u in ds.U_norm.values:
-            cells = f"{d:>3} {u:>7.2f}"
-            if fit is not None:
-                f = fit.sel(d=d, U_norm=u)
-                ci = f"[{float(f.slope_ci_low):.3f}, {float(f.slope_ci_high):.3f}]"
-                cells += f" {float(f.slope):>8.3f} {float(f.slope_se):>7.3f} {ci:>18} {float(f.r2):>7.4f}"
-            lines.append(f"{cells}  {float(ratio.sel(d=d, U_norm=u)):.3f}")
+    cols = {}
+    if reason is None:
+        fit = slopes(ds)
+        cols = {"slope": column(fit.slope, "slope", ".3f"), "slope_se": column(fit.slope_se, "SE", ".3f"),
+                "slope_ci_low": column(fit.slope_ci_low, "95% CI low", ".3f"),
+                "slope_ci_high": column(fit.slope_ci_high, "95% CI high", ".3f"), "r2": column(fit.r2, "r2", ".4f")}
+    cols["sharp_ratio"] = column(sharp_ratio(ds), "mse/asympt(L_max)", ".3f")
+    return make_table(cols, formats={"U_norm": ".2f"},
+                      title="Gaussian tokens, seed means: log-log slope of the error in L (OLS, SE, 95% CI, r2)"
+                            + (f": not fitted, {reason}" if reason else "") + "; mse / mse_asymptotic at the largest L")
+
+
+def _paper_form_table(ds):
     n_points = ds.Uq_sq.size
-    if n_points >= 3:
-        pf = paper_form(ds)
-        lines.append(f"paper form L*mse = c1 exp(c2 sigma^2 ||Uq||^2) at L = {int(ds.L.values[-1])}: "
-                     f"c2 = {float(pf.c2):.3f} +- {float(pf.c2_se):.3f} (SE), c1 = {float(pf.c1):.3g}, "
-                     f"n = {int(pf.n)}")
-    else:
-        lines.append(f"paper form fit: not fitted ({n_points} queries in all, 3 needed)")
-    return "\n".join(lines)
+    if n_points < 3:
+        return make_table({}, title=f"paper form fit: not fitted ({n_points} queries in all, 3 needed)")
+    pf = paper_form(ds)
+    return make_table({"c2": column(pf.c2, "c2", ".3f"), "c2_se": column(pf.c2_se, "SE", ".3f"),
+                       "c1": column(pf.c1, "c1", ".3g"), "n": column(pf.n, "n", "d")},
+                      title=f"paper form L*mse = c1 exp(c2 sigma^2 ||Uq||^2) at L = {int(ds.L.values[-1])}")
 
 
 def figure(ds: xr.Dataset, path):

@@ -10,9 +10,10 @@ import numpy as np
 import xarray as xr
 
 from .fits import MIN_LINE_POINTS, loglog_slope, too_few
+from .tables import column, make_table
 from .verdicts import Criteria, Inconclusive, measure_unless
 
-__all__ = ["CRITERIA", "slopes", "tail_slopes", "rf_slopes", "gain_z", "measures", "verdicts", "fit_table", "figure",
+__all__ = ["CRITERIA", "slopes", "tail_slopes", "rf_slopes", "gain_z", "measures", "verdicts", "fit_tables", "figure",
            "SMOOTH", "KINKED", "LIGHT_TAIL", "HEAVY_TAIL"]
 
 #: kernels whose Stein integrand is smooth (Gauss-Hermite converges geometrically) / kinked (ReLU)
@@ -146,50 +147,58 @@ def _rf_slow(ds):
     return measure_unless(_few_m(ds), lambda: rf_slopes(ds).slope.sel(rf_sigma2=s2).values)
 
 
-def measures(ds: xr.Dataset) -> dict:
-    """Measured figure of every criterion (:class:`~.verdicts.Inconclusive` with the reason where the
-    file cannot give it)."""
-    return CRITERIA.measures(ds)
+measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
 
 
-def verdicts(ds: xr.Dataset):
-    """PASS / FAIL / INCONCLUSIVE rows of the predeclared criteria stored in the file."""
-    return CRITERIA.verdicts(ds)
+def fit_tables(ds: xr.Dataset) -> dict:
+    """``kernels``: per (kernel, r) the slope in L with SE, the slope over the 5 largest L
+    (diagnostic), mse / predicted at L_max, measured and exact gain with the gain's SE, z-score,
+    z^2 and orthogonal share; ``random_features``: per rf_sigma2 the slope in m with SE and
+    m mse / constant at the largest m; ``stein``: the Stein identity's errors. A slope that cannot
+    be fitted is left out, the title says why."""
+    return {"kernels": _kernel_table(ds), "random_features": _rf_table(ds), "stein": _stein_table(ds)}
 
 
-def fit_table(ds: xr.Dataset) -> str:
-    """Plain-text table: per (kernel, r) the slope in L with SE, the slope over the 5 largest L
-    (diagnostic), mse/predicted at L_max, measured and
-    exact gain; per rf_sigma2 the slope in m and m*mse/constant at the largest m; the Stein errors."""
-    fit = None if _few_L(ds) else slopes(ds)
-    tail = tail_slopes(ds) if ds.sizes["L"] >= 5 else None
-    z = gain_z(ds)
-    lines = [f"{'kernel':>13} {'r':>5} {'slope':>7} {'SE':>6} {'tail5':>7} {'mse/pred':>9} {'gain MC':>10} "
-             f"{'+-SE':>8} {'gain exact':>10} {'z2':>5} {'orth':>7}"]
-    for k in ds.kernel.values.tolist():
-        for r in ds.r.values:
-            c = ds.sel(kernel=k, r=r)
-            slope = (f"{float(fit.slope.sel(kernel=k, r=r)):>7.3f} {float(fit.slope_se.sel(kernel=k, r=r)):>6.3f}"
-                     if fit is not None else f"{'-':>7} {'-':>6}")
-            slope += f" {float(tail.slope.sel(kernel=k, r=r)):>7.3f}" if tail is not None else f" {'-':>7}"
-            pred = (c.mse.isel(L=-1).mean("seed") / c.mse_theory.isel(L=-1).mean("seed")).item()
-            se = float(np.sqrt((c.gain_se**2).sum("seed")) / ds.sizes["seed"])
-            lines.append(f"{k:>13} {r:>5.2f} {slope} {pred:>9.3f} {float(c.gain_measured.mean('seed')):>10.4f} "
-                         f"{se:>8.4f} {float(c.gain_limit.mean('seed')):>10.4f} {float(c.z2.mean('seed')):>5.2f} "
-                         f"{float(c.orth_share.mean('seed')):>7.4f}   (gain z = {float(z.sel(kernel=k, r=r)):+.2f})")
-    rf = None if _few_m(ds) else rf_slopes(ds)
-    lines.append(f"{'rf_sigma2':>10} {'slope in m':>10} {'SE':>6} {'m*mse/const (m_max)':>20} {'const':>9}")
-    for s2 in ds.rf_sigma2.values:
-        c = ds.sel(rf_sigma2=s2).isel(rf_m=-1)
-        const = float(c.rf_constant)
-        ratio = f"{float(c.rf_m * c.rf_sq_error.mean('rf_draw')) / const:>20.3f}" if np.isfinite(const) \
-            else f"{'- (constant inf)':>20}"
-        sl = f"{float(rf.slope.sel(rf_sigma2=s2)):>10.3f} {float(rf.slope_se.sel(rf_sigma2=s2)):>6.3f}" if rf is not None \
-            else f"{'-':>10} {'-':>6}"
-        lines.append(f"{s2:>10.3g} {sl} {ratio} {const:>9.4g}")
-    lines.append("Stein identity vs tensor quadrature (max relative error): " + ", ".join(
-        f"{k} {float(ds.stein_error.sel(stein_kernel=k)):.1e}" for k in ds.stein_kernel.values.tolist()))
-    return "\n".join(lines)
+def _kernel_table(ds):
+    no_fit, cols = _few_L(ds), {}
+    if no_fit is None:
+        fit = slopes(ds)
+        cols = {"slope": column(fit.slope, "slope", ".3f"), "slope_se": column(fit.slope_se, "SE", ".3f")}
+    if ds.sizes["L"] >= 5:
+        cols["tail5"] = column(tail_slopes(ds).slope, "tail5", ".3f")
+    last = ds.isel(L=-1)
+    seed = lambda da: da.mean("seed")  # noqa: E731
+    cols.update(
+        mse_pred=column(seed(last.mse) / seed(last.mse_theory), "mse/pred", ".3f"),
+        gain=column(seed(ds.gain_measured), "gain MC", ".4f"),
+        gain_se=column(np.sqrt((ds.gain_se**2).sum("seed")) / ds.sizes["seed"], "+-SE", ".4f"),
+        gain_exact=column(seed(ds.gain_limit), "gain exact", ".4f"), z2=column(seed(ds.z2), "z2", ".2f"),
+        orth=column(seed(ds.orth_share), "orth", ".4f"), gain_z=column(gain_z(ds), "gain z", "+.2f"))
+    why = [] if no_fit is None else [f"slopes in L not fitted, {no_fit}"]
+    why += [] if ds.sizes["L"] >= 5 else [f"tail5 not fitted, needs >= 5 prompt lengths, got {ds.sizes['L']}"]
+    return make_table(cols, formats={"r": ".2f"}, notes="; ".join(why),
+                      title="per (kernel, r), seed means: slope in L of the error to the own limit (SE), over the 5 "
+                            "largest L (tail5); mse / predicted at L_max; gain measured (+-SE) and exact, its z-score")
+
+
+def _rf_table(ds):
+    no_fit, cols = _few_m(ds), {}
+    if no_fit is None:
+        rf = rf_slopes(ds)
+        cols = {"slope": column(rf.slope, "slope in m", ".3f"), "slope_se": column(rf.slope_se, "SE", ".3f")}
+    last = ds.isel(rf_m=-1)
+    const = last.rf_constant
+    ratio = (last.rf_m * last.rf_sq_error.mean("rf_draw") / const).where(np.isfinite(const))
+    cols["ratio"] = column(ratio, "m*mse/const (m_max)", ".3f", missing="n/a (constant inf)")
+    cols["constant"] = column(const, "const", ".4g")
+    return make_table(cols, formats={"rf_sigma2": ".3g"},
+                      title="random features: slope in m of E||rf limit - Sigma a||^2 (SE), m mse / delta-method "
+                            "constant at the largest m" + (f"; slopes not fitted, {no_fit}" if no_fit else ""))
+
+
+def _stein_table(ds):
+    return make_table({"error": column(ds.stein_error, "max relative error", ".1e")}, column_dim="stein_kernel",
+                      title="Stein identity vs tensor quadrature, per kernel")
 
 
 def figure(ds: xr.Dataset, path):

@@ -15,10 +15,11 @@ import numpy as np
 import xarray as xr
 
 from .fits import MIN_LINE_POINTS, loglog_slope, too_few
+from .tables import column, make_table
 from .verdicts import Criteria, Inconclusive, measure_unless
 
 __all__ = ["CRITERIA", "WEIGHT_RATIO_MAX", "in_regime", "slopes", "slope_shortfall", "bias_order", "relative_bias",
-           "crossover_L", "measures", "verdicts", "fit_table", "figure"]
+           "crossover_L", "sharp_ratio", "measures", "verdicts", "fit_tables", "figure"]
 
 
 def slopes(ds: xr.Dataset) -> xr.Dataset:
@@ -51,6 +52,11 @@ def crossover_L(ds: xr.Dataset) -> xr.DataArray:
     beyond which the Gaussian surrogate's bias exceeds the finite-L error."""
     trC = (ds.mse_asymptotic * ds.L).isel(L=-1).mean("seed")
     return trC / ds.bias_gauss.mean("seed")
+
+
+def sharp_ratio(ds: xr.Dataset) -> xr.DataArray:
+    """``mse / mse_asymptotic`` (``tr C / L``) at the largest L, seed mean, per (dataset, D, U_norm)."""
+    return (ds.mse / ds.mse_asymptotic).isel(L=-1).mean("seed")
 
 
 #: settings whose tilted weights are near uniform: E w^2 / (E w)^2 at most this (see in_regime)
@@ -96,7 +102,7 @@ def _slopes(ds):
                  "of 3-6% (real data: heavier weights than Gaussian tokens), over ~50 settings: +-20% is 3-4 SE "
                  "at the worst one")
 def _sharp_constant(ds):
-    return _regime_values(ds, (ds.mse / ds.mse_asymptotic).isel(L=-1).mean("seed"))
+    return _regime_values(ds, sharp_ratio(ds))
 
 
 @CRITERIA("C1R-gauss-decomposition", "mse to the Gaussian surrogate / (bias_gauss + mse to the exact limit), "
@@ -118,46 +124,43 @@ def _bias_order(ds):
     return measure_unless(_no_order(ds), lambda: bias_order(ds).values.ravel())
 
 
-def measures(ds: xr.Dataset) -> dict:
-    """Measured figure of every criterion (INCONCLUSIVE with the reason where the file cannot give it)."""
-    return CRITERIA.measures(ds)
+measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
 
 
-def verdicts(ds: xr.Dataset):
-    """PASS / FAIL / INCONCLUSIVE rows of the predeclared criteria stored in the file."""
-    return CRITERIA.verdicts(ds)
+def fit_tables(ds: xr.Dataset) -> dict:
+    """``settings``: per (dataset, D, U_norm) the weight ratio and whether the 1/L criteria judge
+    the setting, the slope in L (SE; left out with the reason when it cannot be fitted),
+    mse / (tr C / L) at the largest L, the Gaussian surrogate's squared bias, relative bias and
+    crossover length; ``bias_order``: per (dataset, D) the order of that bias in ||U||."""
+    return {"settings": _settings_table(ds), "bias_order": _order_table(ds)}
 
 
-def fit_table(ds: xr.Dataset) -> str:
-    """Per (dataset, D, U_norm): slope in L (SE), mse / (tr C / L) at the largest L, the Gaussian
-    surrogate's squared bias, relative bias and crossover length; per (dataset, D): its order in ||U||."""
+def _settings_table(ds):
     reason = slope_shortfall(ds)
-    fit = None if reason else slopes(ds)
-    ratio = (ds.mse / ds.mse_asymptotic).isel(L=-1).mean("seed")
-    bias, rel, cross = ds.bias_gauss.mean("seed"), relative_bias(ds), crossover_L(ds)
-    order = None if _no_order(ds) else bias_order(ds)
-    wr = ds.weight_ratio.mean("seed")
-    head = f"{'dataset':>13} {'D':>3} {'U_norm':>7} {'w_ratio':>8} {'slope':>7} {'SE':>6} {'mse/asym':>9} " \
-           f"{'bias_gauss':>11} {'rel.bias':>9} {'L_x':>9}"
-    lines = ([f"log-log slopes in L: not fitted, {reason}"] if fit is None else []) + [head]
-    for name in ds.dataset.values:
-        for D in ds.D.values:
-            for u in ds.U_norm.values:
-                at = dict(dataset=name, D=D, U_norm=u)
-                s = (f"{float(fit.slope.sel(at)):>7.3f} {float(fit.slope_se.sel(at)):>6.3f}" if fit is not None
-                     else f"{'-':>7} {'-':>6}")
-                mark = "" if float(wr.sel(at)) <= WEIGHT_RATIO_MAX else "*"
-                lines.append(f"{name:>13} {D:>3} {u:>7.3g} {float(wr.sel(at)):>7.3g}{mark:1} {s} "
-                             f"{float(ratio.sel(at)):>9.3f} "
-                             f"{float(bias.sel(at)):>11.3e} {float(rel.sel(at)):>9.3f} {float(cross.sel(at)):>9.3g}")
-            if order is not None:
-                lines.append(f"{name:>13} {D:>3}   order of bias_gauss in ||U||: "
-                             f"{float(order.sel(dataset=name, D=D)):.3f}")
-    lines.append(f"w_ratio = E w^2 / (E w)^2 (* beyond {WEIGHT_RATIO_MAX}: heavy tilt, not judged by the 1/L "
-                 "criteria); "
-                 "rel.bias = sqrt(bias_gauss / E||f_inf - m||^2); L_x = tr C / bias_gauss: the prompt length beyond "
-                 "which the Gaussian picture's bias exceeds the finite-L error")
-    return "\n".join(lines)
+    cols = {"weight_ratio": column(ds.weight_ratio.mean("seed"), "w_ratio", ".3g"),
+            "judged": column(in_regime(ds), "judged", "")}
+    if reason is None:
+        fit = slopes(ds)
+        cols.update(slope=column(fit.slope, "slope", ".3f"), slope_se=column(fit.slope_se, "SE", ".3f"))
+    cols.update(sharp_ratio=column(sharp_ratio(ds), "mse/asym", ".3f"),
+                bias_gauss=column(ds.bias_gauss.mean("seed"), "bias_gauss", ".3e"),
+                relative_bias=column(relative_bias(ds), "rel.bias", ".3f"),
+                crossover_L=column(crossover_L(ds), "L_x", ".3g"))
+    title = ("per (dataset, D, U_norm), seed means: weight ratio, log-log slope in L of the error to the exact "
+             "empirical limit (SE)" + (f": not fitted, {reason}" if reason else "")
+             + ", mse / (tr C / L) at the largest L, the Gaussian surrogate's squared bias")
+    notes = (f"w_ratio = E w^2 / (E w)^2 (judged: at most {WEIGHT_RATIO_MAX}; beyond, heavy tilt, not judged by the "
+             "1/L criteria); rel.bias = sqrt(bias_gauss / E||f_inf - m||^2); L_x = tr C / bias_gauss: the prompt "
+             "length beyond which the Gaussian picture's bias exceeds the finite-L error")
+    return make_table(cols, formats={"U_norm": ".3g"}, title=title, notes=notes)
+
+
+def _order_table(ds):
+    reason = _no_order(ds)
+    if reason:
+        return make_table({}, title=f"order of bias_gauss in ||U||: not computed, {reason}")
+    return make_table({"order": column(bias_order(ds), "order", ".3f")},
+                      title="order of bias_gauss in ||U|| (two smallest U_norm)")
 
 
 def figure(ds: xr.Dataset, path):

@@ -36,17 +36,16 @@ upper-half fit when the upper half holds fewer than 3 prompt lengths).
 """
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import xarray as xr
 from statsmodels.stats.proportion import proportion_confint
 
 from .fits import MIN_LINE_POINTS, loglog_slope, not_fitted, too_few
-from .verdicts import Criteria, measure_unless
+from .tables import column, make_table
+from .verdicts import Criteria, Shared, measure_unless
 
 __all__ = ["CRITERIA", "tail_tests", "tail_summary", "clt_ratio", "gradient_slopes", "upper_half_L", "gradient_summary",
-           "trajectory_exponents", "slope_shortfall", "measures", "verdicts", "fit_table", "figure"]
+           "trajectory_exponents", "slope_shortfall", "measures", "verdicts", "fit_tables", "figure"]
 
 ALPHA = 0.05
 CLT_MIN_LEVEL = 1e-3
@@ -199,28 +198,12 @@ def trajectory_exponents(ds: xr.Dataset) -> xr.Dataset:
 # --------------------------------------------------------------------------- criteria
 
 
-class _Shared:
-    """What several C2 measures (and the vacuity flag of :func:`verdicts`) read, computed once: the
-    tail tests, and the trajectory exponents when the file has enough prompt lengths for a slope.
-    ``attrs`` are the file's (its stored criteria)."""
-
-    def __init__(self, ds: xr.Dataset):
-        self.ds = ds
-        self.attrs = ds.attrs
-        self.tails = tail_tests(ds)
-        self.no_slope = slope_shortfall(ds)
-
-    @functools.cached_property
-    def trajectory(self) -> xr.Dataset:
-        return trajectory_exponents(self.ds)
+def _vacuous_tails(sh: Shared) -> dict:
+    """C2-tail-violations is INCONCLUSIVE when every tail bound is vacuous (>= 1): no test can fail."""
+    return {"C2-tail-violations": "every tail bound is vacuous (>= 1)"} if bool(sh(tail_tests).vacuous.all()) else {}
 
 
-def _shared(ds) -> _Shared:
-    """The shared computations of ``ds`` (``ds`` itself when they are already made)."""
-    return ds if isinstance(ds, _Shared) else _Shared(ds)
-
-
-CRITERIA = Criteria("C2", prepare=_shared)
+CRITERIA = Criteria("C2", prepare=Shared, inconclusive=_vacuous_tails)
 
 
 @CRITERIA("C2-tail-violations", "output tail tests (d, U_norm, seed, query, L, level) where the paper-form bound "
@@ -229,40 +212,40 @@ CRITERIA = Criteria("C2", prepare=_shared)
           reference="0 of 236 tests (147,000 prompts)",
           reason="one violation falsifies the bound with these constants; in the shipped run the bound is >= 7.55x "
                  "the empirical tail wherever there is a count, so false alarms are negligible")
-def _tail_violations(shared):
-    return int(shared.tails.violated.sum())
+def _tail_violations(sh):
+    return int(sh(tail_tests).violated.sum())
 
 
 @CRITERIA("C2-tail-clt", "empirical / CLT tail at the largest L for tail levels >= 1e-3, pooled over seeds and "
           "queries, every (d, U_norm, level)", "in", (0.5, 2.0), reference="(not reported)",
           reason="at L = 4096 the CLT should hold; at level 1e-3 the pooled expected count is ~33 (relative SE "
                  "~17%), so a factor 2 is more than 4 SE; deeper levels have too few counts")
-def _tail_clt(shared):
-    ds = shared.ds
+def _tail_clt(sh):
+    ds = sh.ds
     return clt_ratio(ds).ratio.sel(level=ds.level[ds.level >= CLT_MIN_LEVEL * (1 - 1e-9)]).values.ravel()
 
 
 @CRITERIA("C2-grad-violations", "gradient cells (d, U_norm, setting, scale) where the paper-form bound (grad_c: "
           "our assumed constant) is below the measured E||grad R_L - grad R_inf||^2 at some L and seed", "<=", 0,
           reference="0 of 36", reason="as for the tails: one violation falsifies the bound with this constant")
-def _grad_violations(shared):
-    return int(gradient_summary(shared.ds).violated.sum())
+def _grad_violations(sh):
+    return int(gradient_summary(sh.ds).violated.sum())
 
 
 @CRITERIA("C2-grad-slopes", "log-log slope in L of the seed-mean E||grad R_L - grad R_inf||^2, every (d, U_norm, "
           "setting, scale)", "in", (-1.15, -0.85), reference="-0.899 .. -1.043",
           reason="the squared gap is an SNIS variance, O(1/L); wider than C1's band (tilted covariance, 32 prompt "
                  "sets, L <= 4096), it contains the reference range")
-def _grad_slopes(shared):
-    return measure_unless(shared.no_slope, lambda: gradient_slopes(shared.ds).slope.values.ravel())
+def _grad_slopes(sh):
+    return measure_unless(slope_shortfall(sh.ds), lambda: gradient_slopes(sh.ds).slope.values.ravel())
 
 
 @CRITERIA("C2-traj-fixed", "log-log slope in L of the gradient gap g_L(t=0) at fixed parameters (Eq. 9 init), "
           "seed-pooled, per setting (theory: -1/2)", "in", (-0.6, -0.4), reference="-0.526",
           reason="g is the norm of an O(1/L) squared gap, so the exponent is -1/2; +-0.1 covers heavy-tailed "
                  "per-query constants with 4 seeds")
-def _traj_fixed(shared):
-    return measure_unless(shared.no_slope, lambda: shared.trajectory.fixed.values.ravel())
+def _traj_fixed(sh):
+    return measure_unless(slope_shortfall(sh.ds), lambda: sh(trajectory_exponents).fixed.values.ravel())
 
 
 @CRITERIA("C2-traj-uniform", "log-log slope in L of sup_t g_L(t) along the infinite-prompt trajectory, seed-pooled, "
@@ -270,153 +253,181 @@ def _traj_fixed(shared):
           reference="-0.342 (non-monotone)",
           reason="deliberately the fixed exponent's band: it tests uniform-in-time concentration at the "
                  "fixed-parameter rate (the reference's own figure lies outside it)")
-def _traj_uniform(shared):
-    return measure_unless(shared.no_slope, lambda: shared.trajectory.uniform.values.ravel())
+def _traj_uniform(sh):
+    return measure_unless(slope_shortfall(sh.ds), lambda: sh(trajectory_exponents).uniform.values.ravel())
 
 
-# --------------------------------------------------------------------------- verdicts
-
-
-def measures(ds: xr.Dataset) -> dict:
-    """Measured figure of every C2 criterion (:class:`~.verdicts.Inconclusive` with the reason for
-    the slopes when the file has fewer than 3 prompt lengths)."""
-    return CRITERIA.measures(ds)
-
-
-def verdicts(ds: xr.Dataset):
-    """PASS / FAIL / INCONCLUSIVE rows of the predeclared criteria stored in the file;
-    C2-tail-violations is INCONCLUSIVE when every tail bound is vacuous (>= 1). The tail tests are
-    computed once, for the measures and that flag."""
-    shared = _shared(ds)
-    flags = {}
-    if bool(shared.tails.vacuous.all()):
-        flags["C2-tail-violations"] = "every tail bound is vacuous (>= 1)"
-    return CRITERIA.verdicts(shared, inconclusive=flags)
+measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
 
 
 # --------------------------------------------------------------------------- tables
 
 
-def fit_table(ds: xr.Dataset) -> str:
-    """Plain-text tables of the three parts."""
-    return "\n\n".join([_tail_table(ds), _gradient_table(ds), _trajectory_table(ds)])
+def fit_tables(ds: xr.Dataset) -> dict:
+    """The tables of the three parts: (a) the tail tests' totals (``tail_summary``), per (d, U_norm)
+    with the CLT ratios by level (``tails``), the CLT ratios pooled by L (``clt_by_L``); (b) per
+    gradient cell the slopes, violation, vacuity and looseness (``gradients``) and their totals
+    (``gradient_summary``); (c) the trajectory exponents per setting (``trajectory``; with
+    ``trajectory_per_seed`` and ``argmax_t`` when fitted) and the linear(inf) run (``linear_inf``).
+    A fit that cannot be done is left out, its title says why."""
+    sh = Shared(ds)
+    tables = {"tail_summary": _tail_summary_table(ds), "tails": _tail_table(sh), "clt_by_L": _clt_by_L_table(sh),
+              "gradients": _gradient_table(sh), "gradient_summary": _gradient_summary_table(sh),
+              "trajectory": _trajectory_table(sh)}
+    if slope_shortfall(ds) is None:
+        tables.update(trajectory_per_seed=_trajectory_seed_table(sh), argmax_t=_argmax_table(sh))
+    tables["linear_inf"] = _linear_inf_table(ds)
+    return tables
 
 
-def _tail_table(ds: xr.Dataset) -> str:
+_TEST_DIMS = ("seed", "query", "L", "level")
+
+
+def _tail_summary_table(ds):
     ts = tail_summary(ds)
-    lines = ["(a) output tails: paper-form bound c1 exp(-c2 L t^2/K(a)) with ASSUMED constants "
-             "(tail_c1_eff, tail_c2_eff);",
-             f"    {ts['n_tests']} tests over {ts['n_prompts']} prompts: {ts['n_violations']} violations "
-             f"(bound < Clopper-Pearson lower end), {ts['n_vacuous']} vacuous (bound >= 1), "
-             f"{ts['n_zero_count']} with no exceedance",
-             f"    looseness bound/empirical (depends on the assumed constants): median {ts['looseness_median']:.3g}x, "
-             f"range {ts['looseness_min']:.3g} .. {ts['looseness_max']:.3g} over tests with a count; median "
-             f"{ts['looseness_nonvacuous_median']:.3g}x over the {ts['n_nonvacuous_with_count']} non-vacuous ones",
-             f"    largest multiple of the assumed c2 compatible with every test (at the assumed c1): "
-             f"{ts['c2_multiple_max']:.3g}"]
-    tt = tail_tests(ds)
-    cr = clt_ratio(ds)
-    levels = ds.level.values
-    lines.append(f"    {'d':>3} {'U_norm':>6} {'tests':>6} {'viol':>5} {'vacuous':>7} {'med loose':>10}   "
-                 f"empirical/CLT at L = {int(ds.L.values[-1])}, level " + " ".join(f"{lv:>6g}" for lv in levels))
-    for d in ds.d.values:
-        for u in ds.U_norm.values:
-            t = tt.sel(d=d, U_norm=u)
-            lo = t.looseness.values[np.isfinite(t.looseness.values)]
-            ratios = " ".join(f"{float(cr.ratio.sel(d=d, U_norm=u, level=lv)):>6.3f}" for lv in levels)
-            lines.append(f"    {d:>3} {u:>6.2f} {t['count'].size:>6} {int(t.violated.sum()):>5} "
-                         f"{int(t.vacuous.sum()):>7} {np.median(lo) if lo.size else np.nan:>10.3g}   "
-                         f"{'':>34}{ratios}")
+    spec = (("n_tests", "tests", "d"), ("n_prompts", "prompts", "d"), ("n_violations", "violations", "d"),
+            ("n_vacuous", "vacuous", "d"), ("n_zero_count", "no exceedance", "d"),
+            ("looseness_median", "looseness median", "{:.3g}x"), ("looseness_min", "min", ".3g"),
+            ("looseness_max", "max", ".3g"), ("looseness_nonvacuous_median", "median, non-vacuous", "{:.3g}x"),
+            ("n_nonvacuous_with_count", "non-vacuous with a count", "d"),
+            ("c2_multiple_max", "largest c2 multiple", ".3g"))
+    return make_table({k: column(ts[k], head, fmt) for k, head, fmt in spec},
+                      title="(a) output tails: paper-form bound c1 exp(-c2 L t^2/K(a)) with ASSUMED constants "
+                            "(tail_c1_eff, tail_c2_eff), over every test",
+                      notes="violation: bound < Clopper-Pearson lower end; vacuous: bound >= 1; looseness "
+                            "bound/empirical over the tests with a count (depends on the assumed constants); largest "
+                            "multiple of the assumed c2 compatible with every test (at the assumed c1)")
+
+
+def _finite_median(a: np.ndarray) -> float:
+    a = a[np.isfinite(a)]
+    return float(np.median(a)) if a.size else np.nan
+
+
+def _tail_table(sh):
+    ds = sh.ds
+    tt = sh(tail_tests)
+    loose = xr.apply_ufunc(_finite_median, tt.looseness, input_core_dims=[list(_TEST_DIMS)], vectorize=True)
+    cols = {"tests": column(tt["count"].notnull().sum(_TEST_DIMS), "tests", "d"),
+            "violations": column(tt.violated.sum(_TEST_DIMS), "viol", "d"),
+            "vacuous": column(tt.vacuous.sum(_TEST_DIMS), "vacuous", "d"),
+            "looseness_median": column(loose, "med loose", ".3g"),
+            "clt_ratio": column(clt_ratio(ds).ratio, f"empirical/CLT at L = {int(ds.L.values[-1])}, level", ".3f")}
+    return make_table(cols, formats={"U_norm": ".2f"}, column_dim="level",
+                      title="(a) per (d, U_norm): tests, violations, vacuous, median looseness; empirical/CLT tail "
+                            "at the largest L, pooled over seeds and queries, by level")
+
+
+def _clt_by_L_table(sh):
+    tt = sh(tail_tests)
     every = ("d", "U_norm", "seed", "query")
     pooled = tt["count"].sum(every) / (tt.n * tt.clt).sum(every)
-    lines.append("    empirical/CLT pooled over every setting, by L (rows) and level (columns):")
-    for L in ds.L.values:
-        lines.append(f"    L = {int(L):>5}: " + " ".join(f"{float(pooled.sel(L=L, level=lv)):>6.3f}" for lv in levels))
-    return "\n".join(lines)
+    return make_table({"ratio": column(pooled, "level", ".3f")}, column_dim="level",
+                      title="(a) empirical/CLT pooled over every setting, by L (rows) and level (columns)")
 
 
-def _slope_cells(f, ci: bool) -> str:
-    """``slope SE`` (and, with ``ci``, the 95% CI) of one fitted cell, or n/a when ``f`` is None."""
-    if f is None:
-        return f"{'n/a':>7} {'':>6} {'':>17}" if ci else f"{'n/a':>6} {'':>5}"
-    if ci:
-        ci = f"[{float(f.slope_ci_low):.3f}, {float(f.slope_ci_high):.3f}]"
-        return f"{float(f.slope):>7.3f} {float(f.slope_se):>6.3f} {ci:>17}"
-    return f"{float(f.slope):>6.3f} {float(f.slope_se):>5.3f}"
+_CELL = ("d", "U_norm", "setting", "scale")
 
 
-def _in_band(slopes) -> str:
-    return f"{slopes.min():.3f} .. {slopes.max():.3f}, {np.sum((slopes >= -1.15) & (slopes <= -0.85))}/{slopes.size}"
-
-
-def _gradient_table(ds: xr.Dataset) -> str:
+def _gradient_table(sh):
+    ds = sh.ds
     L_hi = upper_half_L(ds)
     no_fit, no_hi = slope_shortfall(ds), slope_shortfall(ds, L_min=L_hi)
-    fit = None if no_fit else gradient_slopes(ds)
-    fit_hi = None if no_hi else gradient_slopes(ds, L_min=L_hi)
-    gs = gradient_summary(ds)
-    lines = ["(b) gradient gap E||grad R_L - grad R_inf||^2 at fixed parameters (seed mean): slope in L over every L "
-             f"(the criterion) and, secondary, over L >= {L_hi} ('hi'); bound with the ASSUMED constant grad_c",
-             "    (loose = median bound/measured over seeds and L; bnd/g2 = bound(L_max) / ||grad R_inf||^2; both as "
-             "powers of ten; K: seed-mean of the item-mean exponential factors; max aGa: largest a' Gamma_w a)",
-             f"    {'d':>3} {'U_norm':>6} {'setting':>11} {'scale':>5} {'slope':>7} {'SE':>6} {'95% CI':>17} "
-             f"{'hi':>6} {'SE':>5} {'viol':>4} {'vac':>3} {'loose':>7} {'bnd/g2':>7} {'gap/g2':>8} "
-             f"{'K paper':>8} {'K sharp':>7} {'max aGa':>7}"]
-    for d in ds.d.values:
-        for u in ds.U_norm.values:
-            for s in ds.setting.values:
-                for c in ds.scale.values:
-                    at = dict(d=d, U_norm=u, setting=s, scale=c)
-                    g = gs.sel(**at)
-                    f = None if fit is None else fit.sel(**at)
-                    h = None if fit_hi is None else fit_hi.sel(**at)
-                    K = float(_log_mean(ds.grad_log_K.sel(**at), "seed")) / np.log(10)
-                    Ks = float(np.exp(_log_mean(ds.grad_log_K_sharp.sel(**at), "seed")))
-                    lines.append(
-                        f"    {d:>3} {u:>6.2f} {s:>11} {c:>5g} {_slope_cells(f, True)} {_slope_cells(h, False)} "
-                        f"{int(g.violated):>4} "
-                        f"{int(g.vacuous):>3} {'1e%.1f' % float(g.log10_looseness_median):>7} "
-                        f"{'1e%.1f' % float(g.log10_bound_over_grad_sq):>7} {float(g.gap_over_grad_sq):>8.2g} "
-                        f"{'1e%.1f' % K:>8} {Ks:>7.3g} {float(ds.grad_max_quad.sel(**at).max()):>7.2f}")
+    cols = {}
+    if no_fit is None:
+        fit = sh(gradient_slopes, None)
+        cols = {"slope": column(fit.slope, "slope", ".3f"), "slope_se": column(fit.slope_se, "SE", ".3f"),
+                "slope_ci_low": column(fit.slope_ci_low, "95% CI low", ".3f"),
+                "slope_ci_high": column(fit.slope_ci_high, "95% CI high", ".3f")}
+    if no_hi is None:
+        hi = sh(gradient_slopes, L_hi)
+        cols.update(slope_hi=column(hi.slope, "hi", ".3f"), slope_hi_se=column(hi.slope_se, "SE hi", ".3f"))
+    gs = sh(gradient_summary)
+    cols.update(
+        violated=column(gs.violated.astype(int), "viol", "d"), vacuous=column(gs.vacuous.astype(int), "vac", "d"),
+        log10_looseness=column(gs.log10_looseness_median, "loose", "1e{:.1f}"),
+        log10_bound_over_grad_sq=column(gs.log10_bound_over_grad_sq, "bnd/g2", "1e{:.1f}"),
+        gap_over_grad_sq=column(gs.gap_over_grad_sq, "gap/g2", ".2g"),
+        log10_K=column(_log_mean(ds.grad_log_K, "seed") / np.log(10), "K paper", "1e{:.1f}"),
+        K_sharp=column(np.exp(_log_mean(ds.grad_log_K_sharp, "seed")), "K sharp", ".3g"),
+        max_aGa=column(ds.grad_max_quad.max([d for d in ds.grad_max_quad.dims if d not in _CELL]), "max aGa", ".2f"))
+    not_done = [f"slopes {why}" for why in (no_fit and f"not fitted, {no_fit}",
+                                             no_hi and f"over L >= {L_hi} not fitted, {no_hi}") if why]
+    return make_table(
+        {k: v.transpose(*[d for d in _CELL if d in v.dims]) for k, v in cols.items()},
+        formats={"U_norm": ".2f", "scale": "g"},
+        title="(b) gradient gap E||grad R_L - grad R_inf||^2 at fixed parameters (seed mean): slope in L over every L "
+              f"(the criterion) and, secondary, over L >= {L_hi} ('hi'); bound with the ASSUMED constant grad_c"
+              + "".join(f"; {n}" for n in not_done),
+        notes="loose = median bound/measured over seeds and L; bnd/g2 = bound(L_max) / ||grad R_inf||^2; both as "
+              "powers of ten; K: seed-mean of the item-mean exponential factors; max aGa: largest a' Gamma_w a")
+
+
+def _in_band(slopes: np.ndarray) -> int:
+    return int(np.sum((slopes >= -1.15) & (slopes <= -0.85)))
+
+
+def _gradient_summary_table(sh):
+    ds = sh.ds
+    L_hi = upper_half_L(ds)
+    no_fit, no_hi = slope_shortfall(ds), slope_shortfall(ds, L_min=L_hi)
+    cols = {}
+    for key, why, lmin in (("slope", no_fit, None), ("hi", no_hi, L_hi)):
+        if why is None:
+            sl = sh(gradient_slopes, lmin).slope.values.ravel()
+            name = "slopes" if lmin is None else f"L >= {L_hi}:"
+            cols.update({f"{key}_min": column(sl.min(), f"{name} min", ".3f"),
+                         f"{key}_max": column(sl.max(), "max", ".3f"),
+                         f"{key}_in_band": column(_in_band(sl), "in band", "d")})
+    gs = sh(gradient_summary)
     loose10 = ((ds.grad_log_bound - np.log(ds.grad_gap_sq)) / np.log(10.0)).values.ravel()
     med = np.median(loose10)
-    main = f"not fitted, {no_fit}" if fit is None else f"{_in_band(fit.slope.values.ravel())} in [-1.15, -0.85]"
-    hi = f"not fitted, {no_hi}" if fit_hi is None else _in_band(fit_hi.slope.values.ravel())
-    lines += [f"    slopes {main} (secondary, L >= {L_hi}: {hi})",
-              f"    {int(gs.violated.sum())}/{gs.violated.size} cells violated, "
-              f"{int(gs.vacuous.sum())}/{gs.vacuous.size} vacuous; looseness (depends on grad_c) median 10^{med:.2f} = {10 ** med:.3g}x, "
-              f"range 10^{loose10.min():.2f} .. 10^{loose10.max():.2f}"]
-    return "\n".join(lines)
+    cols.update(cells=column(gs.violated.size, "cells", "d"), violated=column(int(gs.violated.sum()), "violated", "d"),
+                vacuous=column(int(gs.vacuous.sum()), "vacuous", "d"),
+                log10_looseness_median=column(med, "looseness median", "10^{:.2f}"),
+                looseness_median=column(10 ** med, "=", "{:.3g}x"),
+                log10_looseness_min=column(loose10.min(), "min", "10^{:.2f}"),
+                log10_looseness_max=column(loose10.max(), "max", "10^{:.2f}"))
+    main = f"slopes not fitted, {no_fit}" if no_fit else "slopes in L (band of the criterion [-1.15, -0.85])"
+    hi = f"secondary, L >= {L_hi}: not fitted, {no_hi}" if no_hi else f"secondary, L >= {L_hi}"
+    return make_table(cols, title=f"(b) over every gradient cell: {main} ({hi}); cells violated and vacuous; "
+                                  "looseness (depends on grad_c) over seeds, L and cells")
 
 
-def _trajectory_table(ds: xr.Dataset) -> str:
-    lines = ["(c) gradient gap g_L(t) along the infinite-prompt trajectory (seed-pooled), slopes in L"]
+def _trajectory_table(sh):
+    ds = sh.ds
+    title = "(c) gradient gap g_L(t) along the infinite-prompt trajectory (seed-pooled), slopes in L"
     no_slope = slope_shortfall(ds)
     if no_slope:
-        lines.append(f"    slopes not fitted, {no_slope}")
-    else:
-        tr = trajectory_exponents(ds)
-        lines.append(f"    {'setting':>11} {'tr(S^-2)':>8} {'fixed':>7} {'SE':>6} {'uniform':>8} {'SE':>6} "
-                     f"{'incr.':>5}  per seed (fixed / uniform)")
-        for s in tr.setting.values:
-            r = tr.sel(setting=s)
-            per = ", ".join(f"{float(a):.3f} / {float(b):.3f}" for a, b in zip(r.fixed_seed.values, r.uniform_seed.values))
-            lines.append(f"    {s:>11} {float(ds.traj_trace_inv_sq.sel(setting=s)):>8.3g} {float(r.fixed):>7.3f} "
-                         f"{float(r.fixed_se):>6.3f} {float(r.uniform):>8.3f} {float(r.uniform_se):>6.3f} "
-                         f"{int(r.uniform_increases):>5}  {per}")
-        lines.append("    risk-gradient gap g_risk (part (b)'s definition): " + "; ".join(
-            f"{s}: fixed {float(tr.fixed_risk.sel(setting=s)):.3f}, uniform {float(tr.uniform_risk.sel(setting=s)):.3f}"
-            for s in tr.setting.values))
-        lines.append("    argmax_t of g_L(t) by L: " + "; ".join(
-            f"{s}: " + " ".join(str(int(x)) for x in tr.argmax_t.sel(setting=s).values) for s in tr.setting.values))
-    jump = ds.traj_risk_inf.diff("t").max("t")
-    lines.append("    linear(inf) training: largest risk increase between checkpoints / final distance to theta*, "
-                 "per seed: " + "; ".join(
-                     f"{s}: " + ", ".join(f"{float(j):.2g} / {float(b):.2g}" for j, b in
-                                          zip(jump.sel(setting=s).values,
-                                              ds.traj_dist_bayes.sel(setting=s).isel(t=-1).values))
-                     for s in ds.setting.values))
-    return "\n".join(lines)
+        return make_table({}, title=f"{title}: not fitted, {no_slope}")
+    tr = sh(trajectory_exponents)
+    cols = {"trace_inv_sq": column(ds.traj_trace_inv_sq, "tr(S^-2)", ".3g"),
+            "fixed": column(tr.fixed, "fixed", ".3f"), "fixed_se": column(tr.fixed_se, "SE", ".3f"),
+            "uniform": column(tr.uniform, "uniform", ".3f"), "uniform_se": column(tr.uniform_se, "SE", ".3f"),
+            "uniform_increases": column(tr.uniform_increases, "incr.", "d"),
+            "fixed_risk": column(tr.fixed_risk, "g_risk fixed", ".3f"),
+            "uniform_risk": column(tr.uniform_risk, "g_risk uniform", ".3f")}
+    return make_table(cols, title=title, notes="fixed: slope of g_L(0); uniform: of sup_t g_L(t); incr.: increases of "
+                                               "the sup along L; g_risk: the risk-gradient gap (part (b)'s definition)")
+
+
+def _trajectory_seed_table(sh):
+    tr = sh(trajectory_exponents)
+    return make_table({"fixed": column(tr.fixed_seed, "fixed", ".3f"),
+                       "uniform": column(tr.uniform_seed, "uniform", ".3f")},
+                      title="(c) slopes in L per trajectory seed")
+
+
+def _argmax_table(sh):
+    return make_table({"argmax_t": column(sh(trajectory_exponents).argmax_t, "L", "d")}, column_dim="L",
+                      title="(c) argmax_t of g_L(t) (seed-pooled), by L")
+
+
+def _linear_inf_table(ds):
+    return make_table({"risk_increase": column(ds.traj_risk_inf.diff("t").max("t"), "largest risk increase", ".2g"),
+                       "dist_bayes": column(ds.traj_dist_bayes.isel(t=-1), "final distance to theta*", ".2g")},
+                      title="(c) linear(inf) training, per seed: largest risk increase between checkpoints, final "
+                            "distance to theta*")
 
 
 # --------------------------------------------------------------------------- figure
@@ -433,43 +444,68 @@ def figure(ds: xr.Dataset, path):
 
     fig, axes = plt.subplots(2, 3, figsize=(17, 9.5))
     tt = tail_tests(ds)
+    for ax, iL in ((axes[0, 0], 0), (axes[0, 1], -1)):
+        _tail_panel(ax, ds, tt, iL)
+    no_slope = slope_shortfall(ds)
+    _slope_panel(axes[0, 2], ds, no_slope)
+    _gap_panel(axes[1, 0], ds)
+    pooled = np.sqrt((ds.traj_g**2).mean("traj_seed"))
+    _trajectory_panel(axes[1, 1], ds, pooled)
+    _fixed_uniform_panel(axes[1, 2], ds, pooled, no_slope)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _tail_panel(ax, ds, tt, iL):
+    """Tails at the ``iL``-th prompt length, largest U_norm, per d: empirical (95% CP; no
+    exceedance: the CP upper end), the median bound and the CLT line, against the CLT tail."""
+    import matplotlib.pyplot as plt
+
     top = ds.U_norm.values[-1]
     colors = plt.cm.viridis(np.linspace(0, 0.85, ds.sizes["d"]))
-    for ax, iL in ((axes[0, 0], 0), (axes[0, 1], -1)):
-        sub = tt.isel(L=iL).sel(U_norm=top)
-        for k, d in enumerate(ds.d.values):
-            s = sub.sel(d=d)
-            cnt = s["count"].sum(("seed", "query"))
-            tot = s.n.sum(("seed", "query"))
-            clt = (s.n * s.clt).sum(("seed", "query")) / tot
-            lo, hi = proportion_confint(cnt.values, tot.values, alpha=ALPHA, method="beta")
-            p = (cnt / tot).values
-            seen = p > 0
-            ax.errorbar(clt.values[seen], p[seen], yerr=[(p - lo)[seen], (hi - p)[seen]], fmt="o", ms=4,
-                        color=colors[k], label=f"d={d}: empirical (95% CP)")
-            ax.plot(clt.values[~seen], hi[~seen], "v", ms=4, color=colors[k])  # no exceedance: CP upper end
-            ax.loglog(clt.values, s.bound.median(("seed", "query")).values, "--", color=colors[k],
-                      label=f"d={d}: bound (assumed c1, c2), median")
-        lim = [float(tt.clt.min()) * 0.5, 1.0]
-        ax.loglog(lim, lim, "k-", lw=0.8, label="CLT (sharp)")
-        ax.set(xlabel="CLT tail P(||N(0, C/L)|| > t)", ylabel="P(||f_L - f_inf|| > t)",
-               title=f"tails at L = {int(ds.L.values[iL])}, |U| = {top:g} (pooled seeds, queries)")
-        ax.legend(fontsize=6)
-    ax = axes[0, 2]
-    no_slope = slope_shortfall(ds)
+    sub = tt.isel(L=iL).sel(U_norm=top)
+    for k, d in enumerate(ds.d.values):
+        s = sub.sel(d=d)
+        cnt = s["count"].sum(("seed", "query"))
+        tot = s.n.sum(("seed", "query"))
+        clt = (s.n * s.clt).sum(("seed", "query")) / tot
+        lo, hi = proportion_confint(cnt.values, tot.values, alpha=ALPHA, method="beta")
+        p = (cnt / tot).values
+        seen = p > 0
+        ax.errorbar(clt.values[seen], p[seen], yerr=[(p - lo)[seen], (hi - p)[seen]], fmt="o", ms=4,
+                    color=colors[k], label=f"d={d}: empirical (95% CP)")
+        ax.plot(clt.values[~seen], hi[~seen], "v", ms=4, color=colors[k])  # no exceedance: CP upper end
+        ax.loglog(clt.values, s.bound.median(("seed", "query")).values, "--", color=colors[k],
+                  label=f"d={d}: bound (assumed c1, c2), median")
+    lim = [float(tt.clt.min()) * 0.5, 1.0]
+    ax.loglog(lim, lim, "k-", lw=0.8, label="CLT (sharp)")
+    ax.set(xlabel="CLT tail P(||N(0, C/L)|| > t)", ylabel="P(||f_L - f_inf|| > t)",
+           title=f"tails at L = {int(ds.L.values[iL])}, |U| = {top:g} (pooled seeds, queries)")
+    ax.legend(fontsize=6)
+
+
+def _slope_panel(ax, ds, no_slope):
+    """Gradient slopes with 95% CI per cell, the criterion's band (or why they are not fitted)."""
     if no_slope:
         not_fitted(ax, no_slope)
     else:
         fit = gradient_slopes(ds)
-        slopes = fit.slope.stack(cell=("d", "U_norm", "setting", "scale"))
-        se = fit.slope_se.stack(cell=("d", "U_norm", "setting", "scale"))
+        slopes = fit.slope.stack(cell=_CELL)
+        se = fit.slope_se.stack(cell=_CELL)
         ax.errorbar(np.arange(slopes.size), slopes.values, yerr=1.96 * se.values, fmt="o", ms=3)
         ax.axhspan(-1.15, -0.85, color="g", alpha=0.1, label="criterion [-1.15, -0.85]")
         ax.axhline(-1, color="k", lw=0.8)
         ax.legend(fontsize=7)
     ax.set(xlabel="cell (d, U_norm, setting, scale), row-major", ylabel="slope of E||grad gap||^2 in L",
            title="gradient slopes (95% CI)")
-    ax = axes[1, 0]
+
+
+def _gap_panel(ax, ds):
+    """Seed-mean gradient gap vs L per cell (solid) with its bound (dotted)."""
+    import matplotlib.pyplot as plt
+
     gap = ds.grad_gap_sq.mean("seed")
     bnd = np.exp(_log_mean(ds.grad_log_bound, "seed").clip(max=700.0))
     L = ds.L.values
@@ -487,8 +523,12 @@ def figure(ds: xr.Dataset, path):
     ax.set(xlabel="prompt length L", ylabel="E||grad R_L - grad R_inf||^2",
            title="gradient gap (solid), bound (dotted, assumed grad_c)")
     ax.legend(fontsize=6, ncol=2)
-    pooled = np.sqrt((ds.traj_g**2).mean("traj_seed"))
-    ax = axes[1, 1]
+
+
+def _trajectory_panel(ax, ds, pooled):
+    """The seed-pooled gap g_L(t) along the trajectory, one curve per (setting, L)."""
+    import matplotlib.pyplot as plt
+
     Lc = plt.cm.coolwarm(np.linspace(0, 1, ds.sizes["L"]))
     styles = {s: ls for s, ls in zip(ds.setting.values, ["-", "--"])}
     for s in ds.setting.values:
@@ -497,7 +537,11 @@ def figure(ds: xr.Dataset, path):
                         label=f"L={int(Lv)}" if s == ds.setting.values[0] else None)
     ax.set(xlabel="training step t", ylabel="g_L(t)", title="g_L(t) along theta_inf(t): iso (solid), aniso (dashed)")
     ax.legend(fontsize=6, ncol=2)
-    ax = axes[1, 2]
+
+
+def _fixed_uniform_panel(ax, ds, pooled, no_slope):
+    """g_L(0) and sup_t g_L(t) vs L per setting, with their slopes (when fitted) and an L^-1/2 guide."""
+    L = ds.L.values
     tr = None if no_slope else trajectory_exponents(ds)
 
     def slope(name, s):
@@ -511,7 +555,3 @@ def figure(ds: xr.Dataset, path):
     ax.loglog(L, float(pooled.isel(t=0).max()) * (L / L[0]) ** -0.5, "k:", lw=0.8, label="L^-1/2")
     ax.set(xlabel="prompt length L", ylabel="gradient gap", title="fixed-parameter vs uniform-in-time gap")
     ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path

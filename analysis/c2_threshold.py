@@ -47,17 +47,19 @@ L = 8..4096 and a finite number of queries make the measured exponents shallower
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 import xarray as xr
 
 from .fits import MIN_LINE_POINTS, loglog_slope, not_fitted, too_few
+from .tables import column, make_table, to_text
 from .threshold import MIN_HINGE_POINTS, threshold_regression
-from .verdicts import Criteria, criteria_from_attrs, measure_unless
+from .verdicts import Criteria, Shared, measure_unless
 
 __all__ = ["CRITERIA", "BREAK_CRITERIA", "exponents", "threshold", "shortfalls", "measures", "verdicts", "inconclusive",
-           "fit_table", "figure", "heuristic_exponent", "spearman", "X_CHOICES", "family_exponents", "constant_ratio",
-           "growth_slopes", "family_table"]
+           "fit_tables", "figure", "heuristic_exponent", "spearman", "X_CHOICES", "family_exponents", "constant_ratio",
+           "growth_slopes", "family_tables", "family_table"]
 
 X_CHOICES = ("tau", "log_tau")
 TAU_STAR = 4.0
@@ -232,12 +234,18 @@ def _worst(ratios) -> float:
     return float(r[np.argmax(np.abs(np.log(r)))])
 
 
-def _fits(ds: xr.Dataset):
+class _Fits(NamedTuple):
+    why: dict                   # shortfalls(ds)
+    ex: xr.Dataset | None       # exponents(ds), when they can be fitted
+    th: dict | None             # threshold(ds), when it can be done
+
+
+def _fits(ds: xr.Dataset) -> _Fits:
     """``(shortfalls, exponents or None, threshold or None)``: each fit done once, when it can be."""
     why = shortfalls(ds)
     ex = None if why["exponents"] else exponents(ds)
     th = None if why["threshold"] else threshold(ds, ex=ex)
-    return why, ex, th
+    return _Fits(why, ex, th)
 
 
 # --------------------------------------------------------------------------- criteria
@@ -246,23 +254,13 @@ def _fits(ds: xr.Dataset):
 # exponent on tau (or log tau), weighted by 1/SE^2.
 
 
-class _Shared:
-    """What the C2 threshold measures (and the break flags of :func:`verdicts`) read, computed once:
-    the shortfalls, the exponents and the threshold regression (:func:`_fits`). ``attrs`` are the
-    file's (its stored criteria)."""
-
-    def __init__(self, ds: xr.Dataset):
-        self.ds = ds
-        self.attrs = ds.attrs
-        self.why, self.ex, self.th = _fits(ds)
+def _break_flags(sh: Shared) -> dict:
+    """The break criteria flagged by :func:`inconclusive` (none without a threshold regression)."""
+    th = sh(_fits).th
+    return {} if th is None else inconclusive(sh.ds, th)
 
 
-def _shared(ds) -> _Shared:
-    """The shared computations of ``ds`` (``ds`` itself when they are already made)."""
-    return ds if isinstance(ds, _Shared) else _Shared(ds)
-
-
-CRITERIA = Criteria("C2", prepare=_shared)
+CRITERIA = Criteria("C2", prepare=Shared, inconclusive=_break_flags)
 
 
 @CRITERIA("C2T-fixed-exponent", "fixed-parameter exponent (slope in L of the seed-mean gap at t = 0), every tau",
@@ -270,14 +268,16 @@ CRITERIA = Criteria("C2", prepare=_shared)
           reason="the fixed-parameter rate is -1/2; +-0.15 because each tau is fitted alone, s = 2 included "
                  "(large logits, pre-asymptotic)")
 def _fixed_exponent(sh):
-    return measure_unless(sh.why["exponents"], lambda: sh.ex.fixed.values)
+    why, ex, _ = sh(_fits)
+    return measure_unless(why["exponents"], lambda: ex.fixed.values)
 
 
 @CRITERIA("C2T-uniform-low-tau", "uniform exponent (slope in L of the seed-mean sup_t gap) at the smallest tau: "
           "no convergence", ">", -0.1, reference="+0.000 +- 0.029 (tau = 0.75)",
           reason="no convergence means an exponent ~0; -0.1 is ~3.5 reference SEs below 0")
 def _uniform_low_tau(sh):
-    return measure_unless(sh.why["exponents"], lambda: float(sh.ex.uniform.values[0]))
+    why, ex, _ = sh(_fits)
+    return measure_unless(why["exponents"], lambda: float(ex.uniform.values[0]))
 
 
 @CRITERIA("C2T-uniform-high-tau", "uniform exponent at the largest tau: uniform convergence", "<", -0.25,
@@ -285,7 +285,8 @@ def _uniform_low_tau(sh):
           reason="the constant is finite (3.0), so the gap converges uniformly; -0.25 is halfway between none (0) "
                  "and the fixed rate (-1/2)")
 def _uniform_high_tau(sh):
-    return measure_unless(sh.why["exponents"], lambda: float(sh.ex.uniform.values[-1]))
+    why, ex, _ = sh(_fits)
+    return measure_unless(why["exponents"], lambda: float(ex.uniform.values[-1]))
 
 
 @CRITERIA("C2T-uniform-trend", "Spearman rank correlation of the uniform exponent with tau (monotone decrease)",
@@ -293,14 +294,16 @@ def _uniform_high_tau(sh):
           reason="a monotone decrease gives -1; -0.8 tolerates a few neighbour swaps among 14 noisy exponents "
                  "(one-sided p < 1e-3 under no trend)")
 def _uniform_trend(sh):
-    return measure_unless(sh.why["trend"], lambda: spearman(sh.ex.tau.values, sh.ex.uniform.values))
+    why, ex, _ = sh(_fits)
+    return measure_unless(why["trend"], lambda: spearman(ex.tau.values, ex.uniform.values))
 
 
 @CRITERIA("C2T-separation-low-tau", "uniform minus fixed-parameter exponent at the smallest tau", ">", 0.2,
           reference="about +0.5 (0.000 vs about -1/2)",
           reason="40% of the reference's separation, several SEs (0.01-0.03) of either exponent")
 def _separation_low_tau(sh):
-    return measure_unless(sh.why["exponents"], lambda: float(sh.ex.uniform.values[0] - sh.ex.fixed.values[0]))
+    why, ex, _ = sh(_fits)
+    return measure_unless(why["exponents"], lambda: float(ex.uniform.values[0] - ex.fixed.values[0]))
 
 
 @CRITERIA("C2T-break-location", "break (tau units) of the threshold regression of the uniform exponent", "in",
@@ -308,13 +311,15 @@ def _separation_low_tau(sh):
           reason="theory puts the kink at tau = 4; a factor 2 either side allows for the smooth finite-L transition "
                  "on a log-spaced grid")
 def _break_location(sh):
-    return measure_unless(sh.why["threshold"], lambda: sh.th["break_tau"])
+    why, _, th = sh(_fits)
+    return measure_unless(why["threshold"], lambda: th["break_tau"])
 
 
 @CRITERIA("C2T-break-covers-4", "1 if the 95% LR confidence set of the break contains tau = 4, else 0", ">=", 1.0,
           reference="(expected: tau = 4)", reason="the direct test of the predicted location")
 def _break_covers_4(sh):
-    return measure_unless(sh.why["threshold"], lambda: 1.0 if sh.th["covers_4"] else 0.0)
+    why, _, th = sh(_fits)
+    return measure_unless(why["threshold"], lambda: 1.0 if th["covers_4"] else 0.0)
 
 
 @CRITERIA("C2T-families-agree", "largest |mean over tau of (family - isotropic) uniform exponent| over the "
@@ -324,7 +329,8 @@ def _break_covers_4(sh):
                  "run), so a mean over 14 tau of family-minus-isotropic differences has a null SD of about 0.025: "
                  "0.1 is 4 of those, a fifth of the way from no convergence (0) to the fixed rate (-1/2)")
 def _families_agree(sh):
-    return measure_unless(sh.why["families"],
+    why = sh(_fits).why
+    return measure_unless(why["families"],
                           lambda: float(np.abs(family_exponents(sh.ds).difference.mean("tau")).max()))
 
 
@@ -334,7 +340,8 @@ def _families_agree(sh):
           reason="K is an L -> infinity limit whose per-query terms have infinite variance for tau < 16, so at "
                  "finite L and 1920 queries the pooled mean sits below it: a factor 2 either side")
 def _constant_ratio(sh):
-    return measure_unless(sh.why["constant"],
+    why = sh(_fits).why
+    return measure_unless(why["constant"],
                           lambda: float(constant_ratio(sh.ds).iso.isel(tau=-1, L=-1)))
 
 
@@ -342,7 +349,8 @@ def _constant_ratio(sh):
           "farthest from 1 (log scale)", "in", (0.5, 2.0), reference="1 as L -> infinity",
           reason="as C2T-constant-ratio, for each covariance family with its own K")
 def _constant_ratio_families(sh):
-    return measure_unless(sh.why["constant_families"],
+    why = sh(_fits).why
+    return measure_unless(why["constant_families"],
                           lambda: _worst(constant_ratio(sh.ds).families.isel(tau=-1, L=-1).values))
 
 
@@ -350,17 +358,15 @@ def _constant_ratio_families(sh):
           ">", 0.0, reference="1 - sqrt(tau)/2 > 0 (heavy-tail argument; infinite constant)",
           reason="below 4 the constant is infinite, so L g^2 must grow with L at every such tau")
 def _growth_below_4(sh):
-    return measure_unless(sh.why["growth"], lambda: float(
+    why = sh(_fits).why
+    return measure_unless(why["growth"], lambda: float(
         growth_slopes(sh.ds).isel(tau=sh.ds.tau.values < TAU_STAR).min()))
 
 
 BREAK_CRITERIA = ("C2T-break-location", "C2T-break-covers-4")
 
 
-def measures(ds: xr.Dataset) -> dict:
-    """Measured figure of every C2 threshold criterion (:class:`~.verdicts.Inconclusive` with the
-    reason where its fit cannot be done)."""
-    return CRITERIA.measures(ds)
+measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
 
 
 def inconclusive(ds: xr.Dataset, th: dict | None = None) -> dict:
@@ -380,123 +386,154 @@ def inconclusive(ds: xr.Dataset, th: dict | None = None) -> dict:
     return {cid: reason for cid in BREAK_CRITERIA}
 
 
-def verdicts(ds: xr.Dataset):
-    """PASS / FAIL / INCONCLUSIVE rows of the predeclared criteria stored in the file (break
-    criteria flagged by :func:`inconclusive`). The fits are done once, for the measures and the flags."""
-    shared = _shared(ds)
-    ids = {c.id for c in criteria_from_attrs(ds)}
-    flags = {} if shared.th is None else {k: v for k, v in inconclusive(ds, shared.th).items() if k in ids}
-    return CRITERIA.verdicts(shared, inconclusive=flags)
+def fit_tables(ds: xr.Dataset) -> dict:
+    """``exponents``: per tau the exponents with SE, their seed spread, the heuristic, the risk
+    gap's uniform exponent and the checkpoint of the sup; ``threshold``: the threshold regression
+    (chosen coordinate, the other one, and with the between-seed SE); ``trend``: the rank
+    correlation; then :func:`family_tables`. A fit that cannot be done is left out, its title
+    says why."""
+    fits = _fits(ds)
+    return {"exponents": _exponent_table(ds, fits), "threshold": _threshold_table(ds, fits),
+            "trend": _trend_table(fits), **family_tables(ds)}
 
 
-def _threshold_line(th, primary, what=""):
-    f = th["fit"]
-    lo, hi = th["ci_tau"]
-    name = "tau" if th["x"] == "tau" else "log tau"
-    trunc = ", CI reaches the trimmed grid's end" if th["ci_truncated"] else ""
-    head = "threshold regression" if primary else "sensitivity"
-    covers = "yes" if th["covers_4"] else "no"
-    return (f"{head} (x = {name}{what}): "
-            f"break tau = {th['break_tau']:.3g}, 95% CI [{lo:.3g}, {hi:.3g}]{trunc}, covers 4: {covers}; "
-            f"slope left {f.slope_left:+.4f} +- {f.slope_left_se:.4f}, "
-            f"right {f.slope_right:+.4f} +- {f.slope_right_se:.4f} "
-            f"per unit {name}; weighted SSR {f.ssr:.4g}, R2 {f.r2:.3f}, n = {f.n}")
-
-
-def fit_table(ds: xr.Dataset) -> str:
-    """Plain-text table: per tau the exponents with SE, their seed spread, the heuristic, and the
-    threshold regression (chosen coordinate and the other one); a fit that cannot be done is
-    named with the reason."""
-    why, ex, th = _fits(ds)
-    cc = ds.concentration_constant.isel(seed=0).values
-    s = ds.s.isel(seed=0).values
-    heur = heuristic_exponent(ds.tau.values)
-    if ex is None:
-        lines = [f"exponents in L: not fitted, {why['exponents']}", f"{'tau':>7} {'s':>6} {'C(tau)':>8} {'heur.':>7}"]
-    else:
-        lines = [f"{'tau':>7} {'s':>6} {'C(tau)':>8} {'fixed':>8} {'SE':>6} {'sd_seed':>7} {'uniform':>8} {'SE':>6} "
-                 f"{'sd_seed':>7} {'heur.':>7} {'unif(R)':>8} {'argmax t':>8}"]
-    for i, tau in enumerate(ds.tau.values):
-        c = "inf" if not np.isfinite(cc[i]) else f"{cc[i]:.3g}"
-        if ex is None:
-            lines.append(f"{tau:>7.3f} {s[i]:>6.3f} {c:>8} {heur[i]:+7.3f}")
-            continue
-        e = ex.isel(tau=i)
-        ur = f"{float(e.uniform_risk):+8.3f}" if "uniform_risk" in ex else f"{'':>8}"
-        lines.append(f"{tau:>7.3f} {s[i]:>6.3f} {c:>8} {float(e.fixed):+8.3f} {float(e.fixed_se):>6.3f} "
-                     f"{float(e.fixed_seed_sd):>7.3f} {float(e.uniform):+8.3f} {float(e.uniform_se):>6.3f} "
-                     f"{float(e.uniform_seed_sd):>7.3f} {float(e.heuristic):+7.3f} {ur} {int(e.argmax_t):>8d}")
+def _exponent_table(ds, fits):
+    why, ex, _ = fits
+    cols = {"s": column(ds.s.isel(seed=0), "s", ".3f"),
+            "concentration_constant": column(ds.concentration_constant.isel(seed=0), "C(tau)", ".3g")}
     if ex is not None:
-        lines.append("fixed: slope in L of the seed-mean gap at t = 0; uniform: of the seed-mean sup_t gap; SE: OLS; "
-                     "sd_seed: SD over seeds of per-seed slopes; heur.: -min(sqrt(tau)/4, 1/2); unif(R): uniform "
-                     "exponent of the training-risk gap g_risk; argmax t: checkpoint of the sup at the largest L")
+        for key, head, fmt in (("fixed", "fixed", "+.3f"), ("fixed_se", "SE", ".3f"),
+                               ("fixed_seed_sd", "sd_seed", ".3f"), ("uniform", "uniform", "+.3f"),
+                               ("uniform_se", "SE", ".3f"), ("uniform_seed_sd", "sd_seed", ".3f")):
+            cols[key] = column(ex[key], head, fmt)
+    cols["heuristic"] = column(xr.DataArray(heuristic_exponent(ds.tau.values), dims="tau", coords={"tau": ds.tau}),
+                               "heur.", "+.3f")
+    if ex is not None and "uniform_risk" in ex:
+        cols["uniform_risk"] = column(ex.uniform_risk, "unif(R)", "+.3f")
+    if ex is not None:
+        cols["argmax_t"] = column(ex.argmax_t, "argmax t", "d")
+    notes = "" if ex is None else (
+        "fixed: slope in L of the seed-mean gap at t = 0; uniform: of the seed-mean sup_t gap; SE: OLS; sd_seed: SD "
+        "over seeds of per-seed slopes; heur.: -min(sqrt(tau)/4, 1/2); unif(R): uniform exponent of the training-risk "
+        "gap g_risk; argmax t: checkpoint of the sup at the largest L")
+    return make_table(cols, formats={"tau": ".3f"}, notes=notes,
+                      title="per tau: exponents in L of the gradient gap"
+                            + (f": not fitted, {why['exponents']}" if ex is None else ""))
+
+
+_THRESHOLD_COLUMNS = (("x", "x", ""), ("y", "y", ""), ("weights", "weights", ""), ("chosen", "chosen", ""),
+                      ("break_tau", "break tau", ".3g"), ("ci_low", "95% CI low", ".3g"),
+                      ("ci_high", "95% CI high", ".3g"), ("ci_truncated", "CI at grid end", ""),
+                      ("covers_4", "covers 4", ""), ("slope_left", "slope left", "+.4f"),
+                      ("slope_left_se", "SE", ".4f"), ("slope_right", "slope right", "+.4f"),
+                      ("slope_right_se", "SE", ".4f"), ("ssr", "weighted SSR", ".4g"), ("r2", "R2", ".3f"),
+                      ("n", "n", "d"))
+
+
+def _threshold_row(th, y, weights, chosen) -> dict:
+    """The figures of one threshold regression (a :func:`threshold` summary) as a table row."""
+    f = th["fit"]
+    return {"x": "tau" if th["x"] == "tau" else "log tau", "y": y, "weights": weights, "chosen": chosen,
+            "break_tau": th["break_tau"], "ci_low": th["ci_tau"][0], "ci_high": th["ci_tau"][1],
+            "ci_truncated": bool(th["ci_truncated"]), "covers_4": bool(th["covers_4"]),
+            "slope_left": f.slope_left, "slope_left_se": f.slope_left_se, "slope_right": f.slope_right,
+            "slope_right_se": f.slope_right_se, "ssr": f.ssr, "r2": f.r2, "n": int(f.n)}
+
+
+def _threshold_table(ds, fits):
+    why, ex, th = fits
     if th is None:
-        lines.append(f"threshold regression: not fitted, {why['threshold']}")
-    else:
-        lines.append(_threshold_line(th, True, ", chosen: smaller weighted SSR; weights 1/SE_OLS^2"))
-        if th["alternative"] is not None:
-            lines.append(_threshold_line(th["alternative"], False, ", weights 1/SE_OLS^2"))
-        if ds.sizes["seed"] > 1:
-            ths = threshold(ds, ex=ex, se="seed")
-            lines.append(_threshold_line(ths, False, ", smaller weighted SSR; y = mean per-seed slope, "
-                                                     "weights 1/SE_seed^2"))
-            if ths["alternative"] is not None:
-                lines.append(_threshold_line(ths["alternative"], False, ", y = mean per-seed slope, weights 1/SE_seed^2"))
+        return make_table({}, title=f"threshold regression: not fitted, {why['threshold']}")
+    rows = {"threshold regression": _threshold_row(th, "uniform", "1/SE_OLS^2", True)}
+    if th["alternative"] is not None:
+        rows["sensitivity: other x"] = _threshold_row(th["alternative"], "uniform", "1/SE_OLS^2", False)
+    if ds.sizes["seed"] > 1:
+        ths = threshold(ds, ex=ex, se="seed")
+        rows["sensitivity: seed SE"] = _threshold_row(ths, "mean per-seed slope", "1/SE_seed^2", True)
+        if ths["alternative"] is not None:
+            rows["sensitivity: seed SE, other x"] = _threshold_row(ths["alternative"], "mean per-seed slope",
+                                                                   "1/SE_seed^2", False)
+    fit = {"fit": list(rows)}
+    cols = {key: column(xr.DataArray([r[key] for r in rows.values()], dims="fit", coords=fit), head, fmt)
+            for key, head, fmt in _THRESHOLD_COLUMNS}
+    return make_table(cols, title="threshold regression of the uniform exponent y on x (hinge, weights 1/SE^2): "
+                                  "break in tau units with its 95% LR confidence set, slopes per unit of x",
+                      notes="chosen: the coordinate with the smaller weighted SSR; CI at grid end: the confidence "
+                            "set reaches the trimmed grid's end (the data do not locate a break)")
+
+
+def _trend_table(fits):
+    why, ex, _ = fits
     if why["trend"]:
-        lines.append(f"Spearman(tau, uniform): not computed, {why['trend']}")
-    else:
-        lines.append(f"Spearman(tau, uniform) = {spearman(ex.tau.values, ex.uniform.values):+.3f}")
-    lines.append(family_table(ds))
-    return "\n".join(lines)
+        return make_table({}, title=f"Spearman(tau, uniform): not computed, {why['trend']}")
+    rho = spearman(ex.tau.values, ex.uniform.values)
+    return make_table({"spearman": column(rho, "Spearman(tau, uniform)", "+.3f")},
+                      title="rank correlation of the uniform exponent with tau")
+
+
+def family_tables(ds: xr.Dataset) -> dict:
+    """``constant``: the gradient-gap constant and ``L g_L(T)^2 / K`` at the smallest and largest L
+    per tau > 4; ``growth``: the growth slope of ``L g_L(T)^2`` per tau (isotropic); per covariance
+    family ``family <name>`` (its summary figures) and ``family <name> by tau`` (uniform exponents
+    beside the isotropic ones, its constant ratios). A part the file lacks is named with the reason."""
+    why = shortfalls(ds)
+    tables = {"constant": _constant_table(ds, why["constant"])}
+    if not why["growth"]:
+        tables["growth"] = make_table({"growth": column(growth_slopes(ds), "tau", "+.3f")}, column_dim="tau",
+                                      formats={"tau": ".3g"}, title="growth slope of L g_L(T)^2 in L (isotropic)")
+    if why["families"]:
+        return {**tables, "families": make_table({}, title=f"covariance families: not compared, {why['families']}")}
+    fe = family_exponents(ds)
+    for fam in ds.family.values:
+        tables[f"family {fam}"] = _family_summary(ds, fam, fe.sel(family=fam))
+        tables[f"family {fam} by tau"] = _family_by_tau(ds, fam, fe.sel(family=fam))
+    return tables
 
 
 def family_table(ds: xr.Dataset) -> str:
-    """Plain-text tables: the gradient-gap constant and ``L g_L(T)^2 / K`` at the smallest and
-    largest L per tau > 4, the growth slope of ``L g_L(T)^2`` per tau (isotropic); per family its
-    summary figures, uniform exponents beside the isotropic ones and its constant ratios. A part
-    the file lacks is named with the reason."""
-    why = shortfalls(ds)
-    lines = []
-    if why["constant"]:
-        lines.append(f"gradient-gap constant: not compared, {why['constant']}")
-    else:
-        r = constant_ratio(ds).iso
-        lines.append(f"{'tau':>7} {'K':>10} {'K_se':>8} {'Lg2/K L=' + str(int(ds.L[0])):>12} "
-                     f"{'Lg2/K L=' + str(int(ds.L[-1])):>13}")
-        for tv in r.tau.values:
-            K, se = float(ds.gap_constant.sel(tau=tv)), float(ds.gap_constant_se.sel(tau=tv))
-            lines.append(f"{tv:>7.3f} {K:>10.4g} {se:>8.2g} {float(r.sel(tau=tv).isel(L=0)):>12.3g} "
-                         f"{float(r.sel(tau=tv).isel(L=-1)):>13.3g}")
-        lines.append("K = lim L E g_L^2 at the Bayes optimum (stability.gap_constant); Lg2: seed-pooled L g_L(T)^2 "
-                     "at the end of training")
-    if not why["growth"]:
-        gs = growth_slopes(ds)
-        lines.append("growth slope of L g_L(T)^2 in L (isotropic): " + ", ".join(
-            f"{tv:.3g}: {float(v):+.3f}" for tv, v in zip(gs.tau.values, gs.values)))
-    if why["families"]:
-        lines.append(f"covariance families: not compared, {why['families']}")
-        return "\n".join(lines)
-    fe = family_exponents(ds)
-    for fam in ds.family.values:
-        f = fe.sel(family=fam)
-        cond = float(ds.family_condition.sel(family=fam).isel(tau=0))
-        opn = ds.family_op_norm.sel(family=fam).values
-        lines.append(f"family {fam}: condition {cond:.4g}, op_norm {opn[0]:.4g} (tau = {float(ds.tau[0]):.3g}) .. "
-                     f"{opn[-1]:.4g} (tau = {float(ds.tau[-1]):.3g}), tr(Sigma^-2) = tau to "
-                     f"{float(np.max(np.abs(ds.family_tr_inv2.sel(family=fam) / ds.tau - 1))):.1e}; "
-                     f"mean uniform - isotropic: {float(f.difference.mean()):+.3f}")
-        lines.append(f"{'tau':>9} {'uniform':>8} {'SE_seed':>8} {'isotropic':>9} {'diff':>7} {'K':>10} {'Lg2/K':>7} "
-                     f"{'dist_T':>8}")
-        ratio = (_end_Lg2(ds.g_family, "t_family", "family_seed") / ds.gap_constant_family).sel(family=fam)
-        dist = ds.dist_bayes_family.sel(family=fam).isel(t_family=-1).max("family_seed")
-        for i, tv in enumerate(ds.tau.values):
-            K = float(ds.gap_constant_family.sel(family=fam, tau=tv))
-            lines.append(f"{tv:>9.3f} {float(f.uniform[i]):+8.3f} {float(f.uniform_seed_se[i]):>8.3f} "
-                         f"{float(f.uniform[i] - f.difference[i]):+9.3f} {float(f.difference[i]):+7.3f} {K:>10.4g} "
-                         f"{float(ratio.isel(tau=i, L=-1)):>7.3g} {float(dist[i]):>8.2g}")
-    lines.append("uniform: slope in L of the seed-mean sup_t g_family; diff: minus the isotropic uniform exponent; "
-                 "Lg2/K at the largest L; dist_T: largest distance to the Bayes optimum at the end of training")
-    return "\n".join(lines)
+    """:func:`family_tables` as terminal text."""
+    return to_text(family_tables(ds))
+
+
+def _constant_table(ds, why):
+    if why:
+        return make_table({}, title=f"gradient-gap constant: not compared, {why}")
+    r = constant_ratio(ds).iso
+    K, K_se = (ds[k].sel(tau=r.tau) for k in ("gap_constant", "gap_constant_se"))
+    return make_table({"K": column(K, "K", ".4g"), "K_se": column(K_se, "K_se", ".2g"),
+                       "ratio_first": column(r.isel(L=0), f"Lg2/K L={int(ds.L[0])}", ".3g"),
+                       "ratio_last": column(r.isel(L=-1), f"Lg2/K L={int(ds.L[-1])}", ".3g")},
+                      formats={"tau": ".3f"}, title="per tau > 4: the gradient-gap constant and L g_L(T)^2 / K",
+                      notes="K = lim L E g_L^2 at the Bayes optimum (stability.gap_constant); Lg2: seed-pooled "
+                            "L g_L(T)^2 at the end of training")
+
+
+def _family_summary(ds, fam, f):
+    opn = ds.family_op_norm.sel(family=fam)
+    return make_table(
+        {"condition": column(ds.family_condition.sel(family=fam).isel(tau=0), "condition", ".4g"),
+         "op_norm_first": column(opn.isel(tau=0), f"op_norm (tau = {float(ds.tau[0]):.3g})", ".4g"),
+         "op_norm_last": column(opn.isel(tau=-1), f"op_norm (tau = {float(ds.tau[-1]):.3g})", ".4g"),
+         "tau_error": column(np.max(np.abs(ds.family_tr_inv2.sel(family=fam) / ds.tau - 1)),
+                             "max |tr(Sigma^-2) / tau - 1|", ".1e"),
+         "mean_difference": column(f.difference.mean(), "mean uniform - isotropic", "+.3f")},
+        title=f"family {fam}")
+
+
+def _family_by_tau(ds, fam, f):
+    ratio = (_end_Lg2(ds.g_family, "t_family", "family_seed") / ds.gap_constant_family).sel(family=fam)
+    return make_table(
+        {"uniform": column(f.uniform, "uniform", "+.3f"),
+         "uniform_seed_se": column(f.uniform_seed_se, "SE_seed", ".3f"),
+         "isotropic": column(f.uniform - f.difference, "isotropic", "+.3f"),
+         "difference": column(f.difference, "diff", "+.3f"),
+         "K": column(ds.gap_constant_family.sel(family=fam), "K", ".4g"),
+         "ratio": column(ratio.isel(L=-1), "Lg2/K", ".3g"),
+         "dist_T": column(ds.dist_bayes_family.sel(family=fam).isel(t_family=-1).max("family_seed"), "dist_T",
+                          ".2g")},
+        formats={"tau": ".3f"}, title=f"family {fam} by tau",
+        notes="uniform: slope in L of the seed-mean sup_t g_family; diff: minus the isotropic uniform exponent; "
+              "Lg2/K at the largest L; dist_T: largest distance to the Bayes optimum at the end of training")
 
 
 def figure(ds: xr.Dataset, path):

@@ -34,10 +34,11 @@ import numpy as np
 import xarray as xr
 
 from .fits import MIN_LINE_POINTS, loglog_slope, too_few
-from .verdicts import Criteria, measure_unless
+from .tables import column, make_table
+from .verdicts import Criteria, Shared, measure_unless
 
-__all__ = ["CRITERIA", "CONTROL", "gaussian_settings", "summaries", "slopes", "slope_shortfall", "increases",
-           "measures", "verdicts", "fit_table", "figure", "perturbation_growth"]
+__all__ = ["CRITERIA", "CONTROL", "gaussian_settings", "summaries", "seed_summaries", "slopes", "slope_shortfall",
+           "increases", "measures", "verdicts", "fit_tables", "figure", "perturbation_growth", "off_block_stability"]
 
 CONTROL = "rademacher"
 
@@ -144,89 +145,100 @@ def _first(*reasons):
 # value must satisfy the comparison. D(L) = max_t ||theta_L^softmax(t) - theta_inf(t)||_F.
 
 
-class _Shared:
-    """What several C3 measures read, computed once: the seed-mean summaries, the settings present,
-    the final held-out risks and ``||theta_inf(T)||``, and why a figure cannot be taken from this
-    file (``None`` when it can). ``attrs`` are the file's (its stored criteria)."""
-
-    def __init__(self, ds: xr.Dataset):
-        self.ds = ds
-        self.attrs = ds.attrs
-        self.gs = gaussian_settings(ds)
-        self.s = _seed_mean(summaries(ds))
-        L = ds.L.values
-        self.L = L
-        self.no_gauss = None if self.gs else "no Gaussian setting in this file"
-        self.no_control = None if CONTROL in ds.setting.values else f"no {CONTROL} control in this file"
-        self.no_count = too_few(L.size, 3, "prompt lengths", "a count of increases along L")
-        self.no_ratio = too_few(L.size, 2, "prompt lengths", "a ratio of L_max to L_min")
-        self.no_big = None if (L >= 1024).any() else f"no prompt length >= 1024 in this file (largest {int(L.max())})"
-        self.norm_T = _seed_mean(_protocol(ds, ds.norm_inf.isel(t=-1)))
-        self.h = _seed_mean(_protocol(ds, ds.risk_heldout.sel(model="softmax")))
-
-    def per_setting(self, reason, compute):
-        """``compute()`` at every Gaussian setting, unless ``reason`` (or no Gaussian setting) stops it."""
-        return measure_unless(_first(self.no_gauss, reason), lambda: _values(compute(), self.gs))
-
-    def control(self, reason, compute):
-        """``compute(D(L))`` of the control, unless ``reason`` (or no control) stops it."""
-        return measure_unless(_first(self.no_control, reason),
-                              lambda: float(compute(self.s.D_inf.sel(setting=CONTROL))))
+def seed_summaries(ds: xr.Dataset) -> xr.Dataset:
+    """Seed means of :func:`summaries` (dims ``setting, L``), skipping the cells outside the protocol."""
+    return _seed_mean(summaries(ds))
 
 
-def _shared(ds) -> _Shared:
-    """The shared computations of ``ds`` (``ds`` itself when they are already made)."""
-    return ds if isinstance(ds, _Shared) else _Shared(ds)
+def _norm_T(ds):
+    """Seed-mean ``||theta_inf(T)||`` per setting."""
+    return _seed_mean(_protocol(ds, ds.norm_inf.isel(t=-1)))
 
 
-CRITERIA = Criteria("C3", prepare=_shared)
+def _heldout(ds):
+    """Seed-mean held-out risk of softmax(L) at its training L, per (setting, L, t_heldout)."""
+    return _seed_mean(_protocol(ds, ds.risk_heldout.sel(model="softmax")))
+
+
+def _no_gauss(ds):
+    return None if gaussian_settings(ds) else "no Gaussian setting in this file"
+
+
+def _no_count(ds):
+    return too_few(ds.sizes["L"], 3, "prompt lengths", "a count of increases along L")
+
+
+def _no_ratio(ds):
+    return too_few(ds.sizes["L"], 2, "prompt lengths", "a ratio of L_max to L_min")
+
+
+def _no_big(ds):
+    L = ds.L.values
+    return None if (L >= 1024).any() else f"no prompt length >= 1024 in this file (largest {int(L.max())})"
+
+
+def _per_setting(sh: Shared, reason, compute):
+    """``compute()`` at every Gaussian setting, unless ``reason`` (or no Gaussian setting) stops it."""
+    return measure_unless(_first(_no_gauss(sh.ds), reason), lambda: _values(compute(), gaussian_settings(sh.ds)))
+
+
+def _control(sh: Shared, reason, compute):
+    """``compute(D(L))`` of the control, unless ``reason`` (or no control) stops it."""
+    no_control = None if CONTROL in sh.ds.setting.values else f"no {CONTROL} control in this file"
+    return measure_unless(_first(no_control, reason),
+                          lambda: float(compute(sh(seed_summaries).D_inf.sel(setting=CONTROL))))
+
+
+CRITERIA = Criteria("C3", prepare=Shared)
 
 
 @CRITERIA("C3a-monotone", "increases of seed-mean D(L) = max_t ||theta_L^softmax(t) - theta_inf(t)|| along L, "
           "per Gaussian setting", "<=", 1, reference="non-monotone bump at L = 128..256", fmt="g",
           reason="reference's: D should fall with L; one increase is tolerated for seed noise (2 seeds)")
 def _a_monotone(sh):
-    return sh.per_setting(sh.no_count, lambda: increases(sh.s.D_inf))
+    return _per_setting(sh, _no_count(sh.ds), lambda: increases(sh(seed_summaries).D_inf))
 
 
 @CRITERIA("C3a-slope", "log-log slope in L of seed-mean D(L), per Gaussian setting", "in", (-0.65, -0.35),
           reference="-0.134 (iso) / -0.176 (aniso)",
           reason="reference's: the band brackets -1/2, the rate of the gradient gap that drives the distance")
 def _a_slope(sh):
-    return sh.per_setting(slope_shortfall(sh.ds), lambda: slopes(sh.ds).slope.sel(quantity="D_inf"))
+    return _per_setting(sh, slope_shortfall(sh.ds), lambda: sh(slopes).slope.sel(quantity="D_inf"))
 
 
 @CRITERIA("C3a-final", "D(L_max) / ||theta_inf(T)||, per Gaussian setting", "<", 0.05, reference="15.7% / 11.1%",
           reason="reference's: at L = 4096 softmax is within 5% of the infinite-prompt trajectory")
 def _a_final(sh):
-    return sh.per_setting(None, lambda: sh.s.D_inf.isel(L=-1) / sh.norm_T)
+    return _per_setting(sh, None, lambda: sh(seed_summaries).D_inf.isel(L=-1) / sh(_norm_T))
 
 
 @CRITERIA("C3b-monotone", "increases along L of the seed-mean final held-out risk of softmax(L) at its training L",
           "<=", 1, reference="monotone (0)", fmt="g", reason="reference's: longer prompts train better predictors")
 def _b_monotone(sh):
-    return sh.per_setting(sh.no_count, lambda: increases(sh.s.risk_heldout))
+    return _per_setting(sh, _no_count(sh.ds), lambda: increases(sh(seed_summaries).risk_heldout))
 
 
 @CRITERIA("C3b-final", "final / initial held-out risk of softmax(L_max) at L_max (seed mean), per Gaussian setting",
           "<", 0.02, reference="0.95% / 0.64%",
           reason="reference's: the paper's literal claim, training at large L succeeds")
 def _b_final(sh):
-    return sh.per_setting(None, lambda: sh.h.isel(L=-1, t_heldout=-1) / sh.h.isel(L=-1, t_heldout=0))
+    h = sh(_heldout)
+    return _per_setting(sh, None, lambda: h.isel(L=-1, t_heldout=-1) / h.isel(L=-1, t_heldout=0))
 
 
 @CRITERIA("C3c", "final distance of softmax(L) to the Bayes optimum, L_max over L_min (seed mean), per Gaussian "
           "setting", "<", 0.25, reference="(PASS in the reference)",
           reason="reference's: a 4x approach between L = 8 and 4096 (a -1/2 rate would give 1/22.6)")
 def _c(sh):
-    return sh.per_setting(sh.no_ratio, lambda: sh.s.dist_bayes.isel(L=-1) / sh.s.dist_bayes.isel(L=0))
+    s = sh(seed_summaries)
+    return _per_setting(sh, _no_ratio(sh.ds), lambda: s.dist_bayes.isel(L=-1) / s.dist_bayes.isel(L=0))
 
 
 @CRITERIA("C3d-inf", "max over t and seeds of the off-block mass of theta_inf, per Gaussian setting", "<", 1e-8,
           reference="~1e-18",
           reason="reference's: the odd symmetry is exact, so only rounding (~1e-16) is allowed, with margin")
 def _d_inf(sh):
-    return sh.per_setting(None, lambda: _protocol(sh.ds, sh.ds.off_block_inf).max(["seed", "t"]))
+    return _per_setting(sh, None, lambda: _protocol(sh.ds, sh.ds.off_block_inf).max(["seed", "t"]))
 
 
 @CRITERIA("C3d-softmax", "max over t and seeds of the off-block mass of softmax(L_max), per Gaussian setting", "<",
@@ -234,15 +246,15 @@ def _d_inf(sh):
           reason="reference's: allows rounding amplified along unstable directions, catches an O(1) loss of "
                  "structure")
 def _d_softmax(sh):
-    return sh.per_setting(
-        None, lambda: _protocol(sh.ds, sh.ds.off_block.sel(model="softmax").isel(L=-1)).max(["seed", "t"]))
+    return _per_setting(
+        sh, None, lambda: _protocol(sh.ds, sh.ds.off_block.sel(model="softmax").isel(L=-1)).max(["seed", "t"]))
 
 
 @CRITERIA("C3e-drop", "Rademacher control: D(L_min) / D(L_max) (seed mean)", ">=", 5.0,
           reference="falls fast, then plateaus at 0.20",
           reason="reference's: the control first converges like the Gaussian settings")
 def _e_drop(sh):
-    return sh.control(sh.no_ratio, lambda D: D.isel(L=0) / D.isel(L=-1))
+    return _control(sh, _no_ratio(sh.ds), lambda D: D.isel(L=0) / D.isel(L=-1))
 
 
 @CRITERIA("C3e-plateau", "Rademacher control: log-log slope of D(L) over the last four L", ">", -0.25,
@@ -250,7 +262,7 @@ def _e_drop(sh):
           reason="reference's: Rademacher covariates converge to their own limit, not to linear(inf), so D must "
                  "flatten")
 def _e_plateau(sh):
-    return sh.control(too_few(sh.L.size, 4, "prompt lengths", "the slope over the last four"),
+    return _control(sh, too_few(sh.ds.sizes["L"], 4, "prompt lengths", "the slope over the last four"),
                       lambda D: loglog_slope(D.isel(L=slice(-4, None)), "L").slope)
 
 
@@ -260,167 +272,195 @@ def _e_plateau(sh):
           reason="ours: linear(inf) gradient descent converges; margin for the slower anisotropic setting "
                  "(condition number 4)")
 def _inf_risk(sh):
-    return sh.per_setting(None, lambda: _protocol(sh.ds, sh.ds.risk_inf.isel(t=-1)).max("seed"))
+    return _per_setting(sh, None, lambda: _protocol(sh.ds, sh.ds.risk_inf.isel(t=-1)).max("seed"))
 
 
 @CRITERIA("C3-inf-bayes", "supplementary: final distance of theta_inf to the Bayes optimum, max over seeds, per "
           "Gaussian setting", "<=", 2e-3, reference="~1e-3", reason="ours: twice the reference's figure")
 def _inf_bayes(sh):
-    return sh.per_setting(None, lambda: _protocol(sh.ds, sh.ds.dist_bayes_inf.isel(t=-1)).max("seed"))
+    return _per_setting(sh, None, lambda: _protocol(sh.ds, sh.ds.dist_bayes_inf.isel(t=-1)).max("seed"))
 
 
 @CRITERIA("C3-linL-gap", "supplementary: |max_t ||theta_L^softmax - theta_L^linear|| / D(L) - 1| for L >= 1024 "
           "(seed means), Gaussian settings", "<", 0.05, reference="equal to 3 digits",
           reason="ours: within 5% the residual gap is the softmax nonlinearity, not covariance-estimation noise")
 def _linL_gap(sh):
-    s, L = sh.s, sh.L
-    return measure_unless(_first(sh.no_gauss, sh.no_big), lambda: abs(s.D_linL / s.D_inf - 1).sel(
-        setting=sh.gs).isel(L=np.flatnonzero(L >= 1024)).values.ravel())
+    s, L = sh(seed_summaries), sh.ds.L.values
+    return measure_unless(_first(_no_gauss(sh.ds), _no_big(sh.ds)), lambda: abs(s.D_linL / s.D_inf - 1).sel(
+        setting=gaussian_settings(sh.ds)).isel(L=np.flatnonzero(L >= 1024)).values.ravel())
 
 
-def measures(ds: xr.Dataset) -> dict:
-    """Measured figure of every C3 criterion (:class:`~.verdicts.Inconclusive` with the reason when
-    this file cannot give it, see the module doc)."""
-    return CRITERIA.measures(ds)
-
-
-def verdicts(ds: xr.Dataset):
-    """PASS / FAIL / INCONCLUSIVE rows of the predeclared criteria stored in the file (``attrs['criteria']``)."""
-    return CRITERIA.verdicts(ds)
+measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
 
 
 # --------------------------------------------------------------------------- tables
 
 
+def fit_tables(ds: xr.Dataset) -> dict:
+    """``slopes`` (per setting and quantity, with increases and the end values), ``per_seed_slopes``,
+    ``at_L_max``, ``theta_inf``, ``off_block``, the perturbation and off-block curvature diagnostics
+    (``perturbation``, ``curvature``; when the file has them), the Rademacher ``control`` (and its
+    ``plateau``), the held-out ``baselines`` (and ``more_baselines``). A fit that cannot be done
+    is left out, its title says why."""
+    sh = Shared(ds)
+    tables = {"slopes": _slope_table(sh), "per_seed_slopes": _per_seed_table(sh), "at_L_max": _end_table(sh),
+              "theta_inf": _theta_inf_table(ds), "off_block": _off_block_table(ds)}
+    g = perturbation_growth(ds)
+    if bool(np.isfinite(g.max_growth).any()):   # the perturbed run is optional (perturbed_run)
+        tables["perturbation"] = _perturbation_table(g)
+    if "off_block_curvature_max" in ds:
+        tables["curvature"] = _curvature_table(ds)
+    if CONTROL in ds.setting.values:
+        tables.update(_control_tables(sh))
+    tables["baselines"] = _baseline_table(sh)
+    if "risk_pgd" in ds:   # files made before these baselines lack them
+        tables["more_baselines"] = _more_baseline_table(ds)
+    return tables
+
+
+def _by_quantity(curves: xr.Dataset, keys) -> xr.DataArray:
+    """The curves ``keys`` stacked along a dim ``quantity`` labelled by their descriptions."""
+    return xr.concat([curves[k] for k in keys], dim=xr.Variable("quantity", [_LABELS[k] for k in keys]))
+
+
+def _slope_table(sh):
+    ds, s = sh.ds, sh(seed_summaries)
+    no_slope = slope_shortfall(ds)
+    cols = {}
+    if no_slope is None:
+        sl = sh(slopes).assign_coords(quantity=[_LABELS[k] for k in sh(slopes).quantity.values])
+        cols = {"slope": column(sl.slope, "slope", ".3f"), "slope_se": column(sl.slope_se, "SE", ".3f"),
+                "slope_ci_low": column(sl.slope_ci_low, "95% CI low", ".3f"),
+                "slope_ci_high": column(sl.slope_ci_high, "95% CI high", ".3f")}
+    curves = _by_quantity(s, list(_LABELS))
+    ref = xr.full_like(curves.isel(L=0, drop=True), np.nan)
+    for q, by_setting in _REFERENCE_SLOPES.items():
+        for st, value in by_setting.items():
+            if st in ds.setting.values:
+                ref.loc[dict(quantity=_LABELS[q], setting=st)] = value
+    cols.update(increases=column(increases(curves), "incr", "d"),
+                first=column(curves.isel(L=0, drop=True), "at L_min", ".3g"),
+                last=column(curves.isel(L=-1, drop=True), "at L_max", ".3g"),
+                reference=column(ref, "reference slope", "+.3f", missing=""))
+    L = ds.L.values
+    return make_table({k: v.transpose("setting", "quantity") for k, v in cols.items()},
+                      title=f"C3 slopes in L (OLS on seed means, L = {int(L[0])}..{int(L[-1])}; SE, 95% CI; "
+                            "increases along L)" + (f": not fitted, {no_slope}" if no_slope else ""))
+
+
+def _per_seed_table(sh):
+    ds = sh.ds
+    title = ("Per-seed slopes (the seed-mean SEs above measure the roughness of one curve, not the spread between "
+             "task draws)")
+    no_slope = slope_shortfall(ds)
+    if no_slope:
+        return make_table({}, title=f"{title}: not fitted, {no_slope}")
+    per_seed = summaries(ds)
+    fits = [[loglog_slope(per_seed[q].sel(setting=st).dropna("seed", how="all"), "L").reindex(seed=ds.seed)
+             for st in ds.setting.values] for q in ("D_inf", "risk_heldout")]
+    fit = xr.concat([xr.concat(row, dim="setting") for row in fits],
+                    dim=xr.Variable("quantity", [_LABELS[q] for q in ("D_inf", "risk_heldout")]))
+    return make_table({"slope": column(fit.slope, "slope", ".3f"), "slope_se": column(fit.slope_se, "SE", ".3f")},
+                      title=title + "; n/a: a seed outside the protocol")
+
+
+def _end_table(sh):
+    ds, s = sh.ds, sh(seed_summaries)
+    h, norm_T = sh(_heldout), sh(_norm_T)
+    he = _seed_mean(_protocol(ds, ds.risk_heldout_eval.sel(model="softmax")))
+    last = s.isel(L=-1)
+    cols = {"D_rel": column(100 * (last.D_inf / norm_T), "D/||th_inf||", ".1f", units="%"),
+            "risk_rel": column(100 * (h.isel(L=-1, t_heldout=-1) / h.isel(L=-1, t_heldout=0)), "risk(L)", ".2f",
+                               units="%"),
+            "risk_eval_rel": column(100 * (he.isel(L=-1, t_heldout=-1) / he.isel(L=-1, t_heldout=0)), "risk(Leval)",
+                                    ".2f", units="%"),
+            "linL_gap": column(last.D_linL / last.D_inf - 1, "D_linL/D-1", "+.2e"),
+            "norm_T": column(norm_T, "||th_inf(T)||", ".4f")}
+    return make_table(cols, title=f"At L_max = {int(ds.L.values[-1])} (seed means): D / ||theta_inf(T)||, held-out "
+                                  "risk final / initial (at L_max; at L_eval), D_linL / D - 1")
+
+
+def _theta_inf_table(ds):
+    def p(da):
+        return _protocol(ds, da)
+
+    cols = {"risk": column(p(ds.risk_inf).isel(t=-1).max("seed"), "risk", ".3g"),
+            "heldout": column(p(ds.risk_heldout_inf).isel(t_heldout=-1).max("seed"), "held-out", ".3g"),
+            "heldout_eval": column(p(ds.risk_heldout_inf_eval).isel(t_heldout=-1).max("seed"), "held-out (L_eval)",
+                                   ".3g"),
+            "bayes": column(p(ds.dist_bayes_inf).isel(t=-1).max("seed"), "Bayes", ".3g"),
+            "off_block": column(p(ds.off_block_inf).max(["seed", "t"]), "off-block", ".3g"),
+            "conservation": column(abs(p(ds.conservation_inf)).max(["seed", "t"]), "|cons|", ".3g")}
+    return make_table(cols, title="theta_inf at T (max over seeds): training risk, held-out risk (linear(inf); "
+                                  "softmax(L_eval)), distance to Bayes, off-block (max over t), max |conservation|")
+
+
+def _off_block_table(ds):
+    cons = abs(_protocol(ds, ds.conservation)).max(["seed", "t"])
+    cols = {"off_block": column(_protocol(ds, ds.off_block).max(["seed", "t", "L"]), "off-block", ".3g"),
+            "cons_first": column(cons.isel(L=0), "|cons| L_min", ".3g"),
+            "cons_last": column(cons.isel(L=-1), "|cons| L_max", ".3g")}
+    return make_table({k: v.transpose("setting", "model") for k, v in cols.items()},
+                      title="Off-block mass, main runs (max over seeds, t, L) and max |||U||^2 - ||v||^2| over t "
+                            "(at L_min; L_max)")
+
+
+def _by_L(table: xr.Dataset, rows, fmt) -> xr.DataArray:
+    """The variables ``rows`` (``(key, label)``) of a per-(setting, model, L) table stacked along a
+    dim ``quantity``, as one column spread over L."""
+    da = xr.concat([table[k] for k, _ in rows], dim=xr.Variable("quantity", [label for _, label in rows]))
+    return column(da.transpose("setting", "model", "quantity", "L"), "L", fmt)
+
+
+def _perturbation_table(g):
+    eps = ", ".join(_fmt(e) for e in np.atleast_1d(g.perturbation.values))
+    value = _by_L(g, (("max_growth", "max/eps"), ("final_growth", "T/eps"), ("risk_ratio", "risk p/m")), ".2g")
+    return make_table({"value": value}, column_dim="L",
+                      title=f"Perturbation diagnostic (run from (U0, v0) + off-block perturbation of norm {eps}): "
+                            "off-block mass / perturbation, max over t and at T, and training risk at T perturbed / "
+                            "main (max over seeds); max/eps > 1: unstable block structure")
+
+
+def _curvature_table(ds):
+    lr = json.loads(ds.attrs.get("config", "{}")).get("lr", 0.01)
+    value = _by_L(off_block_stability(ds, lr), (("edge", "lr*lmax"), ("rho", "rho"), ("first_t", "first t")), ".3g")
+    return make_table({"value": value}, column_dim="L",
+                      title=f"Off-block curvature along the main run (lr = {lr:g}; max over seeds and t): lr "
+                            "lambda_max(H_off) (> 2: unstable block structure), max |1 - lr lambda| (growth per step), "
+                            "first t over the edge (n/a: never)")
+
+
+def _control_tables(sh):
+    D = sh(seed_summaries).D_inf.sel(setting=CONTROL)
+    tables = {"control": make_table({"D": column(D, "L", ".3f")}, column_dim="L", title="Rademacher control: D(L)")}
+    tail = D.where(D.L >= 1024, drop=True)
+    if tail.size:
+        tables["plateau"] = make_table({"mean": column(tail.mean(), "mean D", ".3f")},
+                                       title="Rademacher control: plateau (L >= 1024), reference 0.20")
+    return tables
+
+
+def _baseline_table(sh):
+    ds, s = sh.ds, sh(seed_summaries)
+    cols = {"softmax": column(s.risk_heldout, "softmax(L)", ".2g"),
+            "linear": column(s.risk_heldout_linear, "linear(L)", ".2g"),
+            "plugin": column(_seed_mean(_protocol(ds, ds.risk_plugin)), "plug-in", ".2g"),
+            "ridge": column(_seed_mean(_protocol(ds, ds.risk_ridge)), "ridge", ".1g")}
+    return make_table({k: v.transpose("setting", "L") for k, v in cols.items()},
+                      title="Held-out baselines per L (seed means): softmax(L) final | linear(L) final | plug-in "
+                            "(linear(L) at the Bayes optimum) | ridge/least squares on the prompt")
+
+
+def _more_baseline_table(ds):
+    pgd, bay = (_seed_mean(_protocol(ds, ds[k])) for k in ("risk_pgd", "risk_bayes_ridge"))
+    return make_table({"pgd": column(pgd.transpose("setting", "L"), "preconditioned GD", ".2g"),
+                       "bayes": column(bay.transpose("setting", "L"), "posterior mean", ".1g")},
+                      title="More baselines per L (seed means): one step of optimally preconditioned GD | posterior "
+                            "mean of w (Bayes; noiseless labels: the interpolator, exact once L >= d)")
+
+
 def _fmt(x, f=".3g"):
     return "nan" if not np.isfinite(x) else format(float(x), f)
-
-
-def _model_rows(table, settings, models, L, rows, cell):
-    """A per-(setting, model) table over ``L``: a header line, then one line per ``(key, label)`` of
-    ``rows`` with ``cell`` applied to each value of ``table[key]``."""
-    lines = [f"{'setting':<12} {'model':<8} {'':<10} " + " ".join(f"{int(x):>8}" for x in L)]
-    for st in settings:
-        for m in models:
-            row = table.sel(setting=st, model=m)
-            for key, label in rows:
-                lines.append(f"{st:<12} {str(m):<8} {label:<10} " + " ".join(cell(a) for a in row[key].values))
-    return lines
-
-
-def fit_table(ds: xr.Dataset) -> str:
-    """Plain-text tables: slopes with SE and monotonicity per setting; values at L_max; theta_inf;
-    off-block and the perturbation diagnostic; the Rademacher plateau; baselines."""
-    s = _seed_mean(summaries(ds))
-    no_slope = slope_shortfall(ds)
-    sl = None if no_slope else slopes(ds)
-    settings = [str(x) for x in ds.setting.values]
-    L = ds.L.values
-    Lmin, Lmax = int(L[0]), int(L[-1])
-    lines = [f"C3 slopes in L (OLS on seed means, L = {Lmin}..{Lmax}; SE, 95% CI; increases along L)"
-             + (f": not fitted, {no_slope}" if no_slope else ""),
-             f"{'setting':<12} {'quantity':<40} {'slope':>8} {'SE':>7} {'95% CI':>18} {'incr':>4} "
-             f"{'at L_min':>10} {'at L_max':>10}  reference slope"]
-    for st in settings:
-        for q, label in _LABELS.items():
-            if sl is None:
-                fitted = f"{'n/a':>8} {'':>7} {'':>18}"
-            else:
-                f = sl.sel(quantity=q, setting=st)
-                ci = f"[{float(f.slope_ci_low):.3f}, {float(f.slope_ci_high):.3f}]"
-                fitted = f"{float(f.slope):>8.3f} {float(f.slope_se):>7.3f} {ci:>18}"
-            y = s[q].sel(setting=st)
-            ref = _REFERENCE_SLOPES.get(q, {}).get(st)
-            lines.append(f"{st:<12} {label:<40} {fitted} "
-                         f"{int(increases(y)):>4} {_fmt(y.isel(L=0)):>10} {_fmt(y.isel(L=-1)):>10}  "
-                         f"{'' if ref is None else f'{ref:+.3f}'}")
-    per_seed = summaries(ds)
-    lines += ["", "Per-seed slopes (the seed-mean SEs above measure the roughness of one curve, not the "
-                  "spread between task draws)" + (f": not fitted, {no_slope}" if no_slope else "")]
-    for q in ("D_inf", "risk_heldout"):
-        for st in settings if sl is not None else ():
-            y = per_seed[q].sel(setting=st).dropna("seed", how="all")
-            f = loglog_slope(y, "L")
-            lines.append(f"{st:<12} {_LABELS[q]:<40} " + ", ".join(
-                f"seed {int(sd)}: {float(f.slope.sel(seed=sd)):.3f} +- {float(f.slope_se.sel(seed=sd)):.3f}"
-                for sd in y.seed.values))
-    # values at L_max, as percentages
-    norm_T = _seed_mean(_protocol(ds, ds.norm_inf.isel(t=-1)))
-    h = _seed_mean(_protocol(ds, ds.risk_heldout.sel(model="softmax")))
-    he = _seed_mean(_protocol(ds, ds.risk_heldout_eval.sel(model="softmax")))
-    lines += ["", f"At L_max = {Lmax} (seed means): D / ||theta_inf(T)||, held-out risk final / initial "
-                  "(at L_max; at L_eval), D_linL / D - 1",
-              f"{'setting':<12} {'D/||th_inf||':>12} {'risk(L) %':>10} {'risk(Leval) %':>13} {'D_linL/D-1':>11}"
-              f" {'||th_inf(T)||':>13}"]
-    for st in settings:
-        sel = dict(setting=st)
-        lines.append(f"{st:<12} {100 * float(s.D_inf.sel(**sel).isel(L=-1) / norm_T.sel(**sel)):>11.1f}% "
-                     f"{100 * float(h.sel(**sel).isel(L=-1, t_heldout=-1) / h.sel(**sel).isel(L=-1, t_heldout=0)):>9.2f}% "
-                     f"{100 * float(he.sel(**sel).isel(L=-1, t_heldout=-1) / he.sel(**sel).isel(L=-1, t_heldout=0)):>12.2f}% "
-                     f"{float(s.D_linL.sel(**sel).isel(L=-1) / s.D_inf.sel(**sel).isel(L=-1) - 1):>+11.2e} "
-                     f"{float(norm_T.sel(**sel)):>13.4f}")
-    # theta_inf
-    lines += ["", "theta_inf at T (max over seeds): training risk, held-out risk (linear(inf); softmax(L_eval)), "
-                  "distance to Bayes, off-block (max over t), max |conservation|"]
-    for st in settings:
-        sel = dict(setting=st)
-        p = lambda da: _protocol(ds, da).sel(**sel)  # noqa: E731
-        lines.append(f"{st:<12} risk {_fmt(p(ds.risk_inf).isel(t=-1).max('seed'))}, "
-                     f"held-out {_fmt(p(ds.risk_heldout_inf).isel(t_heldout=-1).max('seed'))}; "
-                     f"{_fmt(p(ds.risk_heldout_inf_eval).isel(t_heldout=-1).max('seed'))}, "
-                     f"Bayes {_fmt(p(ds.dist_bayes_inf).isel(t=-1).max('seed'))}, "
-                     f"off-block {_fmt(p(ds.off_block_inf).max(['seed', 't']))}, "
-                     f"|cons| {_fmt(abs(p(ds.conservation_inf)).max(['seed', 't']))}")
-    # off-block, main runs and perturbation diagnostic
-    ob = _protocol(ds, ds.off_block).max(["seed", "t", "L"])
-    cons = abs(_protocol(ds, ds.conservation)).max(["seed", "t"])
-    g = perturbation_growth(ds)
-    lines += ["", "Off-block mass, main runs (max over seeds, t, L) and max |||U||^2 - ||v||^2| over t (at L_min; L_max)"]
-    for st in settings:
-        lines.append(f"{st:<12} " + ", ".join(
-            f"{m}: off-block {_fmt(ob.sel(setting=st, model=m))}, |cons| "
-            f"{_fmt(cons.sel(setting=st, model=m).isel(L=0))}; {_fmt(cons.sel(setting=st, model=m).isel(L=-1))}"
-            for m in ds.model.values))
-    if bool(np.isfinite(g.max_growth).any()):   # the perturbed run is optional (perturbed_run)
-        eps = g.perturbation.values
-        lines += ["", "Perturbation diagnostic (run from (U0, v0) + off-block perturbation of norm "
-                      f"{', '.join(_fmt(e) for e in np.atleast_1d(eps))}): off-block mass / perturbation, max over t "
-                      "and at T, and training risk at T perturbed / main (max over seeds); max/eps > 1: unstable block structure"]
-        lines += _model_rows(g, settings, ds.model.values, L,
-                             (("max_growth", "max/eps"), ("final_growth", "T/eps"), ("risk_ratio", "risk p/m")),
-                             lambda a: _fmt(a, "8.2g"))
-    if "off_block_curvature_max" in ds:
-        lr = json.loads(ds.attrs.get("config", "{}")).get("lr", 0.01)
-        c = off_block_stability(ds, lr)
-        lines += ["", f"Off-block curvature along the main run (lr = {lr:g}; max over seeds and t): lr lambda_max(H_off) "
-                      "(> 2: unstable block structure), max |1 - lr lambda| (growth per step), first t over the edge"]
-        lines += _model_rows(c, settings, ds.model.values, L,
-                             (("edge", "lr*lmax"), ("rho", "rho"), ("first_t", "first t")),
-                             lambda a: f"{_fmt(a, '8.3g'):>8}")
-    # Rademacher control and baselines
-    if CONTROL in settings:
-        D = s.D_inf.sel(setting=CONTROL)
-        tail = D.where(D.L >= 1024, drop=True)
-        lines += ["", "Rademacher control: D(L) = " + ", ".join(f"{int(x)}: {float(y):.3f}" for x, y in zip(L, D.values))]
-        if tail.size:
-            lines.append(f"  plateau (L >= 1024): mean {float(tail.mean()):.3f} (reference: 0.20)")
-    lines += ["", "Held-out baselines per L (seed means): softmax(L) final | linear(L) final | plug-in "
-                  "(linear(L) at the Bayes optimum) | ridge/least squares on the prompt"]
-    for st in settings:
-        ridge = _seed_mean(_protocol(ds, ds.risk_ridge)).sel(setting=st)
-        plug = _seed_mean(_protocol(ds, ds.risk_plugin)).sel(setting=st)
-        lines.append(f"{st:<12} " + "; ".join(
-            f"{int(x)}: {_fmt(a, '.2g')}|{_fmt(b, '.2g')}|{_fmt(c, '.2g')}|{_fmt(r, '.1g')}" for x, a, b, c, r in zip(
-                L, s.risk_heldout.sel(setting=st).values, s.risk_heldout_linear.sel(setting=st).values,
-                plug.values, ridge.values)))
-    if "risk_pgd" in ds:   # files made before these baselines lack them
-        lines += ["", "More baselines per L (seed means): one step of optimally preconditioned GD | posterior mean "
-                      "of w (Bayes; noiseless labels: the interpolator, exact once L >= d)"]
-        for st in settings:
-            pgd, bay = (_seed_mean(_protocol(ds, ds[k])).sel(setting=st) for k in ("risk_pgd", "risk_bayes_ridge"))
-            lines.append(f"{st:<12} " + "; ".join(
-                f"{int(x)}: {_fmt(a, '.2g')}|{_fmt(c, '.1g')}" for x, a, c in zip(L, pgd.values, bay.values)))
-    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- figure

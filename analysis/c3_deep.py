@@ -23,9 +23,10 @@ import numpy as np
 import xarray as xr
 
 from .fits import MIN_LINE_POINTS, loglog_slope, not_fitted, too_few
-from .verdicts import Criteria, measure_unless
+from .tables import column, make_table
+from .verdicts import Criteria, Shared, measure_unless
 
-__all__ = ["CRITERIA", "fit_range", "rates", "training", "measures", "verdicts", "fit_table", "figure"]
+__all__ = ["CRITERIA", "fit_range", "rates", "training", "measures", "verdicts", "fit_tables", "figure"]
 
 
 def fit_range(L) -> np.ndarray:
@@ -64,20 +65,15 @@ def training(ds: xr.Dataset) -> xr.Dataset:
     return out.drop_vars([c for c in out.coords if c not in ("depth", "heads", "model", "L_train")])
 
 
-class _Shared:
-    def __init__(self, ds):
-        self.ds = ds
-        self.no_a = too_few(ds.sizes["L"], MIN_LINE_POINTS, "prompt lengths", "a log-log slope")
-        self.no_b = too_few(ds.sizes["L_train"], MIN_LINE_POINTS, "training prompt lengths", "a log-log slope")
-        self.r = None if self.no_a else rates(ds)
-        self.tr = training(ds)
+def _no_a(ds):
+    return too_few(ds.sizes["L"], MIN_LINE_POINTS, "prompt lengths", "a log-log slope")
 
 
-def _shared(ds):
-    return ds if isinstance(ds, _Shared) else _Shared(ds)
+def _no_b(ds):
+    return too_few(ds.sizes["L_train"], MIN_LINE_POINTS, "training prompt lengths", "a log-log slope")
 
 
-CRITERIA = Criteria("C3", prepare=_shared)
+CRITERIA = Criteria("C3", prepare=Shared)
 
 
 @CRITERIA("C3D-a-slope", "log-log slope in L of the seed-mean squared error to the deep limit (largest half of L), "
@@ -86,7 +82,7 @@ CRITERIA = Criteria("C3", prepare=_shared)
                  "O(L^-1/2), so the squared error keeps the 1/L rate at every depth; +-0.2 for the seed noise of a "
                  "mean of squared errors")
 def _a_slope(sh):
-    return measure_unless(sh.no_a, lambda: sh.r.slope.values.ravel())
+    return measure_unless(_no_a(sh.ds), lambda: sh(rates).slope.values.ravel())
 
 
 @CRITERIA("C3D-a-median-slope", "supplementary (added after the first paper run): log-log slope in L of the "
@@ -95,7 +91,7 @@ def _a_slope(sh):
           reason="ours: the median over tasks and queries is not moved by the heavy tail of the softmax constant "
                  "exp(a^T Gamma_w a) over (w, x_q) that made the mean erratic; same band as C3D-a-slope")
 def _a_median(sh):
-    return measure_unless(sh.no_a, lambda: sh.r.median_slope.values.ravel())
+    return measure_unless(_no_a(sh.ds), lambda: sh(rates).median_slope.values.ravel())
 
 
 @CRITERIA("C3D-a-cov-slope", "log-log slope in L of the seed-mean relative error of the tokens' second moment "
@@ -103,14 +99,14 @@ def _a_median(sh):
           (-0.65, -0.35), reference="-1/2",
           reason="ours: an empirical second moment converges at the root-L rate; the band of C3a")
 def _a_cov(sh):
-    return measure_unless(sh.no_a, lambda: sh.r.cov_slope.values.ravel())
+    return measure_unless(_no_a(sh.ds), lambda: sh(rates).cov_slope.values.ravel())
 
 
 @CRITERIA("C3D-b-slope", "log-log slope in L_train of the seed-mean max_t D_inf (softmax), every depth and heads",
           "in", (-0.65, -0.35), reference="C3 (one layer): -0.134 / -0.176",
           reason="C3a's band: the distance is driven by the gradient gap, whose rate is -1/2")
 def _b_slope(sh):
-    return measure_unless(sh.no_b, lambda: loglog_slope(sh.tr.D_inf.sel(model="softmax"),
+    return measure_unless(_no_b(sh.ds), lambda: loglog_slope(sh(training).D_inf.sel(model="softmax"),
                                                         "L_train").slope.values.ravel())
 
 
@@ -118,68 +114,67 @@ def _b_slope(sh):
           "depth and heads", "<", 0.5, reference="(C3, one layer: 0.95% after 2500 steps)",
           reason="ours: the short training run must at least halve the held-out risk at the largest L")
 def _b_heldout(sh):
-    return measure_unless(None, lambda: sh.tr.heldout_ratio.sel(model="softmax").isel(L_train=-1).values.ravel())
+    return measure_unless(None, lambda: sh(training).heldout_ratio.sel(model="softmax").isel(L_train=-1)
+                          .values.ravel())
 
 
 @CRITERIA("C3D-b-heldout-limit", "final / initial held-out risk of the deep limit model (seed mean), every depth "
           "and heads", "<", 0.5, reference="", reason="ours: as C3D-b-heldout, for the limit model it approximates")
 def _b_heldout_inf(sh):
-    return measure_unless(None, lambda: sh.tr.heldout_ratio_inf.values.ravel())
+    return measure_unless(None, lambda: sh(training).heldout_ratio_inf.values.ravel())
 
 
-def measures(ds: xr.Dataset) -> dict:
-    """Measured figure of every C3 deep criterion (Inconclusive with the reason when it cannot be taken)."""
-    return CRITERIA.measures(ds)
+measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
 
 
-def verdicts(ds: xr.Dataset):
-    """PASS / FAIL / INCONCLUSIVE rows of the criteria stored in the file."""
-    return CRITERIA.verdicts(ds)
+def fit_tables(ds: xr.Dataset) -> dict:
+    """``rates``: (a) per heads, kernel and layer the rates and constants of :func:`rates` (left out
+    with the reason when they cannot be fitted); ``training``: (b) per depth and heads the slopes
+    in L_train of max_t D_inf (softmax, linear) and of max_t D_linL, and at the largest L_train
+    D_inf, D_linL / D_inf and the held-out risks (:func:`training`)."""
+    return {"rates": _rates_table(ds), "training": _training_table(ds)}
 
 
-def fit_table(ds: xr.Dataset) -> str:
-    """Plain-text tables: (a) rates and constants per heads, kernel, layer; (b) the C3 measures."""
-    sh = _shared(ds)
+def _rates_table(ds):
     L = ds.L.values[fit_range(ds.L.values)]
-    lines = [f"(a) squared error to the deep limit, err ~ C / L: slopes over L = {int(L[0])}..{int(L[-1])} "
-             "(seed means; SE from OLS; median: of the median over tasks and queries), C = geometric mean of L err, C / mean pred_inf^2, C(l) / C(1), slope of the "
-             "token-moment error" + (f": not fitted, {sh.no_a}" if sh.no_a else "")]
-    if sh.r is not None:
-        lines.append(f"{'heads':>5} {'kernel':>8} {'layer':>5} {'slope':>8} {'SE':>6} {'median':>7} {'SE':>6} "
-                     f"{'C':>10} {'C/out^2':>9} {'C(l)/C(1)':>9} {'cov slope':>9}")
-        for h in ds.heads.values:
-            for k in ds.kernel.values:
-                for lay in ds.layer.values:
-                    r = sh.r.sel(heads=h, kernel=k, layer=lay)
-                    lines.append(f"{int(h):>5} {str(k):>8} {int(lay):>5} {float(r.slope):>8.3f} "
-                                 f"{float(r.slope_se):>6.3f} {float(r.median_slope):>7.3f} "
-                                 f"{float(r.median_slope_se):>6.3f} {float(r.constant):>10.3g} {float(r.rel_constant):>9.3g} "
-                                 f"{float(r.growth):>9.3g} {float(r.cov_slope):>9.3f}")
-    tr = sh.tr
+    no_a = _no_a(ds)
+    title = (f"(a) squared error to the deep limit, err ~ C / L: slopes over L = {int(L[0])}..{int(L[-1])} (seed "
+             "means; SE from OLS; median: of the median over tasks and queries), C = geometric mean of L err, "
+             "C / mean pred_inf^2, C(l) / C(1), slope of the token-moment error")
+    if no_a:
+        return make_table({}, title=f"{title}: not fitted, {no_a}")
+    r = rates(ds)
+    spec = (("slope", "slope", ".3f"), ("slope_se", "SE", ".3f"), ("median_slope", "median", ".3f"),
+            ("median_slope_se", "SE", ".3f"), ("constant", "C", ".3g"), ("rel_constant", "C/out^2", ".3g"),
+            ("growth", "C(l)/C(1)", ".3g"), ("cov_slope", "cov slope", ".3f"))
+    return make_table({k: column(r[k].transpose("heads", "kernel", "layer"), head, fmt) for k, head, fmt in spec},
+                      title=title)
+
+
+def _training_table(ds):
+    tr = training(ds)
+    no_b = _no_b(ds)
+    cols = {}
+    for key, curve, head in (("slope_softmax", tr.D_inf.sel(model="softmax"), "sl sm"),
+                             ("slope_linear", tr.D_inf.sel(model="linear"), "sl lin"),
+                             ("slope_linL", tr.D_linL, "sl linL")):
+        slope = xr.full_like(curve.isel(L_train=0, drop=True), np.nan) if no_b else loglog_slope(curve, "L_train").slope
+        cols[key] = column(slope.reset_coords(drop=True), head, ".3f")
+    end = tr.isel(L_train=-1)
+    d_sm = end.D_inf.sel(model="softmax")
+    cols.update(D_inf=column(d_sm, "D_inf", ".3g"), linL_ratio=column(end.D_linL / d_sm, "linL/D", ".3f"),
+                heldout_softmax=column(end.heldout_ratio.sel(model="softmax"), "ho sm", ".3f"),
+                heldout_linear=column(end.heldout_ratio.sel(model="linear"), "ho lin", ".3f"),
+                heldout_limit=column(tr.heldout_ratio_inf, "ho inf", ".3f"),
+                risk_softmax=column(end.heldout_final.sel(model="softmax"), "R sm", ".3g"),
+                risk_linear=column(end.heldout_final.sel(model="linear"), "R lin", ".3g"),
+                risk_limit=column(tr.heldout_final_inf, "R inf", ".3g"))
     Lt = ds.L_train.values
-    lines += ["", f"(b) training (seed means; L_train = {int(Lt[0])}..{int(Lt[-1])}): slopes in L_train of max_t "
-                  "D_inf (softmax, linear) and of max_t D_linL; at the largest L_train: D_inf, "
-                  "D_linL / D_inf(softmax), "
-                  "held-out risk final / initial (softmax, linear, limit), final held-out risks"
-              + (f"; slopes not fitted, {sh.no_b}" if sh.no_b else ""),
-              f"{'depth':>5} {'heads':>5} {'sl sm':>7} {'sl lin':>7} {'sl linL':>7} {'D_inf':>8} {'linL/D':>7} "
-              f"{'ho sm':>7} {'ho lin':>7} {'ho inf':>7} {'R sm':>8} {'R lin':>8} {'R inf':>8}"]
-    for dep in ds.depth.values:
-        for h in ds.heads.values:
-            t = tr.sel(depth=dep, heads=h)
-            if sh.no_b:
-                sl = ["   n/a"] * 3
-            else:
-                sl = [f"{float(loglog_slope(a, 'L_train').slope):>7.3f}" for a in
-                      (t.D_inf.sel(model="softmax"), t.D_inf.sel(model="linear"), t.D_linL)]
-            end = t.isel(L_train=-1)
-            dsm = float(end.D_inf.sel(model="softmax"))
-            lines.append(f"{int(dep):>5} {int(h):>5} {' '.join(sl)} {dsm:>8.3g} {float(end.D_linL) / dsm:>7.3f} "
-                         f"{float(end.heldout_ratio.sel(model='softmax')):>7.3f} "
-                         f"{float(end.heldout_ratio.sel(model='linear')):>7.3f} {float(t.heldout_ratio_inf):>7.3f} "
-                         f"{float(end.heldout_final.sel(model='softmax')):>8.3g} "
-                         f"{float(end.heldout_final.sel(model='linear')):>8.3g} {float(t.heldout_final_inf):>8.3g}")
-    return "\n".join(lines)
+    return make_table({k: v.transpose("depth", "heads") for k, v in cols.items()},
+                      title=f"(b) training (seed means; L_train = {int(Lt[0])}..{int(Lt[-1])}): slopes in L_train of "
+                            "max_t D_inf (softmax, linear) and of max_t D_linL; at the largest L_train: D_inf, "
+                            "D_linL / D_inf(softmax), held-out risk final / initial (softmax, linear, limit), final "
+                            "held-out risks" + (f"; slopes not fitted, {no_b}" if no_b else ""))
 
 
 def figure(ds: xr.Dataset, path):
@@ -192,7 +187,6 @@ def figure(ds: xr.Dataset, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sh = _shared(ds)
     fig, axes = plt.subplots(1, 5, figsize=(25, 4.6))
     err = ds.err.mean("seed")
     layers = ds.layer.values
@@ -220,17 +214,19 @@ def figure(ds: xr.Dataset, path):
            title=f"(b) softmax, H = {int(h1)}: mean vs median")
     ax.legend(fontsize=6, ncol=2)
     ax = axes[2]
-    if sh.r is None:
-        not_fitted(ax, sh.no_a)
+    no_a = _no_a(ds)
+    if no_a:
+        not_fitted(ax, no_a)
     else:
+        rel = rates(ds).rel_constant
         for hh in ds.heads.values:
             for k, ls in (("softmax", "-"), ("linear", "--")):
-                ax.semilogy(layers, sh.r.rel_constant.sel(heads=hh, kernel=k), ls, marker="o",
+                ax.semilogy(layers, rel.sel(heads=hh, kernel=k), ls, marker="o",
                             label=f"H = {int(hh)}, {k}")
         ax.set(xlabel="depth", ylabel=r"$C / \mathrm{mean\ pred}_\infty^2$, err ~ C / L",
                title="(c) constant of the 1/L rate vs depth")
         ax.legend(fontsize=7)
-    tr = sh.tr
+    tr = training(ds)
     dcol = plt.cm.plasma(np.linspace(0, 0.8, ds.depth.size))
     for ax, what in ((axes[3], "D"), (axes[4], "R")):
         for i, dep in enumerate(ds.depth.values):

@@ -19,12 +19,14 @@ import json
 import numpy as np
 import xarray as xr
 
-from .fits import loglog_slope, too_few
-from .verdicts import Criteria, measure_unless
+from .fits import MIN_LINE_POINTS, loglog_slope, too_few
+from .tables import column, make_table
+from .verdicts import Criteria, Shared, measure_unless
 
-__all__ = ["CRITERIA", "summaries", "slopes", "settings_table", "measures", "verdicts", "fit_table", "figure"]
+__all__ = ["CRITERIA", "summaries", "slopes", "settings_table", "measures", "verdicts", "fit_tables", "figure"]
 
 _SETTING = ("covariance", "noise", "d", "mean_norm")
+TAIL_POINTS = 4   # prompt lengths of the tail slope of D
 
 
 def summaries(ds: xr.Dataset) -> xr.Dataset:
@@ -50,40 +52,36 @@ def summaries(ds: xr.Dataset) -> xr.Dataset:
 
 
 def slopes(ds: xr.Dataset) -> xr.Dataset:
-    """Log-log slopes in ``L`` (all ``L``) of ``excess``, ``D_inf`` and ``D_linL`` per setting, and of
-    ``D_inf`` over the last four ``L`` (``D_inf_tail``); the excess slope is NaN in a setting whose
-    excess is not positive at every ``L``."""
+    """Log-log slopes in ``L`` (all ``L``, at least 3) of ``excess``, ``D_inf`` and ``D_linL`` per
+    setting, and of ``D_inf`` over the last four ``L`` (``D_inf_tail``: NaN with fewer than four); the
+    excess slope is NaN in a setting whose excess is not positive at every ``L``."""
     s = summaries(ds)
     positive = (s.excess > 0).all("L")
     excess = loglog_slope(s.excess.where(positive, 1.0), "L").slope.where(positive)   # NaN where not > 0
-    out = {"excess": excess, "D_inf": loglog_slope(s.D_inf, "L").slope,
-           "D_linL": loglog_slope(s.D_linL, "L").slope,
-           "D_inf_tail": loglog_slope(s.D_inf.isel(L=slice(-4, None)), "L").slope}
-    return xr.Dataset(out)
+    D = loglog_slope(s.D_inf, "L").slope
+    tail = loglog_slope(s.D_inf.isel(L=slice(-TAIL_POINTS, None)), "L").slope if ds.sizes["L"] >= TAIL_POINTS \
+        else xr.full_like(D, np.nan)
+    return xr.Dataset({"excess": excess, "D_inf": D, "D_linL": loglog_slope(s.D_linL, "L").slope, "D_inf_tail": tail})
 
 
-class _Shared:
-    def __init__(self, ds):
-        self.ds, self.s = ds, summaries(ds)
-        self.L = ds.L.values
-        self.centred = [float(m) for m in ds.mean_norm.values if m == 0]
-        self.shifted = [float(m) for m in ds.mean_norm.values if m > 0]
-        self.few = too_few(self.L.size, 3, "prompt lengths", "a slope in L")
-        self._slopes = None
-
-    @property
-    def slopes(self):
-        if self._slopes is None:
-            self._slopes = slopes(self.ds)
-        return self._slopes
-
-    def over(self, which, reason, compute):
-        means = self.centred if which == "centred" else self.shifted
-        none = None if means else f"no {'centred' if which == 'centred' else 'non-centred'} setting in this file"
-        return measure_unless(reason or none, lambda: compute().sel(mean_norm=means).values.ravel())
+def _means(ds, which) -> list:
+    """The ``mean_norm`` values of the ``"centred"`` (0) or the ``"shifted"`` (> 0) settings."""
+    return [float(m) for m in ds.mean_norm.values if (m == 0 if which == "centred" else m > 0)]
 
 
-CRITERIA = Criteria("C3L", prepare=lambda ds: ds if isinstance(ds, _Shared) else _Shared(ds))
+def _few(ds):
+    return too_few(ds.sizes["L"], MIN_LINE_POINTS, "prompt lengths", "a slope in L")
+
+
+def _over(sh: Shared, which, reason, compute):
+    """``compute()`` at every centred or shifted (``which``) setting, unless ``reason`` (or no such
+    setting) stops it."""
+    means = _means(sh.ds, which)
+    none = None if means else f"no {'centred' if which == 'centred' else 'non-centred'} setting in this file"
+    return measure_unless(reason or none, lambda: compute().sel(mean_norm=means).values.ravel())
+
+
+CRITERIA = Criteria("C3L", prepare=Shared)
 
 
 @CRITERIA("C3L-risk-slope", "log-log slope in L of the final held-out excess risk of softmax(L) over the Bayes floor "
@@ -92,14 +90,15 @@ CRITERIA = Criteria("C3L", prepare=lambda ds: ds if isinstance(ds, _Shared) else
           reason="ours: the excess must fall towards the setting's own floor at least like L^-0.3; faster than "
                  "L^-1.2 would beat the parametric rate")
 def _risk_slope(sh):
-    return sh.over("centred", sh.few or _on_the_floor(sh), lambda: sh.slopes.excess)
+    return _over(sh, "centred", _few(sh.ds) or _on_the_floor(sh), lambda: sh(slopes).excess)
 
 
 def _on_the_floor(sh):
     """Why the excess slope cannot be taken (an excess <= 0 in some centred setting), or None."""
-    if not sh.centred:
+    centred = _means(sh.ds, "centred")
+    if not centred:
         return None
-    floor = (sh.s.excess.sel(mean_norm=sh.centred) <= 0).any("L")
+    floor = (sh(summaries).excess.sel(mean_norm=centred) <= 0).any("L")
     if not floor.any():
         return None
     return (f"the excess risk over the Bayes floor is <= 0 at some L in {int(floor.sum())} of {floor.size} centred "
@@ -110,14 +109,14 @@ def _on_the_floor(sh):
           "<=", -0.1, reference="C3: -0.134 / -0.176",
           reason="ours: the trajectory distance must fall with L (the C3 reference's own rate is slow)")
 def _d_slope(sh):
-    return sh.over("centred", sh.few, lambda: sh.slopes.D_inf)
+    return _over(sh, "centred", _few(sh.ds), lambda: sh(slopes).D_inf)
 
 
 @CRITERIA("C3L-DlinL-slope", "log-log slope in L of D_linL(L) = max_t ||theta_L^softmax - theta_L^linear||, every "
           "centred setting", "<=", -0.1, reference="C3: D_linL equals D(L) to 3 digits",
           reason="ours: softmax(L) approaches linear(L) as L grows, at D's rate")
 def _dlinl_slope(sh):
-    return sh.over("centred", sh.few, lambda: sh.slopes.D_linL)
+    return _over(sh, "centred", _few(sh.ds), lambda: sh(slopes).D_linL)
 
 
 @CRITERIA("C3L-DlinL-ratio", "D_linL / D at the largest L, every centred setting", "in", (0.8, 1.25),
@@ -125,22 +124,23 @@ def _dlinl_slope(sh):
           reason="ours: at large L the residual gap is the softmax nonlinearity, not covariance-estimation noise; "
                  "the band allows the smaller L and T of this profile")
 def _ratio(sh):
-    return sh.over("centred", None, lambda: (sh.s.D_linL / sh.s.D_inf).isel(L=-1))
+    return _over(sh, "centred", None, lambda: (sh(summaries).D_linL / sh(summaries).D_inf).isel(L=-1))
 
 
 @CRITERIA("C3L-block", "max over L and t of the off-block mass of softmax(L), every setting", "<", 1e-8,
           reference="C3: ~1e-17",
           reason="ours: the antithetic symmetry (w, eps) <-> (-w, -eps) is exact, with noise too: rounding only")
 def _block(sh):
-    return measure_unless(None, lambda: sh.s.off_block.max("L").values.ravel())
+    return measure_unless(None, lambda: sh(summaries).off_block.max("L").values.ravel())
 
 
 @CRITERIA("C3L-control-plateau", "non-centred control: log-log slope of D(L) over the last four L, every "
           "non-centred setting", ">", -0.25, reference="C3 Rademacher control: plateau at 0.20",
           reason="ours: softmax's limit is affine, linear(inf)'s linear, so D must flatten (C3e-plateau's bound)")
 def _control_plateau(sh):
-    return sh.over("shifted", too_few(sh.L.size, 4, "prompt lengths", "the slope over the last four"),
-                   lambda: sh.slopes.D_inf_tail)
+    return _over(sh, "shifted",
+                 too_few(sh.ds.sizes["L"], TAIL_POINTS, "prompt lengths", "the slope over the last four"),
+                 lambda: sh(slopes).D_inf_tail)
 
 
 @CRITERIA("C3L-control-gap", "non-centred control: limit gap 1/2 E(softmax_inf - linear_inf)^2 at theta_inf(T) "
@@ -149,57 +149,45 @@ def _control_plateau(sh):
           reason="ours: the two limits differ by the affine intercept; 0.1% of the target's scale is a clear gap")
 def _control_gap(sh):
     scale = sh.ds.risk_heldout_init.sel(model="linear").isel(L=-1).mean("seed")   # ~ 1/2 E y_q^2 at init
-    return sh.over("shifted", None, lambda: sh.s.limit_gap / scale)
+    return _over(sh, "shifted", None, lambda: sh(summaries).limit_gap / scale)
 
 
-def measures(ds: xr.Dataset) -> dict:
-    """Measured figure of every criterion (Inconclusive with the reason where the file cannot give it)."""
-    return CRITERIA.measures(ds)
+measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
 
 
-def verdicts(ds: xr.Dataset):
-    """PASS / FAIL / INCONCLUSIVE rows of the predeclared criteria stored in the file."""
-    return CRITERIA.verdicts(ds)
+def settings_table(ds: xr.Dataset) -> xr.Dataset:
+    """The fit table of the settings (rows: covariance, noise, d, mean_norm): the condition number,
+    the slopes (``n/a (needs 3 L)`` / ``n/a (needs 4 L)`` for the tail slope when the file has too
+    few prompt lengths; ``n/a`` for an excess not positive at every L), the ratio D_linL / D, D,
+    the held-out risk and the baselines at the largest L, the limit gap."""
+    s = summaries(ds)
+    n_L = ds.sizes["L"]
+    blank = xr.full_like(s.D_inf.isel(L=0, drop=True), np.nan).reset_coords(drop=True)
+    sl = slopes(ds) if n_L >= MIN_LINE_POINTS else xr.Dataset({k: blank for k in ("excess", "D_inf", "D_linL",
+                                                                                 "D_inf_tail")})
+    few = "n/a (needs 3 L)" if n_L < MIN_LINE_POINTS else None
+    last = s.isel(L=-1)
+    condition = s.condition.broadcast_like(blank) if "condition" in s.coords else blank
+    cols = {"condition": column(condition, "cond", ".3g"),
+            "excess_slope": column(sl.excess, "excess slope", ".3g", missing=few),
+            "D_slope": column(sl.D_inf, "D slope", ".3g", missing=few),
+            "DlinL_slope": column(sl.D_linL, "D_linL slope", ".3g", missing=few),
+            "D_tail_slope": column(sl.D_inf_tail, "D tail slope", ".3g",
+                                   missing=f"n/a (needs {TAIL_POINTS} L)" if n_L < TAIL_POINTS else None),
+            "ratio": column(last.D_linL / last.D_inf, "D_linL/D", ".3g"),
+            "D_last": column(last.D_inf, "D(Lmax)", ".3g"), "risk_last": column(last.risk_heldout, "risk(Lmax)", ".3g"),
+            "bayes_last": column(last.risk_bayes_ridge, "Bayes(Lmax)", ".3g"),
+            "pgd_last": column(last.risk_pgd, "pgd(Lmax)", ".3g"),
+            "pgd_theory_last": column(last.risk_pgd_theory, "pgd exact", ".3g"),
+            "limit_gap": column(s.limit_gap, "limit gap", ".3g")}
+    return make_table({k: v.broadcast_like(blank).transpose(*_SETTING) for k, v in cols.items()},
+                      title=f"C3 landscape, seed means, L = {int(ds.L[0])} .. {int(ds.L[-1])} (excess: softmax(L) "
+                            "held-out risk minus the posterior mean's, final step)")
 
 
-def _fmt(x, f=".3g"):
-    x = float(x)
-    return "nan" if not np.isfinite(x) else format(x, f)
-
-
-def settings_table(ds: xr.Dataset) -> list[dict]:
-    """One row per setting: the slopes, the ratio at the largest L, the excess at the ends, baselines."""
-    s, sl = summaries(ds), slopes(ds)
-    rows = []
-    for cov in ds.covariance.values:
-        for noise in ds.noise.values:
-            for d in ds.d.values:
-                for mn in ds.mean_norm.values:
-                    at = dict(covariance=cov, noise=noise, d=d, mean_norm=mn)
-                    c, k = s.sel(**at), sl.sel(**at)
-                    rows.append(dict(
-                        setting=f"{cov} s={noise:g} d={int(d)} |m|={mn:g}", excess_slope=float(k.excess),
-                        D_slope=float(k.D_inf), DlinL_slope=float(k.D_linL), D_tail_slope=float(k.D_inf_tail),
-                        ratio=float(c.D_linL.isel(L=-1) / c.D_inf.isel(L=-1)), D_last=float(c.D_inf.isel(L=-1)),
-                        risk_last=float(c.risk_heldout.isel(L=-1)), bayes_last=float(c.risk_bayes_ridge.isel(L=-1)),
-                        pgd_last=float(c.risk_pgd.isel(L=-1)), pgd_theory_last=float(c.risk_pgd_theory.isel(L=-1)),
-                        limit_gap=float(c.limit_gap),
-                        condition=float(c.condition) if "condition" in c.coords else float("nan")))
-    return rows
-
-
-def fit_table(ds: xr.Dataset) -> str:
-    """Plain-text table of :func:`settings_table`."""
-    head = ("setting", "cond", "excess slope", "D slope", "D_linL slope", "D tail slope", "D_linL/D", "D(Lmax)",
-            "risk(Lmax)", "Bayes(Lmax)", "pgd(Lmax)", "pgd exact", "limit gap")
-    keys = ("condition", "excess_slope", "D_slope", "DlinL_slope", "D_tail_slope", "ratio", "D_last", "risk_last",
-            "bayes_last", "pgd_last", "pgd_theory_last", "limit_gap")
-    lines = [f"C3 landscape, seed means, L = {int(ds.L[0])} .. {int(ds.L[-1])} (excess: softmax(L) held-out risk "
-             "minus the posterior mean's, final step)",
-             f"{head[0]:<34}" + "".join(f"{h:>13}" for h in head[1:])]
-    for r in settings_table(ds):
-        lines.append(f"{r['setting']:<34}" + "".join(f"{_fmt(r[k]):>13}" for k in keys))
-    return "\n".join(lines)
+def fit_tables(ds: xr.Dataset) -> dict:
+    """``settings``: :func:`settings_table`."""
+    return {"settings": settings_table(ds)}
 
 
 def figure(ds: xr.Dataset, path):

@@ -28,6 +28,8 @@ __all__ = [
     "COV_TYPES",
     "MIN_LINE_POINTS",
     "OLS_LINE_FIELDS",
+    "check_alpha",
+    "check_cov_type",
     "loglog_slope",
     "not_fitted",
     "ols_line_np",
@@ -77,12 +79,14 @@ _LOGLOG_ATTRS = {
 # ---------------------------------------------------------------------------------------------
 # validation helpers
 # ---------------------------------------------------------------------------------------------
-def _check_cov_type(cov_type: str) -> None:
+def check_cov_type(cov_type: str) -> None:
+    """Raise ValueError unless ``cov_type`` is one of :data:`COV_TYPES`."""
     if cov_type not in COV_TYPES:
         raise ValueError(f"cov_type must be one of {COV_TYPES}, got {cov_type!r}")
 
 
-def _check_alpha(alpha: float) -> float:
+def check_alpha(alpha: float) -> float:
+    """``alpha`` as a float; ValueError unless it lies in (0, 1)."""
     alpha = float(alpha)
     if not (0.0 < alpha < 1.0):
         raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
@@ -153,8 +157,8 @@ def ols_line_np(
     pvalue_slope, t_test_pvalue. ``r2`` is NaN when y is constant (R^2 undefined); with an
     exact fit the SEs are 0 and p-values 0.
     """
-    _check_cov_type(cov_type)
-    alpha = _check_alpha(alpha)
+    check_cov_type(cov_type)
+    alpha = check_alpha(alpha)
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     if x.ndim != 1 or y.shape != x.shape:
@@ -242,8 +246,31 @@ def loglog_slope(
         non-positive / non-finite value (the message names its coordinates; for dask input it
         is raised at compute time).
     """
-    _check_cov_type(cov_type)
-    alpha = _check_alpha(alpha)
+    check_cov_type(cov_type)
+    alpha = check_alpha(alpha)
+    xvals = _coordinate_values(da, dim)
+    da = _as_real(da)
+    _check_log_coordinate(da, dim, xvals)
+    test = None if test_exponent is None else float(test_exponent)
+    name = da.name if da.name is not None else "y"
+    da, cell, fit_cell = _cell_fits(da, dim, xvals, name, cov_type=cov_type, alpha=alpha, test=test)
+    k = len(OLS_LINE_FIELDS)
+    outs = xr.apply_ufunc(
+        fit_cell,
+        da,
+        cell,
+        input_core_dims=[[dim], []],
+        output_core_dims=[[]] * k,
+        vectorize=True,
+        dask="parallelized",
+        output_dtypes=[np.float64] * k,
+    )
+    return _labelled_loglog(outs, dim, name, cov_type=cov_type, alpha=alpha, test=test)
+
+
+def _coordinate_values(da, dim: str) -> np.ndarray:
+    """The float values of the fitted coordinate ``dim`` of ``da``: TypeError unless ``da`` is a
+    DataArray whose coordinate ``dim`` is numeric, ValueError unless it has one with >= 3 points."""
     if not isinstance(da, xr.DataArray):
         raise TypeError(f"loglog_slope expects an xr.DataArray, got {type(da).__name__}")
     if dim not in da.dims:
@@ -251,21 +278,31 @@ def loglog_slope(
     n = da.sizes[dim]
     if n < MIN_LINE_POINTS:
         raise ValueError(f"loglog_slope needs at least {MIN_LINE_POINTS} points along {dim!r}, got {n}")
-    if dim in da.coords:
-        try:
-            xvals = np.asarray(da[dim].values, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise TypeError(f"loglog_slope: the coordinate {dim!r} must be numeric, got dtype {da[dim].dtype}") from None
-    else:
+    if dim not in da.coords:
         raise ValueError(f"dimension {dim!r} has no coordinate: the fit needs its real values")
-    if da.dtype.kind not in "biuf":  # strings, objects, complex, dates: the log needs real numbers
-        if da.dtype.kind != "O":
-            raise TypeError(f"loglog_slope: {da.name if da.name is not None else 'da'} must be numeric, got dtype {da.dtype}")
-        try:  # an object array of numbers (None -> NaN, reported below with its coordinates)
-            da = da.astype(np.float64) if da.chunks is not None else da.copy(data=np.asarray(da.values, dtype=np.float64))
-        except (TypeError, ValueError):
-            raise TypeError(f"loglog_slope: {da.name if da.name is not None else 'da'} must be numeric, "
-                            "got an object array holding non-numbers") from None
+    try:
+        return np.asarray(da[dim].values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(f"loglog_slope: the coordinate {dim!r} must be numeric, got dtype {da[dim].dtype}") from None
+
+
+def _as_real(da: xr.DataArray) -> xr.DataArray:
+    """``da`` with real values: as it is when numeric, float64 for an object array of numbers (None
+    becomes NaN, reported later with its coordinates); TypeError for strings, complex, dates."""
+    if da.dtype.kind in "biuf":
+        return da
+    label = da.name if da.name is not None else "da"
+    if da.dtype.kind != "O":
+        raise TypeError(f"loglog_slope: {label} must be numeric, got dtype {da.dtype}")
+    try:
+        return da.astype(np.float64) if da.chunks is not None else da.copy(data=np.asarray(da.values, dtype=np.float64))
+    except (TypeError, ValueError):
+        raise TypeError(f"loglog_slope: {label} must be numeric, got an object array holding non-numbers") from None
+
+
+def _check_log_coordinate(da: xr.DataArray, dim: str, xvals: np.ndarray) -> None:
+    """ValueError naming the first coordinate value that is not positive and finite (no log), or
+    when they do not take two distinct values (no slope)."""
     bad_x = ~(np.isfinite(xvals) & (xvals > 0))
     if bad_x.any():
         i = int(np.argmax(bad_x))
@@ -275,10 +312,14 @@ def loglog_slope(
         )
     if np.ptp(np.log(xvals)) == 0:
         raise ValueError(f"loglog_slope: the coordinate {dim!r} must take at least two distinct values")
-    logx = np.log(xvals)
-    test = None if test_exponent is None else float(test_exponent)
-    name = da.name if da.name is not None else "y"
 
+
+def _cell_fits(da: xr.DataArray, dim: str, xvals: np.ndarray, name, *, cov_type: str, alpha: float, test):
+    """``(da, cell, fit_cell)`` for the fit of log ``da`` on log ``xvals`` (the coordinate values
+    of ``dim``): ``da`` rechunked to one chunk along ``dim`` (dask input),
+    ``cell`` the flat index of every cell of the other dims (chunked like ``da``), and
+    ``fit_cell(y, cell_id)`` the OLS fields of one cell, or a ValueError naming the coordinates of
+    its first value that is not positive and finite."""
     other = [d for d in da.dims if d != dim]
     shape = tuple(da.sizes[d] for d in other)
     cell = xr.DataArray(np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.int64).reshape(shape), dims=other)
@@ -287,7 +328,7 @@ def loglog_slope(
         da = da.chunk({dim: -1})
         cell = cell.chunk({d: da.chunksizes[d] for d in other})
 
-    def kernel(y: np.ndarray, cell_id: np.ndarray) -> tuple[float, ...]:
+    def fit_cell(y: np.ndarray, cell_id: np.ndarray) -> tuple[float, ...]:
         bad = ~(np.isfinite(y) & (y > 0))
         if bad.any():
             i = int(np.argmax(bad))
@@ -299,17 +340,13 @@ def loglog_slope(
             )
         return ols_line_np(logx, np.log(y), cov_type=cov_type, alpha=alpha, test_slope=test)
 
-    k = len(OLS_LINE_FIELDS)
-    outs = xr.apply_ufunc(
-        kernel,
-        da,
-        cell,
-        input_core_dims=[[dim], []],
-        output_core_dims=[[]] * k,
-        vectorize=True,
-        dask="parallelized",
-        output_dtypes=[np.float64] * k,
-    )
+    logx = np.log(xvals)
+    return da, cell, fit_cell
+
+
+def _labelled_loglog(outs, dim: str, name, *, cov_type: str, alpha: float, test) -> xr.Dataset:
+    """The Dataset of :func:`loglog_slope` from the per-field outputs of the cell fits: fields as
+    variables with their long_name and description, ``n`` as int64, the settings as scalar coords."""
     ds = xr.Dataset({field: out for field, out in zip(OLS_LINE_FIELDS, outs)})
     ds["n"] = ds["n"].astype(np.int64)
     if test is None:
@@ -434,8 +471,8 @@ def paper_form_fit(
     ``log_c1_se``, ``c2``, ``c2_se``, ``c2_ci_low``, ``c2_ci_high``, ``pvalue_c2_positive``,
     ``r2``, ``n``; scalar coordinates ``method``, ``cov_type``, ``alpha``.
     """
-    _check_cov_type(cov_type)
-    alpha = _check_alpha(alpha)
+    check_cov_type(cov_type)
+    alpha = check_alpha(alpha)
     if isinstance(L_mse, xr.DataArray) and isinstance(x, xr.DataArray):
         try:
             L_mse, x = xr.align(L_mse, x, join="exact")

@@ -5,7 +5,10 @@ saved with ``sfxlin run --name``), matched to its analysis by its ``experiment``
 that cannot be read or analysed (damaged, of another schema, another tool's) is skipped with a
 line saying which and why, and listed in the report; the report fails only when no file is
 usable. A file names its own analysis module (``analysis`` attr) and its claim's heading
-(``title``): nothing here lists the experiments. The HTML embeds every figure as a base64 PNG drawn afresh from the results file it
+(``title``): nothing here lists the experiments (:func:`analysis_for` finds the module,
+:func:`verdicts` and :func:`fit_tables` read a file through it). The fit tables are data
+(:mod:`.tables`), shown as HTML tables (a wide one scrolls within its box) and Markdown
+tables. The HTML embeds every figure as a base64 PNG drawn afresh from the results file it
 documents (no network, no side files); the Markdown gives the same tables for a terminal or a
 pull request. Both are written atomically.
 """
@@ -24,9 +27,10 @@ from pathlib import Path
 import xarray as xr
 
 from ..storage import ResultsError, open_results
+from .tables import to_html, to_markdown as tables_markdown, to_text
 from .verdicts import calibration_note, count_verdicts, to_markdown
 
-__all__ = ["analysis_for", "build_report", "report_paths", "write_report"]
+__all__ = ["analysis_for", "build_report", "fit_table", "fit_tables", "report_paths", "verdicts", "write_report"]
 
 PROVENANCE = ("profile", "created", "wall_seconds", "scheduler", "git_revision", "sfxlin_version", "history")
 
@@ -43,6 +47,27 @@ def analysis_for(ds: xr.Dataset):
         raise ValueError(f"its analysis module {name!r} cannot be imported ({exc})") from None
 
 
+def verdicts(ds: xr.Dataset, module=None) -> list:
+    """The verdict rows of a results Dataset by its analysis module (``module``, default
+    :func:`analysis_for`): the module's ``verdicts`` (in sfxlin's modules ``CRITERIA.verdicts``;
+    a module written outside may add flags of its own there), else ``CRITERIA.verdicts``."""
+    module = analysis_for(ds) if module is None else module
+    return getattr(module, "verdicts", module.CRITERIA.verdicts)(ds)
+
+
+def fit_tables(ds: xr.Dataset, module=None):
+    """The fit tables of a results Dataset, ``{name: table}`` (:mod:`.tables`), from its analysis
+    module (``module``, default :func:`analysis_for`); a module without ``fit_tables`` (one written
+    before the tables were data) gives the text of its own ``fit_table(ds)``."""
+    module = analysis_for(ds) if module is None else module
+    return module.fit_tables(ds) if hasattr(module, "fit_tables") else module.fit_table(ds)
+
+
+def fit_table(ds: xr.Dataset) -> str:
+    """The fit tables of a results Dataset as terminal text (:func:`.tables.to_text` of :func:`fit_tables`)."""
+    return to_text(fit_tables(ds))
+
+
 def _figure_png(module, ds) -> bytes:
     buf = io.BytesIO()
     module.figure(ds, buf)
@@ -52,10 +77,10 @@ def _figure_png(module, ds) -> bytes:
 def _section(path: Path):
     ds = open_results(path)  # loaded and closed, schema version checked
     module = analysis_for(ds)
-    rows = module.verdicts(ds)
+    rows = verdicts(ds, module)
     return {"experiment": ds.attrs["experiment"], "title": ds.attrs.get("title", ds.attrs["experiment"]),
             "note": calibration_note(ds), "path": path, "rows": rows, "counts": count_verdicts(rows),
-            "fits": module.fit_table(ds), "png": _figure_png(module, ds),
+            "fits": fit_tables(ds, module), "png": _figure_png(module, ds),
             "provenance": {k: ds.attrs.get(k) for k in PROVENANCE}, "config": ds.attrs.get("config", "{}")}
 
 
@@ -89,12 +114,17 @@ def _html_table(rows):
         body.append(f"<tr><td>{html.escape(r.id)}</td><td>{html.escape(r.criterion.description)}</td>"
                     f"<td>{html.escape(r.measured_str)}</td><td>{html.escape(r.threshold_str)}</td>"
                     f"<td>{html.escape(r.reference)}</td><td class='{cls}'>{r.verdict}{note}</td></tr>")
-    return f"<table>{head}{''.join(body)}</table>"
+    return f"<div class='fit-scroll'><table>{head}{''.join(body)}</table></div>"
 
 
-STYLE = """body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
+STYLE = """body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222;
+overflow-wrap:break-word}
 table{border-collapse:collapse;margin:1em 0;font-size:0.9em}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}
 .pass{background:#d9f2d9}.fail{background:#f7d4d4}.inconclusive{background:#f5ecc8}
+.fit-scroll{max-width:100%;overflow-x:auto}table.fit{margin:0.3em 0;font-size:0.85em}
+table.fit td,table.fit th{padding:2px 6px;white-space:nowrap;overflow-wrap:normal}
+table.fit td.num{text-align:right;font-variant-numeric:tabular-nums}
+.fit-title{margin:1em 0 0.2em;font-weight:bold}.fit-notes{margin:0.2em 0 1em;font-size:0.85em;color:#555}
 pre{background:#f6f6f6;padding:0.8em;overflow-x:auto;font-size:0.85em}img{max-width:100%}"""
 
 
@@ -126,13 +156,13 @@ def build_report(results_dir, on_skip=None) -> tuple[str, str]:
         parts += [f"<h2 id='{html.escape(sec['path'].stem)}'>{html.escape(title)}</h2>",
                   f"<p><code>{html.escape(sec['path'].name)}</code>: {counts}</p>",
                   _html_table(sec["rows"]), f"<p><i>{html.escape(sec['note'])}</i></p>" if sec["note"] else "",
-                  "<h3>Fits</h3>", f"<pre>{html.escape(sec['fits'])}</pre>",
+                  "<h3>Fits</h3>", to_html(sec["fits"]),
                   f"<img alt='{sec['experiment']} figure' src='data:image/png;base64,{png}'>",
                   "<h3>Provenance</h3>", f"<ul>{prov}</ul>",
                   f"<details><summary>configuration</summary><pre>{html.escape(json.dumps(json.loads(sec['config']), indent=1))}</pre></details>"]
         md += [f"## {title}", "", f"`{sec['path'].name}`: {counts}", "", to_markdown(sec["rows"]), "",
-               *([f"_{sec['note']}_", ""] if sec["note"] else []), "```",
-               sec["fits"], "```", "", "Provenance: " + "; ".join(f"{k} {v}" for k, v in sec["provenance"].items()), ""]
+               *([f"_{sec['note']}_", ""] if sec["note"] else []), "### Fits", "",
+               tables_markdown(sec["fits"]), "", "Provenance: " + "; ".join(f"{k} {v}" for k, v in sec["provenance"].items()), ""]
     if skipped:
         parts += ["<h2 id='skipped'>Skipped files</h2>", "<ul>" + "".join(
             f"<li><code>{html.escape(p.name)}</code>: {html.escape(why)}</li>" for p, why in skipped) + "</ul>"]

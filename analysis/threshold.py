@@ -15,7 +15,7 @@ import numpy as np
 import statsmodels.api as sm
 import xarray as xr
 
-from .fits import _check_alpha, _check_cov_type
+from .fits import check_alpha, check_cov_type
 
 __all__ = ["MIN_HINGE_POINTS", "ThresholdFit", "threshold_regression", "hinge_design_np", "hinge_ssr_np",
            "hansen_lr_crit"]
@@ -62,7 +62,7 @@ def hansen_lr_crit(alpha: float = 0.05) -> float:
     ``crit(alpha) = -2 log(1 - sqrt(1 - alpha))`` (5.94 for alpha = 0.10, 7.35 for 0.05,
     10.59 for 0.01).
     """
-    alpha = _check_alpha(alpha)
+    alpha = check_alpha(alpha)
     return -2.0 * math.log(1.0 - math.sqrt(1.0 - alpha))
 
 
@@ -240,8 +240,54 @@ def threshold_regression(
     ThresholdFit: ``c_hat``, ``c_ci_low``, ``c_ci_high``, coefficients and SEs, ``slope_left``,
     ``slope_right`` (SE from the covariance of b1 + b2), profiles and a ``note``.
     """
-    _check_cov_type(cov_type)
-    alpha = _check_alpha(alpha)
+    check_cov_type(cov_type)
+    alpha = check_alpha(alpha)
+    y, x, w = _checked_data(y, x, weights)
+    n = int(np.count_nonzero(w > 0))
+    crit = _checked_settings(n, trim, n_grid, alpha, lr_crit)
+    keep = w > 0  # zero-weight points drop out (so they do not count in the residual df either)
+    y, x, w = y[keep], x[keep], w[keep]
+    grid = _breakpoint_grid(x, trim, n_grid)
+    wts = None if weights is None else w
+    mx, sx, my, sy = _standardisation(x, y)
+    xs, ys, grid_s = (x - mx) / sx, (y - my) / sy, (grid - mx) / sx
+    ssr_s, ssr = _ssr_profile(ys, xs, grid_s, wts, sy)
+    j = int(np.argmin(ssr_s))
+    lr = _lr_profile(ssr_s, j, n)
+    inside = np.flatnonzero(lr <= crit)
+    params, bse, right, right_se, r2 = _fit_at_break(ys, xs, grid_s[j], wts, cov_type, (mx, sx, my, sy))
+    return ThresholdFit(
+        c_hat=float(grid[j]),
+        c_ci_low=float(grid[inside.min()]),
+        c_ci_high=float(grid[inside.max()]),
+        ci_truncated=bool(inside.min() == 0 or inside.max() == grid.size - 1),
+        alpha=alpha,
+        lr_crit=crit,
+        b0=float(params[0]),
+        b0_se=float(bse[0]),
+        b1=float(params[1]),
+        b1_se=float(bse[1]),
+        b2=float(params[2]),
+        b2_se=float(bse[2]),
+        slope_left=float(params[1]),
+        slope_left_se=float(bse[1]),
+        slope_right=right,
+        slope_right_se=right_se,
+        ssr=float(ssr[j]),
+        r2=r2,
+        n=n,
+        cov_type=cov_type,
+        weighted=weights is not None,
+        trim=float(trim),
+        grid=grid,
+        ssr_profile=ssr,
+        lr_profile=lr,
+    )
+
+
+def _checked_data(y, x, weights) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(y, x, w)`` as float64 arrays (``w`` all ones without ``weights``); ValueError naming the
+    first entry that is not 1-D of one shape, finite and (for a weight) non-negative."""
     y = np.asarray(y, dtype=np.float64)
     x = np.asarray(x, dtype=np.float64)
     if y.ndim != 1 or x.ndim != 1:
@@ -254,19 +300,23 @@ def threshold_regression(
             i = int(np.argmax(bad))
             raise ValueError(f"threshold_regression: {name} must be finite; found {arr[i]:g} at index {i}")
     if weights is None:
-        w = np.ones_like(y)
-    else:
-        w = np.asarray(weights, dtype=np.float64)
-        if w.shape != y.shape:
-            raise ValueError(f"threshold_regression: weights must have the shape of y {y.shape}, got {w.shape}")
-        bad = ~np.isfinite(w)
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise ValueError(f"threshold_regression: weights must be finite; found {w[i]:g} at index {i}")
-        if (w < 0).any():
-            i = int(np.argmax(w < 0))
-            raise ValueError(f"threshold_regression: weights must be non-negative; found {w[i]:g} at index {i}")
-    n = int(np.count_nonzero(w > 0))
+        return y, x, np.ones_like(y)
+    w = np.asarray(weights, dtype=np.float64)
+    if w.shape != y.shape:
+        raise ValueError(f"threshold_regression: weights must have the shape of y {y.shape}, got {w.shape}")
+    bad = ~np.isfinite(w)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"threshold_regression: weights must be finite; found {w[i]:g} at index {i}")
+    if (w < 0).any():
+        i = int(np.argmax(w < 0))
+        raise ValueError(f"threshold_regression: weights must be non-negative; found {w[i]:g} at index {i}")
+    return y, x, w
+
+
+def _checked_settings(n: int, trim: float, n_grid: int, alpha: float, lr_crit) -> float:
+    """The LR critical value (Hansen's at ``alpha`` unless ``lr_crit``); ValueError when there are
+    fewer than :data:`MIN_HINGE_POINTS` points of positive weight or a setting is out of range."""
     if n < MIN_HINGE_POINTS:
         raise ValueError(
             f"threshold_regression needs at least {MIN_HINGE_POINTS} points (with positive weight) for a 3-parameter hinge "
@@ -279,18 +329,29 @@ def threshold_regression(
     crit = hansen_lr_crit(alpha) if lr_crit is None else float(lr_crit)
     if not (math.isfinite(crit) and crit > 0):
         raise ValueError(f"threshold_regression: lr_crit must be positive and finite, got {lr_crit!r}")
+    return crit
 
-    keep = w > 0  # zero-weight points drop out (so they do not count in the residual df either)
-    y, x, w = y[keep], x[keep], w[keep]
+
+def _breakpoint_grid(x: np.ndarray, trim: float, n_grid: int) -> np.ndarray:
+    """Candidate breakpoints: ``n_grid`` equally spaced between the ``trim`` and ``1 - trim``
+    quantiles of ``x``, with the observed ``x`` inside that range, sorted and unique."""
     lo, hi = np.quantile(x, trim), np.quantile(x, 1.0 - trim)
-    grid = np.unique(np.concatenate([np.linspace(lo, hi, int(n_grid)), x[(x >= lo) & (x <= hi)]]))
-    wts = None if weights is None else w
-    # affine standardisation (see Numerics): halves first, so neither the midrange nor the range overflows
+    return np.unique(np.concatenate([np.linspace(lo, hi, int(n_grid)), x[(x >= lo) & (x <= hi)]]))
+
+
+def _standardisation(x: np.ndarray, y: np.ndarray) -> tuple:
+    """``(mx, sx, my, sy)``: midrange and half-range of ``x``, median of ``y`` and its largest
+    deviation from it (1 where a scale is 0), so that the fits run on numbers of order 1."""
+    # halves first, so neither the midrange nor the range overflows
     mx, sx = x.max() / 2 + x.min() / 2, x.max() / 2 - x.min() / 2
     my = float(np.median(y))
     sy = np.abs(y - my).max()  # numpy float: sy**2 may overflow to inf (an honest SSR > 1e308), not raise
-    sx, sy = (sx if sx > 0 else np.float64(1.0)), (sy if sy > 0 else np.float64(1.0))
-    xs, ys, grid_s = (x - mx) / sx, (y - my) / sy, (grid - mx) / sx
+    return mx, (sx if sx > 0 else np.float64(1.0)), my, (sy if sy > 0 else np.float64(1.0))
+
+
+def _ssr_profile(ys, xs, grid_s, wts, sy) -> tuple[np.ndarray, np.ndarray]:
+    """``(ssr_s, ssr)``: the SSR at every standardised breakpoint, in standardised and in original
+    units (``inf`` where the hinge design is singular); ValueError when it is singular everywhere."""
     ssr_s = np.array([hinge_ssr_np(ys, xs, c, wts) for c in grid_s])
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         ssr = np.where(np.isfinite(ssr_s), ssr_s * sy**2, np.inf)  # sy**2 may underflow: inf * 0
@@ -299,22 +360,27 @@ def threshold_regression(
             "threshold_regression: the hinge design is singular at every candidate breakpoint "
             "(too few distinct x values on one side of the trimmed grid)"
         )
-    j = int(np.argmin(ssr_s))
-    c_hat = float(grid[j])
-    ssr_hat = float(ssr[j])
+    return ssr_s, ssr
+
+
+def _lr_profile(ssr_s: np.ndarray, j: int, n: int) -> np.ndarray:
+    """``LR(c) = n (SSR(c) - SSR(c_hat)) / SSR(c_hat)`` over the grid (``c_hat`` at index ``j``);
+    with an exact fit (SSR 0) it is 0 where the SSR is 0 too and ``inf`` elsewhere."""
     with np.errstate(divide="ignore", invalid="ignore"):
         if ssr_s[j] > 0:
-            lr = n * (ssr_s - ssr_s[j]) / ssr_s[j]
-        else:
-            lr = np.where(ssr_s <= 0, 0.0, np.inf)
-    inside = np.flatnonzero(lr <= crit)
-    ci_low, ci_high = float(grid[inside.min()]), float(grid[inside.max()])
-    truncated = bool(inside.min() == 0 or inside.max() == grid.size - 1)
+            return n * (ssr_s - ssr_s[j]) / ssr_s[j]
+        return np.where(ssr_s <= 0, 0.0, np.inf)
 
-    Z = hinge_design_np(xs, grid_s[j])
+
+def _fit_at_break(ys, xs, c_s, wts, cov_type: str, scales) -> tuple:
+    """``(params, bse, slope_right, slope_right_se, r2)`` of the hinge fit at the standardised
+    breakpoint ``c_s`` (WLS with ``wts``, OLS without), mapped back to the original units
+    ``scales = (mx, sx, my, sy)`` (module doc of :func:`threshold_regression`, Numerics)."""
+    mx, sx, my, sy = scales
+    Z = hinge_design_np(xs, c_s)
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        model = sm.OLS(ys, Z) if weights is None else sm.WLS(ys, Z, weights=w)
+        model = sm.OLS(ys, Z) if wts is None else sm.WLS(ys, Z, weights=wts)
         res = model.fit(cov_type=cov_type)
         p_s = np.asarray(res.params)
         V = np.asarray(res.cov_params())
@@ -330,30 +396,4 @@ def threshold_regression(
         ])
         right = float(params[1] + params[2])
         right_se = k * math.sqrt(max(V[1, 1] + V[2, 2] + 2.0 * V[1, 2], 0.0))
-    return ThresholdFit(
-        c_hat=c_hat,
-        c_ci_low=ci_low,
-        c_ci_high=ci_high,
-        ci_truncated=truncated,
-        alpha=alpha,
-        lr_crit=crit,
-        b0=float(params[0]),
-        b0_se=float(bse[0]),
-        b1=float(params[1]),
-        b1_se=float(bse[1]),
-        b2=float(params[2]),
-        b2_se=float(bse[2]),
-        slope_left=float(params[1]),
-        slope_left_se=float(bse[1]),
-        slope_right=right,
-        slope_right_se=right_se,
-        ssr=ssr_hat,
-        r2=r2,
-        n=n,
-        cov_type=cov_type,
-        weighted=weights is not None,
-        trim=float(trim),
-        grid=grid,
-        ssr_profile=ssr,
-        lr_profile=lr,
-    )
+    return params, bse, right, right_se, r2

@@ -35,6 +35,7 @@ __all__ = [
     "PASS",
     "Criterion",
     "Inconclusive",
+    "Shared",
     "VerdictRow",
     "count_verdicts",
     "to_frame",
@@ -150,13 +151,16 @@ class Criteria:
             return slopes(ds).slope.values.ravel()
 
     Iterating gives the :class:`Criterion` s in declaration order (what ``build()`` stores in a
-    results file); :meth:`measures` calls every measure on a results Dataset (or on what
-    ``prepare(ds)`` returns, when the measures share a computation).
+    results file); :meth:`measures` calls every measure on a results Dataset, or on what
+    ``prepare(ds)`` returns (e.g. ``prepare=Shared``, when the measures share a computation);
+    :meth:`verdicts` judges them. ``inconclusive(data)`` (optional, given what ``prepare``
+    returns) says which criteria the data cannot decide whatever their value, ``{id: reason}``.
     """
 
-    def __init__(self, claim, prepare=None):
+    def __init__(self, claim, prepare=None, inconclusive=None):
         self.claim = claim
         self.prepare = prepare
+        self.inconclusive = inconclusive
         self._items: list = []
 
     def __call__(self, id, description, kind, threshold, *, reference="", reason="", profile="paper", fmt=".3g"):
@@ -177,17 +181,40 @@ class Criteria:
     def __len__(self):
         return len(self._items)
 
+    def _measure(self, data, ids=None) -> dict:
+        return {c.id: measure(data) for c, measure in self._items if ids is None or c.id in ids}
+
     def measures(self, ds, ids=None) -> dict:
         """``{criterion id: measured value}`` of every declared measure (or of those in ``ids``) on ``ds``."""
-        data = self.prepare(ds) if self.prepare is not None else ds
-        return {c.id: measure(data) for c, measure in self._items if ids is None or c.id in ids}
+        return self._measure(self.prepare(ds) if self.prepare is not None else ds, ids)
 
     def verdicts(self, ds, inconclusive=None) -> list:
         """The verdict rows of the criteria stored in the results file ``ds`` (predeclared when it
         was made), each measured by the measure declared here under its id; a stored criterion
-        with no measure here is INCONCLUSIVE."""
+        with no measure here is INCONCLUSIVE. Flagged INCONCLUSIVE whatever their value: the
+        stored criteria that ``self.inconclusive`` names, and ``inconclusive`` (as in :func:`evaluate`)."""
         stored = criteria_from_attrs(ds)
-        return evaluate(stored, self.measures(ds, {c.id for c in stored}), inconclusive)
+        ids = {c.id for c in stored}
+        data = self.prepare(ds) if self.prepare is not None else ds
+        flags = {} if self.inconclusive is None else {k: v for k, v in self.inconclusive(data).items() if k in ids}
+        return evaluate(stored, self._measure(data, ids), {**flags, **_flag_reasons(inconclusive)})
+
+
+class Shared:
+    """A results Dataset with the computations that several measures (or tables) read, each made
+    at most once: ``sh(f, *args)`` is ``f(sh.ds, *args)``, computed on the first call and kept
+    (keyed by ``f`` and ``args``, which must be hashable). ``Criteria(claim, prepare=Shared)`` gives
+    every measure of one file the same ``Shared``, so a fit read by several of them is done once."""
+
+    def __init__(self, ds):
+        self.ds = ds
+        self._kept: dict = {}
+
+    def __call__(self, f, *args):
+        key = (f, args)
+        if key not in self._kept:
+            self._kept[key] = f(self.ds, *args)
+        return self._kept[key]
 
 
 @dataclass(frozen=True)
@@ -311,12 +338,7 @@ def evaluate(
     unknown = sorted(set(measured) - set(ids))
     if unknown:
         raise ValueError(f"measured values for unknown criteria {unknown}; known: {ids}")
-    if inconclusive is None:
-        flags: dict[str, str] = {}
-    elif isinstance(inconclusive, Mapping):
-        flags = {k: str(v) for k, v in inconclusive.items()}
-    else:
-        flags = {k: "" for k in inconclusive}
+    flags = _flag_reasons(inconclusive)
     unknown = sorted(set(flags) - set(ids))
     if unknown:
         raise ValueError(f"inconclusive flags for unknown criteria {unknown}; known: {ids}")
@@ -331,6 +353,15 @@ def evaluate(
             row = VerdictRow(crit, raw, row.measured_str, INCONCLUSIVE, note)
         rows.append(row)
     return rows
+
+
+def _flag_reasons(inconclusive) -> dict[str, str]:
+    """``{id: reason}`` of ``inconclusive`` given as a mapping, an iterable of ids or None."""
+    if inconclusive is None:
+        return {}
+    if isinstance(inconclusive, Mapping):
+        return {k: str(v) for k, v in inconclusive.items()}
+    return {k: "" for k in inconclusive}
 
 
 def _row(crit: Criterion, raw) -> VerdictRow:

@@ -222,7 +222,8 @@ def report(ds, figure, quiet=False):
     """Analyse a results Dataset: save its figure at ``figure`` and compute its fit and verdict
     tables, printed unless ``quiet``. The analysis runs either way: ``quiet`` only silences it,
     so a failing analysis fails the command with or without ``--quiet``."""
-    from .analysis.report import analysis_for
+    from .analysis.report import analysis_for, fit_tables, verdicts
+    from .analysis.tables import to_text
     from .analysis.verdicts import calibration_note, format_table
 
     module = analysis_for(ds)
@@ -236,13 +237,13 @@ def report(ds, figure, quiet=False):
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fits = module.fit_table(ds)
-    verdicts = format_table(module.verdicts(ds))
+    fits = to_text(fit_tables(ds, module))
+    table = format_table(verdicts(ds, module))
     note = calibration_note(ds)
     if not quiet:
         print(fits)
         print()
-        print(verdicts)
+        print(table)
         if note:
             print(note)
         print(f"\nfigure: {figure}")

@@ -4,7 +4,9 @@ import pytest
 import xarray as xr
 
 import sfxlin
+from sfxlin.analysis import c1
 from sfxlin.analysis.fits import loglog_slope
+from sfxlin.analysis.tables import to_text
 from sfxlin.cli import main
 
 
@@ -28,12 +30,13 @@ def test_dataset_accessor_gives_verdicts_fits_figure_and_provenance(ds, tmp_path
     assert list(frame.columns) == ["claim", "description", "measured", "threshold", "reference", "verdict", "note"]
     assert frame.loc["C1-quadrature", "verdict"] == "PASS"
     assert "PASS" in ds.sfx.verdict_table()
-    assert "slope" in ds.sfx.fit_table()
+    assert "slope" in ds.sfx.fit_table() and ds.sfx.fit_table() == to_text(ds.sfx.fit_tables())
+    np.testing.assert_array_equal(ds.sfx.fit_tables()["slopes"].slope.values, c1.slopes(ds).slope.values)
     assert ds.sfx.figure(tmp_path / "f.png").stat().st_size > 10_000
     assert ds.sfx.config["L"] == ds.L.values.tolist()
     assert ds.sfx.experiment == "c1_limit"
     text = repr(ds.sfx)
-    assert "c1_limit" in text and ".verdicts()" in text
+    assert "c1_limit" in text and ".verdicts()" in text and ".fit_tables()" in text
 
 
 def test_open_results_without_argument_lists_names(ds, monkeypatch, tmp_path):

@@ -70,7 +70,7 @@ def test_rf_constant_is_the_snis_expectation_and_infinite_for_heavy_tails(ds):
 def test_analysis_measures_table_and_figure(ds, tmp_path):
     m = analysis.measures(ds)
     assert set(m) == {c.id for c in analysis.CRITERIA}
-    table = analysis.fit_table(ds)
+    table = ds.sfx.fit_table()
     assert "relu_norm" in table and "rf_sigma2" in table
     assert analysis.figure(ds, tmp_path / "f.png").stat().st_size > 10_000
 

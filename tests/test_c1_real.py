@@ -106,7 +106,7 @@ def test_a_small_run_through_the_analysis(tmp_path):
     rows = {r.id: r for r in analysis.verdicts(ds)}
     assert set(rows) == {"C1R-slopes", "C1R-sharp-constant", "C1R-gauss-decomposition", "C1R-bias-order"}
     assert rows["C1R-bias-order"].verdict == PASS  # exact, no Monte Carlo: holds at any size
-    table = analysis.fit_table(ds)
+    table = ds.sfx.fit_table()
     assert "wine" in table and "order of bias_gauss" in table
     assert analysis.figure(ds, tmp_path / "c1_real.png").stat().st_size > 10_000
 

@@ -355,7 +355,7 @@ def test_quick_profile_end_to_end(quick_file, quick_ds):
     by_id = {r.id: r for r in rows}
     assert by_id["C2-tail-violations"].verdict == "PASS"
     assert by_id["C2-grad-violations"].verdict == "PASS"
-    table = c2_analysis.fit_table(ds)
+    table = ds.sfx.fit_table()
     for part in ("(a) output tails", "(b) gradient gap", "(c) gradient gap g_L(t)", "ASSUMED"):
         assert part in table
     assert "criterion" in format_table(rows)

@@ -106,7 +106,7 @@ def test_quick_analysis_tables_verdicts_figure(quick, tmp_path):
         lo, hi = th["ci_tau"]
         assert lo <= th["break_tau"] <= hi and ds.tau.min() <= th["break_tau"] <= ds.tau.max()
         assert th["alternative"]["x"] != th["x"]
-        table = analysis.fit_table(ds)
+        table = ds.sfx.fit_table()
         assert "threshold regression" in table and "sensitivity" in table
         rows = analysis.verdicts(ds)
         assert [r.id for r in rows] == [c.id for c in analysis.CRITERIA]
@@ -209,7 +209,7 @@ def test_analysis_recovers_a_known_break():
     assert th["fit"].slope_left == pytest.approx(-0.1, abs=0.02)
     assert th["fit"].slope_right == pytest.approx(0.0, abs=0.02)
     # the analysis ignores g_risk when absent and prints every tau
-    assert len(analysis.fit_table(ds).splitlines()) > ds.tau.size
+    assert analysis.fit_tables(ds)["exponents"].sizes["tau"] == ds.tau.size
     m = analysis.measures(ds)
     assert m["C2T-uniform-trend"] <= -0.8
     assert m["C2T-break-location"] == pytest.approx(th["break_tau"]) and m["C2T-break-covers-4"] == 1.0

@@ -160,7 +160,7 @@ def test_analysis_recovers_the_synthetic_rates_and_constants(tmp_path):
     bad = ds.copy(deep=True)
     bad["err"].loc[dict(layer=3)] = bad.err.sel(layer=3) * (bad.L / 16.0) ** 0.5   # rate -1/2 at depth 3
     assert {row.criterion.id: row.verdict for row in A.verdicts(bad)}["C3D-a-slope"] == FAIL
-    text = A.fit_table(ds)
+    text = ds.sfx.fit_table()
     assert "C(l) / C(1)" in text and "held-out" in text
     A.figure(ds, tmp_path / "c3_deep.png")
     assert (tmp_path / "c3_deep.png").stat().st_size > 0

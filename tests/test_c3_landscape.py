@@ -45,7 +45,7 @@ def test_quick_profile_end_to_end(tmp_path):
     rows = analysis.verdicts(ds)
     assert [r.id for r in rows] == [c.id for c in analysis.CRITERIA]
     assert "C3L-block" in format_table(rows)
-    assert "excess slope" in analysis.fit_table(ds)
+    assert "excess slope" in ds.sfx.fit_table()
     assert Path(analysis.figure(ds, tmp_path / "c3l.png")).stat().st_size > 10_000
 
 

@@ -76,7 +76,7 @@ def test_quick_profile_end_to_end(quick_file, tmp_path):
     assert q.dims == ("model", "L") and np.all(np.isfinite(q))
     assert ds.U.sel(L=QUICK["L"][-1], row=0, col=0).sel(model="softmax", setting="isotropic", seed=0).dims == ("t",)
     # analysis from the file alone
-    table = c3_analysis.fit_table(ds)
+    table = ds.sfx.fit_table()
     assert "slope" in table and "Perturbation diagnostic" in table and "Rademacher control" in table
     rows = c3_analysis.verdicts(ds)
     assert [r.id for r in rows] == [c.id for c in c3_analysis.CRITERIA]
@@ -295,7 +295,7 @@ def test_analysis_imports_no_simulation_code():
         elif isinstance(node, ast.ImportFrom):
             module = node.module or ""
             imported.add(("." * node.level) + (module if node.level else module.split(".")[0]))
-    assert imported <= {"json", "numpy", "xarray", "matplotlib", "__future__", ".fits", ".verdicts"}, imported
+    assert imported <= {"json", "numpy", "xarray", "matplotlib", "__future__", ".fits", ".tables", ".verdicts"}, imported
 
 
 def test_analysis_measures_on_a_synthetic_file(quick_file):

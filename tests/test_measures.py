@@ -18,6 +18,7 @@ from statsmodels.stats.proportion import proportion_confint
 
 import synthetic
 from sfxlin.analysis import c1, c2, c2_threshold, c3
+from sfxlin.analysis.tables import to_text
 from sfxlin.analysis.verdicts import FAIL, INCONCLUSIVE, PASS, Criterion, Inconclusive, evaluate
 
 HAIR = 1e-6     # relative step across a bound: far above rounding, far below any bound's meaning
@@ -447,8 +448,8 @@ def test_a_fit_that_cannot_be_done_is_inconclusive_with_its_reason(module, make,
         k: (INCONCLUSIVE, why) for k, why in reasons.items()}
     assert not any(r.verdict == INCONCLUSIVE for k, r in got.items() if k not in reasons), \
         {k: r.note for k, r in got.items() if r.verdict == INCONCLUSIVE}
-    table = module.fit_table(ds)
-    assert isinstance(table, str) and any(why in table for why in reasons.values())
+    table = to_text(module.fit_tables(ds))
+    assert any(why in table for why in reasons.values())
     png = module.figure(ds, tmp_path / "x.png")
     assert png.stat().st_size > 1000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -458,7 +459,7 @@ def test_c2_secondary_fit_over_the_upper_half_needs_three_prompt_lengths():
     ds = synthetic.c2(L=(8, 16, 32))
     assert {r.verdict for r in c2.verdicts(ds)} == {PASS}
     assert "secondary, L >= 16: not fitted, needs >= 3 prompt lengths >= 16 for a log-log slope, got 2" \
-        in c2.fit_table(ds)
+        in to_text(c2.fit_tables(ds))
 
 
 def test_c3_plateau_needs_the_last_four_prompt_lengths():

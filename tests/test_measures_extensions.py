@@ -14,6 +14,7 @@ import xarray as xr
 
 import synthetic
 from sfxlin.analysis import c1_kernels, c1_real, c3_deep, c3_landscape
+from sfxlin.analysis.tables import to_text
 from sfxlin.analysis.verdicts import FAIL, INCONCLUSIVE, PASS
 from test_measures import HAIR, case, put, rows
 
@@ -603,7 +604,7 @@ def test_c3_landscape_slopes_against_least_squares():
 def test_c3_landscape_excess_on_the_floor_is_inconclusive_with_the_reason_and_the_rest_judged():
     """softmax(L) on the Monte Carlo Bayes floor at one L of one centred setting: no log of its
     excess, so the risk slope is INCONCLUSIVE with that reason; the other criteria are judged and
-    the fit table prints the slope as nan."""
+    the fit table prints the slope as n/a."""
     ds = _excess(-0.7)(synthetic.c3l())
     ds["risk_heldout"].loc[dict(CENTRED, model="softmax", L=32)] = ds.risk_bayes_ridge.loc[dict(CENTRED, L=32)]
     got = rows(c3_landscape, ds)
@@ -612,7 +613,9 @@ def test_c3_landscape_excess_on_the_floor_is_inconclusive_with_the_reason_and_th
                       "(softmax(L) on or below the Monte Carlo floor): no log-log slope there")
     assert {k: r.verdict for k, r in got.items() if k != "C3L-risk-slope"} == {
         c.id: PASS for c in c3_landscape.CRITERIA if c.id != "C3L-risk-slope"}
-    assert np.isnan(c3_landscape.slopes(ds).excess.sel(CENTRED)) and "nan" in c3_landscape.fit_table(ds)
+    table = c3_landscape.settings_table(ds)
+    assert np.isnan(c3_landscape.slopes(ds).excess.sel(CENTRED)) and np.isnan(table.excess_slope.sel(CENTRED))
+    assert "n/a" in to_text(table)
 
 
 C3L_FEW = [

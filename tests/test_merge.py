@@ -114,7 +114,7 @@ def test_the_merged_file_reads_and_analyses_like_the_single_run(tmp_path, capsys
     ds, single = open_results(out), run("d=2,3")
     _assert_same_data(ds, single)
     module = analysis_for(ds)
-    assert module.fit_table(ds) == module.fit_table(single)
+    assert ds.sfx.fit_table() == single.sfx.fit_table()
     assert [r.verdict for r in module.verdicts(ds)] == [r.verdict for r in module.verdicts(single)]
     assert str(module.measures(ds)) == str(module.measures(single))
     assert main(["info", str(out)]) == 0

@@ -180,7 +180,7 @@ def test_the_protocol_benchmark_loop_reproduces_the_sweep_file(tmp_path):
     assert seed_loop(path) <= 1e-10
     # without the perturbed run the fit table shows the curvature diagnostic only, and its
     # numbers are the stored eigenvalues' maxima (recomputed here with numpy)
-    table = c3_analysis.fit_table(ds)
+    table = ds.sfx.fit_table()
     assert "Off-block curvature" in table and "Perturbation diagnostic" not in table
     lr = config["lr"]
     stab = c3_analysis.off_block_stability(ds, lr)

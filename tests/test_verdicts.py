@@ -1,6 +1,8 @@
 """Tests of sfxlin.analysis.verdicts: criteria as data, PASS / FAIL / INCONCLUSIVE, tables."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import xarray as xr
@@ -9,7 +11,9 @@ from sfxlin.analysis.verdicts import (
     FAIL,
     INCONCLUSIVE,
     PASS,
+    Criteria,
     Criterion,
+    Shared,
     count_verdicts,
     evaluate,
     format_table,
@@ -178,3 +182,45 @@ def test_format_spec_used_for_measured_figure():
     crit = Criterion(id="r", claim="C3", description="", kind="<", threshold=0.02, fmt=".2%")
     (row,) = evaluate([crit], {"r": 0.0095})
     assert row.measured_str == "0.95%" and row.verdict == PASS
+
+
+def test_shared_computes_each_function_of_the_file_once():
+    calls = []
+
+    def mean_over(ds, dim):
+        calls.append(dim)
+        return ds.x.mean(dim)
+
+    ds = xr.Dataset({"x": (("a", "b"), np.arange(6.0).reshape(2, 3))})
+    sh = Shared(ds)
+    assert float(sh(mean_over, "a")[0]) == 1.5 and float(sh(mean_over, "b")[1]) == 4.0
+    assert sh(mean_over, "a") is sh(mean_over, "a")
+    assert calls == ["a", "b"]
+
+
+def _criteria_with_a_flag():
+    """Two criteria measured from one shared fit, a flag hook that marks the second one, and the
+    number of times the shared fit was made."""
+    made = []
+
+    def fit(ds):
+        made.append(1)
+        return float(ds.x.mean())
+
+    crit = Criteria("T", prepare=Shared, inconclusive=lambda sh: {"T-b": f"fit {sh(fit):g} undecided", "T-c": "x"})
+    crit("T-a", "mean", "<", 10.0, reason="r")(lambda sh: sh(fit))
+    crit("T-b", "mean again", ">", 0.0, reason="r")(lambda sh: sh(fit))
+    ds = xr.Dataset({"x": ("i", [1.0, 2.0])}, attrs={"criteria": json.dumps([c.to_dict() for c in crit])})
+    return crit, ds, made
+
+
+def test_criteria_flags_from_the_shared_data_and_from_the_caller():
+    """The hook's flags reach the stored criteria (T-c is not stored: ignored), the caller's are
+    added, and one Shared serves the measures and the hook: the fit is made once."""
+    crit, ds, made = _criteria_with_a_flag()
+    rows = {r.id: r for r in crit.verdicts(ds)}
+    assert (rows["T-a"].verdict, rows["T-b"].verdict) == (PASS, INCONCLUSIVE)
+    assert rows["T-b"].note == "flagged inconclusive: fit 1.5 undecided" and len(made) == 1
+    rows = {r.id: r for r in crit.verdicts(ds, inconclusive={"T-a": "caller"})}
+    assert rows["T-a"].note == "flagged inconclusive: caller" and rows["T-b"].verdict == INCONCLUSIVE
+    assert crit.measures(ds) == {"T-a": 1.5, "T-b": 1.5}

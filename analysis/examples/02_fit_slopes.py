@@ -13,3 +13,8 @@ print("settings of the fit travel with it:", fit.cov_type.item(), fit.method.ite
 plateau = ds.mse.sel(law="rademacher", d=2, U_norm=0.5).mean("seed")
 print("rademacher, d=2, |U|=0.5, last four L:", plateau.isel(L=slice(-4, None)).values)
 print(ds.sfx.verdict_table())
+
+# the fit tables of `sfxlin run` are data too: one labelled xr.Dataset per table
+table = ds.sfx.fit_tables()["slopes"]
+print(table.attrs["title"])
+print(table[["slope", "slope_se", "sharp_ratio"]].to_dataframe().round(3))
