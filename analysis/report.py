@@ -26,7 +26,7 @@ from pathlib import Path
 
 import xarray as xr
 
-from ..storage import ResultsError, open_results
+from ..engine.storage import ResultsError, open_results
 from .tables import to_html, to_markdown as tables_markdown, to_text
 from .verdicts import calibration_note, count_verdicts, to_markdown
 

@@ -25,7 +25,7 @@ def agreement(path, n_last=6):
 
     from sfxlin import curvature, icl, laws
     from sfxlin.pipelines import c3_transfer as c3
-    from sfxlin.sweep import cell_rng
+    from sfxlin.engine.sweep import cell_rng
 
     with xr.open_dataset(path) as ds:
         ds = ds.load()

@@ -38,7 +38,7 @@ def seed_loop(path):
 
     from sfxlin import icl, laws
     from sfxlin.pipelines import c3_transfer as c3
-    from sfxlin.sweep import cell_rng
+    from sfxlin.engine.sweep import cell_rng
     from sfxlin.testing import reference_c3
 
     with xr.open_dataset(path) as ds:

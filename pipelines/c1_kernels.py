@@ -32,8 +32,8 @@ from numpy.polynomial.hermite_e import hermegauss
 from sfxlin.kernels import KERNELS as KERNEL_CLASSES
 from sfxlin.kernels import (KERNEL_NAMES, SMOOTHNESS, Kernel, kernel_attention_prefix, kernel_limit, kernel_mse,
                             positive_random_features, rf_attention_prefix, rf_feature_constant, rf_limit)
-from sfxlin.params import Param, Profiles
-from sfxlin.sweep import Experiment, Out, Part, Variable, substream
+from sfxlin.engine.params import Param, Profiles
+from sfxlin.engine.sweep import Experiment, Out, Part, Variable, substream
 
 NAME = "c1_kernels"
 #: the kernels of the sweep: every kernel of the registry (``sfxlin.kernels.KERNEL_NAMES``), softmax at

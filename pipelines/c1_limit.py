@@ -29,10 +29,10 @@ import numpy as np
 
 from sfxlin.attention import asymptotic_mse, softmax_attention, softmax_attention_prefix
 from sfxlin.laws import LAWS, Empirical
-from sfxlin.params import Param, Profiles, file_digests
+from sfxlin.engine.params import Param, Profiles, file_digests
 from sfxlin.quadrature import gaussian_tilted_mean_quadrature
 from sfxlin.realdata import TOKEN_SUFFIXES, check_unchanged, read_tokens
-from sfxlin.sweep import Experiment, Out, Part, Variable, cell_rng, substream
+from sfxlin.engine.sweep import Experiment, Out, Part, Variable, cell_rng, substream
 
 NAME = "c1_limit"
 

@@ -27,9 +27,9 @@ import numpy as np
 
 from sfxlin.attention import asymptotic_mse, softmax_attention_prefix
 from sfxlin.laws import Empirical, Gaussian
-from sfxlin.params import Param, Profiles
+from sfxlin.engine.params import Param, Profiles
 from sfxlin.realdata import DATASETS, token_set
-from sfxlin.sweep import Experiment, Out, Part, Variable, cell_rng
+from sfxlin.engine.sweep import Experiment, Out, Part, Variable, cell_rng
 
 NAME = "c1_real"
 

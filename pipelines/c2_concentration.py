@@ -57,9 +57,9 @@ from __future__ import annotations
 import numpy as np
 
 from sfxlin.concentration import SETTINGS, covariance, gradient_concentration, output_tails
-from sfxlin.params import Param, Profiles
+from sfxlin.engine.params import Param, Profiles
 from sfxlin.stability import concentration_constant, gradient_gap_trajectory
-from sfxlin.sweep import Experiment, Part, Variable, substream
+from sfxlin.engine.sweep import Experiment, Part, Variable, substream
 
 NAME = "c2_concentration"
 

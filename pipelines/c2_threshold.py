@@ -48,9 +48,9 @@ import math
 import numpy as np
 
 from sfxlin import covariance, icl, laws
-from sfxlin.params import Param, Profiles
+from sfxlin.engine.params import Param, Profiles
 from sfxlin.stability import TRAINERS, concentration_constant, gap_constant, gradient_gap_trajectory
-from sfxlin.sweep import Experiment, Part, Variable
+from sfxlin.engine.sweep import Experiment, Part, Variable
 from sfxlin.training import checkpoint_steps
 
 NAME = "c2_threshold"

@@ -35,8 +35,8 @@ from __future__ import annotations
 import numpy as np
 
 from sfxlin import icl, laws
-from sfxlin.params import Param, Profiles
-from sfxlin.sweep import Experiment, Part, Variable
+from sfxlin.engine.params import Param, Profiles
+from sfxlin.engine.sweep import Experiment, Part, Variable
 from sfxlin.training import checkpoint_steps
 
 NAME = "c3_deep"

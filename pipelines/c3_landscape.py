@@ -42,8 +42,8 @@ from __future__ import annotations
 import numpy as np
 
 from sfxlin import baselines, bayes, covariance, icl, laws, training
-from sfxlin.params import Param, Profiles
-from sfxlin.sweep import Experiment, Part, Variable
+from sfxlin.engine.params import Param, Profiles
+from sfxlin.engine.sweep import Experiment, Part, Variable
 
 NAME = "c3_landscape"
 MODELS = ("softmax", "linear")

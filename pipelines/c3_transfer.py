@@ -74,9 +74,9 @@ from __future__ import annotations
 import numpy as np
 
 from sfxlin import baselines, curvature, icl, laws, training
-from sfxlin.params import Param, Profiles, digest_key
+from sfxlin.engine.params import Param, Profiles, digest_key
 from sfxlin.realdata import TOKEN_SUFFIXES, check_unchanged
-from sfxlin.sweep import Experiment, Part, Variable
+from sfxlin.engine.sweep import Experiment, Part, Variable
 
 NAME = "c3_transfer"
 

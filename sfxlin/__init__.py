@@ -6,8 +6,8 @@ from ._version import __version__
 from .attention import (asymptotic_mse, limit_attention, linear_attention, softmax_attention,
                         softmax_attention_prefix)
 from .laws import LAWS, Gaussian, GaussianMixture, Law, NoLimitError, Rademacher, StudentT, Uniform
-from .storage import open_results, save
-from .sweep import Experiment, Variable, build
+from .engine.storage import open_results, save
+from .engine.sweep import Experiment, Variable, build
 from .analysis import accessor as _accessor  # registers the ``.sfx`` accessors  # noqa: F401
 
 __all__ = [

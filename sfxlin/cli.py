@@ -40,9 +40,9 @@ import threading
 from pathlib import Path
 
 from ._version import __version__
-from .experiments import ENV, experiments
-from .experiments import get as get_experiment
-from .storage import (FOLDER_RULE, RESULTS_ENV, ResultsError, changed_input_files, default_results_dir,
+from .engine.experiments import ENV, experiments
+from .engine.experiments import get as get_experiment
+from .engine.storage import (FOLDER_RULE, RESULTS_ENV, ResultsError, changed_input_files, default_results_dir,
                       ensure_writable, results_path, save)
 
 __all__ = ["main"]
@@ -177,8 +177,8 @@ def output_never_stops_work():
 
 
 def default_out(profile, overrides) -> Path:
-    """The default ``--out`` of a run (:data:`sfxlin.storage.FOLDER_RULE`): the paper results'
-    folder (:func:`sfxlin.storage.default_results_dir`) for the paper profile without
+    """The default ``--out`` of a run (:data:`sfxlin.engine.storage.FOLDER_RULE`): the paper results'
+    folder (:func:`sfxlin.engine.storage.default_results_dir`) for the paper profile without
     overrides, ``runs/PROFILE`` of the working directory otherwise."""
     return default_results_dir() if profile == "paper" and not overrides else Path("runs") / profile
 
@@ -261,9 +261,9 @@ def run_experiment(experiment, config, out_dir, name, args):
     every finished cell in ``out_dir/.EXP.cells``, then print its tables; ``args`` holds the
     run options (``--force``, ``--fresh``, ``--chunks``, the scheduler, ``--quiet``/``--verbose``)
     and ``argv``, the command line that resumes. Returns None."""
-    from .cellstore import CellStore
-    from .execution import compute
-    from .sweep import build
+    from .engine.cellstore import CellStore
+    from .engine.execution import compute
+    from .engine.sweep import build
 
     path = out_dir / f"{name}.nc"
     if not args.force:
@@ -348,7 +348,7 @@ def rerun_configuration(experiment, attrs):
 
 
 def cmd_merge(args):
-    from .merge import merge_files  # written beside this module
+    from .engine.merge import merge_files  # written beside this module
 
     out = merge_files([Path(p) for p in args.files], Path(args.out))
     print(f"wrote {out} ({merged_cells(out)} cells)")
@@ -376,7 +376,7 @@ def cmd_cells(args):
     """For each experiment with kept cells in ``OUT`` (or ``--experiment``'s), one line: how many,
     their size, how many the current code computed (the others are stale: never served again);
     ``--prune`` removes the stale ones, ``--prune --all`` every one."""
-    from .cellstore import KeptCells, prune, survey
+    from .engine.cellstore import KeptCells, prune, survey
 
     if args.all and not args.prune:
         raise ValueError("--all goes with --prune (sfxlin cells OUT --prune --all removes every kept cell)")
@@ -485,7 +485,7 @@ def cmd_info(args):
     not write (or of another schema), what the analysis would need."""
     import xarray as xr
 
-    from .schema import SCHEMA_VERSION
+    from .engine.schema import SCHEMA_VERSION
 
     path = results_path(args.file)
     try:
@@ -538,7 +538,7 @@ def _md(text):
 
 def schema_markdown():
     """Markdown of every experiment's file schema, generated from the declarations."""
-    from .schema import CONVENTIONS, COORDS, SCHEMA_VERSION
+    from .engine.schema import CONVENTIONS, COORDS, SCHEMA_VERSION
 
     lines = ["# datasets", "",
              "Results of the paper profiles (`make reproduce`), one netCDF file per experiment, with the",
@@ -548,7 +548,7 @@ def schema_markdown():
              "every parameter: `sfxlin run EXP --profile P` with these values reruns it), `sfxlin_version`,",
              "`sfxlin_schema_version`, `git_revision`, `library_versions`, `created` (UTC), `wall_seconds`,",
              "`scheduler`, `history`, and `criteria` (JSON: the predeclared criteria of the verdict table).", "",
-             "A file merged from runs over parts of one grid (`sfxlin merge A.nc B.nc -o C.nc`, `sfxlin.merge`)",
+             "A file merged from runs over parts of one grid (`sfxlin merge A.nc B.nc -o C.nc`, `sfxlin.engine.merge`)",
              "has the merged `config`, `overrides` and `n_cells`, one more `history` line, and `merged_from`",
              "(JSON: each input's path, sha256, `created`, `git_revision`, and its `wall_seconds`, `scheduler`",
              "and `cell_timeline`, which the merged file does not carry).", "",

@@ -34,7 +34,7 @@ items): a family name then ``:``-separated arguments, positional or ``key=value`
 
 ``rotated:<spec>:seed=N`` rotates the spectrum of any other spec. :func:`from_spec` builds the
 matrix; a bad spec raises one ValueError naming the spec and what was expected.
-:func:`spec_check` makes an :class:`sfxlin.sweep.Experiment` check that validates spec parameters
+:func:`spec_check` makes an :class:`sfxlin.engine.sweep.Experiment` check that validates spec parameters
 when the configuration is built, before any cell runs.
 """
 from __future__ import annotations
@@ -387,7 +387,7 @@ def closed_form(spec, d) -> dict:
 
 
 def spec_check(param, d_param="d"):
-    """A check for :class:`sfxlin.sweep.Experiment` ``checks``: every spec in the ``param`` value
+    """A check for :class:`sfxlin.engine.sweep.Experiment` ``checks``: every spec in the ``param`` value
     of a configuration (a ``str`` or ``str_list`` parameter) must build a covariance for every
     dimension in ``config[d_param]`` (an int or a list of ints); ValueError ``"<param>: ..."``."""
     def check(config):

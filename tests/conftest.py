@@ -29,6 +29,6 @@ def toy_config():
 @pytest.fixture(scope="session")
 def toy_computed():
     """The toy experiment computed once, synchronously, one task per cell."""
-    from sfxlin.sweep import build
+    from sfxlin.engine.sweep import build
 
     return build(toy_experiment.EXPERIMENT, toy_experiment.make_config()).compute(scheduler="synchronous")

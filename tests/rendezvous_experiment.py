@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from sfxlin.params import Param
-from sfxlin.sweep import Experiment, Part, Variable
+from sfxlin.engine.params import Param
+from sfxlin.engine.sweep import Experiment, Part, Variable
 
 PARAMS = (
     Param("folder", "str", "where the cells leave their files", ""),

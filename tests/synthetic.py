@@ -7,7 +7,7 @@ laws / models / settings / checkpoints / prompt lengths with values that would f
 if they were read instead. Tests copy it and change one cell to make one criterion fail.
 
 The criteria are attached as ``build()`` stores them: ``attrs['criteria']``, the JSON list of
-the experiment's declared criteria (:func:`sfxlin.sweep.criteria_of`), with the ``analysis`` attr.
+the experiment's declared criteria (:func:`sfxlin.engine.sweep.criteria_of`), with the ``analysis`` attr.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from sfxlin.pipelines import c1_limit, c2_concentration, c2_threshold, c3_transf
 
 
 from sfxlin.pipelines import c1_limit, c2_concentration, c2_threshold, c3_deep as c3_deep_pipeline, c3_transfer
-from sfxlin.sweep import criteria_of
+from sfxlin.engine.sweep import criteria_of
 
 #: seed factors with mean exactly 1: per-seed curves differ from their mean
 SEED_FACTORS = np.array([0.5, 1.5])
@@ -352,6 +352,8 @@ def c1_kernels(L=(16, 32, 64, 128)):
          "orth_share": (("kernel", "r", "seed"), 0.01 * gain),
          "z2": (("kernel", "r", "seed"), gain.copy()),
          "stein_error": (("stein_kernel",), np.array([1e-15] * 3 + [1e-6] * 4)),
+         "stein_smoothness": (("stein_kernel",), np.array([0] * 3 + [1] * 4, dtype=np.int8),
+                              {"flag_values": np.array([0, 1], dtype=np.int8), "flag_meanings": "smooth kinked"}),
          "rf_sq_error": (("rf_sigma2", "rf_m", "rf_draw"), np.repeat(rf[..., None], 3, -1)),
          "rf_constant": (("rf_sigma2", "rf_m"), np.array([[0.05] * 4, [np.inf] * 4]))},
         coords={"kernel": kernels, "r": r, "L": L, "seed": [0, 1], "stein_kernel": list(c1_kernels_pipeline.KERNEL_NAMES),

@@ -13,7 +13,7 @@ from sfxlin.attention import asymptotic_mse, softmax_attention
 from sfxlin.cli import main
 from sfxlin.laws import Gaussian, NoLimitError, Rademacher, StudentT, Uniform
 from sfxlin.pipelines import c1_limit
-from sfxlin.sweep import build, run_cell
+from sfxlin.engine.sweep import build, run_cell
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def test_cell_matches_an_independent_recomputation():
     config = c1_limit.EXPERIMENT.configure("quick")
     cell = {"d": config["d"][1], "U_norm": config["U_norm"][0], "seed": 1}
     out = run_cell(c1_limit.EXPERIMENT, config, cell)
-    from sfxlin.sweep import cell_rng
+    from sfxlin.engine.sweep import cell_rng
 
     rng = cell_rng(c1_limit.NAME, cell, config["root_seed"])
     d, Ls = config["d"][1], np.array(config["L"])

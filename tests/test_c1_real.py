@@ -8,7 +8,7 @@ from sfxlin.analysis import c1_real as analysis
 from sfxlin.analysis.verdicts import FAIL, INCONCLUSIVE, PASS
 from sfxlin.pipelines import c1_real
 from sfxlin.realdata import DATASETS, load_dataset, pca_whiten, standardise, token_set
-from sfxlin.sweep import build, cell_rng, run_cell
+from sfxlin.engine.sweep import build, cell_rng, run_cell
 
 SMALL = {"datasets": ["wine", "diabetes"], "D": [2], "U_norm": [0.05, 0.1, 0.8], "n_seeds": 1, "L": [16, 32, 64, 128],
          "n_queries": 3, "n_prompts": 4, "query_chunk": 2}

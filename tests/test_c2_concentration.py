@@ -12,13 +12,13 @@ from sfxlin import concentration, icl
 from sfxlin.analysis import c2 as c2_analysis
 from sfxlin.analysis.verdicts import format_table
 from sfxlin.attention import softmax_attention
-from sfxlin.cellstore import CellStore
-from sfxlin.execution import compute
+from sfxlin.engine.cellstore import CellStore
+from sfxlin.engine.execution import compute
 from sfxlin.laws import Gaussian
 from sfxlin.pipelines import c2_concentration as c2
 from sfxlin.stability import concentration_constant, gradient_gap_trajectory
-from sfxlin.storage import open_results, save
-from sfxlin.sweep import build, cell_rng, run_cell
+from sfxlin.engine.storage import open_results, save
+from sfxlin.engine.sweep import build, cell_rng, run_cell
 
 from conftest import raise_if_dask_computes
 

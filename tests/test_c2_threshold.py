@@ -12,11 +12,11 @@ from conftest import raise_if_dask_computes
 from sfxlin import covariance, icl, laws
 from sfxlin.analysis import c2_threshold as analysis
 from sfxlin.analysis.verdicts import FAIL, INCONCLUSIVE, PASS, format_table
-from sfxlin.execution import compute
+from sfxlin.engine.execution import compute
 from sfxlin.pipelines import c2_threshold
 from sfxlin.stability import _gap_integrand, concentration_constant, gap_constant, gradient_gap
-from sfxlin.storage import save
-from sfxlin.sweep import build, run_cell
+from sfxlin.engine.storage import save
+from sfxlin.engine.sweep import build, run_cell
 from sfxlin.training import checkpoint_steps
 
 EXPERIMENT = c2_threshold.EXPERIMENT

@@ -16,7 +16,7 @@ import synthetic
 from sfxlin import icl
 from sfxlin.analysis import c3_deep as A
 from sfxlin.analysis.verdicts import FAIL, PASS
-from sfxlin.sweep import cell_rng, run_cell
+from sfxlin.engine.sweep import cell_rng, run_cell
 
 M = pytest.importorskip("sfxlin.models")
 from sfxlin.pipelines import c3_deep  # noqa: E402

@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from sfxlin import bayes, covariance, icl, storage, training
+from sfxlin import bayes, covariance, icl, training
+from sfxlin.engine import storage
 from sfxlin.analysis import c3_landscape as analysis
 from sfxlin.analysis.verdicts import format_table
-from sfxlin.execution import compute
+from sfxlin.engine.execution import compute
 from sfxlin.pipelines import c3_landscape as c3l
-from sfxlin.sweep import build, cell_rng, run_cell
+from sfxlin.engine.sweep import build, cell_rng, run_cell
 
 EXPERIMENT = c3l.EXPERIMENT
 SMALL = dict(covariances=["kms:0.5"], noises=[0.5], d=[2], mean_norms=[0.0], n_pairs=2, n_queries=2,

@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from sfxlin import icl, laws, storage, training
+from sfxlin import icl, laws, training
+from sfxlin.engine import storage
 from sfxlin.analysis import c3 as c3_analysis
 from sfxlin.analysis.verdicts import format_table
-from sfxlin.execution import compute
+from sfxlin.engine.execution import compute
 from sfxlin.pipelines import c3_transfer as c3
-from sfxlin.sweep import CellError, build, cell_rng, run_cell
+from sfxlin.engine.sweep import CellError, build, cell_rng, run_cell
 
 from conftest import raise_if_dask_computes
 

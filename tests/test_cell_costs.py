@@ -6,8 +6,8 @@ import pytest
 import xarray as xr
 
 from sfxlin.benchmarks import cell_costs
-from sfxlin.execution import compute
-from sfxlin.sweep import build
+from sfxlin.engine.execution import compute
+from sfxlin.engine.sweep import build
 
 
 def _ds(rows, **coords):

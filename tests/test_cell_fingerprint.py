@@ -12,9 +12,9 @@ import threading
 
 import numpy as np
 
-from sfxlin.cellstore import CellStore, cell_fingerprint
-from sfxlin.params import Param
-from sfxlin.sweep import Experiment, Part, Variable, build, cell_rng
+from sfxlin.engine.cellstore import CellStore, cell_fingerprint
+from sfxlin.engine.params import Param
+from sfxlin.engine.sweep import Experiment, Part, Variable, build, cell_rng
 
 PARAMS = (
     Param("n_seeds", "int", "replicates", 3, low=1, grid=True),

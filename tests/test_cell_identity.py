@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sfxlin.cellstore import CellStore, cell_fingerprint
+from sfxlin.engine.cellstore import CellStore, cell_fingerprint
 from sfxlin.pipelines import (c1_kernels, c1_limit, c1_real, c2_concentration, c2_threshold, c3_deep, c3_landscape,
                               c3_transfer)
-from sfxlin.sweep import build, run_cell
+from sfxlin.engine.sweep import build, run_cell
 from sfxlin.testing import TIME_STAMPS, assert_same_results
 
 C1 = {**c1_limit.EXPERIMENT.configure("quick"), "d": [2], "U_norm": [0.5], "n_seeds": 1, "L": [4, 8, 16], "n_queries": 2,

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from sfxlin.cli import main
-from sfxlin.experiments import experiments
+from sfxlin.engine.experiments import experiments
 
 
 def run_cli(*args):
@@ -55,7 +55,7 @@ def test_list_shows_experiments_parameters_and_profiles(capsys):
 
 def test_run_takes_the_experiments_scheduler_unless_one_is_asked(tmp_path, monkeypatch):
     """c3_transfer declares processes; --local-scheduler and --workers take precedence."""
-    import sfxlin.execution as execution
+    import sfxlin.engine.execution as execution
 
     seen = []
 

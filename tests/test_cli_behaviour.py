@@ -26,12 +26,12 @@ import dask
 import pytest
 import xarray as xr
 
-import sfxlin.sweep
+import sfxlin.engine.sweep
 from sfxlin.analysis import c1 as c1_analysis
 from sfxlin.cli import main
-from sfxlin.experiments import get as get_experiment
-from sfxlin.execution import CellProgress
-from sfxlin.sweep import build
+from sfxlin.engine.experiments import get as get_experiment
+from sfxlin.engine.execution import CellProgress
+from sfxlin.engine.sweep import build
 
 # a small C1 configuration: a couple of seconds in-process
 TINY = ["--local-scheduler", "synchronous", "--set", "d=2", "--set", "U_norm=0.1", "--set", "L=16,32,64",
@@ -60,7 +60,7 @@ def no_cell_computed(monkeypatch):
     """Fail the test if any cell is computed."""
     def refuse(*args):
         raise AssertionError(f"a cell was computed: {args[2]}")
-    monkeypatch.setattr(sfxlin.sweep, "run_cell", refuse)
+    monkeypatch.setattr(sfxlin.engine.sweep, "run_cell", refuse)
 
 
 # --------------------------------------------------------------------------------------------
@@ -198,8 +198,8 @@ def test_a_run_of_another_configuration_does_not_replace_the_file(tmp_path, caps
     first = (tmp_path / "c1_limit.nc").read_bytes()
     cells = listing(tmp_path / ".c1_limit.cells")
     computed = []
-    real_run_cell = sfxlin.sweep.run_cell
-    monkeypatch.setattr(sfxlin.sweep, "run_cell", lambda *a: computed.append(a) or real_run_cell(*a))
+    real_run_cell = sfxlin.engine.sweep.run_cell
+    monkeypatch.setattr(sfxlin.engine.sweep, "run_cell", lambda *a: computed.append(a) or real_run_cell(*a))
 
     other = [a if a != "n_prompts=2" else "n_prompts=3" for a in TINY]  # each parameter is given once
     assert main(["run", "c1", *other, "--quiet", "--fresh", "--out", str(tmp_path)]) == 2

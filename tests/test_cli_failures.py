@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 import xarray as xr
 
-import sfxlin.cellstore
-import sfxlin.sweep
+import sfxlin.engine.cellstore
+import sfxlin.engine.sweep
 from sfxlin.cli import main
-from sfxlin.schema import SCHEMA_VERSION
-from sfxlin.storage import ResultsError, open_results
+from sfxlin.engine.schema import SCHEMA_VERSION
+from sfxlin.engine.storage import ResultsError, open_results
 
 # a small C1 configuration: one cell per task, synchronous, a couple of seconds in-process
 TINY = ["--quiet", "--local-scheduler", "synchronous", "--set", "d=2", "--set", "U_norm=0.1", "--set", "L=16,32,64",
@@ -155,8 +155,8 @@ def test_full_disk_while_writing_the_results_file(tmp_path, monkeypatch, capsys)
     assert len(kept) == 2 and all(k.startswith("cell_") and k.endswith(".npz") for k in kept)  # and the check
     monkeypatch.undo()
     computed = []
-    real_run_cell = sfxlin.sweep.run_cell
-    monkeypatch.setattr(sfxlin.sweep, "run_cell", lambda *a: computed.append(a) or real_run_cell(*a))
+    real_run_cell = sfxlin.engine.sweep.run_cell
+    monkeypatch.setattr(sfxlin.engine.sweep, "run_cell", lambda *a: computed.append(a) or real_run_cell(*a))
     assert main(["run", "c1", *TINY, "--out", str(out)]) == 0
     assert computed == []  # served from the kept cell, not recomputed
     assert [p for p in listing(out) if not p.startswith(".")] == ["c1_limit.nc", "c1_limit.png"]
@@ -165,7 +165,7 @@ def test_full_disk_while_writing_the_results_file(tmp_path, monkeypatch, capsys)
 
 def test_full_disk_while_keeping_a_finished_cell(tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
-    monkeypatch.setattr(sfxlin.cellstore.np, "savez", lambda file, **arrays: _partial_then(ENOSPC)(None, file))
+    monkeypatch.setattr(sfxlin.engine.cellstore.np, "savez", lambda file, **arrays: _partial_then(ENOSPC)(None, file))
     assert main(["run", "c1", *TINY, "--out", str(out)]) == 2
     error_line(capsys.readouterr().err, "No space left on device")
     assert not (out / "c1_limit.nc").exists()

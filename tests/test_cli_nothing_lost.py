@@ -23,10 +23,10 @@ import xarray as xr
 
 import sfxlin
 import sfxlin.cli as cli
-import sfxlin.execution
-import sfxlin.sweep
+import sfxlin.engine.execution
+import sfxlin.engine.sweep
 from sfxlin.cli import main
-from sfxlin.storage import ResultsError
+from sfxlin.engine.storage import ResultsError
 
 TINY = ["--local-scheduler", "synchronous", "--set", "d=2", "--set", "U_norm=0.1", "--set", "L=16,32,64",
         "--set", "n_seeds=1", "--set", "n_queries=3", "--set", "n_prompts=2"]
@@ -65,8 +65,8 @@ def tiny(tmp_path_factory):
 def count_cells(monkeypatch):
     """The cells computed from here on (a list of run_cell's arguments)."""
     computed = []
-    real = sfxlin.sweep.run_cell
-    monkeypatch.setattr(sfxlin.sweep, "run_cell", lambda *a: computed.append(a) or real(*a))
+    real = sfxlin.engine.sweep.run_cell
+    monkeypatch.setattr(sfxlin.engine.sweep, "run_cell", lambda *a: computed.append(a) or real(*a))
     return computed
 
 
@@ -203,7 +203,7 @@ def test_a_failure_that_follows_a_sigterm_is_reported_as_the_termination(tmp_pat
         cli.TERMINATED.set()  # the SIGTERM arrived ...
         raise RuntimeError("A child process terminated abruptly")  # ... and the pool broke first
 
-    monkeypatch.setattr(sfxlin.execution, "compute", compute)
+    monkeypatch.setattr(sfxlin.engine.execution, "compute", compute)
     assert main(["run", "c1", *TINY, "--quiet", "--out", str(tmp_path)]) == 143
     err = capsys.readouterr().err
     assert err.startswith("sfxlin: terminated (SIGTERM); 0 of 2 cells kept in ") and "the same command resumes" in err
@@ -239,7 +239,7 @@ def test_a_paper_run_goes_to_sfxlin_results_when_set(tmp_path, monkeypatch, caps
     run into ./runs/PROFILE of the working directory. Stopped at once: only where it goes is checked."""
     def compute(*args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr(sfxlin.execution, "compute", compute)
+    monkeypatch.setattr(sfxlin.engine.execution, "compute", compute)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SFXLIN_RESULTS", str(tmp_path / "paper"))
     expected = {("--profile", "paper"): tmp_path / "paper",
@@ -384,11 +384,11 @@ def test_cells_refuses_bad_options(tmp_path, capsys, args, message):
 
 
 # --------------------------------------------------------------------------------------------
-# 10. sfxlin merge calls sfxlin.merge.merge_files
+# 10. sfxlin merge calls sfxlin.engine.merge.merge_files
 # --------------------------------------------------------------------------------------------
 @pytest.fixture
 def stand_in_merge(monkeypatch):
-    """A stand-in ``sfxlin.merge`` recording its calls: copies the first file to ``out``, or
+    """A stand-in ``sfxlin.engine.merge`` recording its calls: copies the first file to ``out``, or
     raises ResultsError when a file is named ``incompatible.nc``."""
     calls = []
 
@@ -399,9 +399,9 @@ def stand_in_merge(monkeypatch):
         shutil.copy(paths[0], out)
         return out
 
-    module = types.ModuleType("sfxlin.merge")
+    module = types.ModuleType("sfxlin.engine.merge")
     module.merge_files = merge_files
-    monkeypatch.setitem(sys.modules, "sfxlin.merge", module)
+    monkeypatch.setitem(sys.modules, "sfxlin.engine.merge", module)
     return calls
 
 
@@ -431,9 +431,9 @@ def test_merged_cells_counts_the_grid_in_the_file(tiny, tmp_path):
 
 
 def test_merge_through_the_real_module(tmp_path, capsys):
-    """Two runs over d = 2 and d = 3, merged by sfxlin.merge: the line counts the merged grid's
+    """Two runs over d = 2 and d = 3, merged by sfxlin.engine.merge: the line counts the merged grid's
     cells as the merged file's own n_cells attr does."""
-    pytest.importorskip("sfxlin.merge")
+    pytest.importorskip("sfxlin.engine.merge")
     at = TINY.index("d=2")
     base = TINY[:at - 1] + TINY[at + 1:]  # TINY without its --set d=2
     for d in (2, 3):

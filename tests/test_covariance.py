@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sfxlin import covariance as cov
-from sfxlin.params import Param, configure
+from sfxlin.engine.params import Param, configure
 
 # Tolerances: the figures come from eigvalsh (backward stable): relative error a few ulps times the
 # condition number; 1e-10 relative covers condition numbers up to ~1e5 used here.

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from sfxlin import icl, laws, training
-from sfxlin.cellstore import cell_fingerprint
+from sfxlin.engine.cellstore import cell_fingerprint
 from sfxlin.laws import LAWS, Empirical, Rademacher, covariate_law
 from sfxlin.pipelines import c2_threshold, c3_transfer
-from sfxlin.sweep import cell_rng, run_cell
+from sfxlin.engine.sweep import cell_rng, run_cell
 
 FULL = np.array([[2.0, 0.3, 0.1], [0.3, 1.0, -0.2], [0.1, -0.2, 0.5]])
 DIAG = np.array([2.0, 1.0, 0.5])

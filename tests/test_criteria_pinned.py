@@ -21,7 +21,7 @@ import xarray as xr
 import synthetic
 from sfxlin.analysis import c1, c1_kernels, c1_real, c2, c2_threshold, c3, c3_deep, c3_landscape
 from sfxlin.analysis.verdicts import FAIL, PASS, Criterion, criteria_from_attrs, evaluate
-from sfxlin.sweep import criteria_of
+from sfxlin.engine.sweep import criteria_of
 from sfxlin.pipelines import c1_kernels as c1_kernels_pipeline
 from sfxlin.pipelines import c1_limit, c2_concentration, c2_threshold as c2_threshold_pipeline, c3_transfer
 from sfxlin.pipelines import c1_real as c1_real_pipeline, c3_deep as c3_deep_pipeline

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import xarray as xr
 
-from sfxlin.experiments import ENV
+from sfxlin.engine.experiments import ENV
 
 DECLARED = Path(__file__).resolve().parent / "declared"
 

@@ -3,9 +3,9 @@ chunking and worker count (issue: sweeps that survive)."""
 import numpy as np
 import pytest
 
-from sfxlin.execution import compute
-from sfxlin.experiments import experiments
-from sfxlin.sweep import build
+from sfxlin.engine.execution import compute
+from sfxlin.engine.experiments import experiments
+from sfxlin.engine.sweep import build
 
 MODULES = sorted(experiments())
 

@@ -10,8 +10,8 @@ import pytest
 import xarray as xr
 
 from conftest import raise_if_dask_computes
-from sfxlin.execution import compute, scheduler_label
-from sfxlin.sweep import CellError, build
+from sfxlin.engine.execution import compute, scheduler_label
+from sfxlin.engine.sweep import CellError, build
 from sfxlin.testing import assert_same_results
 
 
@@ -120,7 +120,7 @@ def test_a_process_pool_runs_the_cells_of_a_small_sweep_at_once(tmp_path):
 
 _FOLLOWER = """
 import os, sys, time
-from sfxlin.execution import follow_parent
+from sfxlin.engine.execution import follow_parent
 follow_parent(int(sys.argv[1]))
 time.sleep(0.5)   # the watching thread sees the same parent all along
 print("still here", flush=True)

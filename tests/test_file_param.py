@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 import sfxlin.realdata
-from sfxlin.cellstore import CellStore, cell_fingerprint
-from sfxlin.params import Param, configure, parse_text
+from sfxlin.engine.cellstore import CellStore, cell_fingerprint
+from sfxlin.engine.params import Param, configure, parse_text
 from sfxlin.pipelines import c1_limit
-from sfxlin.storage import changed_input_files, input_files, provenance
-from sfxlin.sweep import Experiment, Out, Part, Variable, build, run_cell
+from sfxlin.engine.storage import changed_input_files, input_files, provenance
+from sfxlin.engine.sweep import Experiment, Out, Part, Variable, build, run_cell
 
 C1_SMALL = {"d": [2], "U_norm": [0.3], "n_seeds": 2, "L": [8, 16, 32], "n_queries": 2, "n_prompts": 2,
             "query_chunk": 1, "laws": ["gaussian"]}

@@ -309,7 +309,7 @@ def test_paper_form_fit_errors():
 # ------------------------------------------------------------------------------------------
 def test_analysis_modules_import_no_simulation_code():
     """analysis/ reads results files only: no sfxlin core, no pipelines (relative imports stay
-    inside the analysis package), except ``sfxlin.storage``, the reader of the file contract (netCDF
+    inside the analysis package), except ``sfxlin.engine.storage``, the reader of the file contract (netCDF
     I/O and its schema check; it imports no simulation code). The tutorial scripts in examples/
     are user code, not modules."""
     root = pathlib.Path(fits.__file__).parent
@@ -319,7 +319,7 @@ def test_analysis_modules_import_no_simulation_code():
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
-                if node.level == 2 and node.module == "storage":
+                if node.level == 2 and node.module == "engine.storage":
                     continue  # the file contract's reader
                 assert node.level <= 1, f"{path.name}: relative import out of analysis/"
                 names = [node.module or ""] if node.level == 0 else []

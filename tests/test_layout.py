@@ -53,3 +53,50 @@ def test_the_check_finds_a_reach_in(tmp_path):
     path.write_text(source)
     assert reach_ins(path, tmp_path) == ["planted.py:3 from attention import _helper", "planted.py:5 icl._as_sigma",
                                          "planted.py:6 laws._check_D"]
+
+
+def _imported(path: Path, package: str) -> set[str]:
+    """Absolute names of the project modules ``path`` (a module of ``package``) imports."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+                names |= {module} if node.module else {f"{module}.{a.name}" for a in node.names}
+            elif (node.module or "").startswith("sfxlin"):
+                names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names |= {a.name for a in node.names if a.name.startswith("sfxlin")}
+    return names
+
+
+def _layer(module: str) -> int:
+    """0 the mathematics, 1 the engine, 2 pipelines and analysis, 3 the command line."""
+    if module.startswith(("sfxlin.pipelines", "sfxlin.analysis", "sfxlin.benchmarks")):
+        return 2
+    if module.startswith("sfxlin.engine"):
+        return 1
+    if module == "sfxlin.cli":
+        return 3
+    return 0
+
+
+def test_imports_go_one_way_mathematics_engine_experiments_cli():
+    """The mathematics imports nothing of the engine, the engine nothing of the experiments (it
+    finds them by name at run time: sfxlin.engine.experiments), none of them the command line.
+    The package's face (sfxlin/__init__.py) and the test helpers (sfxlin.testing) may re-export
+    from every layer."""
+    wrong = []
+    for path in sorted((ROOT / "sfxlin").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if parts[-1] == "__init__" and len(parts) == 2 or parts[1] == "testing":
+            continue
+        module = ".".join(p for p in parts if p != "__init__")
+        package = module if parts[-1] == "__init__" else module.rpartition(".")[0]
+        for name in _imported(path, package):
+            allowed = name == "sfxlin.pipelines" and module == "sfxlin.engine.experiments"
+            if _layer(name) > _layer(module) and not allowed:
+                wrong.append(f"{module} imports {name}")
+    assert not wrong, "\n".join(wrong)

@@ -1,4 +1,4 @@
-"""Nothing lost, nothing silently replaced: combining runs (sfxlin.merge), and the CF labels of
+"""Nothing lost, nothing silently replaced: combining runs (sfxlin.engine.merge), and the CF labels of
 every results file.
 
 Merging: two C1 runs over parts of one grid (d = 2 and d = 3) merged hold exactly the data, the
@@ -24,14 +24,14 @@ import xarray as xr
 
 from sfxlin.analysis.report import analysis_for
 from sfxlin.cli import main
-from sfxlin.execution import compute
-from sfxlin.experiments import experiments
-from sfxlin.merge import merge, merge_files
-from sfxlin.params import Param
+from sfxlin.engine.execution import compute
+from sfxlin.engine.experiments import experiments
+from sfxlin.engine.merge import merge, merge_files
+from sfxlin.engine.params import Param
 from sfxlin.pipelines import c1_limit, c3_transfer
-from sfxlin.schema import COORDS
-from sfxlin.storage import ResultsError, open_results, save
-from sfxlin.sweep import CellError, Experiment, Part, Variable, build, run_cell
+from sfxlin.engine.schema import COORDS
+from sfxlin.engine.storage import ResultsError, open_results, save
+from sfxlin.engine.sweep import CellError, Experiment, Part, Variable, build, run_cell
 
 C1 = c1_limit.EXPERIMENT
 #: the smallest C1 run the analysis reads: one U_norm, one seed, three prompt lengths

@@ -41,7 +41,7 @@ def _single(U, v):
 
 
 def test_import_sfxlin_and_the_cli_do_not_import_jax():
-    code = ("import sys, sfxlin, sfxlin.cli, sfxlin.experiments as e; e.experiments(); "
+    code = ("import sys, sfxlin, sfxlin.cli, sfxlin.engine.experiments as e; e.experiments(); "
             "import sfxlin.pipelines.c3_deep, sfxlin.analysis.c3_deep; "
             "assert 'jax' not in sys.modules and 'optax' not in sys.modules, 'jax imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

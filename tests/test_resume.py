@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from sfxlin.cellstore import CellStore
+from sfxlin.engine.cellstore import CellStore
 from sfxlin.pipelines import c1_limit
-from sfxlin.sweep import build
+from sfxlin.engine.sweep import build
 from sfxlin.testing import assert_same_results
 
 SLOW_QUICK = ["--set", "n_prompts=48", "--set", "L=16,64,256,1024,4096", "--local-scheduler", "synchronous"]
@@ -113,7 +113,7 @@ _SLOW_WRITER = """
 import sys, time
 import numpy as np
 import numpy.lib.format as fmt
-from sfxlin.cellstore import CellStore
+from sfxlin.engine.cellstore import CellStore
 from sfxlin.pipelines import c1_limit
 
 real = fmt.write_array

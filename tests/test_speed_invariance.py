@@ -18,12 +18,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-from sfxlin import curvature, icl, laws, storage, training
+from sfxlin import curvature, icl, laws, training
+from sfxlin.engine import storage
 from sfxlin.analysis import c3 as c3_analysis
 from sfxlin.benchmarks.protocol import seed_loop
-from sfxlin.execution import compute
+from sfxlin.engine.execution import compute
 from sfxlin.pipelines import c3_transfer as c3
-from sfxlin.sweep import build, cell_rng, run_cell
+from sfxlin.engine.sweep import build, cell_rng, run_cell
 from sfxlin.testing import reference_c3
 
 EXPERIMENT = c3.EXPERIMENT

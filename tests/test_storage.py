@@ -15,9 +15,9 @@ import pytest
 import xarray as xr
 
 import sfxlin
-from sfxlin.schema import SCHEMA_VERSION
+from sfxlin.engine.schema import SCHEMA_VERSION
 from sfxlin.testing import assert_same_results
-from sfxlin.storage import ResultsError, changed_input_files, input_files, open_results, provenance, save
+from sfxlin.engine.storage import ResultsError, changed_input_files, input_files, open_results, provenance, save
 
 PROVENANCE_KEYS = ("experiment", "profile", "config", "sfxlin_version", "sfxlin_schema_version", "git_revision",
                    "library_versions", "created", "wall_seconds", "scheduler", "history")
@@ -130,7 +130,7 @@ def test_round_trip_is_exact(results, tmp_path):
 
 
 def test_save_computes_a_lazy_dataset(toy, tmp_path, toy_computed):
-    from sfxlin.sweep import build
+    from sfxlin.engine.sweep import build
 
     save(build(toy.EXPERIMENT, toy.make_config()), tmp_path / "lazy.nc")
     with xr.open_dataset(tmp_path / "lazy.nc") as back:

@@ -13,7 +13,7 @@ import xarray as xr
 
 from conftest import DaskComputed, raise_if_dask_computes
 from sfxlin.pipelines import c1_limit
-from sfxlin.sweep import CellError, Experiment, Variable, build, cell_rng, run_cell
+from sfxlin.engine.sweep import CellError, Experiment, Variable, build, cell_rng, run_cell
 from sfxlin.testing import assert_same_results
 
 
@@ -326,7 +326,7 @@ def test_bad_chunks(toy, toy_config, chunks, match):
 def test_substreams_depend_on_the_seed_and_the_key_only():
     """A substream is keyed by its values under the cell's seed: it does not move when the parent
     generator draws or when other substreams exist, and distinct keys or seeds give distinct streams."""
-    from sfxlin.sweep import substream
+    from sfxlin.engine.sweep import substream
 
     fresh = cell_rng("toy", {"d": 2}, 5)
     used = cell_rng("toy", {"d": 2}, 5)
@@ -349,7 +349,7 @@ def _labelled(returned_dims, shape):
     """A one-part experiment over ``seed`` whose kernel returns ``M[i, j] = 100 seed + 10 i + j`` for
     ``a = i`` (3 values), ``b = j`` (3 or 4), axes in the order ``returned_dims`` (as an :class:`Out`),
     declared ``(b, seed, a)``."""
-    from sfxlin.sweep import Out, Part
+    from sfxlin.engine.sweep import Out, Part
 
     def kernel(cell, rng, inputs):
         i, j = np.meshgrid(np.arange(3), np.arange(shape[1]), indexing="ij")
@@ -389,7 +389,7 @@ def test_a_kernel_output_with_other_dim_names_is_a_cell_error(returned_dims, mat
 
 
 def test_dim_names_that_do_not_fit_the_array_are_a_cell_error():
-    from sfxlin.sweep import Out, Part
+    from sfxlin.engine.sweep import Out, Part
 
     def flat(cell, rng, inputs):
         return {"M": Out(np.zeros(6), ("b", "a"))}

@@ -19,7 +19,7 @@ from sfxlin.threads import single_threaded_blas
 CELL = """
 import hashlib, numpy as np
 from sfxlin.pipelines import c1_real
-from sfxlin.sweep import run_cell
+from sfxlin.engine.sweep import run_cell
 exp = c1_real.EXPERIMENT
 cfg = exp.configure("quick")
 out = run_cell(exp, cfg, {"dataset": "digits", "D": 5, "U_norm": cfg["U_norm"][-1], "seed": 0})

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from sfxlin.cellstore import cell_fingerprint
+from sfxlin.engine.cellstore import cell_fingerprint
 from sfxlin.pipelines import c1_limit
 from sfxlin.realdata import read_tokens
-from sfxlin.sweep import build, cell_rng, run_cell
+from sfxlin.engine.sweep import build, cell_rng, run_cell
 
 SMALL = {"d": [2], "U_norm": [0.3], "n_seeds": 1, "L": [8, 16, 32], "n_queries": 3, "n_prompts": 4, "query_chunk": 2,
          "laws": ["gaussian", "uniform"]}

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from sfxlin.pipelines import c1_limit
-from sfxlin.sweep import build
+from sfxlin.engine.sweep import build
 
 distributed = pytest.importorskip("distributed")
 

@@ -14,8 +14,8 @@ import threading
 
 import numpy as np
 
-from sfxlin.params import Param
-from sfxlin.sweep import Experiment, Part, Variable
+from sfxlin.engine.params import Param
+from sfxlin.engine.sweep import Experiment, Part, Variable
 
 NAME = "toy"
 

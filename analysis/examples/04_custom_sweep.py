@@ -6,10 +6,10 @@ Run: python analysis/examples/04_custom_sweep.py [OUT_DIR]
 import sys
 from pathlib import Path
 
-from sfxlin.execution import compute
+from sfxlin.engine.execution import compute
 from sfxlin.pipelines import c1_limit
-from sfxlin.storage import save
-from sfxlin.sweep import build
+from sfxlin.engine.storage import save
+from sfxlin.engine.sweep import build
 
 
 def main():

@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 
 from sfxlin.attention import asymptotic_mse, softmax_attention
-from sfxlin.execution import compute
+from sfxlin.engine.execution import compute
 from sfxlin.laws import Empirical, Gaussian
 from sfxlin.pipelines import c1_limit
 from sfxlin.realdata import token_set
-from sfxlin.storage import save
-from sfxlin.sweep import build
+from sfxlin.engine.storage import save
+from sfxlin.engine.sweep import build
 
 
 def main():

@@ -7,8 +7,8 @@ nested ``L`` (exactly ``scale^2`` in expectation). Found by ``sfxlin`` through
 """
 import numpy as np
 
-from sfxlin.params import Param, Profiles
-from sfxlin.sweep import Experiment, Part, Variable
+from sfxlin.engine.params import Param, Profiles
+from sfxlin.engine.sweep import Experiment, Part, Variable
 
 PARAMS = (
     Param("scale", "float_list", "step scales", Profiles(quick=[0.5, 2.0], paper=[0.5, 1.0, 2.0]), low=0,

@@ -2,7 +2,7 @@
 
 An :class:`Experiment` declares once
 
-* its parameters (:class:`sfxlin.params.Param`: kind, bounds, unit, doc, value per profile) and
+* its parameters (:class:`sfxlin.engine.params.Param`: kind, bounds, unit, doc, value per profile) and
   the checks that tie several together; :meth:`Experiment.configure` gives the frozen
   configuration;
 * its parts (:class:`Part`): each a grid of cells (``grid(config) -> {dim: values}``, one cell
@@ -45,9 +45,9 @@ import numpy as np
 import xarray as xr
 
 from .params import digest_key, file_digests
-from .realdata import check_unchanged
+from ..realdata import check_unchanged
 from .schema import CONVENTIONS, coord_attrs
-from .threads import single_threaded_blas
+from ..threads import single_threaded_blas
 
 __all__ = ["Variable", "Part", "Experiment", "CellError", "Out", "build", "cell_label", "cell_rng", "coordinate_key",
            "coordinate_text", "criteria_of", "run_cell", "substream"]
@@ -113,8 +113,8 @@ class Part:
     ``grid(config) -> {dim: values}`` (``{}``: a single cell, e.g. a quadrature check);
     ``kernel(cell, rng, inputs) -> {variable: Out(array, dims) or array}``; ``inputs(config,
     cell)``, where given, says exactly what reaches a cell (default: every parameter that is not a
-    grid parameter and reaches this part, see :attr:`sfxlin.params.Param.parts`); either way the
-    digest of every file parameter it holds joins it (:func:`sfxlin.params.file_digests`). The
+    grid parameter and reaches this part, see :attr:`sfxlin.engine.params.Param.parts`); either way the
+    digest of every file parameter it holds joins it (:func:`sfxlin.engine.params.file_digests`). The
     main part is named ``""``; another part's cells draw from generators tagged
     ``"<experiment>/<part>"``.
     """
@@ -129,7 +129,7 @@ class Part:
 class Experiment:
     """Declarative description of one experiment (see module docstring).
 
-    ``params`` (:class:`sfxlin.params.Param`) and ``checks`` declare and validate the inputs;
+    ``params`` (:class:`sfxlin.engine.params.Param`) and ``checks`` declare and validate the inputs;
     ``parts`` the grids of cells and their kernels; ``inner_coords(config)`` the coordinates a
     kernel returns whole; ``variables`` the outputs. ``short`` is the command-line alias
     (``c1``), ``title`` the heading of the report, ``analysis`` the module that declares what is
@@ -179,7 +179,7 @@ class Experiment:
         return tuple(names or ("quick",))
 
     def configure(self, profile="quick", overrides=(), values=None):
-        """The validated, frozen configuration (:func:`sfxlin.params.configure`)."""
+        """The validated, frozen configuration (:func:`sfxlin.engine.params.configure`)."""
         from .params import configure
 
         if profile is not None and profile not in self.profiles:
@@ -373,13 +373,13 @@ def build(experiment: Experiment, config: Mapping, chunks: Mapping | None = None
           call: str | None = None) -> xr.Dataset:
     """Lazy Dataset of ``experiment`` under ``config``; computes nothing.
 
-    ``config``: a :class:`~sfxlin.params.Config` from ``experiment.configure(...)``, or a mapping
+    ``config``: a :class:`~sfxlin.engine.params.Config` from ``experiment.configure(...)``, or a mapping
     of every parameter (validated here). ``chunks`` maps grid dims to cells per task (default 1:
     one task per cell). Variables carry their declared attrs; dims are ordered as declared;
-    every dim has its coordinate. ``store`` (a :class:`~sfxlin.cellstore.CellStore`) keeps every
+    every dim has its coordinate. ``store`` (a :class:`~sfxlin.engine.cellstore.CellStore`) keeps every
     finished cell on disk and serves kept cells instead of recomputing them. The Dataset's attrs
     carry the configuration, the predeclared criteria of the experiment's analysis, the schema
-    version and the provenance (:func:`sfxlin.storage.provenance`): a file saved from it is as
+    version and the provenance (:func:`sfxlin.engine.storage.provenance`): a file saved from it is as
     complete as one written by ``sfxlin run``; ``call`` is the command recorded in its ``history``
     (default: this process's command line).
     """

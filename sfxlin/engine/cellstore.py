@@ -2,7 +2,7 @@
 
 One small ``.npz`` file per cell, named by the cell's *fingerprint*: a hash of the experiment,
 the cell's coordinate values, every input that reaches its kernel
-(:meth:`~sfxlin.sweep.Experiment.cell_inputs`), the schema version and the source code of
+(:meth:`~sfxlin.engine.sweep.Experiment.cell_inputs`), the schema version and the source code of
 ``sfxlin`` and its pipelines. Two runs whose configurations share a cell (the same d = 3 cell in
 a sweep over d = 3 and in one over d = 2, 3) share its file; a change of any input of a cell,
 or of the code that computes it, gives another name, so a kept cell is never served to a run
@@ -45,15 +45,16 @@ _META_KEYS = (_FINGERPRINT_KEY, _CODE_KEY)
 
 @functools.lru_cache(maxsize=None)
 def code_fingerprint(extra_modules=()) -> str:
-    """Hash of the source files of ``sfxlin``, ``sfxlin.pipelines`` and ``extra_modules`` (the
-    modules of an experiment's kernels that live elsewhere, e.g. found through
-    ``$SFXLIN_PIPELINES``): the code of every kernel."""
+    """Hash of the source files of ``sfxlin`` (every subpackage: the mathematics, the models, the
+    engine), ``sfxlin.pipelines`` and ``extra_modules`` (the modules of an experiment's kernels that
+    live elsewhere, e.g. found through ``$SFXLIN_PIPELINES``): the code of every kernel."""
     digest = hashlib.sha256()
-    paths = [(package, path) for package in ("sfxlin", "sfxlin.pipelines")
-             for folder in importlib.import_module(package).__path__ for path in sorted(Path(folder).glob("*.py"))]
-    paths += [(name, Path(importlib.import_module(name).__file__)) for name in sorted(extra_modules)]
-    for package, path in paths:
-        digest.update(f"{package}/{path.name}\0".encode())
+    paths = [(package, path.relative_to(folder).as_posix(), path) for package in ("sfxlin", "sfxlin.pipelines")
+             for folder in map(Path, importlib.import_module(package).__path__) for path in sorted(folder.rglob("*.py"))]
+    paths += [(name, Path(importlib.import_module(name).__file__).name, Path(importlib.import_module(name).__file__))
+              for name in sorted(extra_modules)]
+    for package, name, path in paths:
+        digest.update(f"{package}/{name}\0".encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 

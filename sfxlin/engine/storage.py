@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from ._version import __version__
+from .._version import __version__
 from .schema import SCHEMA_VERSION
 
 __all__ = ["save", "ensure_writable", "open_results", "results_path", "provenance", "input_files",
            "changed_input_files", "default_results_dir", "FOLDER_RULE", "RESULTS_ENV", "ResultsError"]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]   # sfxlin/engine/storage.py -> the source tree
 
 
 class ResultsError(ValueError):
@@ -51,11 +51,11 @@ def _library_versions():
 def provenance(experiment, config, call=None):
     """Provenance attrs: enough to rerun the file from its attrs alone.
 
-    ``config``: a :class:`~sfxlin.params.Config` (its profile and ``--set`` overrides are
+    ``config``: a :class:`~sfxlin.engine.params.Config` (its profile and ``--set`` overrides are
     recorded) or a plain mapping (profile ``"custom"``). Every ``file`` parameter that names a
     file adds its sha256, taken when the configuration was made, to ``input_files`` (JSON
     ``{parameter: {"source", "sha256"}}``, when there is one: :func:`input_files`). The
-    computation adds ``wall_seconds`` and ``scheduler`` (:func:`sfxlin.execution.compute`)."""
+    computation adds ``wall_seconds`` and ``scheduler`` (:func:`sfxlin.engine.execution.compute`)."""
     created = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
     call = call or " ".join([Path(sys.argv[0]).name or "python"] + sys.argv[1:])
     plain = json.loads(config.to_json()) if hasattr(config, "to_json") else dict(config)
@@ -79,8 +79,8 @@ def provenance(experiment, config, call=None):
 
 def input_files(config) -> dict:
     """``{parameter: {"source": value, "sha256": hex}}`` for every parameter declared of kind
-    ``file`` that names a file in ``config`` (a :class:`~sfxlin.params.Config`: the digests taken
-    when it was made, :attr:`~sfxlin.params.Config.digests`; no file is read). A plain mapping
+    ``file`` that names a file in ``config`` (a :class:`~sfxlin.engine.params.Config`: the digests taken
+    when it was made, :attr:`~sfxlin.engine.params.Config.digests`; no file is read). A plain mapping
     declares no kinds: ``{}``."""
     digests = getattr(config, "digests", {})
     return {name: {"source": config[name], "sha256": sha256} for name, sha256 in digests.items()}

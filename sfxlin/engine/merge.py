@@ -1,13 +1,13 @@
 """Combining runs: results files of one experiment over parts of its grid -> one results file.
 
 ``sfxlin run c1 --set d=2,3`` and ``--set d=4,5`` computed the cells of one sweep over d = 2..5:
-every cell draws from a generator keyed by its coordinate values (:func:`sfxlin.sweep.cell_rng`),
+every cell draws from a generator keyed by its coordinate values (:func:`sfxlin.engine.sweep.cell_rng`),
 so the merged file holds exactly what one run over d = 2..5 computes. :func:`merge` checks that
 the files can be one run and combines them:
 
 * the same ``experiment`` and schema version, the same predeclared ``criteria`` and token files
   (``input_files``), and the same value of every parameter but the grid parameters
-  (:attr:`sfxlin.params.Param.grid`: they only say which cells exist); the code revision may
+  (:attr:`sfxlin.engine.params.Param.grid`: they only say which cells exist); the code revision may
   differ (each file's is kept in ``merged_from``);
 * the merged configuration: a list-valued grid parameter is the union of the files' values
   (sorted when the parameter declares an ``order``, else in order of first appearance), a scalar
@@ -23,7 +23,7 @@ merge; ``git_revision``, ``sfxlin_version`` and ``library_versions`` the common 
 ``"mixed: a, b"``; ``merged_from`` (JSON) each input's path, sha256, creation, revision and the
 per-run attrs that no longer describe the merged file (``cell_timeline``, ``wall_seconds``,
 ``scheduler``). Anything else comes from the first file. A refusal is a
-:class:`~sfxlin.storage.ResultsError` of one line naming the file(s) and what differs.
+:class:`~sfxlin.engine.storage.ResultsError` of one line naming the file(s) and what differs.
 """
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from ._version import __version__
+from .._version import __version__
 from .experiments import get as get_experiment
-from .realdata import file_sha256
+from ..realdata import file_sha256
 from .schema import SCHEMA_VERSION
 from .storage import ResultsError, open_results, results_path, save
 from .sweep import coordinate_text
@@ -54,7 +54,7 @@ PROVENANCE = ("created", "git_revision", "sfxlin_version", "profile", "overrides
 
 def merge_files(paths, out) -> Path:
     """Merge the results files ``paths`` (:func:`merge`) and write the result to ``out``
-    atomically (:func:`sfxlin.storage.save`); returns the path written. Every input is read
+    atomically (:func:`sfxlin.engine.storage.save`); returns the path written. Every input is read
     whole and hashed before anything is written, so ``out`` may name one of them."""
     datasets, sources = [], []
     for name in paths:
@@ -70,7 +70,7 @@ def merge(datasets, sources=None) -> xr.Dataset:
 
     ``sources``: one ``{"path", "sha256"}`` per Dataset, the file it was read from
     (:func:`merge_files` gives them); by default each Dataset's ``encoding["source"]``, unhashed.
-    Raises :class:`~sfxlin.storage.ResultsError` when the files cannot be one run."""
+    Raises :class:`~sfxlin.engine.storage.ResultsError` when the files cannot be one run."""
     datasets = list(datasets)
     if len(datasets) < 2:
         raise ResultsError(f"merge needs at least two results files, got {len(datasets)}")
@@ -97,7 +97,7 @@ def merge(datasets, sources=None) -> xr.Dataset:
 
 # ------------------------------------------------------------------ what must agree
 def _common_experiment(datasets, names):
-    """The :class:`~sfxlin.sweep.Experiment` every Dataset is a run of (same schema version)."""
+    """The :class:`~sfxlin.engine.sweep.Experiment` every Dataset is a run of (same schema version)."""
     for ds, name in zip(datasets, names):
         version = ds.attrs.get("sfxlin_schema_version")
         version = version.item() if hasattr(version, "item") else version  # netCDF gives numpy scalars
@@ -212,7 +212,7 @@ def _coordinate_union(datasets) -> dict:
 
 def _coordinates(experiment, config) -> dict:
     """``{dim: values}`` of a run of ``experiment`` under ``config``: its inner coordinates and
-    every part's grid, as :func:`sfxlin.sweep.build` lays them out."""
+    every part's grid, as :func:`sfxlin.engine.sweep.build` lays them out."""
     coords = dict(experiment.inner_coords(config))
     for part in experiment.parts:
         coords.update(part.grid(config))
@@ -304,7 +304,7 @@ def _profile_and_overrides(experiment, datasets, config):
 
 
 def _set_text(value) -> str:
-    """The ``--set`` text of a configuration value (:func:`sfxlin.params.parse_text` reads it
+    """The ``--set`` text of a configuration value (:func:`sfxlin.engine.params.parse_text` reads it
     back): a scalar as typed, a list comma-separated, a matrix or a list of strings with a
     comma as JSON."""
     if isinstance(value, list):

@@ -16,10 +16,10 @@ file). A file's sha256 is taken once, when the configuration is made (:attr:`Con
 it reaches every cell that reads the file as ``<name>_sha256`` (:func:`file_digests`: a changed
 file gives other cells), the engine checks it again before the cell runs
 (:func:`sfxlin.realdata.check_unchanged`) and the results file records it (``input_files``,
-:func:`sfxlin.storage.input_files`). Rules: ``low``/``high`` bounds (``low_open``/``high_open``
+:func:`sfxlin.engine.storage.input_files`). Rules: ``low``/``high`` bounds (``low_open``/``high_open``
 for strict), ``choices``, ``order`` (``"increasing"`` / ``"decreasing"``, strict) and ``min_len`` for lists,
 ``unique`` (no repeated list value: a grid coordinate names each cell once). ``root_seed``, the
-root of every cell's generator (:func:`sfxlin.sweep.cell_rng`, numpy's ``SeedSequence``, which
+root of every cell's generator (:func:`sfxlin.engine.sweep.cell_rng`, numpy's ``SeedSequence``, which
 takes no negative integer), is ``>= 0`` whether or not its declaration says so (:data:`SEED`).
 A parameter given twice in the overrides is refused, not silently resolved to the last value.
 """
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .realdata import parse_file_source, source_sha256
+from ..realdata import parse_file_source, source_sha256
 
 __all__ = ["Param", "Profiles", "Config", "configure", "parse_text", "file_digests", "digest_key", "KINDS"]
 

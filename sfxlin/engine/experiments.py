@@ -19,7 +19,7 @@ ENV = "SFXLIN_PIPELINES"
 
 
 def _modules():
-    from . import pipelines
+    from .. import pipelines
 
     names = [f"{pipelines.__name__}.{m.name}" for m in pkgutil.iter_modules(pipelines.__path__)
              if not m.name.startswith("_")]

@@ -1,0 +1,16 @@
+"""The sweep engine: an experiment's declarations -> a lazy, labelled, dask-backed
+``xr.Dataset`` -> a netCDF results file.
+
+Typed parameters (:mod:`.params`), experiments, their parts and cells (:mod:`.sweep`), finding
+experiments by name (:mod:`.experiments`), the kept cells of interrupted runs (:mod:`.cellstore`),
+schedulers and progress (:mod:`.execution`), netCDF storage and provenance (:mod:`.storage`),
+the coordinate vocabulary (:mod:`.schema`) and combining runs (:mod:`.merge`).
+
+The rule of the house: the mathematics (``sfxlin.*`` outside this package) imports nothing of the
+engine; the engine imports the mathematics; pipelines and analysis import both; the command line
+imports everything. A test checks it (tests/test_layout.py).
+"""
+from .params import Param, Profiles
+from .sweep import Experiment, Out, Part, Variable, build, cell_rng, run_cell, substream
+
+__all__ = ["Param", "Profiles", "Experiment", "Out", "Part", "Variable", "build", "cell_rng", "run_cell", "substream"]
