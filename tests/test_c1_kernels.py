@@ -103,3 +103,12 @@ def test_a_kernel_is_judged_by_the_class_its_file_declares_not_by_its_name():
     rows = {r.id: r for r in analysis.verdicts(ds)}
     assert rows["C1K-stein-smooth"].verdict == "PASS" and rows["C1K-stein-kinked"].verdict == "PASS"
     assert analysis.kernels_of_class(ds, "kinked")[0] == "softplus"
+
+
+def test_a_file_without_smoothness_classes_leaves_the_stein_criteria_inconclusive_with_the_reason():
+    import synthetic
+
+    rows = {r.id: r for r in analysis.verdicts(synthetic.c1_kernels().drop_vars("stein_smoothness"))}
+    for cid in ("C1K-stein-smooth", "C1K-stein-kinked"):
+        assert rows[cid].verdict == "INCONCLUSIVE" and "sfxlin rerun FILE" in rows[cid].note
+    assert rows["C1K-slopes"].verdict == "PASS"
