@@ -27,6 +27,7 @@ import sfxlin.engine.execution
 import sfxlin.engine.sweep
 from sfxlin.cli import main
 from sfxlin.engine.storage import ResultsError
+from test_cli_behaviour import error_line
 
 TINY = ["--local-scheduler", "synchronous", "--set", "d=2", "--set", "U_norm=0.1", "--set", "L=16,32,64",
         "--set", "n_seeds=1", "--set", "n_queries=3", "--set", "n_prompts=2"]
@@ -36,16 +37,6 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 def sfxlin_cli(*args):
     return [sys.executable, "-m", "sfxlin.cli", *args]
-
-
-def error_line(stderr, *fragments):
-    """stderr is one line ``sfxlin: error: ...`` holding every fragment, no traceback."""
-    assert "Traceback" not in stderr, stderr
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("sfxlin: error: "), stderr
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
-    return lines[0]
 
 
 def data_of(path):
