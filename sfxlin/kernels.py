@@ -49,7 +49,7 @@ from .laws import FloatOverflowError
 from .attention import (check_operands, check_UVq, read_out, weighted_sum, check_prompt_lengths,
                         online_softmax_prefix)
 from .quadrature import graded_normal_rule
-from .validation import finite_array
+from .validation import finite_array, registry_name
 
 __all__ = ["KERNELS", "KERNEL_NAMES", "SMOOTHNESS", "Kernel", "Softmax", "Sigmoid", "SigmoidLogL", "ReLU", "ReLUNorm",
            "ReLU2", "ReLU2Norm", "Linear", "as_kernel", "quadrature_moments", "kernel_attention",
@@ -133,13 +133,7 @@ def _by_name(name, **parameters):
 def _check_declarations(cls):
     """Refuse (``TypeError``) a kernel class without its own new ``name``, ``normalised`` and
     ``smoothness``, or with a member left abstract."""
-    name = cls.__dict__.get("name")
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"kernel class {cls.__qualname__} must set a class attribute name (a non-empty string, "
-                        f"its key in KERNELS), got {name!r}")
-    if name in KERNELS:
-        raise TypeError(f"kernel name {name!r} of {cls.__qualname__} is already taken by "
-                        f"{KERNELS[name].__module__}.{KERNELS[name].__qualname__}")
+    registry_name(cls, KERNELS, "kernel", "KERNELS")
     normalised = cls.__dict__.get("normalised")
     if not isinstance(normalised, bool):
         raise TypeError(f"kernel class {cls.__qualname__} must set a class attribute normalised (True: weights "

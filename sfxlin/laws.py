@@ -30,7 +30,7 @@ import abc
 
 import numpy as np
 
-from .validation import component_covariances, finite_array
+from .validation import component_covariances, finite_array, registry_name
 
 __all__ = ["Law", "LAWS", "Gaussian", "Rademacher", "Uniform", "StudentT", "GaussianMixture", "Empirical",
            "NoLimitError", "FloatOverflowError", "law_from_name", "covariate_law"]
@@ -130,13 +130,7 @@ class Law(abc.ABC):
         super().__init_subclass__(**kwargs)
         if abstract:
             return
-        name = cls.__dict__.get("name")
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"law class {cls.__qualname__} must set a class attribute name (a non-empty string, "
-                            f"its key in LAWS), got {name!r}")
-        if name in LAWS:
-            raise TypeError(f"law name {name!r} of {cls.__qualname__} is already taken by "
-                            f"{LAWS[name].__module__}.{LAWS[name].__qualname__}")
+        name = registry_name(cls, LAWS, "law", "LAWS")
         missing = sorted(attr for attr in dir(cls) if getattr(getattr(cls, attr, None), "__isabstractmethod__", False))
         if missing:
             raise TypeError(f"law class {cls.__qualname__} does not implement {missing} (declared by Law)")

@@ -5,6 +5,7 @@
   and giving the first one's index when any entry is NaN or infinite;
 * :func:`component_covariances`: a mixture's covariances, whole, diagonal or scalar, as matrices;
 * :func:`positive_int`, :func:`noise_std`: a count >= 1, a standard deviation >= 0;
+* :func:`registry_name`: the new key of a class that registers itself by subclassing (laws, kernels);
 * :func:`as_sigma`, :func:`as_spd`: a covariance (whole or its diagonal) as a symmetric, resp.
   symmetric positive-definite, matrix.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["numeric_array", "finite_array", "component_covariances", "positive_int", "noise_std", "as_sigma",
-           "as_spd"]
+           "as_spd", "registry_name"]
 
 
 def numeric_array(x, name) -> np.ndarray:
@@ -94,3 +95,17 @@ def as_spd(A, d, name):
     if not np.linalg.eigvalsh(S)[0] > 0:
         raise ValueError(f"{name} must be positive definite, smallest eigenvalue {np.linalg.eigvalsh(S)[0]:.3g}")
     return S
+
+
+def registry_name(cls, registry, kind, table):
+    """``cls``'s own class attribute ``name``, a new key of ``registry`` (the table ``table`` of
+    ``kind`` classes that fill it by subclassing); a ``TypeError`` when it is missing, empty or
+    already taken."""
+    name = cls.__dict__.get("name")
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"{kind} class {cls.__qualname__} must set a class attribute name (a non-empty string, "
+                        f"its key in {table}), got {name!r}")
+    if name in registry:
+        raise TypeError(f"{kind} name {name!r} of {cls.__qualname__} is already taken by "
+                        f"{registry[name].__module__}.{registry[name].__qualname__}")
+    return name
