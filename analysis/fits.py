@@ -30,6 +30,7 @@ __all__ = [
     "OLS_LINE_FIELDS",
     "check_alpha",
     "check_cov_type",
+    "clustered_loglog_np",
     "loglog_slope",
     "not_fitted",
     "ols_line_np",
@@ -38,8 +39,9 @@ __all__ = [
     "too_few",
 ]
 
-#: covariance estimators accepted by the fits (statsmodels names).
-COV_TYPES = ("nonrobust", "HC0", "HC1", "HC2", "HC3")
+#: covariance estimators accepted by the fits (statsmodels names). ``"cluster"`` is cluster-robust
+#: over the independent units of a fit (``units=``): the default wherever a fit has them.
+COV_TYPES = ("cluster", "nonrobust", "HC0", "HC1", "HC2", "HC3")
 
 #: fewest points of a line fit with standard errors (:func:`ols_line_np`, :func:`loglog_slope`).
 MIN_LINE_POINTS = 3
@@ -133,14 +135,17 @@ def ols_line_np(
     cov_type: str = "nonrobust",
     alpha: float = 0.05,
     test_slope: float | None = None,
+    groups: np.ndarray | None = None,
 ) -> tuple[float, ...]:
     """OLS of ``y`` on ``[1, x]`` with statsmodels; 1-D arrays in, a tuple of floats out.
 
     Model: ``y_i = intercept + slope * x_i + e_i``, fitted by
     ``sm.OLS(y, [1, x]).fit(cov_type=cov_type, use_t=True)``. Standard errors come from the
     chosen covariance estimator (``"nonrobust"``: ``s^2 (X'X)^-1`` with ``s^2 = SSR/(n-2)``;
-    ``"HC3"``: ``(X'X)^-1 X' diag(e_i^2 / (1-h_ii)^2) X (X'X)^-1``), confidence intervals and
-    p-values use the Student-t distribution with ``n - 2`` degrees of freedom.
+    ``"HC3"``: ``(X'X)^-1 X' diag(e_i^2 / (1-h_ii)^2) X (X'X)^-1``; ``"cluster"``: the CR1 sandwich
+    ``G/(G-1) (n-1)/(n-2) (X'X)^-1 (sum_g X_g' e_g e_g' X_g) (X'X)^-1`` over the ``G`` clusters of
+    ``groups``), confidence intervals and p-values use the Student-t distribution with ``n - 2``
+    degrees of freedom (``G - 1`` for ``"cluster"``: statsmodels' ``df_resid_inference``).
 
     Parameters
     ----------
@@ -149,6 +154,8 @@ def ols_line_np(
     alpha : the intervals have level ``1 - alpha``.
     test_slope : if given, ``t_test_pvalue`` is the two-sided p-value of H0 ``slope == test_slope``
         (``res.t_test``); NaN otherwise.
+    groups : the cluster label of every point (integers), needed by and only by ``"cluster"``;
+        at least 2 clusters.
 
     Returns
     -------
@@ -170,10 +177,11 @@ def ols_line_np(
         raise ValueError("x and y must be finite")
     if np.ptp(x) == 0:
         raise ValueError("x must take at least two distinct values to fit a slope")
+    fit_kw = _cluster_kwds(cov_type, groups, n)
     X = np.column_stack([np.ones(n), x])
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        res = sm.OLS(y, X).fit(cov_type=cov_type, use_t=True)
+        res = sm.OLS(y, X).fit(cov_type=cov_type, use_t=True, **fit_kw)
         ci = np.asarray(res.conf_int(alpha=alpha))
         if test_slope is None:
             t_p = math.nan
@@ -201,6 +209,57 @@ def ols_line_np(
     )
 
 
+def _cluster_kwds(cov_type: str, groups, n: int) -> dict:
+    """The ``fit`` keywords of ``cov_type``: ``cov_kwds={"groups": groups}`` for ``"cluster"``
+    (ValueError without groups, with a length other than ``n`` or fewer than 2 clusters), none
+    otherwise (ValueError if groups are given to another estimator: they would be ignored)."""
+    if cov_type != "cluster":
+        if groups is not None:
+            raise ValueError(f"groups are used by cov_type='cluster' only, got cov_type={cov_type!r}")
+        return {}
+    if groups is None:
+        raise ValueError("cov_type='cluster' needs the cluster label of every point (groups=)")
+    groups = np.asarray(groups)
+    if groups.shape != (n,):
+        raise ValueError(f"groups must have one label per point ({n}), got shape {groups.shape}")
+    if np.unique(groups).size < 2:
+        raise ValueError("a cluster-robust SE needs at least 2 clusters (independent units), got 1")
+    return {"cov_kwds": {"groups": groups}}
+
+
+def clustered_loglog_np(logx: np.ndarray, y: np.ndarray, *, cov_type: str = "cluster", alpha: float = 0.05,
+                        test_slope: float | None = None) -> tuple[float, ...]:
+    """Log-log line of the unit mean of ``y`` (shape ``(n, G)``: ``n`` x values, ``G`` independent
+    units) with an SE that follows the design; a tuple in the order of :data:`OLS_LINE_FIELDS`.
+
+    The point estimate is the OLS line of ``log ybar_i`` on ``[1, logx_i]``, ``ybar_i`` the mean
+    over the units (what a fit of the seed means gives). The units' draws are shared along x
+    (nested prompts, one run along t), so the residuals of that line are correlated and its plain
+    OLS SE assumes they are not. With ``cov_type="cluster"`` the SE is cluster-robust over the
+    units through the linearisation of ``log ybar``: the pseudo-observations
+    ``z_ig = log ybar_i + (y_ig - ybar_i) / ybar_i`` average over ``g`` to ``log ybar_i`` exactly,
+    so their pooled OLS line *is* the seed-mean line, and statsmodels' cluster covariance over
+    ``g`` (CR1, Student-t with ``G - 1`` dof) is the delta-method SE of the seed-mean slope:
+    ``sd_g(b_g) / sqrt(G)`` up to ``(n G - 1) / (n G - 2)``, ``b_g`` the slope of unit ``g``'s
+    ``z``. Any other ``cov_type`` fits ``log ybar`` alone with that estimator (``"nonrobust"``:
+    the plain OLS SE, available by name). ``y`` must be finite with ``ybar > 0``; ``n`` above.
+    """
+    y = np.asarray(y, dtype=np.float64)
+    ybar = y.mean(axis=1)
+    logy = np.log(ybar)
+    if cov_type != "cluster":
+        return ols_line_np(logx, logy, cov_type=cov_type, alpha=alpha, test_slope=test_slope)
+    n, G = y.shape
+    z = logy[:, None] + (y - ybar[:, None]) / ybar[:, None]
+    out = ols_line_np(np.repeat(logx, G), z.ravel(), cov_type="cluster", alpha=alpha, test_slope=test_slope,
+                      groups=np.tile(np.arange(G), n))
+    r2 = ols_line_np(logx, logy, alpha=alpha)[OLS_LINE_FIELDS.index("r2")]
+    out = list(out)
+    out[OLS_LINE_FIELDS.index("r2")] = r2  # R^2 of the seed-mean line, as without clusters
+    out[OLS_LINE_FIELDS.index("n")] = float(n)
+    return tuple(out)
+
+
 # ---------------------------------------------------------------------------------------------
 # labelled wrappers
 # ---------------------------------------------------------------------------------------------
@@ -208,7 +267,8 @@ def loglog_slope(
     da: xr.DataArray,
     dim: str = "L",
     *,
-    cov_type: str = "nonrobust",
+    units: str | tuple[str, ...] | None = None,
+    cov_type: str | None = None,
     alpha: float = 0.05,
     test_exponent: float | None = None,
 ) -> xr.Dataset:
@@ -218,15 +278,25 @@ def loglog_slope(
     ``dim`` and ``y`` the values along it (:func:`ols_line_np`; ``use_t=True``). The slope is
     the exponent ``p`` of ``y ~ x^p``.
 
+    With ``units`` (a dim of ``da``, or several: its independent replicates, e.g. ``"seed"``), ``y``
+    is the mean over the units and the SE is cluster-robust over them by default
+    (:func:`clustered_loglog_np`): the units' draws are shared along ``dim`` (nested prompts, one
+    run along t), so the plain OLS SE of the mean curve understates the spread. ``cov_type=
+    "nonrobust"`` gives that plain SE by name, the point estimate unchanged.
+
     Works on numpy- and dask-backed DataArrays: the fit is an ``xr.apply_ufunc(...,
     vectorize=True, dask="parallelized")``, so dask input gives a lazy Dataset (one task per
     chunk of the other dims; ``dim`` is rechunked to a single chunk).
 
     Parameters
     ----------
-    da : DataArray with dimension ``dim``; values must be positive and finite.
+    da : DataArray with dimension ``dim``; values must be positive and finite (with ``units``:
+        finite, with a positive mean over the units).
     dim : the fitted dimension; its coordinate values must be positive and finite (n >= 3).
-    cov_type : ``"nonrobust"`` or a heteroscedasticity-robust ``"HC0".."HC3"`` (statsmodels).
+    units : the dims of the independent units (none by default: one fit per cell of every other
+        dim); with them, at least 2 units in all.
+    cov_type : ``"cluster"`` (the default with ``units``; needs them), ``"nonrobust"`` (the default
+        without) or a heteroscedasticity-robust ``"HC0".."HC3"`` (statsmodels).
     alpha : intervals have level ``1 - alpha`` (95% by default).
     test_exponent : if given, also returns ``t_test_pvalue``: two-sided p-value of
         H0 ``slope == test_exponent`` (statsmodels ``res.t_test``).
@@ -237,7 +307,7 @@ def loglog_slope(
     ``slope_ci_low``, ``slope_ci_high``, ``intercept``, ``intercept_se``,
     ``intercept_ci_low``, ``intercept_ci_high``, ``r2``, ``n`` (int64), ``pvalue_slope`` and,
     with ``test_exponent``, ``t_test_pvalue``. Scalar coordinates ``method``, ``cov_type``,
-    ``alpha`` (and ``test_exponent``) record the settings.
+    ``alpha`` (and ``test_exponent``; with ``units``, ``units`` and ``n_units``) record the settings.
 
     Raises
     ------
@@ -246,26 +316,51 @@ def loglog_slope(
         non-positive / non-finite value (the message names its coordinates; for dask input it
         is raised at compute time).
     """
-    check_cov_type(cov_type)
-    alpha = check_alpha(alpha)
     xvals = _coordinate_values(da, dim)
+    units = _check_units(da, dim, units)
+    cov_type = ("cluster" if units else "nonrobust") if cov_type is None else cov_type
+    check_cov_type(cov_type)
+    if cov_type == "cluster" and not units:
+        raise ValueError("cov_type='cluster' needs the independent units of the fit (units=, e.g. 'seed')")
+    alpha = check_alpha(alpha)
     da = _as_real(da)
     _check_log_coordinate(da, dim, xvals)
     test = None if test_exponent is None else float(test_exponent)
     name = da.name if da.name is not None else "y"
-    da, cell, fit_cell = _cell_fits(da, dim, xvals, name, cov_type=cov_type, alpha=alpha, test=test)
+    da, cell, fit_cell = _cell_fits(da, dim, xvals, name, units=units, cov_type=cov_type, alpha=alpha, test=test)
     k = len(OLS_LINE_FIELDS)
     outs = xr.apply_ufunc(
         fit_cell,
         da,
         cell,
-        input_core_dims=[[dim], []],
+        input_core_dims=[[dim, *units], []],
         output_core_dims=[[]] * k,
         vectorize=True,
         dask="parallelized",
         output_dtypes=[np.float64] * k,
     )
-    return _labelled_loglog(outs, dim, name, cov_type=cov_type, alpha=alpha, test=test)
+    out = _labelled_loglog(outs, dim, name, cov_type=cov_type, alpha=alpha, test=test)
+    if units:
+        out = out.assign_coords(units=",".join(units), n_units=int(np.prod([da.sizes[u] for u in units])))
+        out.attrs["fit"] = (f"OLS of log(mean of {name} over {', '.join(units)}) on log({dim}) over {dim}; SE "
+                            + ("cluster-robust over the units (linearised log-mean); " if cov_type == "cluster" else
+                               f"{cov_type}, ignoring that the units' draws are shared along {dim}; ")
+                            + "statsmodels, use_t=True")
+    return out
+
+
+def _check_units(da: xr.DataArray, dim: str, units) -> tuple[str, ...]:
+    """``units`` as a tuple of dims of ``da`` other than ``dim``, with at least 2 units in all."""
+    if units is None:
+        return ()
+    units = (units,) if isinstance(units, str) else tuple(units)
+    bad = [u for u in units if u not in da.dims or u == dim]
+    if bad:
+        raise ValueError(f"units {bad} must be dims of the DataArray other than {dim!r}; its dims are {da.dims}")
+    G = int(np.prod([da.sizes[u] for u in units]))
+    if G < 2:
+        raise ValueError(f"a fit over independent units needs at least 2 of them; {', '.join(units)} has {G}")
+    return units
 
 
 def _coordinate_values(da, dim: str) -> np.ndarray:
@@ -314,21 +409,36 @@ def _check_log_coordinate(da: xr.DataArray, dim: str, xvals: np.ndarray) -> None
         raise ValueError(f"loglog_slope: the coordinate {dim!r} must take at least two distinct values")
 
 
-def _cell_fits(da: xr.DataArray, dim: str, xvals: np.ndarray, name, *, cov_type: str, alpha: float, test):
+def _cell_fits(da: xr.DataArray, dim: str, xvals: np.ndarray, name, *, units: tuple[str, ...], cov_type: str,
+               alpha: float, test):
     """``(da, cell, fit_cell)`` for the fit of log ``da`` on log ``xvals`` (the coordinate values
-    of ``dim``): ``da`` rechunked to one chunk along ``dim`` (dask input),
+    of ``dim``): ``da`` rechunked to one chunk along ``dim`` and the ``units`` (dask input),
     ``cell`` the flat index of every cell of the other dims (chunked like ``da``), and
-    ``fit_cell(y, cell_id)`` the OLS fields of one cell, or a ValueError naming the coordinates of
-    its first value that is not positive and finite."""
-    other = [d for d in da.dims if d != dim]
+    ``fit_cell(y, cell_id)`` the OLS fields of one cell (``y`` over ``dim`` and the units), or a
+    ValueError naming the coordinates of its first value that is not positive and finite (with
+    units: not finite, or of a unit mean that is not positive)."""
+    other = [d for d in da.dims if d != dim and d not in units]
     shape = tuple(da.sizes[d] for d in other)
     cell = xr.DataArray(np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.int64).reshape(shape), dims=other)
     labels = xr.DataArray(np.empty(shape), dims=other, coords={d: da[d] for d in other if d in da.coords})
     if da.chunks is not None:
-        da = da.chunk({dim: -1})
+        da = da.chunk({dim: -1, **{u: -1 for u in units}})
         cell = cell.chunk({d: da.chunksizes[d] for d in other})
 
     def fit_cell(y: np.ndarray, cell_id: np.ndarray) -> tuple[float, ...]:
+        if units:
+            y = y.reshape(y.shape[0], -1)
+            with np.errstate(all="ignore"):
+                ybar = y.mean(axis=1)
+            bad = ~(np.all(np.isfinite(y), axis=1) & (ybar > 0))
+            if bad.any():
+                i = int(np.argmax(bad))
+                where = _locate(labels, np.unravel_index(int(cell_id), shape)) if shape else ""
+                where = f"{dim}={_format_coord(xvals[i])}" + (f", {where}" if where else "")
+                raise ValueError(
+                    f"loglog_slope: {name} must be finite with a positive mean over {', '.join(units)} to take "
+                    f"the log of that mean; found mean {float(ybar[i]):g} at {where}")
+            return clustered_loglog_np(logx, y, cov_type=cov_type, alpha=alpha, test_slope=test)
         bad = ~(np.isfinite(y) & (y > 0))
         if bad.any():
             i = int(np.argmax(bad))
@@ -370,7 +480,8 @@ def power_law_fit(
     da: xr.DataArray,
     dim: str = "L",
     *,
-    cov_type: str = "nonrobust",
+    units: str | tuple[str, ...] | None = None,
+    cov_type: str | None = None,
     alpha: float = 0.05,
 ) -> xr.Dataset:
     """Power law ``y = c * x^p`` fitted along ``dim`` (x = the coordinate ``dim``).
@@ -378,7 +489,8 @@ def power_law_fit(
     Maths: built on :func:`loglog_slope`: ``p`` is the log-log slope and ``c = exp(intercept)``.
     The standard error of ``c`` is the delta method ``se(c) = c * se(intercept)``; its
     confidence interval is the exact transform ``exp`` of the intercept's interval (so it is
-    asymmetric and always positive).
+    asymmetric and always positive). ``units`` and ``cov_type`` as in :func:`loglog_slope` (the
+    mean over the units is fitted, with a cluster-robust SE by default).
 
     Returns
     -------
@@ -386,7 +498,7 @@ def power_law_fit(
     ``c``, ``c_se``, ``c_ci_low``, ``c_ci_high``, ``log_c``, ``log_c_se``, ``r2``, ``n``; lazy
     for dask input; same scalar coordinates as :func:`loglog_slope`.
     """
-    fit = loglog_slope(da, dim, cov_type=cov_type, alpha=alpha)
+    fit = loglog_slope(da, dim, units=units, cov_type=cov_type, alpha=alpha)
     c = np.exp(fit["intercept"])
     out = xr.Dataset(
         {
@@ -448,7 +560,8 @@ def paper_form_fit(
     L_mse,
     x,
     *,
-    cov_type: str = "nonrobust",
+    units: str | tuple[str, ...] | None = None,
+    cov_type: str | None = None,
     alpha: float = 0.05,
 ) -> xr.Dataset:
     """Paper-form fit of claim C1 (docs/claims.md): ``L * E||f_L - f_inf||^2 = c1 * exp(c2 * x)``, pooled OLS.
@@ -463,7 +576,10 @@ def paper_form_fit(
     ----------
     L_mse, x : arrays of the same shape (numpy or DataArray; DataArrays are aligned exactly and
         broadcast). ``L_mse`` positive and finite, ``x`` finite; at least 3 points.
-    cov_type, alpha : as in :func:`loglog_slope`.
+    units : dims of the DataArrays whose cells are independent draws (e.g. ``("d", "U_norm",
+        "seed")``; the queries of one cell share its prompts): the points of one cell form a
+        cluster, and the SE is cluster-robust over the cells by default.
+    cov_type, alpha : as in :func:`loglog_slope` (``"cluster"`` needs ``units``).
 
     Returns
     -------
@@ -471,8 +587,14 @@ def paper_form_fit(
     ``log_c1_se``, ``c2``, ``c2_se``, ``c2_ci_low``, ``c2_ci_high``, ``pvalue_c2_positive``,
     ``r2``, ``n``; scalar coordinates ``method``, ``cov_type``, ``alpha``.
     """
+    units = () if units is None else (units,) if isinstance(units, str) else tuple(units)
+    cov_type = ("cluster" if units else "nonrobust") if cov_type is None else cov_type
     check_cov_type(cov_type)
     alpha = check_alpha(alpha)
+    if units and not (isinstance(L_mse, xr.DataArray) and isinstance(x, xr.DataArray)):
+        raise ValueError("paper_form_fit: units name dims, so L_mse and x must be DataArrays")
+    if cov_type == "cluster" and not units:
+        raise ValueError("paper_form_fit: cov_type='cluster' needs the dims of the independent cells (units=)")
     if isinstance(L_mse, xr.DataArray) and isinstance(x, xr.DataArray):
         try:
             L_mse, x = xr.align(L_mse, x, join="exact")
@@ -496,7 +618,15 @@ def paper_form_fit(
     if bad.any():
         i = int(np.argmax(bad))
         raise ValueError(f"paper_form_fit: x must be finite; found {xv[i]:g} at {locate_x(i)}")
-    fit = dict(zip(OLS_LINE_FIELDS, ols_line_np(xv, np.log(yv), cov_type=cov_type, alpha=alpha)))
+    groups = None
+    if units:
+        missing = [u for u in units if u not in L_mse.dims]
+        if missing:
+            raise ValueError(f"paper_form_fit: units {missing} are not dims of L_mse {L_mse.dims}")
+        index = np.indices(L_mse.shape).reshape(L_mse.ndim, -1)
+        keep = [L_mse.dims.index(u) for u in units]
+        groups = np.ravel_multi_index(tuple(index[keep]), tuple(L_mse.shape[k] for k in keep)) if cov_type == "cluster" else None
+    fit = dict(zip(OLS_LINE_FIELDS, ols_line_np(xv, np.log(yv), cov_type=cov_type, alpha=alpha, groups=groups)))
     c2, c2_se = fit["slope"], fit["slope_se"]
     p2 = fit["pvalue_slope"]
     p_pos = p2 / 2.0 if c2 > 0 else 1.0 - p2 / 2.0
@@ -512,7 +642,8 @@ def paper_form_fit(
         "c2_se": (c2_se, "standard error of c2", "from the covariance estimator cov_type"),
         "c2_ci_low": (fit["slope_ci_low"], "lower confidence limit of c2", "Student-t interval, level 1 - alpha"),
         "c2_ci_high": (fit["slope_ci_high"], "upper confidence limit of c2", "Student-t interval, level 1 - alpha"),
-        "pvalue_c2_positive": (p_pos, "p-value of H0 c2 <= 0", "one-sided Student-t test, df = n - 2"),
+        "pvalue_c2_positive": (p_pos, "p-value of H0 c2 <= 0", "one-sided Student-t test, df = n - 2 "
+                               "(clusters - 1 with the cluster SE)"),
         "r2": (fit["r2"], "coefficient of determination", "R^2 of the pooled OLS fit"),
         "n": (int(fit["n"]), "number of points in the fit", "all points pooled"),
     }
@@ -520,5 +651,7 @@ def paper_form_fit(
         {k: xr.DataArray(v, attrs={"long_name": ln, "description": desc}) for k, (v, ln, desc) in values.items()}
     )
     ds = ds.assign_coords(method="OLS log(L*mse) on x, pooled", cov_type=cov_type, alpha=alpha)
+    if units:
+        ds = ds.assign_coords(units=",".join(units), n_units=int(np.prod([L_mse.sizes[u] for u in units])))
     ds.attrs = {"fit": "L * E||f_L - f_inf||^2 = c1 * exp(c2 * sigma^2 ||U q||^2), OLS on the log, pooled"}
     return ds

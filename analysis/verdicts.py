@@ -1,4 +1,4 @@
-"""Predeclared criteria as data, and their verdicts: PASS / FAIL / INCONCLUSIVE.
+"""Predeclared criteria as data, and their verdicts: PASS / FAIL / INCONCLUSIVE / NOT JUDGED.
 
 A :class:`Criterion` states one check of a claim (``"C1-slopes"``: every log-log slope in
 [-1.1, -0.9]) together with the reference reproduction's figure. :func:`evaluate` turns
@@ -12,7 +12,19 @@ Rules:
   few points): INCONCLUSIVE, its reason as the note;
 * an explicit ``inconclusive`` flag for a criterion: INCONCLUSIVE (with its reason);
 * otherwise PASS iff every measured value satisfies the comparison (for an array of values,
-  all of them; the measured figure then shows ``min .. max (k/n in range)``), else FAIL.
+  all of them; the measured figure then shows ``min .. max (k/n in range)``), else FAIL;
+* a criterion that a profile cannot judge (``quick=NotJudged("too few L ...")``: too few prompt
+  lengths, too short a run) is NOT JUDGED at that profile, with the reason; a profile may also
+  judge it by a threshold calibrated for it (``quick=(low, high)``).
+
+Each PASS / FAIL carries its **robustness** (:meth:`Criteria.verdicts`): the fraction of
+resamples of the file's independent units (seeds; ``Criteria(units=...)``) under which the
+verdict stays the same, the measures rerun on each resample. Below :data:`FRAGILE_BELOW` the
+verdict is *fragile*, whatever it is. :meth:`Criteria.seeds_needed` estimates how many units
+would make it robust. A non-PASS verdict carries the class its criterion declares for it
+(:data:`CLASSES`: a finding, pre-asymptotic, or a colloquial reading of the paper) and a
+one-line reason. Criteria that are statistical tests declare their ``level`` and a ``pvalue``
+measure: :func:`multiplicity` says how many FAILs chance alone would give and the Holm view.
 
 The criteria themselves live with their experiments (``pipelines/``); this module holds the
 machinery only and imports nothing but numpy.
@@ -21,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -30,9 +42,15 @@ __all__ = [
     "criteria_from_attrs",
     "Criteria",
     "FAIL",
+    "CLASSES",
+    "FRAGILE_BELOW",
     "INCONCLUSIVE",
     "KINDS",
+    "NOT_JUDGED",
+    "NotJudged",
     "PASS",
+    "multiplicity",
+    "resample_units",
     "Criterion",
     "Inconclusive",
     "Shared",
@@ -42,12 +60,35 @@ __all__ = [
     "evaluate",
     "format_table",
     "measure_unless",
+    "multiplicity_line",
     "to_markdown",
 ]
 
 PASS = "PASS"
 FAIL = "FAIL"
 INCONCLUSIVE = "INCONCLUSIVE"
+NOT_JUDGED = "NOT JUDGED"
+VERDICTS = (PASS, FAIL, INCONCLUSIVE, NOT_JUDGED)
+
+#: the classes of a non-PASS verdict: a result that contradicts the reading (``finding``), a rate
+#: or constant not yet reached at the sizes run (``pre-asymptotic``), a criterion testing a
+#: stronger reading than the paper's theorem states (``colloquial reading``).
+CLASSES = ("finding", "pre-asymptotic", "colloquial reading")
+
+#: a verdict kept in fewer than this fraction of resamples of its independent units is fragile.
+FRAGILE_BELOW = 0.8
+
+#: resamples of the independent units behind each verdict's robustness (Monte Carlo SE of the
+#: fraction <= 0.05).
+RESAMPLES = 100
+
+
+@dataclass(frozen=True)
+class NotJudged:
+    """A profile's declaration that it cannot judge a criterion, with the reason (``"4 prompt
+    lengths: the slope's pre-asymptotic curvature is larger than the band"``)."""
+
+    reason: str
 
 #: comparison kinds: ``measured <kind> threshold``; ``"in"``: ``low <= measured <= high``.
 KINDS = ("<", "<=", ">", ">=", "in")
@@ -75,9 +116,12 @@ class Criterion:
     reference : the independent reproduction's figure, e.g. ``"-0.982 .. -1.027"`` (free text;
         ``""`` when there is none).
     reason : one line saying why the threshold is set where it is.
-    profile : the profile the threshold is calibrated for (``"paper"``): a run of another
-        profile is judged by it all the same, and the tables say so.
+    profile : the profile the threshold is calibrated for (``"paper"``; ``"any"``: every
+        profile): a run of another profile is judged by it unless ``quick`` says otherwise.
     fmt : format spec of numbers in the measured figure (default ``".3g"``).
+    quick : how the quick profile judges it: ``None`` (by ``threshold``, for criteria whose
+        figure does not depend on the profile's size), a threshold of the same kind calibrated
+        for the quick grid, or a :class:`NotJudged` (or its reason as a string): NOT JUDGED there.
     """
 
     id: str
@@ -89,6 +133,7 @@ class Criterion:
     reason: str = ""
     profile: str = "paper"
     fmt: str = ".3g"
+    quick: object = None
 
     def __post_init__(self) -> None:
         if not self.id or not isinstance(self.id, str):
@@ -116,6 +161,20 @@ class Criterion:
                 raise ValueError(f"Criterion {self.id!r}: threshold must be finite, got {self.threshold!r}")
             object.__setattr__(self, "threshold", thr)
         format(1.0, self.fmt)  # fail early on a bad format spec
+        if isinstance(self.quick, str):
+            object.__setattr__(self, "quick", NotJudged(self.quick))
+        if self.quick is not None and not isinstance(self.quick, NotJudged):
+            self.at_threshold(self.quick)  # validated like the threshold
+
+    def at_threshold(self, threshold) -> "Criterion":
+        """The same criterion judged by another threshold (of the same kind)."""
+        return replace(self, threshold=threshold, quick=None)
+
+    def for_profile(self, profile: str) -> "Criterion | NotJudged":
+        """How a run of ``profile`` is judged: this criterion, its quick calibration, or NotJudged."""
+        if profile != "quick" or self.quick is None:
+            return self
+        return self.quick if isinstance(self.quick, NotJudged) else self.at_threshold(self.quick)
 
     @property
     def threshold_str(self) -> str:
@@ -129,7 +188,10 @@ class Criterion:
         """The criterion as JSON data (a results file's ``criteria`` attr holds a list of these)."""
         return {"id": self.id, "claim": self.claim, "description": self.description, "kind": self.kind,
                 "threshold": list(self.threshold) if self.kind == "in" else self.threshold,
-                "reference": self.reference, "reason": self.reason, "profile": self.profile, "fmt": self.fmt}
+                "reference": self.reference, "reason": self.reason, "profile": self.profile, "fmt": self.fmt,
+                **({} if self.quick is None else {"quick": {"not_judged": self.quick.reason}
+                                                  if isinstance(self.quick, NotJudged) else
+                                                  list(self.quick) if self.kind == "in" else self.quick})}
 
     def holds(self, values) -> np.ndarray:
         """Boolean array: which of the (finite) ``values`` satisfy the comparison."""
@@ -143,10 +205,11 @@ class Criterion:
 class Criteria:
     """The criteria of one claim, each declared next to the measure it reads::
 
-        CRITERIA = Criteria("C1")
+        CRITERIA = Criteria("C1", units="seed")
 
         @CRITERIA("C1-slopes", "log-log slope of the Gaussian error in L, every (d, U_norm)",
-                  "in", (-1.1, -0.9), reference="-0.982 .. -1.027", reason="the error is O(1/L)")
+                  "in", (-1.1, -0.9), reference="-0.982 .. -1.027", reason="the error is O(1/L)",
+                  quick=(-1.3, -0.7), fails_as=("pre-asymptotic", "curvature at small L"))
         def _slopes(ds):
             return slopes(ds).slope.values.ravel()
 
@@ -155,22 +218,43 @@ class Criteria:
     ``prepare(ds)`` returns (e.g. ``prepare=Shared``, when the measures share a computation);
     :meth:`verdicts` judges them. ``inconclusive(data)`` (optional, given what ``prepare``
     returns) says which criteria the data cannot decide whatever their value, ``{id: reason}``.
+    ``units``: the dims of a results file's independent units (seeds, independent replicates),
+    resampled for each verdict's robustness.
+
+    Declared with a criterion, beside its threshold, and read by every verdict of it (so a file
+    judged anywhere shows them): ``fails_as=(class, reason)``, the class (:data:`CLASSES`) and the
+    one-line reason shown beside a non-PASS verdict; ``level`` and ``pvalue(data)`` for a
+    criterion that is a statistical test: the probability that it FAILs by chance alone when the
+    claim holds, and the p-value of its statistic (for the Holm view of :func:`multiplicity`).
     """
 
-    def __init__(self, claim, prepare=None, inconclusive=None):
+    def __init__(self, claim, prepare=None, inconclusive=None, units=("seed",)):
         self.claim = claim
         self.prepare = prepare
         self.inconclusive = inconclusive
+        self.units = (units,) if isinstance(units, str) else tuple(units)
         self._items: list = []
+        self._declared: dict = {}
 
-    def __call__(self, id, description, kind, threshold, *, reference="", reason="", profile="paper", fmt=".3g"):
+    def __call__(self, id, description, kind, threshold, *, reference="", reason="", profile="paper", fmt=".3g",
+                 quick=None, fails_as=None, level=None, pvalue=None):
         criterion = Criterion(id=id, claim=self.claim, description=description, kind=kind, threshold=threshold,
-                              reference=reference, reason=reason, profile=profile, fmt=fmt)
+                              reference=reference, reason=reason, profile=profile, fmt=fmt, quick=quick)
         if any(c.id == id for c, _ in self._items):
             raise ValueError(f"criterion {id!r} is declared twice")
+        if fails_as is not None:
+            cls, why = fails_as
+            if cls not in CLASSES:
+                raise ValueError(f"criterion {id!r}: fails_as class must be one of {CLASSES}, got {cls!r}")
+        if (level is None) != (pvalue is None):
+            raise ValueError(f"criterion {id!r}: a test declares both its level and its pvalue measure")
+        if level is not None and not 0.0 < float(level) < 1.0:
+            raise ValueError(f"criterion {id!r}: level must be in (0, 1), got {level!r}")
 
         def register(measure):
             self._items.append((criterion, measure))
+            self._declared[id] = {"fails_as": fails_as, "level": None if level is None else float(level),
+                                  "pvalue": pvalue}
             return measure
 
         return register
@@ -188,16 +272,99 @@ class Criteria:
         """``{criterion id: measured value}`` of every declared measure (or of those in ``ids``) on ``ds``."""
         return self._measure(self.prepare(ds) if self.prepare is not None else ds, ids)
 
-    def verdicts(self, ds, inconclusive=None) -> list:
+    def _judge(self, ds, stored, inconclusive, with_pvalues=False) -> list:
+        """The verdict rows of the ``stored`` criteria on ``ds`` (before robustness)."""
+        profile = ds.attrs.get("profile", "custom")
+        judged = [c.for_profile(profile) for c in stored]
+        not_judged = {c.id: j.reason for c, j in zip(stored, judged) if isinstance(j, NotJudged)}
+        live = [j for j in judged if not isinstance(j, NotJudged)]
+        ids = {c.id for c in live}
+        data = self.prepare(ds) if self.prepare is not None else ds
+        flags = {} if self.inconclusive is None else {k: v for k, v in self.inconclusive(data).items() if k in ids}
+        rows = {r.id: r for r in evaluate(live, self._measure(data, ids), {**flags, **_flag_reasons(inconclusive)})}
+        out = []
+        for c in stored:
+            row = rows.get(c.id) or VerdictRow(c, None, "n/a", NOT_JUDGED, f"not judged at the {profile} profile: "
+                                                                                f"{not_judged[c.id]}")
+            declared = self._declared.get(c.id, {})
+            if with_pvalues and declared.get("pvalue") is not None and row.verdict in (PASS, FAIL):
+                row = replace(row, pvalue=float(declared["pvalue"](data)))
+            out.append(replace(row, fails_as=declared.get("fails_as") if row.verdict != PASS else None,
+                               level=declared.get("level")))
+        return out
+
+    def verdicts(self, ds, inconclusive=None, *, resamples: int = RESAMPLES) -> list:
         """The verdict rows of the criteria stored in the results file ``ds`` (predeclared when it
         was made), each measured by the measure declared here under its id; a stored criterion
         with no measure here is INCONCLUSIVE. Flagged INCONCLUSIVE whatever their value: the
-        stored criteria that ``self.inconclusive`` names, and ``inconclusive`` (as in :func:`evaluate`)."""
+        stored criteria that ``self.inconclusive`` names, and ``inconclusive`` (as in :func:`evaluate`).
+        A quick file is judged by each criterion's quick calibration (NOT JUDGED where it has none).
+
+        Every PASS / FAIL carries its robustness: the fraction of ``resamples`` resamples (with
+        replacement) of the units ``self.units`` present in ``ds`` under which the verdict is the
+        same, every measure rerun (0: none computed). The resamples are drawn from a generator
+        keyed by the claim, so the fraction is the same at every call."""
         stored = criteria_from_attrs(ds)
-        ids = {c.id for c in stored}
-        data = self.prepare(ds) if self.prepare is not None else ds
-        flags = {} if self.inconclusive is None else {k: v for k, v in self.inconclusive(data).items() if k in ids}
-        return evaluate(stored, self._measure(data, ids), {**flags, **_flag_reasons(inconclusive)})
+        rows = self._judge(ds, stored, inconclusive, with_pvalues=True)
+        return self._with_robustness(ds, stored, rows, inconclusive, resamples)
+
+    def _with_robustness(self, ds, stored, rows, inconclusive, resamples, size=None) -> list:
+        units = [u for u in self.units if u in ds.dims]
+        sizes = {u: ds.sizes[u] for u in units}
+        if resamples <= 0:
+            return rows
+        if not units or max(sizes.values()) < 2:
+            why = "one independent unit: no resample" if units else "no independent units in the file"
+            return [replace(r, robustness_note=why) if r.verdict in (PASS, FAIL) else r for r in rows]
+        agree = np.zeros(len(rows))
+        rng = np.random.default_rng(substream_key(self.claim))
+        for _ in range(resamples):
+            again = self._judge(resample_units(ds, sizes, rng, size), stored, inconclusive)
+            agree += [a.verdict == r.verdict for a, r in zip(again, rows)]
+        return [replace(r, robustness=float(agree[i] / resamples)) if r.verdict in (PASS, FAIL) else r
+                for i, r in enumerate(rows)]
+
+    def seeds_needed(self, ds, ids=None, *, target: float = FRAGILE_BELOW, factors=(2, 4, 8, 16),
+                     resamples: int = RESAMPLES) -> dict:
+        """How many independent units would make each verdict robust, measured: for each factor
+        ``k``, ``k G`` units are drawn with replacement from the ``G`` stored ones (``G`` per unit
+        dim) and every measure rerun; the answer is the smallest ``k G`` whose verdicts agree with
+        the stored one in at least ``target`` of the resamples (``None``: not within
+        ``factors[-1] G``). A power estimate from the stored per-unit spread: it cannot see
+        a spread the stored units do not show. ``{id: units needed or None}``, for ``ids`` (default: every
+        fragile PASS / FAIL)."""
+        stored = criteria_from_attrs(ds)
+        rows = self.verdicts(ds, resamples=resamples)
+        if ids is None:
+            ids = [r.id for r in rows if r.fragile]
+        units = [u for u in self.units if u in ds.dims]
+        out = {i: None for i in ids}
+        left = set(ids)
+        for k in factors:
+            if not left:
+                break
+            size = {u: k * ds.sizes[u] for u in units}
+            grown = self._with_robustness(ds, stored, rows, None, resamples, size=size)
+            for r in grown:
+                if r.id in left and r.robustness is not None and r.robustness >= target:
+                    out[r.id] = int(np.prod(list(size.values())))
+                    left.discard(r.id)
+        return out
+
+
+def substream_key(text: str) -> int:
+    """A stable integer key of ``text`` (the resamples of a claim's robustness draw from it)."""
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+
+
+def resample_units(ds, sizes: Mapping[str, int], rng, size: Mapping[str, int] | None = None):
+    """``ds`` with each unit dim of ``sizes`` resampled with replacement (``size[u]`` draws, default
+    as many as there are), its coordinate relabelled ``0 .. n-1`` so that no label repeats."""
+    idx = {u: rng.integers(0, n, (size or sizes).get(u, n)) for u, n in sizes.items()}
+    out = ds.isel(idx)
+    return out.assign_coords({u: np.arange(len(i)) for u, i in idx.items()})
 
 
 class Shared:
@@ -240,8 +407,14 @@ class VerdictRow:
     criterion : the :class:`Criterion` evaluated.
     measured : the measured value as given (float, array, None or :class:`Inconclusive`).
     measured_str : the measured figure as printed (``"-0.99"``, ``"-1.03 .. -0.97 (9/9 in range)"``, ``"n/a"``).
-    verdict : ``"PASS"``, ``"FAIL"`` or ``"INCONCLUSIVE"``.
-    note : why INCONCLUSIVE (missing, non-finite, not measurable or flagged, with the reason), else ``""``.
+    verdict : ``"PASS"``, ``"FAIL"``, ``"INCONCLUSIVE"`` or ``"NOT JUDGED"``.
+    note : why INCONCLUSIVE or NOT JUDGED (missing, non-finite, not measurable, flagged, not
+        judged at this profile, with the reason), else ``""``.
+    robustness : the fraction of resamples of the independent units that give the same verdict
+        (PASS / FAIL only; None when not computed, ``robustness_note`` then says why).
+    fails_as : ``(class, reason)`` declared for a non-PASS verdict of this criterion, or None.
+    level, pvalue : for a criterion that is a statistical test: its level and the p-value of its
+        statistic in this file (None otherwise).
     """
 
     criterion: Criterion
@@ -249,6 +422,28 @@ class VerdictRow:
     measured_str: str
     verdict: str
     note: str = ""
+    robustness: float | None = None
+    robustness_note: str = ""
+    fails_as: tuple | None = None
+    level: float | None = None
+    pvalue: float | None = None
+
+    @property
+    def fragile(self) -> bool:
+        """True when the verdict holds in fewer than :data:`FRAGILE_BELOW` of the resamples."""
+        return self.robustness is not None and self.robustness < FRAGILE_BELOW
+
+    @property
+    def robustness_str(self) -> str:
+        """``"0.97"``, ``"0.62 fragile"``, or ``""`` (not computed)."""
+        if self.robustness is None:
+            return ""
+        return f"{self.robustness:.2f}" + (" fragile" if self.fragile else "")
+
+    @property
+    def class_str(self) -> str:
+        """``"pre-asymptotic: curvature at small L"``, or ``""``."""
+        return "" if self.fails_as is None else f"{self.fails_as[0]}: {self.fails_as[1]}"
 
     @property
     def id(self) -> str:
@@ -277,6 +472,10 @@ class VerdictRow:
             "reference": self.reference,
             "verdict": self.verdict,
             "note": self.note,
+            "robustness": "" if self.robustness is None else f"{self.robustness:.2f}",
+            "fragile": "yes" if self.fragile else "",
+            "class": "" if self.fails_as is None else self.fails_as[0],
+            "class_reason": "" if self.fails_as is None else self.fails_as[1],
         }
 
 
@@ -382,30 +581,65 @@ def _row(crit: Criterion, raw) -> VerdictRow:
 
 def to_frame(rows: Sequence[VerdictRow]):
     """The verdict rows as a ``pandas.DataFrame`` indexed by criterion id (columns: claim,
-    description, measured, threshold, reference, verdict, note): the data behind the tables."""
+    description, measured, threshold, reference, verdict, note, robustness, fragile, class,
+    class_reason): the data behind the tables."""
     import pandas as pd
 
     return pd.DataFrame([r.to_dict() for r in rows]).set_index("criterion")
 
 
 def count_verdicts(rows: Iterable[VerdictRow]) -> dict[str, int]:
-    """``{"PASS": k, "FAIL": m, "INCONCLUSIVE": j}``."""
-    out = {PASS: 0, FAIL: 0, INCONCLUSIVE: 0}
+    """``{"PASS": k, "FAIL": m, "INCONCLUSIVE": j, "NOT JUDGED": i, "fragile": f}``."""
+    out = {v: 0 for v in VERDICTS}
+    out["fragile"] = 0
     for r in rows:
         out[r.verdict] += 1
+        out["fragile"] += r.fragile
     return out
 
 
-_HEADER = ("criterion", "measured", "threshold", "reference", "verdict")
+def multiplicity(rows: Sequence[VerdictRow]) -> dict:
+    """What many criteria judged at once mean: ``judged`` (PASS or FAIL), ``tests`` (of those, the
+    criteria that are statistical tests at a stated level), ``chance_fails`` (the FAILs chance
+    alone would give among them if every claim held: the sum of their levels), ``fails`` (their
+    FAILs) and ``holm_fails`` (their FAILs once the p-values are Holm-adjusted over the tests,
+    each against its level: ``statsmodels.stats.multitest.multipletests(method="holm")``), and
+    ``holm`` ``{id: adjusted p-value}``."""
+    judged = [r for r in rows if r.verdict in (PASS, FAIL)]
+    tests = [r for r in judged if r.level is not None and r.pvalue is not None]
+    out = {"judged": len(judged), "tests": len(tests), "chance_fails": float(sum(r.level for r in tests)),
+           "fails": sum(r.verdict == FAIL for r in tests), "holm_fails": 0, "holm": {}}
+    if tests:
+        from statsmodels.stats.multitest import multipletests
+
+        adjusted = multipletests([r.pvalue for r in tests], method="holm")[1]
+        out["holm"] = {r.id: float(p) for r, p in zip(tests, adjusted)}
+        out["holm_fails"] = int(sum(p < r.level for r, p in zip(tests, adjusted)))
+    return out
+
+
+def multiplicity_line(rows: Sequence[VerdictRow]) -> str:
+    """``"9 criteria judged; 2 are tests at a stated level: chance alone gives 0.0063 FAILs among
+    them, 0 FAIL (0 after Holm)"``."""
+    m = multiplicity(rows)
+    line = f"{m['judged']} criteria judged"
+    if m["tests"]:
+        line += (f"; {m['tests']} are tests at a stated level: chance alone gives {m['chance_fails']:.2g} FAILs "
+                 f"among them, {m['fails']} FAIL ({m['holm_fails']} after Holm)")
+    return line
+
+
+_HEADER = ("criterion", "measured", "threshold", "reference", "verdict", "robust")
 
 
 def _cells(rows: Sequence[VerdictRow]) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
-    with_note = any(r.note for r in rows)
+    with_note = any(r.note or r.fails_as for r in rows)
     header = _HEADER + (("note",) if with_note else ())
     body = []
     for r in rows:
-        cells = (r.id, r.measured_str, r.threshold_str, r.reference, r.verdict)
-        body.append(cells + ((r.note,) if with_note else ()))
+        cells = (r.id, r.measured_str, r.threshold_str, r.reference, r.verdict, r.robustness_str)
+        note = "; ".join(x for x in (r.class_str, r.note) if x)
+        body.append(cells + ((note,) if with_note else ()))
     return header, body
 
 
@@ -438,19 +672,35 @@ def criteria_from_attrs(ds) -> list[Criterion]:
     raw = ds.attrs.get("criteria")
     if raw is None:
         raise ValueError("results file carries no 'criteria' attribute")
-    return [Criterion(**{**c, "threshold": tuple(c["threshold"]) if isinstance(c["threshold"], list) else c["threshold"]})
+    return [Criterion(**{**c, "threshold": _threshold(c["threshold"]), "quick": _quick(c.get("quick"))})
             for c in json.loads(raw)]
 
 
+def _threshold(raw):
+    return tuple(raw) if isinstance(raw, list) else raw
+
+
+def _quick(raw):
+    """A stored quick calibration: None, a threshold, or ``{"not_judged": reason}``."""
+    if isinstance(raw, dict):
+        return NotJudged(raw["not_judged"])
+    return None if raw is None else _threshold(raw)
+
+
 def calibration_note(ds) -> str:
-    """A line saying the file is judged by criteria calibrated for another profile (or ``""``)."""
+    """The banner of a file that is not a paper run (or ``""``): a quick run is a smoke test of the
+    install, judged by the criteria's quick calibration; a run with ``--set`` overrides, or of a
+    profile no criterion is calibrated for, is judged by criteria calibrated for another profile."""
     import json
 
     profiles = sorted({c.profile for c in criteria_from_attrs(ds)} - {"any"})
     overrides = json.loads(ds.attrs.get("overrides", "[]") or "[]")
     profile = ds.attrs.get("profile", "custom")
+    if profile == "quick" and not overrides:
+        return ("note: quick profile, a smoke test of the install: judged by thresholds calibrated for the quick grid "
+                "(NOT JUDGED where it is too small to judge); the claims are judged at the paper profile")
     if not profiles or (profiles == [profile] and not overrides):
         return ""
     run = f"profile {profile!r}" + (f" with --set {' '.join(overrides)}" if overrides else "")
-    return (f"note: these criteria are calibrated for the {', '.join(profiles)} profile; this file is a {run} run, "
-            "so its verdicts are indicative, not findings")
+    return (f"note: custom run: these criteria are calibrated for the {', '.join(profiles)} profile; this file is a {run} "
+            "run, so its verdicts are indicative, not findings")

@@ -14,6 +14,7 @@ from sfxlin.analysis.verdicts import (
     Criteria,
     Criterion,
     Shared,
+    NOT_JUDGED,
     count_verdicts,
     evaluate,
     format_table,
@@ -173,7 +174,7 @@ def test_to_markdown_and_counts():
     assert md[2].count("|") == md[0].count("|")
     odd = Criterion(id="a|b", claim="C9", description="", kind="<", threshold=1)
     assert "a\\|b" in to_markdown(evaluate([odd], {"a|b": 0.5}))
-    assert count_verdicts(rows) == {PASS: 2, FAIL: 1, INCONCLUSIVE: 2}
+    assert count_verdicts(rows) == {PASS: 2, FAIL: 1, INCONCLUSIVE: 2, NOT_JUDGED: 0, "fragile": 0}
     d = rows[0].to_dict()
     assert d["criterion"] == "C1-slopes" and d["verdict"] == PASS and d["reference"] == "-0.982 .. -1.027"
 
