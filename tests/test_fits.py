@@ -329,3 +329,63 @@ def test_analysis_modules_import_no_simulation_code():
                 top = name.split(".")[0]
                 assert top not in ("pipelines",), f"{path.name} imports {name}"
                 assert top != "sfxlin" or name.startswith("sfxlin.analysis"), f"{path.name} imports {name}"
+
+
+def nested_da(G=4, seed=3):
+    """mse(d, L, seed) = L^-1 (1 + e), e correlated along L within a seed."""
+    rng = np.random.default_rng(seed)
+    e = np.cumsum(rng.standard_normal((2, L.size, G)), axis=1) * 0.05
+    return xr.DataArray(L[None, :, None] ** -1.0 * np.exp(e), dims=("d", "L", "seed"),
+                        coords={"d": [2, 5], "L": L, "seed": np.arange(G)}, name="mse")
+
+
+def test_units_fit_the_unit_mean_with_a_cluster_se_by_default_and_ols_by_name():
+    da = nested_da()
+    clustered = loglog_slope(da, "L", units="seed")
+    plain = loglog_slope(da, "L", units="seed", cov_type="nonrobust")
+    of_mean = loglog_slope(da.mean("seed"), "L")
+    np.testing.assert_allclose(clustered.slope, of_mean.slope, rtol=1e-12)
+    np.testing.assert_allclose(plain.slope_se, of_mean.slope_se, rtol=1e-12)
+    assert clustered.cov_type.item() == "cluster" and clustered.units.item() == "seed"
+    assert clustered.n_units.item() == 4 and plain.cov_type.item() == "nonrobust"
+    assert not np.allclose(clustered.slope_se, plain.slope_se)
+    lazy = loglog_slope(da.chunk({"d": 1}), "L", units="seed")
+    np.testing.assert_allclose(lazy.slope_se.compute(), clustered.slope_se, rtol=1e-12)
+
+
+def test_units_are_checked_before_any_fit():
+    da = nested_da()
+    with pytest.raises(ValueError, match="units"):
+        loglog_slope(da, "L", units="query")
+    with pytest.raises(ValueError, match="at least 2"):
+        loglog_slope(da.isel(seed=[0]), "L", units="seed")
+    with pytest.raises(ValueError, match="needs the independent units"):
+        loglog_slope(da.mean("seed"), "L", cov_type="cluster")
+    with pytest.raises(ValueError, match="groups"):
+        ols_line_np(L, np.log(L), cov_type="HC3", groups=np.zeros(L.size))
+    bad = da.copy(data=da.values.copy())
+    bad[0, 3, :] = -1.0
+    with pytest.raises(ValueError, match=r"positive mean over seed.*L=64, d=2"):
+        loglog_slope(bad, "L", units="seed")
+
+
+def test_paper_form_clusters_the_queries_of_a_cell():
+    rng = np.random.default_rng(5)
+    x = xr.DataArray(rng.uniform(0, 1, (3, 4, 6)), dims=("d", "seed", "query"))
+    cell = rng.normal(0, 0.3, (3, 4, 1))  # shared by the queries of a (d, seed) cell
+    y = np.exp(0.5 + 1.5 * x + cell + 0.05 * rng.standard_normal(x.shape))
+    fit = paper_form_fit(y, x, units=("d", "seed"))
+    plain = paper_form_fit(y, x)
+    np.testing.assert_allclose(fit.c2, plain.c2, rtol=1e-12)
+    assert fit.cov_type.item() == "cluster" and fit.n_units.item() == 12
+    # by hand: CR1 sandwich over the 12 cells
+    X = np.column_stack([np.ones(x.size), x.values.ravel()])
+    yv = np.log(y.values.ravel())
+    beta, *_ = np.linalg.lstsq(X, yv, rcond=None)
+    e = yv - X @ beta
+    g = np.repeat(np.arange(12), 6)
+    meat = sum(np.outer(X[g == k].T @ e[g == k], X[g == k].T @ e[g == k]) for k in range(12))
+    bread = np.linalg.inv(X.T @ X)
+    n, G = x.size, 12
+    cov = G / (G - 1) * (n - 1) / (n - 2) * bread @ meat @ bread
+    assert float(fit.c2_se) == pytest.approx(np.sqrt(cov[1, 1]), rel=1e-10)

@@ -1,0 +1,160 @@
+"""Verdicts beyond PASS / FAIL: robustness over resampled units, NOT JUDGED at a profile, the
+declared class of a non-PASS verdict, and many criteria at once (chance FAILs, Holm).
+
+Each is checked against an independent computation: exact enumeration of the bootstrap
+resamples, a plain numpy Monte Carlo of the m-out-of-n bootstrap, Holm's step-down by hand.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from sfxlin.analysis.verdicts import (
+    CLASSES,
+    FAIL,
+    NOT_JUDGED,
+    PASS,
+    Criteria,
+    NotJudged,
+    criteria_from_attrs,
+    multiplicity,
+    multiplicity_line,
+    resample_units,
+)
+
+
+def declared(quick=None, fails_as=None, units=("seed",)):
+    """A claim with one criterion, ``mean(x) > 0``."""
+    crit = Criteria("CX", units=units)
+
+    @crit("CX-mean", "mean of x over the seeds", ">", 0.0, quick=quick, fails_as=fails_as)
+    def _mean(ds):
+        return float(ds.x.mean())
+
+    return crit
+
+
+def results(x, crit, profile="paper"):
+    return xr.Dataset({"x": ("seed", np.asarray(x, dtype=float))}, coords={"seed": np.arange(len(x))},
+                      attrs={"criteria": json.dumps([c.to_dict() for c in crit]), "profile": profile})
+
+
+def exact_bootstrap_agreement(x, verdict_pass: bool) -> float:
+    """Fraction of all n^n equally likely resamples with replacement whose mean gives the verdict."""
+    x = np.asarray(x, dtype=float)
+    means = [x[list(idx)].mean() for idx in itertools.product(range(x.size), repeat=x.size)]
+    return float(np.mean([(m > 0) == verdict_pass for m in means]))
+
+
+@pytest.mark.parametrize("x", [[1.0, 2.0, 3.0, 4.0], [3.0, -1.0, -1.0, -0.5], [2.0, -1.5, 0.4, -0.6]])
+def test_robustness_is_the_bootstrap_fraction_of_resamples_keeping_the_verdict(x):
+    crit = declared()
+    (row,) = crit.verdicts(results(x, crit), resamples=1000)
+    exact = exact_bootstrap_agreement(x, row.verdict == PASS)
+    # Monte Carlo of 1000 resamples: SE <= sqrt(0.25 / 1000) = 0.016; 3.2 SE
+    assert row.robustness == pytest.approx(exact, abs=0.05)
+    assert row.fragile == (row.robustness < 0.8)
+
+
+def test_robustness_is_the_same_at_every_call_and_none_without_units():
+    crit = declared()
+    ds = results([2.0, -1.5, 0.4, -0.6], crit)
+    assert crit.verdicts(ds)[0].robustness == crit.verdicts(ds)[0].robustness
+    one = results([2.0], crit)
+    (row,) = crit.verdicts(one)
+    assert row.robustness is None and "one independent unit" in row.robustness_note
+    (row,) = crit.verdicts(results([1.0, 2.0], crit), resamples=0)
+    assert row.robustness is None
+
+
+def test_resampled_units_are_drawn_with_replacement_without_their_labels():
+    ds = xr.Dataset({"x": ("seed", [10.0, 20.0, 30.0])}, coords={"seed": [5, 6, 7]})
+    out = resample_units(ds, {"seed": 3}, np.random.default_rng(1), {"seed": 12})
+    assert out.sizes["seed"] == 12 and "seed" not in out.coords
+    assert set(out.x.values.tolist()) <= {10.0, 20.0, 30.0} and len(set(out.x.values.tolist())) > 1
+
+
+def test_seeds_needed_is_the_smallest_m_out_of_n_bootstrap_size_reaching_the_target():
+    x = np.array([2.0, -1.5, 0.4, -0.6, 1.1, 0.5])  # mean 0.32 > 0: PASS, fragile at 6 seeds
+    rng = np.random.default_rng(0)
+    agree = {m: float(np.mean(x[rng.integers(0, x.size, (40000, m))].mean(1) > 0)) for m in (6, 12, 24)}
+    # the independent bootstrap: 6 -> 0.755, 12 -> 0.839, 24 -> 0.916 (SE 0.002): 12 seeds are enough
+    assert agree[6] < 0.78 and 0.82 < agree[12]
+    crit = declared()
+    ds = results(x, crit)
+    (row,) = crit.verdicts(ds, resamples=1000)  # Monte Carlo SE 0.014 of each fraction: margins >= 3 SE
+    assert row.verdict == PASS and row.fragile
+    assert row.robustness == pytest.approx(agree[6], abs=0.045)
+    assert crit.seeds_needed(ds, resamples=1000) == {"CX-mean": 12}
+    assert crit.seeds_needed(results([1.0, 2.0, 3.0], crit), resamples=50) == {}  # nothing fragile
+
+
+def test_a_profile_that_cannot_judge_gives_not_judged_with_its_reason():
+    crit = declared(quick="2 seeds: the mean's sign is noise")
+    (row,) = crit.verdicts(results([-1.0, -2.0], crit, profile="quick"))
+    assert row.verdict == NOT_JUDGED and "2 seeds: the mean's sign is noise" in row.note
+    assert row.robustness is None
+    (row,) = crit.verdicts(results([-1.0, -2.0], crit, profile="paper"))
+    assert row.verdict == FAIL
+
+
+def test_a_quick_calibration_judges_quick_files_only_and_survives_the_file():
+    crit = declared(quick=-5.0)
+    ds = results([-1.0, -2.0], crit, profile="quick")
+    assert crit.verdicts(ds)[0].verdict == PASS  # -1.5 > -5
+    assert crit.verdicts(ds.assign_attrs(profile="paper"))[0].verdict == FAIL
+    (stored,) = criteria_from_attrs(ds)
+    assert stored.quick == -5.0
+    nj = declared(quick="too few L")
+    (stored,) = criteria_from_attrs(results([1.0], nj))
+    assert stored.quick == NotJudged("too few L")
+
+
+def test_the_declared_class_goes_with_non_pass_verdicts_only():
+    crit = declared(fails_as=("pre-asymptotic", "the mean is still negative at these sizes"))
+    (fail,) = crit.verdicts(results([-1.0, -2.0], crit))
+    assert fail.fails_as[0] == "pre-asymptotic" and "pre-asymptotic: the mean" in fail.class_str
+    (ok,) = crit.verdicts(results([1.0, 2.0], crit))
+    assert ok.fails_as is None and ok.class_str == ""
+    with pytest.raises(ValueError, match="fails_as class"):
+        declared(fails_as=("bad luck", "why"))
+    assert "finding" in CLASSES
+
+
+def holm_by_hand(p):
+    """Holm's step-down adjusted p-values: sorted ascending, (m - j) p_(j) made monotone, capped at 1."""
+    p = np.asarray(p, dtype=float)
+    order = np.argsort(p)
+    m = p.size
+    adj = np.maximum.accumulate([(m - j) * p[i] for j, i in enumerate(order)])
+    out = np.empty(m)
+    out[order] = np.minimum(adj, 1.0)
+    return out
+
+
+def test_multiplicity_counts_chance_fails_and_the_holm_view():
+    crit = Criteria("CT", units=())
+    pvals = {"CT-a": 0.004, "CT-b": 0.03, "CT-c": 0.5}
+    for cid, p in pvals.items():
+        crit(cid, "a z-test", ">", 0.01, level=0.01, pvalue=lambda data, p=p: p)(lambda data, p=p: p)
+
+    @crit("CT-d", "not a test", "<", 1.0)
+    def _d(data):
+        return 0.5
+
+    ds = xr.Dataset(attrs={"criteria": json.dumps([c.to_dict() for c in crit]), "profile": "paper"})
+    rows = crit.verdicts(ds)
+    m = multiplicity(rows)
+    assert m["judged"] == 4 and m["tests"] == 3
+    assert m["chance_fails"] == pytest.approx(0.03)
+    assert m["fails"] == 1  # CT-a: 0.004 <= 0.01
+    hand = holm_by_hand(list(pvals.values()))
+    assert [m["holm"][k] for k in pvals] == pytest.approx(hand)
+    assert m["holm_fails"] == int(np.sum(hand < 0.01))  # 0.012: none after Holm
+    assert multiplicity_line(rows).startswith("4 criteria judged; 3 are tests")
+    with pytest.raises(ValueError, match="both its level and its pvalue"):
+        crit("CT-e", "half a test", ">", 0.01, level=0.01)
