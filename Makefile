@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test reproduce venv bench clean
+.PHONY: test reproduce check venv bench clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,9 @@ test: $(STAMP)
 
 reproduce: $(STAMP)
 	$(BIN)/sfxlin reproduce --out datasets
+
+check: $(STAMP)
+	$(BIN)/sfxlin check
 
 bench: $(STAMP)
 	$(BIN)/sfxlin bench c1

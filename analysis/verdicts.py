@@ -625,7 +625,8 @@ def multiplicity_line(rows: Sequence[VerdictRow]) -> str:
     m = multiplicity(rows)
     line = f"{m['judged']} criteria judged"
     if m["tests"]:
-        line += (f"; {m['tests']} are tests at a stated level: chance alone gives {m['chance_fails']:.2g} FAILs "
+        are = "is a test" if m["tests"] == 1 else "are tests"
+        line += (f"; {m['tests']} {are} at a stated level: chance alone gives {m['chance_fails']:.2g} FAILs "
                  f"among them, {m['fails']} FAIL ({m['holm_fails']} after Holm)")
     return line
 

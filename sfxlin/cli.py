@@ -1,14 +1,15 @@
 """The ``sfxlin`` command: run experiments, benchmark the engines, inspect results files.
 
+    sfxlin check [--out DIR] [--fresh] [--resamples N]
     sfxlin run EXP [--profile quick|paper] [--set KEY=VALUE ...] [--out DIR] [--name NAME] [--force]
                    [--fresh] [--workers N | --scheduler ADDR | --local-scheduler S] [--chunks DIM=N]
-                   [--quiet | --verbose]
+                   [--quiet | --verbose] [--strict]
     sfxlin rerun FILE.nc [--out DIR] [--name NAME] [the options of run but --profile and --set]
     sfxlin merge A.nc B.nc [...] -o C.nc
     sfxlin cells OUT [--experiment EXP] [--prune [--all]]
     sfxlin bench c1 | c3 [--protocol [--steps N] [--heldout-every N]]
     sfxlin list [EXP]
-    sfxlin report [--results DIR] [--out FILE.html|FILE.md]
+    sfxlin report [--results DIR] [--out FILE.html|FILE.md] [--strict]
     sfxlin reproduce [--out DIR] [--quiet]
     sfxlin schema
     sfxlin info FILE|NAME
@@ -18,8 +19,13 @@ Default folders are relative to the current working directory (``storage.FOLDER_
 ``./datasets``, or ``$SFXLIN_RESULTS`` when set, for the paper results; ``./runs/PROFILE`` for
 other runs. A report goes beside the results it reads unless ``--out`` says otherwise.
 
-Errors (bad input, unreadable files, a cell that failed) print one line ``sfxlin: error: ...``
-and exit with status 2, without a traceback; the exit status never depends on ``--quiet``.
+``sfxlin check`` is the command to run after installing: every experiment's quick profile (a
+smoke test, about a minute on 2 cores), one line per experiment, the verdict table of any FAIL.
+
+Exit status: 0; 1 (:data:`FAILED`) when a verdict FAILs, for ``check`` always and for ``run``,
+``rerun`` and ``report`` with ``--strict`` (INCONCLUSIVE and NOT JUDGED never do). Errors (bad
+input, unreadable files, a cell that failed) print one line ``sfxlin: error: ...`` and exit with
+status 2, without a traceback; the exit status never depends on ``--quiet``.
 Ctrl-C exits with status 130, SIGTERM (SLURM, ``timeout``, ``kill``) with 143; during a run,
 both say how many cells are kept and which command resumes. A reader that goes away (``| head``)
 never stops a command: the rest of its output is dropped, and a run still writes its file.
@@ -49,6 +55,9 @@ __all__ = ["main"]
 
 BENCHES = {"c1": "sfxlin.benchmarks.c1:bench_c1", "c3": "sfxlin.benchmarks.c3:bench_c3"}
 
+#: exit status of ``sfxlin check``, and of ``run`` / ``rerun`` / ``report --strict``, when a verdict FAILs
+FAILED = 1
+
 
 def _positive_int(text):
     """argparse type of ``--workers``: refused with the usage line, before any work starts."""
@@ -58,6 +67,17 @@ def _positive_int(text):
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative_int(text):
+    """argparse type of ``--resamples``."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
     return value
 
 
@@ -218,10 +238,11 @@ def resume_command(argv):
     return shlex.join(["sfxlin", *(a for a in argv if not (len(a) > 3 and "--fresh".startswith(a)))])
 
 
-def report(ds, figure, quiet=False):
+def report(ds, figure, quiet=False, resamples=None):
     """Analyse a results Dataset: save its figure at ``figure`` and compute its fit and verdict
-    tables, printed unless ``quiet``. The analysis runs either way: ``quiet`` only silences it,
-    so a failing analysis fails the command with or without ``--quiet``."""
+    tables, printed unless ``quiet``; returns the verdict rows. The analysis runs either way:
+    ``quiet`` only silences it, so a failing analysis fails the command with or without
+    ``--quiet``. ``resamples``: of each verdict's robustness (default: the analysis module's)."""
     from .analysis.report import analysis_for, fit_tables, verdicts
     from .analysis.tables import to_text
     from .analysis.verdicts import calibration_note, format_table
@@ -238,29 +259,44 @@ def report(ds, figure, quiet=False):
         tmp.unlink(missing_ok=True)
         raise
     fits = to_text(fit_tables(ds, module))
-    table = format_table(verdicts(ds, module))
+    rows = verdicts(ds, module, resamples=resamples)
     note = calibration_note(ds)
     if not quiet:
         print(fits)
         print()
-        print(table)
+        print(format_table(rows))
         if note:
             print(note)
         print(f"\nfigure: {figure}")
+    return rows
+
+
+def strict_status(rows, what) -> int:
+    """``--strict``: :data:`FAILED` when a verdict among ``rows`` FAILs (saying which on stderr), else 0."""
+    from .analysis.verdicts import FAIL
+
+    failed = [r.id for r in rows if r.verdict == FAIL]
+    if not failed:
+        return 0
+    print(f"sfxlin: --strict: {len(failed)} verdict{'s' * (len(failed) > 1)} FAIL in {what} ({', '.join(failed)}): "
+          f"exit status {FAILED}", file=sys.stderr)
+    return FAILED
 
 
 def cmd_run(args):
     experiment = get_experiment(args.experiment)
     config = experiment.configure(args.profile, args.set)
     out_dir = Path(args.out) if args.out else default_out(args.profile, args.set)
-    run_experiment(experiment, config, out_dir, args.name or experiment.name, args)
+    name = args.name or experiment.name
+    rows = run_experiment(experiment, config, out_dir, name, args)
+    return strict_status(rows, out_dir / f"{name}.nc") if args.strict else 0
 
 
 def run_experiment(experiment, config, out_dir, name, args):
     """Compute ``experiment`` under ``config`` into ``out_dir/name.nc`` (and its figure), keeping
     every finished cell in ``out_dir/.EXP.cells``, then print its tables; ``args`` holds the
     run options (``--force``, ``--fresh``, ``--chunks``, the scheduler, ``--quiet``/``--verbose``)
-    and ``argv``, the command line that resumes. Returns None."""
+    and ``argv``, the command line that resumes. Returns the verdict rows."""
     from .engine.cellstore import CellStore
     from .engine.execution import compute
     from .engine.sweep import build
@@ -285,7 +321,7 @@ def run_experiment(experiment, config, out_dir, name, args):
         save(ds, path)
         if not args.quiet:
             print(f"wrote {path} in {wall:.1f} s ({label})\n")
-        report(ds, path.with_suffix(".png"), quiet=args.quiet)
+        return report(ds, path.with_suffix(".png"), quiet=args.quiet, resamples=getattr(args, "resamples", None))
     except BaseException as exc:
         # a failure that follows a SIGTERM (a pool worker killed by the same signal) is the termination
         if not isinstance(exc, KeyboardInterrupt) and not TERMINATED.is_set():
@@ -310,7 +346,9 @@ def cmd_rerun(args):
     if note and not args.quiet:
         print(note)
     out_dir = Path(args.out) if args.out else default_out(config.profile, config.overrides)
-    run_experiment(experiment, config, out_dir, args.name or path.stem, args)
+    name = args.name or path.stem
+    rows = run_experiment(experiment, config, out_dir, name, args)
+    return strict_status(rows, out_dir / f"{name}.nc") if args.strict else 0
 
 
 def _provenance_attrs(path) -> dict:
@@ -448,8 +486,85 @@ def cmd_report(args):
         raise ResultsError(f"no results folder {folder.absolute()}; {point}")
     if not any(not p.name.startswith(".") for p in folder.glob("*.nc")):
         raise ResultsError(f"no results files (*.nc) in {folder.absolute()}; {point}")
-    html_path, md_path = write_report(folder, args.out)
+    judged = []
+    html_path, md_path = write_report(folder, args.out, on_verdicts=lambda path, rows: judged.append((path, rows)))
     print(f"wrote {html_path} and {md_path}")
+    if not args.strict:
+        return 0
+    return max([strict_status(rows, path) for path, rows in judged], default=0)
+
+
+def cmd_check(args):
+    """Every experiment's quick profile (``sfxlin run EXP --quiet`` into ``--out``, or a temporary
+    folder removed after), one line per experiment (its verdict counts and seconds), then the
+    verdict table of every experiment with a FAIL. Exit status :data:`FAILED` on any FAIL, 2 when
+    an experiment could not be run (the others are still checked), else 0."""
+    import tempfile
+    import time
+    import warnings
+
+    from .analysis.verdicts import FAIL, NOT_JUDGED, VERDICTS, count_verdicts, format_table
+
+    found = list(experiments().values())
+    with contextlib.ExitStack() as stack:
+        if args.out:
+            out = Path(args.out)
+            where = f"into {out}"
+        else:
+            out = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sfxlin-check-")))
+            where = "into a temporary folder (removed after; --out DIR keeps the files)"
+        print(f"sfxlin check: the quick profile of {len(found)} experiments, a smoke test of the install, {where}; "
+              f"{'no robustness' if not args.resamples else f'robustness over {args.resamples} resamples'}",
+              flush=True)
+        run_args = argparse.Namespace(force=False, fresh=args.fresh, chunks=None, workers=None, scheduler=None,
+                                      local_scheduler=None, quiet=True, verbose=False, argv=args.argv,
+                                      resamples=args.resamples)
+        width = max((len(e.name) for e in found), default=0)
+        failed, errors, done, start_all = [], [], 0, time.perf_counter()
+        for experiment in found:
+            if "quick" not in experiment.profiles:
+                print(f"{experiment.name:<{width}}  no quick profile, skipped", flush=True)
+                continue
+            start = time.perf_counter()
+            try:
+                with warnings.catch_warnings(record=True) as caught:  # counted on its line, not printed
+                    config = experiment.configure("quick", [])
+                    rows = run_experiment(experiment, config, out, experiment.name, run_args)
+            except KeyboardInterrupt as exc:
+                kept = (f"the cells computed so far are kept in {out}: the same command resumes: "
+                        f"{resume_command(args.argv)}" if args.out else
+                        "the temporary folder is removed (--out DIR keeps the cells for a resume)")
+                raise Interrupted(f"{done} of {len(found)} experiments checked; {kept}",
+                                  getattr(exc, "status", 130)) from None
+            except Exception as exc:  # any failure of one experiment: reported, the others still checked
+                errors.append(experiment.name)
+                print(f"{experiment.name:<{width}}  error: {type(exc).__name__}: {exc}  "
+                      f"({time.perf_counter() - start:.1f} s)", flush=True)
+                continue
+            done += 1
+            counts = count_verdicts(rows)
+            shown = ", ".join(f"{counts[v]} {v}" for v in VERDICTS if counts[v] or v != NOT_JUDGED)
+            fragile = f", {counts['fragile']} fragile" if args.resamples else ""
+            kinds = sorted({w.category.__name__ for w in caught})
+            warned = (f"; {len(caught)} warning{'s' * (len(caught) > 1)}, {', '.join(kinds)}: sfxlin run "
+                      f"{experiment.short or experiment.name} shows them" if caught else "")
+            print(f"{experiment.name:<{width}}  {shown}{fragile}  ({time.perf_counter() - start:.1f} s{warned})",
+                  flush=True)
+            if counts[FAIL]:
+                failed.append((experiment, rows))
+        for experiment, rows in failed:
+            print(f"\n{experiment.name}: FAIL at the quick profile")
+            print(format_table(rows))
+        total = time.perf_counter() - start_all
+        verdict = (f"FAIL in {', '.join(e.name for e, _ in failed)}" if failed else
+                   f"no FAIL in {done} experiment{'s' * (done != 1)}")
+        status = f": exit status {FAILED}" if failed and not errors else ""
+        print(f"\nsfxlin check: {verdict} ({total:.0f} s){status}")
+        if errors:
+            print(f"sfxlin: error: {len(errors)} experiment{'s' * (len(errors) > 1)} could not be run "
+                  f"({', '.join(errors)}); see the lines above", file=sys.stderr)
+            return 2
+        return FAILED if failed else 0
 
 
 def cmd_reproduce(args):
@@ -585,6 +700,9 @@ def _run_options(sub):
                        help="a local dask scheduler (default: the experiment's, threads on all cores unless it "
                             "declares processes: sfxlin list)")
     sub.add_argument("--chunks", action="append", metavar="DIM=N", help="cells per dask task along a grid dim")
+    sub.add_argument("--strict", action="store_true",
+                     help=f"exit with status {FAILED} when a verdict FAILs (INCONCLUSIVE and NOT JUDGED do not; "
+                          "errors exit with 2)")
     sub.add_argument("--name", type=_file_stem,
                      help="file stem of the results: NAME.nc and NAME.png in --out (default: the experiment's "
                           "full name, e.g. c1_limit; for rerun, the file's own)")
@@ -610,6 +728,17 @@ def parser():
         parsed.set_defaults(func=func)
         return parsed
 
+    check = command("check", "after installing, run this: every experiment's quick profile as a smoke test "
+                             "(about a minute on 2 cores), one line per experiment, the verdict table of any FAIL; "
+                             f"exit status {FAILED} on any FAIL (INCONCLUSIVE and NOT JUDGED do not fail it), 2 when "
+                             "an experiment cannot be run", cmd_check)
+    check.add_argument("--out", metavar="DIR", help="keep the results files and their cells in DIR (default: a temporary folder, "
+                                     "removed after); a file of another configuration there is not replaced")
+    check.add_argument("--fresh", action="store_true",
+                       help="with --out: discard the cells kept there by an earlier check (computed afresh)")
+    check.add_argument("--resamples", type=_non_negative_int, default=0,
+                       help="resamples of the independent units for each verdict's robustness (default 0: none; "
+                            "the verdicts, and so the exit status, do not depend on it)")
     run = command("run", "compute an experiment, save it as netCDF, print fits and verdicts", cmd_run)
     run.add_argument("experiment", help="an experiment's name or short name (sfxlin list)")
     run.add_argument("--profile", default="quick", help="quick (seconds) or paper (the reference protocol)")
@@ -643,6 +772,9 @@ def parser():
     rep.add_argument("--results", help="folder of results files (default: ./datasets, or $SFXLIN_RESULTS)")
     rep.add_argument("--out", help="FILE.html (the Markdown goes beside it as FILE.md) or FILE.md (the HTML beside "
                                    "it); default: report.html and report.md in the --results folder")
+    rep.add_argument("--strict", action="store_true",
+                     help=f"exit with status {FAILED} when a verdict of any file FAILs (the report is written "
+                          "first; INCONCLUSIVE and NOT JUDGED do not; errors exit with 2)")
     rep = command("reproduce", "every experiment at its paper profile, then the report", cmd_reproduce)
     rep.add_argument("--out", default=default_results_dir(),
                      help="folder of the results (default: ./datasets, or $SFXLIN_RESULTS)")

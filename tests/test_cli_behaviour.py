@@ -125,6 +125,60 @@ def results(tmp_path_factory):
     return out
 
 
+# --------------------------------------------------------------------------------------------
+# 2b. --strict: exit status 1 when a verdict FAILs (INCONCLUSIVE and NOT JUDGED do not)
+# --------------------------------------------------------------------------------------------
+def _judged(*verdicts):
+    """Verdict rows with the given statuses (PASS, FAIL, INCONCLUSIVE, NOT JUDGED), one criterion each."""
+    from sfxlin.analysis.verdicts import NOT_JUDGED, Criterion, VerdictRow, evaluate
+
+    rows = []
+    for i, v in enumerate(verdicts):
+        crit = Criterion(id=f"C1-x{i}", claim="C1", description="x", kind="<", threshold=1.0)
+        if v == NOT_JUDGED:
+            rows.append(VerdictRow(crit, None, "n/a", NOT_JUDGED, "not judged at this profile"))
+        else:
+            rows += evaluate([crit], {crit.id: {"PASS": 0.5, "FAIL": 2.0, "INCONCLUSIVE": None}[v]})
+    return rows
+
+
+@pytest.mark.parametrize("verdicts, strict, status", [
+    (("PASS", "FAIL"), True, 1),
+    (("PASS", "FAIL"), False, 0),
+    (("PASS", "INCONCLUSIVE", "NOT JUDGED"), True, 0),
+])
+def test_run_strict_exits_1_when_a_verdict_fails(tmp_path, monkeypatch, capsys, verdicts, strict, status):
+    monkeypatch.setattr(c1_analysis, "verdicts", lambda ds: _judged(*verdicts))
+    assert main(["run", "c1", *TINY, "--quiet", "--out", str(tmp_path), *(["--strict"] if strict else [])]) == status
+    err = capsys.readouterr().err
+    if status:
+        assert err == (f"sfxlin: --strict: 1 verdict FAIL in {tmp_path / 'c1_limit.nc'} (C1-x1): exit status 1\n")
+    else:
+        assert err == ""
+    assert (tmp_path / "c1_limit.nc").exists()  # the run is written either way
+
+
+def test_report_strict_writes_the_report_then_exits_1_when_a_verdict_fails(results, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(c1_analysis, "verdicts", lambda ds: _judged("FAIL", "PASS", "FAIL"))
+    out = tmp_path / "report.html"
+    assert main(["report", "--results", str(results), "--out", str(out)]) == 0
+    assert main(["report", "--results", str(results), "--out", str(out), "--strict"]) == 1
+    captured = capsys.readouterr()
+    assert out.exists() and captured.out.count("wrote ") == 2
+    assert captured.err == (f"sfxlin: --strict: 2 verdicts FAIL in {results / 'c1_limit.nc'} (C1-x0, C1-x2): "
+                            "exit status 1\n")
+    monkeypatch.setattr(c1_analysis, "verdicts", lambda ds: _judged("PASS", "INCONCLUSIVE", "NOT JUDGED"))
+    assert main(["report", "--results", str(results), "--out", str(out), "--strict"]) == 0
+
+
+def test_strict_is_documented_with_its_exit_status(capsys):
+    for command in ("run", "rerun", "report"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "--strict exit with status 1 when a verdict" in text and "NOT JUDGED do not" in text, command
+
+
 @pytest.mark.parametrize("name, markdown, page", [("report.html", "report.md", "report.html"),
                                                   ("notes.md", "notes.md", "notes.html")])
 def test_report_out_suffix_says_which_file_is_which(results, tmp_path, capsys, name, markdown, page):

@@ -4,6 +4,8 @@ import os
 import re
 import shutil
 import subprocess
+from html import escape as html_escape
+from pathlib import Path
 
 import pytest
 import xarray as xr
@@ -21,7 +23,7 @@ def results(tmp_path_factory):
 
 
 def test_html_is_self_contained_with_every_verdict_and_figure(results):
-    page, md = build_report(results)
+    page, md = build_report(results, resamples=0)
     ds = xr.load_dataset(results / "c1_limit.nc")
     for crit in ("C1-quadrature", "C1-slopes", "C1-plateau"):
         assert crit in page and crit in md
@@ -36,7 +38,7 @@ def test_html_is_self_contained_with_every_verdict_and_figure(results):
 def test_fits_are_tables_not_text_blocks(results):
     """The fit tables are HTML tables (in a scrolling box) and Markdown pipe tables, not
     preformatted text: no <pre> between a section's Fits heading and its figure."""
-    page, md = build_report(results)
+    page, md = build_report(results, resamples=0)
     fits = page.split("<h3>Fits</h3>")[1].split("<img")[0]
     assert "<div class='fit-scroll'><table class='fit'>" in fits and "<pre" not in fits
     assert "paper form L*mse" in fits and "<th>slope</th>" in fits
@@ -46,7 +48,7 @@ def test_fits_are_tables_not_text_blocks(results):
 
 def test_report_figures_are_drawn_from_the_current_file(results, tmp_path):
     """Change the data: the embedded figure changes with it (no stale picture)."""
-    first = re.findall(r"base64,([^']+)'", build_report(results)[0])[0]
+    first = re.findall(r"base64,([^']+)'", build_report(results, resamples=0)[0])[0]
     moved = tmp_path / "r"
     shutil.copytree(results, moved)
     with xr.open_dataset(moved / "c1_limit.nc") as ds:
@@ -54,7 +56,7 @@ def test_report_figures_are_drawn_from_the_current_file(results, tmp_path):
     changed["mse"] = changed.mse * 2
     (moved / "c1_limit.nc").unlink()
     changed.to_netcdf(moved / "c1_limit.nc")
-    second = re.findall(r"base64,([^']+)'", build_report(moved)[0])[0]
+    second = re.findall(r"base64,([^']+)'", build_report(moved, resamples=0)[0])[0]
     assert first != second
 
 
@@ -83,7 +85,7 @@ def _require_chromium():
 
 def test_every_figure_loads_in_headless_chromium(results, tmp_path):
     _require_chromium()
-    html_path, _ = write_report(results, tmp_path / "report.html")
+    html_path, _ = write_report(results, tmp_path / "report.html", resamples=0)
     probe = tmp_path / "probe.html"
     probe.write_text(html_path.read_text().replace(
         "</body>", "<script>window.onload=()=>{const i=[...document.images];"
@@ -110,7 +112,7 @@ def test_a_wide_fit_table_scrolls_within_its_box_on_a_1280_px_page(results, tmp_
     _require_chromium()
     wide = xr.DataArray([[123456.789] * 40], dims=("row", "col"), coords={"row": [0], "col": range(40)})
     table = to_html(make_table({"v": column(wide, "a wide spread variable", ".6f")}, column_dim="col", title="wide"))
-    page = build_report(results)[0].replace("</body>", table + (
+    page = build_report(results, resamples=0)[0].replace("</body>", table + (
         "<script>window.onload=()=>{const b=[...document.querySelectorAll('.fit-scroll')].pop();"
         "document.title=document.documentElement.scrollWidth+':'+b.scrollWidth+':'+b.clientWidth}</script></body>"))
     assert STYLE in page
@@ -118,3 +120,202 @@ def test_a_wide_fit_table_scrolls_within_its_box_on_a_1280_px_page(results, tmp_
     assert title, "no layout measured"
     page_width, content, box = (int(g) for g in title.groups())
     assert page_width <= 1280 and content > box, (page_width, content, box)
+
+
+# --------------------------------------------------------------------------------------------
+# what holds in five seconds: summary, claims' order, robustness and class, banner, layout
+# --------------------------------------------------------------------------------------------
+DATASETS = Path(__file__).resolve().parent.parent / "datasets"
+#: the documented reading order of the shipped files (report.reading_order)
+SHIPPED_ORDER = ["c1_limit", "c1_kernels", "c1_real", "c2_concentration", "c2_threshold", "c3_transfer",
+                 "c3_landscape", "c3_deep"]
+
+
+def _rows_with_every_status():
+    """A PASS (robustness 0.95), a fragile FAIL with its class, a NOT JUDGED with its note."""
+    from dataclasses import replace
+
+    from sfxlin.analysis.verdicts import NOT_JUDGED, Criterion, VerdictRow, evaluate
+
+    crit = [Criterion(id=f"C1-{k}", claim="C1", description=f"the {k} figure", kind="<", threshold=1.0)
+            for k in ("good", "bad", "later")]
+    good, bad, _ = evaluate(crit, {"C1-good": 0.5, "C1-bad": 2.0, "C1-later": 0.5})
+    return [replace(good, robustness=0.95),
+            replace(bad, robustness=0.5, fails_as=("pre-asymptotic", "the rate is not reached at L = 64")),
+            VerdictRow(crit[2], None, "n/a", NOT_JUDGED, "not judged at the quick profile: 4 prompt lengths",
+                       fails_as=("finding", "too short a grid"))]
+
+
+def test_the_report_opens_with_what_holds(results):
+    """One summary table before the first section: per file its claim, experiment, profile and the
+    five counts of its verdicts, and one multiplicity line over every verdict; in both formats."""
+    from sfxlin.analysis import c1
+    from sfxlin.analysis.verdicts import count_verdicts, multiplicity_line
+
+    page, md = build_report(results, resamples=3)
+    rows = c1.CRITERIA.verdicts(xr.load_dataset(results / "c1_limit.nc"), resamples=3)
+    counts = count_verdicts(rows)
+    summary = page.split("<h2 id='summary'>What holds</h2>")[1].split("<h2 ")[0]
+    assert page.index("id='summary'") < page.index("id='c1_limit'")
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", summary.split("<table class='summary'>")[1].split("</tr>")[1])
+    assert cells[0] == "C1" and "c1_limit" in cells[1] and cells[2] == "quick"
+    assert cells[3:] == [str(counts[k]) for k in ("PASS", "FAIL", "INCONCLUSIVE", "NOT JUDGED", "fragile")]
+    line = multiplicity_line(rows)
+    assert f"Over every file: {html_escape(line)}." in summary
+    md_summary = md.split("## What holds")[1].split("\n## ")[0]
+    assert "| claim | experiment | profile | PASS | FAIL | INCONCLUSIVE | NOT JUDGED | fragile |" in md_summary
+    shown = " | ".join(str(counts[k]) for k in ("PASS", "FAIL", "INCONCLUSIVE", "NOT JUDGED", "fragile"))
+    assert f"| C1 | c1_limit | quick | {shown} |" in md_summary
+    assert f"Over every file: {line}." in md_summary
+
+
+def test_each_verdict_shows_its_robustness_and_for_a_non_pass_its_class_and_note(results, monkeypatch):
+    from sfxlin.analysis import c1
+
+    rows = _rows_with_every_status()
+    monkeypatch.setattr(c1, "verdicts", lambda ds: rows)
+    page, md = build_report(results)
+    table = page.split("<table class='verdicts'>")[1].split("</table>")[0]
+    head, good, bad, later = table.split("</tr>")[:4]
+    assert re.findall(r"<th>(.*?)</th>", head) == ["criterion", "description", "measured", "threshold", "reference",
+                                                   "verdict", "robustness", "class", "note"]
+    assert "<td>0.95</td>" in good and "class='pass'" in good and re.findall(r"<td></td>", good)  # no class, note
+    assert "<td class='fragile'>0.50 fragile</td>" in bad and "class='fail'" in bad
+    assert "<b>pre-asymptotic</b>: the rate is not reached at L = 64" in bad
+    assert "class='not-judged'" in later and "<b>finding</b>: too short a grid" in later
+    assert "not judged at the quick profile: 4 prompt lengths" in later
+    summary = page.split("<table class='summary'>")[1].split("</table>")[0]
+    assert [c for c in re.findall(r"<td class='num[^']*'>(\d+)</td>", summary.split("</tr>")[1])] == \
+        ["1", "1", "0", "1", "1"]
+    md_table = md.split("`c1_limit.nc`")[1].split("### Fits")[0]
+    assert "| criterion | measured | threshold | reference | verdict | robustness | class | note |" in md_table
+    assert "| C1-bad | 2 | < 1 |  | **FAIL** | 0.50 fragile | pre-asymptotic: the rate is not reached at L = 64 |  |" \
+        in md_table
+    assert "| C1-good | 0.5 | < 1 |  | PASS | 0.95 |  |  |" in md_table
+
+
+def test_a_table_of_passes_has_no_empty_class_or_note_column(results, monkeypatch):
+    from sfxlin.analysis import c1
+
+    monkeypatch.setattr(c1, "verdicts", lambda ds: _rows_with_every_status()[:1])
+    page, md = build_report(results)
+    head = page.split("<table class='verdicts'>")[1].split("</tr>")[0]
+    assert "<th>robustness</th>" in head and "<th>class</th>" not in head and "<th>note</th>" not in head
+    assert "| criterion | measured | threshold | reference | verdict | robustness |\n" in md
+
+
+def test_a_quick_file_carries_a_visible_banner_and_a_paper_file_none(results, tmp_path):
+    from sfxlin.analysis.verdicts import calibration_note
+
+    ds = xr.load_dataset(results / "c1_limit.nc")
+    note = calibration_note(ds)
+    assert note.startswith("note: quick profile")
+    page, md = build_report(results, resamples=0)
+    section = page.split("<h2 id='c1_limit'>")[1]
+    assert section.index(f"<div class='banner'>{html_escape(note)}</div>") < section.index("<table")
+    assert "<i>" not in page and ".banner{" in STYLE
+    assert f"> **{note}**" in md
+    assert "<div class='banner'>The file is a quick or custom run" in page  # and at the top
+    ds.attrs["profile"] = "paper"  # the same file as a paper run: judged as calibrated, no banner
+    folder = tmp_path / "paper"
+    folder.mkdir()
+    ds.to_netcdf(folder / "c1_limit.nc")
+    page, md = build_report(folder, resamples=0)
+    assert "class='banner'" not in page and "> **" not in md
+
+
+def test_sections_follow_the_claims_order_derived_from_each_files_data():
+    """The shipped files' experiment, title and first claim give the documented order; a claim
+    not of the form C<n> comes after them, another file of an experiment after its own file."""
+    from sfxlin.analysis.report import reading_order
+    from sfxlin.analysis.verdicts import criteria_from_attrs
+
+    keys = {}
+    for path in DATASETS.glob("*.nc"):
+        with xr.open_dataset(path) as ds:
+            keys[ds.attrs["experiment"]] = reading_order(ds.attrs["experiment"], ds.attrs["title"],
+                                                         criteria_from_attrs(ds)[0].claim, path.name)
+    if sorted(keys) != sorted(SHIPPED_ORDER):
+        pytest.skip(f"datasets/ holds {sorted(keys)}, not the eight shipped files")
+    assert sorted(keys, key=keys.get) == SHIPPED_ORDER
+    walk = reading_order("walk", "A random walk's diffusion constant", "W", "walk.nc")
+    again = reading_order("c3_deep", "C3 deep: more seeds", "C3", "c3_deep_more.nc")
+    assert max(keys.values()) < again < walk
+
+
+def test_another_file_of_an_experiment_comes_after_its_own(results, tmp_path):
+    folder = tmp_path / "two"
+    folder.mkdir()
+    shutil.copy(results / "c1_limit.nc", folder / "c1_limit.nc")
+    shutil.copy(results / "c1_limit.nc", folder / "a_rerun.nc")  # first by name, second in the report
+    page, _ = build_report(folder, resamples=0)
+    assert page.index("<h2 id='c1_limit'>") < page.index("<h2 id='a_rerun'>")
+    assert "c1_limit (a_rerun.nc)" in page.split("<table class='summary'>")[1].split("</table>")[0]
+
+
+def test_each_files_verdicts_are_computed_once(results, tmp_path, monkeypatch):
+    """Robustness reruns every measure 100 times: the report judges each file once, for both its
+    summary row and its section, in both formats."""
+    from sfxlin.analysis import c1
+
+    folder = tmp_path / "two"
+    folder.mkdir()
+    for name in ("c1_limit.nc", "c1_more.nc"):
+        shutil.copy(results / "c1_limit.nc", folder / name)
+    calls = []
+    real = c1.CRITERIA.verdicts
+
+    def counted(ds, inconclusive=None, *, resamples=100):
+        calls.append(resamples)
+        return real(ds, inconclusive, resamples=resamples)
+
+    monkeypatch.setattr(c1, "verdicts", counted)
+    judged = []
+    write_report(folder, tmp_path / "r.html", resamples=2, on_verdicts=lambda path, rows: judged.append(path.name))
+    assert calls == [2, 2] and sorted(judged) == ["c1_limit.nc", "c1_more.nc"]
+
+
+def _tiny_png():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import io
+
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=(0.2, 0.2))
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def test_a_report_of_the_shipped_files_fits_a_1280_px_page(tmp_path, monkeypatch):
+    """The report of datasets/*.nc (the paper files: the widest tables there are) in headless
+    Chromium at 1280 px: the page does not scroll sideways, no element's right edge passes the
+    viewport, and no table is wider than its box (none hides columns behind a scroll bar). The
+    figures (img max-width 100%) are replaced by a tiny PNG and the robustness by one resample
+    (its column at full width), to keep the test short: neither is what is measured."""
+    import sfxlin.analysis.report as report
+
+    _require_chromium()
+    if not list(DATASETS.glob("*.nc")):
+        pytest.skip("no results files in datasets/")
+    monkeypatch.setattr(report, "_figure_png", lambda module, ds: _tiny_png())
+    skipped = []
+    page = build_report(DATASETS, lambda path, why: skipped.append((path.name, why)), resamples=1)[0]
+    assert skipped == []
+    probe = ("<script>window.onload=()=>{const w=document.documentElement.clientWidth;const out=[];"
+             "for(const e of document.body.querySelectorAll('*')){const r=e.getBoundingClientRect();"
+             "if(r.right>w+0.5)out.push(e.tagName+'.'+e.className+'@'+Math.round(r.right))}"
+             "for(const b of document.querySelectorAll('.fit-scroll')){if(b.scrollWidth>b.clientWidth)"
+             "out.push('box of '+(b.closest('.fit-table')||b).textContent.slice(0,60)+' by '+"
+             "(b.scrollWidth-b.clientWidth)+' px')}"
+             "document.title=document.documentElement.scrollWidth+':'+w+':'+out.length+':'+out.slice(0,8).join(',')}"
+             "</script></body>")
+    title = re.search(r"<title>(\d+):(\d+):(\d+):(.*?)</title>", _dump_dom(page.replace("</body>", probe), tmp_path,
+                                                                         1280))
+    assert title, "no layout measured"
+    page_width, viewport, n_out, which = title.groups()
+    assert int(page_width) <= 1280 and int(viewport) <= 1280, (page_width, viewport)
+    assert n_out == "0", f"{n_out} elements pass the {viewport} px viewport or their box: {which}"
