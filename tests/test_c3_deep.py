@@ -15,7 +15,7 @@ import pytest
 import synthetic
 from sfxlin import icl
 from sfxlin.analysis import c3_deep as A
-from sfxlin.analysis.verdicts import FAIL, PASS
+from sfxlin.analysis.verdicts import FAIL, NOT_JUDGED, PASS
 from sfxlin.engine.sweep import cell_rng, run_cell
 
 M = pytest.importorskip("sfxlin.models")
@@ -170,3 +170,63 @@ def test_fit_range_is_the_largest_half():
     assert list(A.fit_range([16, 32, 64, 128, 256, 512, 1024])) == [4, 5, 6]
     assert list(A.fit_range(list(range(8)))) == [4, 5, 6, 7]
     assert list(A.fit_range([4, 8, 16])) == [0, 1, 2]
+
+
+# --------------------------------------------------------------------------- units, SEs, resamples, quick
+
+
+def _seeds_apart(ds):
+    """``ds`` with seed 1's curves tilted by ``(x / x_min)^0.1`` along L and L_train: the seeds' slopes differ."""
+    out = ds.copy(deep=True)
+    for var, dim in (("err", "L"), ("err_median", "L"), ("cov_err", "L"), ("D_inf", "L_train")):
+        tilt = (out[dim] / out[dim][0]) ** (0.1 * (out.seed == 1))
+        out[var] = out[var] * tilt
+    return out
+
+
+def test_measures_equal_the_labelled_fits():
+    """The criteria read numpy seed means (fast on 100 resamples): the same numbers as rates(),
+    training_slopes() and training()."""
+    ds = _seeds_apart(synthetic.c3_deep())
+    m, r, tr = A.measures(ds), A.rates(ds), A.training(ds)
+    np.testing.assert_allclose(m["C3D-a-slope"], r.slope.values.ravel(), rtol=1e-12)
+    np.testing.assert_allclose(m["C3D-a-median-slope"], r.median_slope.values.ravel(), rtol=1e-12)
+    np.testing.assert_allclose(m["C3D-a-cov-slope"], r.cov_slope.values.ravel(), rtol=1e-12)
+    np.testing.assert_allclose(m["C3D-b-slope"], A.training_slopes(ds).slope.sel(curve="softmax").values.ravel(),
+                               rtol=1e-12)
+    ho = tr.heldout_ratio.sel(model="softmax").isel(L_train=-1)
+    np.testing.assert_allclose(m["C3D-b-heldout"], ho.values.ravel(), rtol=1e-12)
+    np.testing.assert_allclose(m["C3D-b-heldout-limit"], tr.heldout_ratio_inf.values.ravel(), rtol=1e-12)
+    assert not np.allclose(A.rates(ds).slope_se, 0)          # the seeds differ: a cluster SE to see
+
+
+def test_one_seed_has_no_se_and_no_robustness():
+    """The quick profile runs one seed: the slopes are that run's, the cluster SE cannot be computed
+    (NaN, 'n/a (1 seed)' in the tables), nor the robustness (the row says why)."""
+    from sfxlin.analysis.tables import to_text
+
+    ds = synthetic.c3_deep().isel(seed=[0])
+    r = A.rates(ds)
+    assert int(r.n_units) == 1 and np.isnan(r.slope_se).all() and np.isfinite(r.slope).all()
+    np.testing.assert_allclose(A.rates(ds, cov_type="nonrobust").slope, r.slope, rtol=0)
+    assert np.isfinite(A.rates(ds, cov_type="nonrobust").slope_se).all()     # one curve's plain SE, by name
+    assert np.isnan(A.training_slopes(ds).slope_se).all()
+    text = to_text(A.fit_tables(ds))
+    assert "n/a (1 seed)" in text and "one seed: no SE" in text
+    rows = A.verdicts(ds)
+    assert {r.verdict for r in rows} == {PASS}
+    assert all(r.robustness is None and r.robustness_note == "one independent unit: no resample" for r in rows)
+
+
+def test_two_seeds_give_a_robustness():
+    rows = A.verdicts(synthetic.c3_deep(), resamples=20)
+    assert all(r.robustness == 1.0 for r in rows)              # proportional seeds: every resample agrees
+
+
+def test_the_quick_profile_judges_the_limit_model_only():
+    ds = synthetic.c3_deep()
+    ds.attrs["profile"] = "quick"
+    rows = {r.id: r for r in A.verdicts(ds, resamples=0)}
+    assert {i for i, r in rows.items() if r.verdict == PASS} == {"C3D-b-heldout-limit"}
+    assert {r.verdict for i, r in rows.items() if i != "C3D-b-heldout-limit"} == {NOT_JUDGED}
+    assert rows["C3D-b-heldout-limit"].threshold_str == "< 1"
