@@ -191,6 +191,8 @@ def ols_line_np(
         params = np.asarray(res.params)
         bse = np.asarray(res.bse)
         pvals = np.asarray(res.pvalues)
+        if cov_type == "cluster" and np.isnan(bse).any():
+            ci, bse, pvals, t_p = _exact_cluster_line(res, params, bse, pvals, ci, t_p, test_slope)
         tss = float(np.sum((y - y.mean()) ** 2))
         r2 = math.nan if tss == 0.0 else 1.0 - float(res.ssr) / tss
     return (
@@ -207,6 +209,23 @@ def ols_line_np(
         float(pvals[1]),
         t_p,
     )
+
+
+def _exact_cluster_line(res, params, bse, pvals, ci, t_p, test_slope):
+    """The cluster fit of units whose lines are parallel: the slope's cluster variance is 0 up to
+    rounding (statsmodels' square root of a -1e-35 is NaN). Its SE is then 0, its interval the
+    point, its p-values 0 (or 1 for a tested value it equals); an SE that is NaN for another reason
+    stays NaN."""
+    var = np.diag(np.asarray(res.cov_params()))
+    scale = max(float(np.max(np.abs(var))), np.finfo(float).tiny)
+    tiny = np.isnan(bse) & (var <= 0) & (var >= -1e-12 * scale)
+    bse, pvals, ci = bse.copy(), pvals.copy(), ci.copy()
+    bse[tiny] = 0.0
+    pvals[tiny] = np.where(params[tiny] == 0, 1.0, 0.0)
+    ci[tiny] = params[tiny, None]
+    if test_slope is not None and tiny[1]:
+        t_p = 1.0 if params[1] == float(test_slope) else 0.0
+    return ci, bse, pvals, t_p
 
 
 def _cluster_kwds(cov_type: str, groups, n: int) -> dict:

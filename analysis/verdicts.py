@@ -289,7 +289,7 @@ class Criteria:
             declared = self._declared.get(c.id, {})
             if with_pvalues and declared.get("pvalue") is not None and row.verdict in (PASS, FAIL):
                 row = replace(row, pvalue=float(declared["pvalue"](data)))
-            out.append(replace(row, fails_as=declared.get("fails_as") if row.verdict != PASS else None,
+            out.append(replace(row, fails_as=declared.get("fails_as") if row.verdict in (FAIL, INCONCLUSIVE) else None,
                                level=declared.get("level")))
         return out
 
@@ -302,8 +302,10 @@ class Criteria:
 
         Every PASS / FAIL carries its robustness: the fraction of ``resamples`` resamples (with
         replacement) of the units ``self.units`` present in ``ds`` under which the verdict is the
-        same, every measure rerun (0: none computed). The resamples are drawn from a generator
-        keyed by the claim, so the fraction is the same at every call."""
+        same, every measure rerun (0: none computed). When the units have at most ``resamples``
+        distinct resamples (2 seeds: 4), every one is judged: the exact bootstrap fraction.
+        Otherwise they are drawn from a generator keyed by the claim, so the fraction is the same
+        at every call."""
         stored = criteria_from_attrs(ds)
         rows = self._judge(ds, stored, inconclusive, with_pvalues=True)
         return self._with_robustness(ds, stored, rows, inconclusive, resamples)
@@ -317,12 +319,18 @@ class Criteria:
             why = "one independent unit: no resample" if units else "no independent units in the file"
             return [replace(r, robustness_note=why) if r.verdict in (PASS, FAIL) else r for r in rows]
         agree = np.zeros(len(rows))
-        rng = np.random.default_rng(substream_key(self.claim))
         base = ds.drop_vars([u for u in units if u in ds.coords])
-        for _ in range(resamples):
-            again = self._judge(resample_units(base, sizes, rng, size), stored, inconclusive)
+        draws = _every_resample(sizes, size, resamples)
+        if draws is None:  # more distinct resamples than ``resamples``: a Monte Carlo of them
+            rng = np.random.default_rng(substream_key(self.claim))
+            draws = ({u: rng.integers(0, n, (size or sizes).get(u, n)) for u, n in sizes.items()}
+                     for _ in range(resamples))
+        count = 0
+        for idx in draws:
+            again = self._judge(base.isel(idx), stored, inconclusive)
             agree += [a.verdict == r.verdict for a, r in zip(again, rows)]
-        return [replace(r, robustness=float(agree[i] / resamples)) if r.verdict in (PASS, FAIL) else r
+            count += 1
+        return [replace(r, robustness=float(agree[i] / count)) if r.verdict in (PASS, FAIL) else r
                 for i, r in enumerate(rows)]
 
     def seeds_needed(self, ds, ids=None, *, target: float = FRAGILE_BELOW, factors=(2, 4, 8, 16),
@@ -358,6 +366,20 @@ def substream_key(text: str) -> int:
     import hashlib
 
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+
+
+def _every_resample(sizes: Mapping[str, int], size, resamples: int):
+    """Every equally likely resample with replacement of the units (a list of index dicts) when
+    there are at most ``resamples`` of them (2 seeds: 4; 3 seeds: 27), so that the robustness is
+    the exact bootstrap fraction; None when there are more (or ``size`` asks for other sizes)."""
+    import itertools
+
+    if size is not None and any(size.get(u, n) != n for u, n in sizes.items()):
+        return None
+    if math.prod(n**n for n in sizes.values()) > resamples:
+        return None
+    per_dim = [[np.array(c) for c in itertools.product(range(n), repeat=n)] for n in sizes.values()]
+    return [dict(zip(sizes, combo)) for combo in itertools.product(*per_dim)]
 
 
 def resample_units(ds, sizes: Mapping[str, int], rng, size: Mapping[str, int] | None = None):

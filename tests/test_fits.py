@@ -389,3 +389,13 @@ def test_paper_form_clusters_the_queries_of_a_cell():
     n, G = x.size, 12
     cov = G / (G - 1) * (n - 1) / (n - 2) * bread @ meat @ bread
     assert float(fit.c2_se) == pytest.approx(np.sqrt(cov[1, 1]), rel=1e-10)
+
+
+def test_parallel_units_give_a_zero_cluster_se_not_a_nan():
+    """Units whose curves differ by a constant factor have one slope: its cluster variance is 0
+    (rounding makes it -1e-35, whose square root statsmodels returns as NaN)."""
+    y = np.exp(-np.log(L))[:, None] * np.array([1.0, 2.0, 3.0])
+    fit = dict(zip(fits.OLS_LINE_FIELDS, fits.clustered_loglog_np(np.log(L), y)))
+    assert fit["slope"] == pytest.approx(-1.0, rel=1e-12)
+    assert fit["slope_se"] == 0.0 and fit["slope_ci_low"] == fit["slope_ci_high"] == fit["slope"]
+    assert np.isfinite(fit["intercept_se"]) and fit["intercept_se"] > 0

@@ -158,3 +158,17 @@ def test_multiplicity_counts_chance_fails_and_the_holm_view():
     assert multiplicity_line(rows).startswith("4 criteria judged; 3 are tests")
     with pytest.raises(ValueError, match="both its level and its pvalue"):
         crit("CT-e", "half a test", ">", 0.01, level=0.01)
+
+
+def test_two_or_three_units_are_judged_on_every_resample_exactly():
+    """G^G <= resamples: every equally likely resample is judged once (2 seeds: 4, 3 seeds: 27)."""
+    crit = declared()
+    for x in ([2.0, -1.0], [3.0, -1.0, -1.5], [1.0, -5.0, 0.5]):
+        (row,) = crit.verdicts(results(x, crit), resamples=100)
+        assert row.robustness == exact_bootstrap_agreement(x, row.verdict == PASS)
+
+
+def test_a_not_judged_row_carries_no_class():
+    crit = declared(quick="too few L", fails_as=("pre-asymptotic", "curvature"))
+    (row,) = crit.verdicts(results([-1.0, -2.0], crit, profile="quick"))
+    assert row.verdict == NOT_JUDGED and row.fails_as is None
