@@ -340,8 +340,8 @@ class Criteria:
         dim) and every measure rerun; the answer is the smallest ``k G`` whose verdicts agree with
         the stored one in at least ``target`` of the resamples (``None``: not within
         ``factors[-1] G``). A power estimate from the stored per-unit spread: it cannot see
-        a spread the stored units do not show. ``{id: units needed or None}``, for ``ids`` (default: every
-        fragile PASS / FAIL)."""
+        a spread the stored units do not show. ``{id: {unit dim: units needed} or None}``, for
+        ``ids`` (default: every fragile PASS / FAIL); every unit dim grows by the same factor."""
         stored = criteria_from_attrs(ds)
         rows = self.verdicts(ds, resamples=resamples)
         if ids is None:
@@ -356,7 +356,7 @@ class Criteria:
             grown = self._with_robustness(ds, stored, rows, None, resamples, size=size)
             for r in grown:
                 if r.id in left and r.robustness is not None and r.robustness >= target:
-                    out[r.id] = int(np.prod(list(size.values())))
+                    out[r.id] = dict(size)
                     left.discard(r.id)
         return out
 

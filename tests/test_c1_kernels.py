@@ -112,3 +112,70 @@ def test_a_file_without_smoothness_classes_leaves_the_stein_criteria_inconclusiv
     for cid in ("C1K-stein-smooth", "C1K-stein-kinked"):
         assert rows[cid].verdict == "INCONCLUSIVE" and "sfxlin rerun FILE" in rows[cid].note
     assert rows["C1K-slopes"].verdict == "PASS"
+
+
+def _clustered_slope_se(logx, y):
+    """OLS slope of log(unit mean) on logx and its cluster SE over the units, by numpy alone:
+    ``sd(b_g) / sqrt(G) * sqrt((nG - 1) / (nG - 2))``, ``b_g`` the slope of unit g's linearised
+    log mean ``log ybar + (y_g - ybar) / ybar``; ``y`` is (n, G)."""
+    n, G = y.shape
+    ybar = y.mean(axis=1, keepdims=True)
+    z = np.log(ybar) + (y - ybar) / ybar
+    x = logx - logx.mean()
+    b = x @ (z - z.mean(axis=0)) / (x @ x)
+    se = b.std(ddof=1) / np.sqrt(G) * np.sqrt((n * G - 1) / (n * G - 2))
+    return float(x @ np.log(ybar[:, 0]) / (x @ x)), float(se)
+
+
+def test_slopes_are_clustered_over_the_seeds_and_queries(ds):
+    """The queries of a cell are independent (own direction, own prompts) and its prompts nested
+    along L: the slope is that of the mean error (the same as of the seed means of ``mse``), its SE
+    cluster-robust over the (seed, query) units, checked against numpy."""
+    fit = analysis.slopes(ds)
+    assert fit.cov_type.item() == "cluster" and fit.units.item() == "seed,query"
+    assert int(fit.n_units) == ds.sizes["seed"] * ds.sizes["query"]
+    logx = np.log(ds.L.values.astype(float))
+    for kernel in ds.kernel.values:
+        for r in ds.r.values:
+            y = ds.mse_query.sel(kernel=kernel, r=r).transpose("L", "seed", "query").values.reshape(ds.sizes["L"], -1)
+            slope, se = _clustered_slope_se(logx, y)
+            of_mse = np.polyfit(logx, np.log(ds.mse.sel(kernel=kernel, r=r).mean("seed").values), 1)[0]
+            at = dict(kernel=kernel, r=r)
+            assert float(fit.slope.sel(at)) == pytest.approx(slope, rel=1e-10) == pytest.approx(of_mse, rel=1e-10)
+            assert float(fit.slope_se.sel(at)) == pytest.approx(se, rel=1e-9)
+    plain = analysis.slopes(ds, cov_type="nonrobust")
+    np.testing.assert_allclose(plain.slope, fit.slope, rtol=1e-12)
+    assert "cluster-robust over 2 units (seed x query)" in ds.sfx.fit_table()
+
+
+def test_the_measures_are_the_fits_and_robustness_resamples_queries_and_draws(ds):
+    """The criteria read the slopes of slopes() / rf_slopes() (computed without statsmodels) and
+    |gain_z|; one seed, but 2 queries and 100 feature draws: every judged verdict has a robustness."""
+    m = analysis.measures(ds)
+    np.testing.assert_allclose(m["C1K-slopes"], analysis.slopes(ds).slope.values.ravel(), rtol=1e-12)
+    np.testing.assert_allclose(m["C1K-rf-rate"], analysis.rf_slopes(ds).slope.sel(rf_sigma2=[0.1]).values, rtol=1e-12)
+    np.testing.assert_allclose(m["C1K-rf-slow"], analysis.rf_slopes(ds).slope.sel(rf_sigma2=[2.0]).values, rtol=1e-12)
+    np.testing.assert_allclose(m["C1K-gain"], np.abs(analysis.gain_z(ds)).values.ravel(), rtol=1e-12)
+    rows = analysis.verdicts(ds, resamples=5)
+    assert all(r.robustness is not None for r in rows if r.verdict in ("PASS", "FAIL"))
+    assert analysis.CRITERIA.units == ("seed", "query", "rf_draw")
+
+
+def test_rf_slopes_are_plain_ols_by_default_and_monte_carlo_by_name(ds):
+    """The feature draws of different m are independent cells: the default SE is the plain OLS one;
+    ``units="rf_draw"`` gives the Monte Carlo SE (cluster-robust over the draws), same slope."""
+    plain, mc = analysis.rf_slopes(ds), analysis.rf_slopes(ds, units="rf_draw")
+    assert plain.cov_type.item() == "nonrobust" and mc.cov_type.item() == "cluster"
+    assert int(mc.n_units) == SMALL["rf_draws"]
+    np.testing.assert_allclose(mc.slope, plain.slope, rtol=1e-12)
+
+
+def test_the_gain_criterion_is_a_test_at_its_level(ds):
+    """C1K-gain: level = P(max |z| > 4) over the paper's 36 independent N(0, 1) z-scores; p-value of
+    the file's largest |z| by the Sidak formula over its cells."""
+    from scipy.stats import norm
+
+    row = {r.id: r for r in analysis.verdicts(ds, resamples=0)}["C1K-gain"]
+    assert row.level == pytest.approx(1 - (1 - 2 * norm.sf(4.0)) ** 36, rel=0.01)
+    z = np.abs(analysis.gain_z(ds)).values
+    assert row.pvalue == pytest.approx(1 - (1 - 2 * norm.sf(z.max())) ** z.size, rel=1e-9)

@@ -1,6 +1,7 @@
 """End to end: the C1 quick profile through the CLI, the file it writes, and its analysis."""
 import hashlib
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -147,3 +148,70 @@ def test_student_t_has_no_limit_and_bounded_laws_have_exact_snis_constants():
         assert abs(e.mean() - predicted) < 5 * e.std() / np.sqrt(P) + 5 * predicted / L, law
     with pytest.raises(NoLimitError, match="no exponential moments"):
         asymptotic_mse(StudentT(3.0, D=2), U, np.eye(2), q)
+
+
+# --------------------------------------------------------------------------- uncertainty and the quick profile
+
+
+def test_the_quick_profile_of_a_correct_install_fails_nothing(quick_run):
+    """The quick profile is judged by its own calibration (the file says so): no FAIL, every
+    criterion PASS but the sharp constant, NOT JUDGED with its reason; the slope table says how its
+    SE was taken and over how many units."""
+    ds = xr.load_dataset(quick_run / "c1_limit.nc")
+    assert ds.attrs["profile"] == "quick"
+    rows = {r.id: r for r in c1_analysis.verdicts(ds)}
+    assert {k: r.verdict for k, r in rows.items() if r.verdict != "PASS"} == {"C1-sharp-constant": "NOT JUDGED"}
+    assert "heavy-tailed" in rows["C1-sharp-constant"].note
+    assert "SE cluster-robust over 2 units (seed)" in ds.sfx.fit_table()
+
+
+def test_a_broken_kernel_fails_the_quick_profile(monkeypatch):
+    """Planted bug: the logits divided by sqrt(d), the transformer habit, where the paper's attention
+    (and every closed form here) uses raw logits. Attention then converges to sigma^2 U q / sqrt(d),
+    not to sigma^2 U q: the error plateaus at the bias, which the quick calibration catches through
+    the 1/L rate and the bounded laws' predicted plateau; the closed-form check, which does not run
+    attention, still passes."""
+    import sfxlin.attention
+
+    raw = sfxlin.attention._logits
+    monkeypatch.setattr(sfxlin.attention, "_logits", lambda Z, U, q: raw(Z, U, q) / np.sqrt(Z.shape[-1]))
+    ds = build(c1_limit.EXPERIMENT, c1_limit.EXPERIMENT.configure("quick")).compute(scheduler="synchronous")
+    verdict = {r.id: r.verdict for r in c1_analysis.verdicts(ds, resamples=0)}
+    assert ds.attrs["profile"] == "quick"
+    assert verdict["C1-slopes"] == verdict["C1-plateau"] == "FAIL", verdict
+    assert verdict["C1-quadrature"] == "PASS"
+
+
+def test_the_slope_measure_is_the_seed_mean_fit(quick_run):
+    """The criterion reads the slopes of slopes(ds) (computed without statsmodels, to be cheap on
+    every resample): the same OLS slope of the log seed mean, to rounding."""
+    ds = xr.load_dataset(quick_run / "c1_limit.nc")
+    np.testing.assert_allclose(c1_analysis.measures(ds)["C1-slopes"], c1_analysis.slopes(ds).slope.values.ravel(),
+                               rtol=1e-12)
+    plain = c1_analysis.slopes(ds, cov_type="nonrobust")
+    np.testing.assert_allclose(plain.slope, c1_analysis.slopes(ds).slope, rtol=1e-12)
+    assert plain.cov_type.item() == "nonrobust" and c1_analysis.slopes(ds).cov_type.item() == "cluster"
+
+
+def _between_seed_se(ds):
+    """``sd(per-seed slopes) / sqrt(G)`` per (d, U_norm): each seed's OLS slope of log mse on log L by
+    numpy least squares, independent of the fit code."""
+    logy = np.log(ds.mse.sel(law="gaussian").transpose("L", "d", "U_norm", "seed").values)
+    X = np.column_stack([np.ones(ds.sizes["L"]), np.log(ds.L.values.astype(float))])
+    per_seed = np.linalg.lstsq(X, logy.reshape(ds.sizes["L"], -1), rcond=None)[0][1].reshape(logy.shape[1:])
+    return per_seed.std(axis=-1, ddof=1) / np.sqrt(ds.sizes["seed"])
+
+
+def test_shipped_slope_ses_are_the_between_seed_ses():
+    """datasets/c1_limit.nc (paper, 4 seeds): the cluster SE of every (d, U_norm) slope is within a
+    factor 1.5 of the between-seed SE (the per-seed slopes are independent draws of the same
+    estimator, so their spread is the reference), where the plain OLS SE of the seed-mean line is not
+    (it reads the smooth residuals of nested prompts as a tight fit)."""
+    ds = xr.load_dataset(pathlib.Path(__file__).parents[1] / "datasets" / "c1_limit.nc")
+    between = _between_seed_se(ds)
+    ratio = c1_analysis.slopes(ds).slope_se.transpose("d", "U_norm").values / between
+    plain = c1_analysis.slopes(ds, cov_type="nonrobust").slope_se.transpose("d", "U_norm").values / between
+    print("\ncluster SE / between-seed SE:", np.round(ratio, 3).ravel(), "\nplain OLS SE / between-seed SE:",
+          np.round(plain, 3).ravel())
+    assert np.all((ratio > 1 / 1.5) & (ratio < 1.5)), ratio
+    assert plain.min() < 1 / 1.5

@@ -2,9 +2,11 @@
 recomputation, a small run through the analysis, and the criteria on synthetic files."""
 import numpy as np
 import pytest
+import xarray as xr
 
 import synthetic
 from sfxlin.analysis import c1_real as analysis
+from sfxlin.analysis.fits import loglog_slope
 from sfxlin.analysis.verdicts import FAIL, INCONCLUSIVE, PASS
 from sfxlin.pipelines import c1_real
 from sfxlin.realdata import DATASETS, load_dataset, pca_whiten, standardise, token_set
@@ -135,3 +137,31 @@ def test_the_provenance_names_the_scikit_learn_that_shipped_the_data():
 
     ds = build(c1_real.EXPERIMENT, _config())
     assert json.loads(ds.attrs["library_versions"])["scikit-learn"] == sklearn.__version__
+
+
+def test_slopes_cluster_over_the_seeds_and_fall_back_to_plain_ols_with_one():
+    """Two seeds (synthetic): the slope of the seed mean with a cluster SE over the 2 seeds (t with 1
+    dof: a wide interval); one seed: the plain OLS fit, and the table says which."""
+    ds = synthetic.c1_real()
+    fit = analysis.slopes(ds)
+    assert fit.cov_type.item() == "cluster" and int(fit.n_units) == 2
+    plain = analysis.slopes(ds, cov_type="nonrobust")
+    np.testing.assert_allclose(plain.slope, fit.slope, rtol=1e-12)
+    one = ds.isel(seed=[0])
+    single = analysis.slopes(one)
+    assert single.cov_type.item() == "nonrobust" and int(single.n_units) == 1
+    np.testing.assert_allclose(single.slope, loglog_slope(one.mse.isel(seed=0), "L").slope, rtol=1e-12)
+    assert "nonrobust OLS, 1 unit (seed)" in one.sfx.fit_table()
+    assert "cluster-robust over 2 units (seed)" in ds.sfx.fit_table()
+
+
+def test_the_measures_are_the_fits():
+    """The criteria read the slopes of slopes() and the ratios of the public functions (computed
+    without xarray, to be cheap on every resample of the seeds), at the settings in the regime."""
+    ds = synthetic.c1_real()
+    ds["mse"] = ds.mse * xr.DataArray([1.0, 1.2, 0.9, 1.1, 0.95], dims="L")   # not exactly -1
+    m = analysis.measures(ds)
+    keep = analysis.in_regime(ds).values
+    np.testing.assert_allclose(m["C1R-slopes"], analysis.slopes(ds).slope.values[keep], rtol=1e-12)
+    np.testing.assert_allclose(m["C1R-sharp-constant"], analysis.sharp_ratio(ds).values[keep], rtol=1e-12)
+    np.testing.assert_allclose(m["C1R-bias-order"], analysis.bias_order(ds).values.ravel(), rtol=1e-12)

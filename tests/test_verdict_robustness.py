@@ -89,7 +89,7 @@ def test_seeds_needed_is_the_smallest_m_out_of_n_bootstrap_size_reaching_the_tar
     (row,) = crit.verdicts(ds, resamples=1000)  # Monte Carlo SE 0.014 of each fraction: margins >= 3 SE
     assert row.verdict == PASS and row.fragile
     assert row.robustness == pytest.approx(agree[6], abs=0.045)
-    assert crit.seeds_needed(ds, resamples=1000) == {"CX-mean": 12}
+    assert crit.seeds_needed(ds, resamples=1000) == {"CX-mean": {"seed": 12}}
     assert crit.seeds_needed(results([1.0, 2.0, 3.0], crit), resamples=50) == {}  # nothing fragile
 
 
