@@ -18,7 +18,7 @@ import xarray as xr
 from .fits import check_alpha, check_cov_type
 
 __all__ = ["MIN_HINGE_POINTS", "ThresholdFit", "threshold_regression", "hinge_design_np", "hinge_ssr_np",
-           "hansen_lr_crit"]
+           "hinge_ssr_profile_np", "hansen_lr_crit", "hansen_lr_pvalue", "threshold_lr_pvalue"]
 
 #: fewest points (with positive weight) of :func:`threshold_regression`: three coefficients and a breakpoint.
 MIN_HINGE_POINTS = 6
@@ -64,6 +64,31 @@ def hansen_lr_crit(alpha: float = 0.05) -> float:
     """
     alpha = check_alpha(alpha)
     return -2.0 * math.log(1.0 - math.sqrt(1.0 - alpha))
+
+
+def hansen_lr_pvalue(lr) -> np.ndarray | float:
+    """Hansen's (2000) asymptotic p-value of the threshold LR statistic: ``P(xi > lr) = 1 - (1 -
+    exp(-lr/2))^2`` (the law whose quantile is :func:`hansen_lr_crit`); 1 at ``lr <= 0``."""
+    lr = np.maximum(np.asarray(lr, dtype=np.float64), 0.0)
+    with np.errstate(over="ignore"):
+        p = 1.0 - (1.0 - np.exp(-lr / 2.0)) ** 2
+    return float(p) if p.ndim == 0 else p
+
+
+def threshold_lr_pvalue(fit: "ThresholdFit", y, x, c: float, weights=None) -> float:
+    """p-value of H0 ``breakpoint = c`` for the data ``(y, x, weights)`` of ``fit`` (a
+    :func:`threshold_regression` of them): ``LR(c) = n (SSR(c) - SSR(c_hat)) / SSR(c_hat)`` with
+    Hansen's asymptotic law (:func:`hansen_lr_pvalue`), so that ``c`` lies in the LR confidence set
+    at level ``1 - alpha`` iff the p-value is >= ``alpha`` (up to the grid's resolution of the set's hull).
+    ``SSR(c)`` is :func:`hinge_ssr_np` at ``c`` (``inf`` where the design is singular: p-value 0)."""
+    y, x, w = _checked_data(y, x, weights)
+    keep = w > 0
+    ssr_c = hinge_ssr_np(y[keep], x[keep], float(c), None if weights is None else w[keep])
+    if not math.isfinite(ssr_c):
+        return 0.0
+    if fit.ssr <= 0:
+        return 1.0 if ssr_c <= 0 else 0.0
+    return hansen_lr_pvalue(fit.n * (ssr_c - fit.ssr) / fit.ssr)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,10 +374,42 @@ def _standardisation(x: np.ndarray, y: np.ndarray) -> tuple:
     return mx, (sx if sx > 0 else np.float64(1.0)), my, (sy if sy > 0 else np.float64(1.0))
 
 
+def hinge_ssr_profile_np(y: np.ndarray, x: np.ndarray, grid: np.ndarray,
+                         weights: np.ndarray | None = None) -> np.ndarray:
+    """:func:`hinge_ssr_np` at every breakpoint of ``grid`` at once: the same (weighted) SSRs up to
+    rounding, ``inf`` where the hinge design is singular, without a statsmodels fit per breakpoint.
+
+    The designs ``sqrt(w) [1, x, max(0, x - c)]`` (``x`` mapped affinely onto [-1, 1], as there)
+    are stacked over ``c``; the rank test is numpy's ``matrix_rank`` of each (the test of
+    :func:`hinge_ssr_np`), and the SSR is the squared norm of the residual of ``sqrt(w) y`` after its
+    projection on the columns of the design (a batched reduced QR)."""
+    y = np.asarray(y, dtype=np.float64)
+    x = np.asarray(x, dtype=np.float64)
+    grid = np.asarray(grid, dtype=np.float64)
+    if x.size:
+        mid, half = x.max() / 2 + x.min() / 2, x.max() / 2 - x.min() / 2
+        half = half if half > 0 else 1.0
+        x, grid = (x - mid) / half, (grid - mid) / half
+    w = np.ones(y.size) if weights is None else np.asarray(weights, dtype=np.float64)
+    Z = np.empty((grid.size, x.size, 3))
+    Z[..., 0] = 1.0
+    Z[..., 1] = x
+    Z[..., 2] = np.maximum(0.0, x[None, :] - grid[:, None])
+    rank = np.linalg.matrix_rank(Z[:, w > 0])
+    sw = np.sqrt(w)
+    A = Z * sw[None, :, None]
+    b = sw * y
+    with np.errstate(all="ignore"):
+        Q, _ = np.linalg.qr(A)
+        r = b[None, :] - np.einsum("gnk,gk->gn", Q, np.einsum("gnk,n->gk", Q, b))
+        ssr = np.einsum("gn,gn->g", r, r)
+    return np.where(rank < 3, np.inf, ssr)
+
+
 def _ssr_profile(ys, xs, grid_s, wts, sy) -> tuple[np.ndarray, np.ndarray]:
     """``(ssr_s, ssr)``: the SSR at every standardised breakpoint, in standardised and in original
     units (``inf`` where the hinge design is singular); ValueError when it is singular everywhere."""
-    ssr_s = np.array([hinge_ssr_np(ys, xs, c, wts) for c in grid_s])
+    ssr_s = hinge_ssr_profile_np(ys, xs, grid_s, wts)
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         ssr = np.where(np.isfinite(ssr_s), ssr_s * sy**2, np.inf)  # sy**2 may underflow: inf * 0
     if not np.isfinite(ssr_s).any():

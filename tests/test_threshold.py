@@ -171,3 +171,38 @@ def test_reexported_from_the_analysis_package():
     assert sfxlin.analysis.threshold_regression is threshold_regression
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         sfxlin.analysis.nope
+
+
+def test_vectorised_ssr_profile_equals_the_statsmodels_fit_per_breakpoint():
+    # hinge_ssr_profile_np (every breakpoint at once, batched QR) against hinge_ssr_np (one statsmodels WLS per
+    # breakpoint), weighted and not, with breakpoints outside the data (singular: inf) and on observed x; the
+    # SSRs are of order 1e-2 .. 1 here, so relative 1e-9 is far above rounding and far below any grid step's change
+    from sfxlin.analysis.threshold import hinge_ssr_np, hinge_ssr_profile_np
+
+    y, x = hinge_data(0.01, seed=7, n=14)
+    grid = np.concatenate([np.linspace(-1.0, 17.0, 41), x[2:5]])
+    w = np.random.default_rng(1).uniform(0.5, 2.0, x.size)
+    w[3] = 0.0
+    for weights in (None, w):
+        got = hinge_ssr_profile_np(y, x, grid, weights)
+        want = np.array([hinge_ssr_np(y, x, c, weights) for c in grid])
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+        assert np.isinf(got).any() and np.isfinite(got).sum() > 20
+        np.testing.assert_allclose(got[np.isfinite(got)], want[np.isfinite(want)], rtol=1e-9)
+
+
+def test_lr_pvalue_inverts_the_confidence_set():
+    from sfxlin.analysis.threshold import hansen_lr_pvalue, threshold_lr_pvalue
+
+    for alpha in (0.01, 0.05, 0.10):
+        assert hansen_lr_pvalue(hansen_lr_crit(alpha)) == pytest.approx(alpha, rel=1e-12)
+    assert hansen_lr_pvalue(0.0) == 1.0 and hansen_lr_pvalue(-1.0) == 1.0
+    y, x = hinge_data(0.01, seed=3)
+    fit = threshold_regression(y, x)
+    # at every grid point away from the critical value (|LR - crit| > 1e-6 relative), p >= alpha iff the point is
+    # in the LR set {LR <= crit}
+    p = np.array([threshold_lr_pvalue(fit, y, x, c) for c in fit.grid])
+    clear = np.abs(fit.lr_profile - fit.lr_crit) > 1e-6 * fit.lr_crit
+    np.testing.assert_array_equal((p >= 0.05)[clear], (fit.lr_profile <= fit.lr_crit)[clear])
+    assert threshold_lr_pvalue(fit, y, x, fit.c_hat) == pytest.approx(1.0, abs=1e-9)
+    assert threshold_lr_pvalue(fit, y, x, 100.0) == 0.0          # no point right of c: singular design
