@@ -109,6 +109,103 @@ PINNED = {
     ],
 }
 
+#: the quick profile's calibration of the C3 experiments (``quick=`` of each criterion, in order): a
+#: threshold of the criterion's kind, or NOT_JUDGED (the reason is free text, not pinned). The paper
+#: thresholds above do not move; changing a quick bound is a change of the smoke test and must change this.
+NOT_JUDGED_AT_QUICK = "not judged"
+PINNED_QUICK_C3 = {
+    "c3_transfer": [
+        ("C3a-monotone", NOT_JUDGED_AT_QUICK),
+        ("C3a-slope", NOT_JUDGED_AT_QUICK),
+        ("C3a-final", 1.0),
+        ("C3b-monotone", NOT_JUDGED_AT_QUICK),
+        ("C3b-final", 1.0),
+        ("C3c", NOT_JUDGED_AT_QUICK),
+        ("C3d-inf", 1e-8),
+        ("C3d-softmax", 1e-2),
+        ("C3e-drop", 5.0 ** (1 / 3)),
+        ("C3e-plateau", NOT_JUDGED_AT_QUICK),
+        ("C3-inf-risk", NOT_JUDGED_AT_QUICK),
+        ("C3-inf-bayes", NOT_JUDGED_AT_QUICK),
+        ("C3-linL-gap", NOT_JUDGED_AT_QUICK),
+    ],
+    "c3_landscape": [
+        ("C3L-risk-slope", NOT_JUDGED_AT_QUICK),
+        ("C3L-D-slope", NOT_JUDGED_AT_QUICK),
+        ("C3L-DlinL-slope", NOT_JUDGED_AT_QUICK),
+        ("C3L-DlinL-ratio", NOT_JUDGED_AT_QUICK),
+        ("C3L-block", 1e-8),
+        ("C3L-control-plateau", NOT_JUDGED_AT_QUICK),
+        ("C3L-control-gap", 1e-3),
+    ],
+    "c3_deep": [
+        ("C3D-a-slope", NOT_JUDGED_AT_QUICK),
+        ("C3D-a-median-slope", NOT_JUDGED_AT_QUICK),
+        ("C3D-a-cov-slope", NOT_JUDGED_AT_QUICK),
+        ("C3D-b-slope", NOT_JUDGED_AT_QUICK),
+        ("C3D-b-heldout", NOT_JUDGED_AT_QUICK),
+        ("C3D-b-heldout-limit", 1.0),
+    ],
+}
+
+#: the quick profile's calibration of the C1 experiments (``quick=`` of each criterion, in order; the
+#: analysis modules give each bound's replicate-run justification). None: a criterion of profile "any",
+#: whose figure does not depend on the grid, judged by its own threshold at every profile.
+PINNED_QUICK_C1 = {
+    "c1_limit": [
+        ("C1-quadrature", None),
+        ("C1-slopes", (-1.5, -0.5)),
+        ("C1-monotone", 0.75),
+        ("C1-sharp-constant", NOT_JUDGED_AT_QUICK),
+        ("C1-student-t-grows", 1.0),
+        ("C1-sqrtL-grows", 1.0),
+        ("C1-plateau", (0.6, 1.5)),
+    ],
+    "c1_kernels": [
+        ("C1K-stein-smooth", None),
+        ("C1K-stein-kinked", None),
+        ("C1K-slopes", (-1.5, -0.4)),
+        ("C1K-sharp-constant", (0.25, 3.0)),
+        ("C1K-limit-mc", (0.0, 25.0)),
+        ("C1K-gain", 6.0),
+        ("C1K-rf-rate", (-1.15, -0.85)),
+        ("C1K-rf-constant", (0.75, 1.25)),
+        ("C1K-rf-slow", -0.85),
+    ],
+    "c1_real": [
+        ("C1R-slopes", (-1.35, -0.65)),
+        ("C1R-sharp-constant", (0.4, 2.0)),
+        ("C1R-gauss-decomposition", (0.55, 1.45)),
+        ("C1R-bias-order", (2.5, 6.5)),
+    ],
+}
+
+#: the quick profile's calibration of the C2 experiments (``quick=`` of each criterion, in order): a bound of
+#: the criterion's kind (the analysis modules give each one's spread over 7 quick files) or NOT_JUDGED_AT_QUICK.
+PINNED_QUICK_C2 = {
+    "c2_concentration": [
+        ("C2-tail-violations", 0),
+        ("C2-tail-clt", NOT_JUDGED_AT_QUICK),
+        ("C2-grad-violations", 0),
+        ("C2-grad-slopes", (-1.6, -0.2)),
+        ("C2-traj-fixed", (-0.95, -0.05)),
+        ("C2-traj-uniform", NOT_JUDGED_AT_QUICK),
+    ],
+    "c2_threshold": [
+        ("C2T-fixed-exponent", (-0.8, -0.15)),
+        ("C2T-uniform-low-tau", NOT_JUDGED_AT_QUICK),
+        ("C2T-uniform-high-tau", 0.0),
+        ("C2T-uniform-trend", NOT_JUDGED_AT_QUICK),
+        ("C2T-separation-low-tau", NOT_JUDGED_AT_QUICK),
+        ("C2T-break-location", NOT_JUDGED_AT_QUICK),
+        ("C2T-break-covers-4", NOT_JUDGED_AT_QUICK),
+        ("C2T-families-agree", 0.4),
+        ("C2T-constant-ratio", NOT_JUDGED_AT_QUICK),
+        ("C2T-constant-ratio-families", NOT_JUDGED_AT_QUICK),
+        ("C2T-growth-below-4", NOT_JUDGED_AT_QUICK),
+    ],
+}
+
 PIPELINES = {p.NAME: p for p in (c1_kernels_pipeline, c1_limit, c2_concentration, c2_threshold_pipeline,
                                  c3_transfer, c3_landscape_pipeline, c1_real_pipeline, c3_deep_pipeline)}
 
@@ -146,8 +243,79 @@ def test_pipeline_criteria_equal_the_pinned_table(name):
             assert type(thr) in (int, float), c["id"]
         assert isinstance(c["description"], str) and c["description"], c["id"]
         assert set(c) <= {"id", "claim", "description", "kind", "threshold", "reference", "reason", "profile",
-                          "fmt"}, c["id"]
+                          "fmt", "quick"}, c["id"]
         assert c["reason"], f"{c['id']}: every criterion says why its threshold is set where it is"
+
+
+@pytest.mark.parametrize("name", sorted(PINNED_QUICK_C3))
+def test_c3_quick_calibration_equals_the_pinned_table(name):
+    """Each C3 criterion's quick calibration as build() stores it: a bound of the criterion's kind, or
+    NOT JUDGED with a reason; read back from the file attribute, a quick file is judged by it."""
+    from sfxlin.analysis.verdicts import NotJudged
+
+    criteria = _stored(name)
+    got = [(c["id"], NOT_JUDGED_AT_QUICK if isinstance(c.get("quick"), dict) else c.get("quick")) for c in criteria]
+    assert got == PINNED_QUICK_C3[name]
+    for c in criteria:
+        if isinstance(c["quick"], dict):
+            assert set(c["quick"]) == {"not_judged"} and c["quick"]["not_judged"], c["id"]
+        else:
+            assert type(c["quick"]) in (int, float), c["id"]
+    read = criteria_from_attrs(xr.Dataset(attrs={"criteria": json.dumps(criteria)}))
+    for crit, (cid, quick) in zip(read, PINNED_QUICK_C3[name]):
+        judged = crit.for_profile("quick")
+        if quick == NOT_JUDGED_AT_QUICK:
+            assert isinstance(judged, NotJudged) and judged.reason, cid
+        else:
+            assert (judged.kind, judged.threshold) == (crit.kind, quick), cid
+        assert crit.for_profile("paper") is crit
+
+
+@pytest.mark.parametrize("name", sorted(PINNED_QUICK_C1))
+def test_c1_quick_calibration_equals_the_pinned_table(name):
+    """Each C1 criterion's quick calibration as build() stores it (a bound of the criterion's kind, NOT
+    JUDGED with a reason, or none for a criterion of profile "any"); read back from the file attribute,
+    a quick file is judged by it and a paper file by the pinned paper threshold."""
+    from sfxlin.analysis.verdicts import NotJudged
+
+    def pinned_form(quick):
+        return NOT_JUDGED_AT_QUICK if isinstance(quick, dict) else tuple(quick) if isinstance(quick, list) else quick
+
+    criteria = _stored(name)
+    assert [(c["id"], pinned_form(c.get("quick"))) for c in criteria] == PINNED_QUICK_C1[name]
+    for c in criteria:
+        assert (c.get("quick") is None) == (c["profile"] == "any"), c["id"]
+        if isinstance(c.get("quick"), dict):
+            assert set(c["quick"]) == {"not_judged"} and c["quick"]["not_judged"], c["id"]
+    read = criteria_from_attrs(xr.Dataset(attrs={"criteria": json.dumps(criteria)}))
+    for crit, (cid, quick) in zip(read, PINNED_QUICK_C1[name]):
+        judged = crit.for_profile("quick")
+        if quick == NOT_JUDGED_AT_QUICK:
+            assert isinstance(judged, NotJudged) and judged.reason, cid
+        else:
+            assert (judged.kind, judged.threshold) == (crit.kind, crit.threshold if quick is None else quick), cid
+        assert crit.for_profile("paper") is crit
+
+
+@pytest.mark.parametrize("name", sorted(PINNED_QUICK_C2))
+def test_c2_quick_calibration_equals_the_pinned_table(name):
+    """Each C2 criterion's quick calibration as build() stores it: a bound of the criterion's kind, or
+    NOT JUDGED with a reason; read back from the file attribute, a quick file is judged by it and a
+    paper file by the pinned paper threshold."""
+    from sfxlin.analysis.verdicts import NotJudged
+
+    criteria = _stored(name)
+    got = [(c["id"], NOT_JUDGED_AT_QUICK if isinstance(c.get("quick"), dict) else
+            tuple(c["quick"]) if isinstance(c.get("quick"), list) else c.get("quick")) for c in criteria]
+    assert got == PINNED_QUICK_C2[name]
+    read = criteria_from_attrs(xr.Dataset(attrs={"criteria": json.dumps(criteria)}))
+    for crit, (cid, quick) in zip(read, PINNED_QUICK_C2[name]):
+        judged = crit.for_profile("quick")
+        if quick == NOT_JUDGED_AT_QUICK:
+            assert isinstance(judged, NotJudged) and judged.reason, cid
+        else:
+            assert (judged.kind, judged.threshold) == (crit.kind, quick), cid
+        assert crit.for_profile("paper") is crit
 
 
 @pytest.mark.parametrize("name", sorted(PINNED))

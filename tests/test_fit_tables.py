@@ -146,6 +146,11 @@ def test_c1_tables_are_its_fits():
     pf = c1.paper_form(ds)
     assert [float(got["paper_form"][k]) for k in ("c2", "c2_se", "c1", "n")] == [float(pf[k]) for k in
                                                                                ("c2", "c2_se", "c1", "n")]
+    # the SEs are cluster-robust over the independent units, and the tables say over how many
+    assert fit.cov_type.item() == pf.cov_type.item() == "cluster"
+    assert int(got["paper_form"].n_units) == int(pf.n_units) == 8                  # (d, U_norm, seed) cells
+    assert "SE cluster-robust over 2 units (seed)" in got["slopes"].attrs["title"]
+    assert "cluster-robust over the 8 (d, U_norm, seed) cells" in got["paper_form"].attrs["title"]
 
 
 def test_c1_slope_table_against_least_squares():
@@ -165,6 +170,9 @@ def test_c1_kernels_tables_are_its_fits():
     ds = synthetic.c1_kernels()
     got = c1_kernels.fit_tables(ds)
     _equal(got["kernels"].slope, c1_kernels.slopes(ds).slope)
+    _equal(got["kernels"].slope_se, c1_kernels.slopes(ds).slope_se)
+    _equal(got["random_features"].slope_se_mc, c1_kernels.rf_slopes(ds, units="rf_draw").slope_se)
+    assert "cluster-robust over 2 units (seed)" in got["kernels"].attrs["title"]
     _equal(got["kernels"].gain_z, c1_kernels.gain_z(ds))
     _equal(got["random_features"].slope, c1_kernels.rf_slopes(ds).slope)
     _equal(got["stein"].error, ds.stein_error)
@@ -179,6 +187,8 @@ def test_c1_real_tables_are_its_fits():
     ds = synthetic.c1_real()
     got = c1_real.fit_tables(ds)
     _equal(got["settings"].slope, c1_real.slopes(ds).slope)
+    _equal(got["settings"].slope_se, c1_real.slopes(ds).slope_se)
+    assert "cluster-robust over 2 units (seed)" in got["settings"].attrs["title"]
     _equal(got["settings"].relative_bias, c1_real.relative_bias(ds))
     _equal(got["settings"].crossover_L, c1_real.crossover_L(ds))
     _equal(got["settings"].judged, c1_real.in_regime(ds))
@@ -190,9 +200,16 @@ def test_c2_tables_are_its_fits():
     got = c2.fit_tables(ds)
     _equal(got["gradients"].slope, c2.gradient_slopes(ds).slope)
     _equal(got["gradients"].slope_hi, c2.gradient_slopes(ds, L_min=c2.upper_half_L(ds)).slope)
-    tr = c2.trajectory_exponents(ds)
+    _equal(got["gradients"].slope_se, c2.gradient_slopes(ds).slope_se)                 # cluster-robust over seeds
+    _equal(got["gradients"].slope_se_ols, c2.gradient_slopes(ds, cov_type="nonrobust").slope_se)
+    tr, tr_ols = c2.trajectory_exponents(ds), c2.trajectory_exponents(ds, cov_type="nonrobust")
     _equal(got["trajectory"].fixed, tr.fixed)
     _equal(got["trajectory"].uniform, tr.uniform)
+    for var in ("fixed_se", "uniform_se"):
+        _equal(got["trajectory"][var], tr[var])
+        _equal(got["trajectory"][f"{var}_ols"], tr_ols[var])
+    assert "over the 2 seeds" in got["gradients"].attrs["notes"]
+    assert "over the 2 trajectory seeds" in got["trajectory"].attrs["notes"]
     _equal(got["trajectory_per_seed"].uniform, tr.uniform_seed)
     summary = c2.tail_summary(ds)
     assert {k: float(got["tail_summary"][k]) for k in summary} == pytest.approx(summary, nan_ok=True)
@@ -203,12 +220,17 @@ def test_c2_threshold_tables_are_its_fits():
     ds = synthetic.c2t()
     got = c2_threshold.fit_tables(ds)
     ex = c2_threshold.exponents(ds)
-    for var in ("fixed", "fixed_se", "uniform", "uniform_se", "argmax_t"):
+    for var in ("fixed", "fixed_se", "fixed_se_ols", "uniform", "uniform_se", "uniform_se_ols", "argmax_t"):
         _equal(got["exponents"][var], ex[var])
-    th = c2_threshold.threshold(ds)
-    row = got["threshold"].sel(fit="threshold regression")
-    assert (float(row.break_tau), float(row.ci_low), float(row.ci_high)) == (th["break_tau"], *th["ci_tau"])
-    assert float(row.slope_left) == th["fit"].slope_left and bool(row.covers_4) == th["covers_4"]
+    assert "over the 2 seeds" in got["exponents"].attrs["notes"]
+    for fit, se in (("threshold regression", "cluster"), ("sensitivity: OLS SE", "nonrobust"),
+                    ("sensitivity: seed SE", "seed")):
+        th = c2_threshold.threshold(ds, se=se)
+        row = got["threshold"].sel(fit=fit)
+        assert (float(row.break_tau), float(row.ci_low), float(row.ci_high)) == (th["break_tau"], *th["ci_tau"])
+        assert float(row.slope_left) == th["fit"].slope_left and bool(row.covers_4) == th["covers_4"]
+    boot = c2_threshold.threshold_bootstrap(ds)
+    assert float(got["threshold_bootstrap"].break_se) == boot["break_se"]
 
 
 def test_c3_tables_are_its_fits():

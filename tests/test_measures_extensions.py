@@ -217,9 +217,31 @@ def test_c1_kernels_gain_z_is_the_difference_over_the_se_of_the_seed_mean():
     np.testing.assert_allclose(c1_kernels.measures(ds)["C1K-gain"], np.abs(z).ravel(), rtol=1e-12)
 
 
-def test_c1_kernels_slope_se_is_the_normal_equations():
+def assert_cluster_se_matches(fit, da, dim, unit):
+    """Every cell of ``fit``: the slope is the OLS slope of the log unit mean of ``da`` on log ``dim``,
+    the SE ``sd(b_g) / sqrt(G) * sqrt((nG - 1) / (nG - 2))``, ``b_g`` the slope of unit g's linearised
+    log mean ``log ybar + (y_g - ybar) / ybar`` (numpy; the CR1 sandwich over G units reduces to it)."""
+    stacked = da.stack(cell=[d for d in da.dims if d not in (dim, unit)]).transpose("cell", dim, unit)
+    x = np.log(da[dim].values.astype(float))
+    x = x - x.mean()
+    n, G = da.sizes[dim], da.sizes[unit]
+    for i in range(stacked.sizes["cell"]):
+        where = {d: v for d, v in zip(stacked.indexes["cell"].names, stacked.cell.values[i])}
+        y = stacked.isel(cell=i).values
+        ybar = y.mean(axis=1)
+        b = x @ (np.log(ybar)[:, None] + (y - ybar[:, None]) / ybar[:, None]) / (x @ x)
+        se = b.std(ddof=1) / np.sqrt(G) * np.sqrt((n * G - 1) / (n * G - 2))
+        assert se > 1e-3, where
+        np.testing.assert_allclose(float(fit.slope.sel(where)), x @ np.log(ybar) / (x @ x), rtol=1e-10)
+        np.testing.assert_allclose(float(fit.slope_se.sel(where)), se, rtol=1e-9, err_msg=str(where))
+
+
+def test_c1_kernels_slope_se_is_cluster_robust_and_the_normal_equations_by_name():
+    """Default: cluster-robust over the units (a file without mse_query: the seeds); the plain OLS SE
+    by name is the normal equations' on the seed means. Random features: plain OLS (independent m)."""
     ds = bumpy(c1k(), "mse", "L")
-    assert_fit_matches_normal_equations(c1_kernels.slopes(ds), ds.mse.mean("seed"), "L")
+    assert_cluster_se_matches(c1_kernels.slopes(ds), ds.mse, "L", "seed")
+    assert_fit_matches_normal_equations(c1_kernels.slopes(ds, cov_type="nonrobust"), ds.mse.mean("seed"), "L")
     ds = bumpy(c1k(), "rf_sq_error", "rf_m")
     assert_fit_matches_normal_equations(c1_kernels.rf_slopes(ds), ds.rf_sq_error.mean("rf_draw"), "rf_m")
 
@@ -323,9 +345,10 @@ def test_c1_real_criteria(cid, mutate, expected):
     assert got.verdict == expected, got.measured_str
 
 
-def test_c1_real_slope_se_is_the_normal_equations():
+def test_c1_real_slope_se_is_cluster_robust_and_the_normal_equations_by_name():
     ds = bumpy(synthetic.c1_real(), "mse", "L")
-    assert_fit_matches_normal_equations(c1_real.slopes(ds), ds.mse.mean("seed"), "L")
+    assert_cluster_se_matches(c1_real.slopes(ds), ds.mse, "L", "seed")
+    assert_fit_matches_normal_equations(c1_real.slopes(ds, cov_type="nonrobust"), ds.mse.mean("seed"), "L")
 
 
 C1R_FEW = [
@@ -442,16 +465,40 @@ def test_c3_deep_criteria(cid, mutate, expected):
     assert got.verdict == expected, got.measured_str
 
 
+def cluster_slope_se(x, Y):
+    """Slope of ``log mean_g Y`` on ``[1, x]`` (``Y (n, G)``: G seeds) and its seed-cluster SE, by hand:
+    each seed's linearised curve ``z_g = log ybar + (y_g - ybar) / ybar`` has the normal-equation slope
+    ``b_g``; the CR1 sandwich of the pooled fit reduces to ``sd(b_g) / sqrt(G) * sqrt((nG - 1) / (nG - 2))``
+    (its bread is ``G X'X``, its meat ``sum_g X'X (b_g - b)(b_g - b)' X'X``)."""
+    n, G = Y.shape
+    ybar = Y.mean(axis=1)
+    slope = ols_slope_se(x, np.log(ybar))[0]
+    b = np.array([ols_slope_se(x, np.log(ybar) + (Y[:, g] - ybar) / ybar)[0] for g in range(G)])
+    return slope, b.std(ddof=1) / np.sqrt(G) * np.sqrt((n * G - 1) / (n * G - 2))
+
+
 def test_c3_deep_rates_se_and_constant_against_a_hand_computation():
-    """Over the fit range (the 3 largest of 7 L): slope and SE by the normal equations, the constant
-    as the geometric mean of L * err, for the mean and the median error."""
+    """Over the fit range (the 3 largest of 7 L): slope of the seed mean and its seed-cluster SE by hand
+    (:func:`cluster_slope_se`), the plain SE by name (``cov_type="nonrobust"``) by the normal equations,
+    the constant as the geometric mean of L * err, for the mean and the median error."""
     ds = synthetic.c3_deep()
     ds = bumpy(bumpy(ds, "err", "L"), "err_median", "L")
     r = c3_deep.rates(ds)
+    plain = c3_deep.rates(ds, cov_type="nonrobust")
     top = dict(L=[256, 512, 1024])
+    x = np.log(np.array(top["L"], dtype=float))
+    assert int(r.n_units) == 2
     for var, slope, se in (("err", "slope", "slope_se"), ("err_median", "median_slope", "median_slope_se")):
-        fit = xr.Dataset({"slope": r[slope], "slope_se": r[se]})
+        fit = xr.Dataset({"slope": plain[slope], "slope_se": plain[se]})
         assert_fit_matches_normal_equations(fit, ds[var].mean("seed").sel(top), "L")
+        np.testing.assert_allclose(r[slope].values, plain[slope].values, rtol=1e-12)   # same point estimate
+        cells = ds[var].sel(top).stack(cell=["heads", "kernel", "layer"]).transpose("cell", "L", "seed")
+        for i in range(cells.sizes["cell"]):
+            where = dict(zip(cells.indexes["cell"].names, cells.cell.values[i]))
+            want_slope, want_se = cluster_slope_se(x, cells.isel(cell=i).values)
+            assert want_se > 1e-3, where                                 # the seeds differ: an SE to check
+            np.testing.assert_allclose(float(r[slope].sel(where)), want_slope, rtol=1e-10, err_msg=str(where))
+            np.testing.assert_allclose(float(r[se].sel(where)), want_se, rtol=1e-9, err_msg=str(where))
     err = ds.err.mean("seed").sel(top).transpose("heads", "kernel", "layer", "L").values
     C = np.exp(np.mean(np.log(err * np.array([256.0, 512.0, 1024.0])), axis=-1))
     np.testing.assert_allclose(r.constant.transpose("heads", "kernel", "layer").values, C, rtol=1e-12)
