@@ -626,12 +626,17 @@ def multiplicity(rows: Sequence[VerdictRow]) -> dict:
     criteria that are statistical tests at a stated level), ``chance_fails`` (the FAILs chance
     alone would give among them if every claim held: the sum of their levels), ``fails`` (their
     FAILs) and ``holm_fails`` (their FAILs once the p-values are Holm-adjusted over the tests,
-    each against its level: ``statsmodels.stats.multitest.multipletests(method="holm")``), and
-    ``holm`` ``{id: adjusted p-value}``."""
+    each against its level: ``statsmodels.stats.multitest.multipletests(method="holm")``),
+    ``holm`` ``{id: adjusted p-value}``, and for every criterion (tests or bounds on a point
+    estimate) ``flips``: the number of verdicts a new draw of the independent units would change,
+    expected from their robustness (the sum of ``1 - robustness`` over the rows that have one),
+    with ``with_robustness`` the number of those rows."""
     judged = [r for r in rows if r.verdict in (PASS, FAIL)]
     tests = [r for r in judged if r.level is not None and r.pvalue is not None]
     out = {"judged": len(judged), "tests": len(tests), "chance_fails": float(sum(r.level for r in tests)),
-           "fails": sum(r.verdict == FAIL for r in tests), "holm_fails": 0, "holm": {}}
+           "fails": sum(r.verdict == FAIL for r in tests), "holm_fails": 0, "holm": {},
+           "flips": float(sum(1.0 - r.robustness for r in judged if r.robustness is not None)),
+           "with_robustness": sum(r.robustness is not None for r in judged)}
     if tests:
         from statsmodels.stats.multitest import multipletests
 
@@ -643,13 +648,17 @@ def multiplicity(rows: Sequence[VerdictRow]) -> dict:
 
 def multiplicity_line(rows: Sequence[VerdictRow]) -> str:
     """``"9 criteria judged; 2 are tests at a stated level: chance alone gives 0.0063 FAILs among
-    them, 0 FAIL (0 after Holm)"``."""
+    them, 0 FAIL (0 after Holm); a new draw of the independent units would change about 0.4 of
+    the 9 verdicts with a robustness (the sum of 1 - robustness)"``."""
     m = multiplicity(rows)
     line = f"{m['judged']} criteria judged"
     if m["tests"]:
         are = "is a test" if m["tests"] == 1 else "are tests"
         line += (f"; {m['tests']} {are} at a stated level: chance alone gives {m['chance_fails']:.2g} FAILs "
                  f"among them, {m['fails']} FAIL ({m['holm_fails']} after Holm)")
+    if m["with_robustness"]:
+        line += (f"; a new draw of the independent units would change about {m['flips']:.1f} of the "
+                 f"{m['with_robustness']} verdicts with a robustness (the sum of 1 - robustness)")
     return line
 
 

@@ -156,6 +156,16 @@ def test_multiplicity_counts_chance_fails_and_the_holm_view():
     assert [m["holm"][k] for k in pvals] == pytest.approx(hand)
     assert m["holm_fails"] == int(np.sum(hand < 0.01))  # 0.012: none after Holm
     assert multiplicity_line(rows).startswith("4 criteria judged; 3 are tests")
+    assert m["with_robustness"] == 0 and m["flips"] == 0.0  # no units: no robustness
+
+
+def test_expected_flips_are_the_sum_of_one_minus_robustness():
+    crit = declared()
+    rows = crit.verdicts(results([2.0, -1.0], crit)) + crit.verdicts(results([3.0, -1.0, -1.5], crit))
+    m = multiplicity(rows)
+    exact = [exact_bootstrap_agreement(x, v) for x, v in (([2.0, -1.0], True), ([3.0, -1.0, -1.5], True))]
+    assert m["with_robustness"] == 2 and m["flips"] == pytest.approx(sum(1 - e for e in exact), rel=1e-12)
+    assert "would change about" in multiplicity_line(rows)
     with pytest.raises(ValueError, match="both its level and its pvalue"):
         crit("CT-e", "half a test", ">", 0.01, level=0.01)
 
