@@ -369,3 +369,117 @@ def test_no_warning_below_the_bound_or_without_softmax():
         M.predict_layers(model, "linear", bad, tasks.Z, tasks.z_q)
         M.predict_layers(model, Kernel("softmax", temperature=2.0), bad, tasks.Z, tasks.z_q)   # 1.72 / 4 < 1/2
         M.risk(model, "limit", bad, tasks)
+
+
+# ------------------------------------------------------------------ blocked attention (Transformer.block)
+#: (L, block, n_layers, n_heads): a block that does not divide L (a tail block), one that does, a block of 1
+BLOCK_CASES = [(37, 8, 2, 2), (64, 16, 2, 1), (9, 1, 1, 2)]
+
+
+def _prompts(seed, L, n=2, q=3, D=4, scale=1.0):
+    rng = np.random.default_rng(seed)
+    return scale * rng.standard_normal((n, L, D)), rng.standard_normal((n, q, D))
+
+
+@BREAKS_RATE_CONDITION
+@pytest.mark.parametrize("kern, cases", [("softmax", BLOCK_CASES), (Kernel("softmax", temperature=0.7), BLOCK_CASES[:1]),
+                                         ("relu_norm", BLOCK_CASES[:1]), ("sigmoid", BLOCK_CASES[:1])])
+def test_blocked_attention_equals_the_full_computation(kern, cases):
+    """Blocked (query and key blocks, online softmax; other kernels: sums of weights) against the
+    full ``L x L`` path: the same sums in another order, rounding ~1e-15 relative, so 1e-12
+    (module doc); read-outs after every layer and the token moments entering every layer."""
+    for i, (L, b, K, H) in enumerate(cases):
+        Z, zq = _prompts(30 + i, L)
+        full, blocked = M.Transformer(4, K, H, block=None), M.Transformer(4, K, H, block=b)
+        p = full.init(np.random.default_rng(40 + i))
+        want = M.predict_layers(full, kern, p, Z, zq, moments=True)
+        got = M.predict_layers(blocked, kern, p, Z, zq, moments=True)
+        for g, w in zip(got, want):
+            assert _rel(g, w) <= 1e-12, (L, b, K, H)
+
+
+@BREAKS_RATE_CONDITION
+def test_blocked_softmax_merges_blocks_with_their_running_max():
+    """Logits of several hundred (``exp`` overflows float64 beyond 709) with the largest logit of
+    a query in a later key block: only a correct rescaling by ``exp(m_old - m_new)`` stays finite
+    and equals the full softmax (which subtracts the maximum)."""
+    Z, zq = _prompts(50, 37, scale=1.0)
+    Z[:, 30] *= 40.0                                          # the maxima sit in the tail / a late block
+    full, blocked = M.Transformer(4, 2, 2, block=None), M.Transformer(4, 2, 2, block=8)
+    p = full.init(np.random.default_rng(51), U_scale=20.0)
+    want = M.predict_layers(full, "softmax", p, Z, zq)
+    assert np.all(np.isfinite(want))
+    assert _rel(M.predict_layers(blocked, "softmax", p, Z, zq), want) <= 1e-12
+
+
+@BREAKS_RATE_CONDITION
+@pytest.mark.parametrize("kern, kw", [("softmax", dict()), ("softmax", dict(d_k=2, residual=False)),
+                                      ("relu_norm", dict(values=False))])
+def test_blocked_attention_gradient_equals_the_full_gradient(kern, kw):
+    """``risk_and_grad`` (reverse mode through the scans, the query blocks rematerialised) equal
+    to the full path's to 1e-10 relative per parameter array (a few hundred roundings of
+    1e-16 through two layers); block 7 does not divide L = 40, and the 40 prompt tokens form
+    5 full query blocks and a tail."""
+    tasks = _tasks(seed=52, n_pairs=2, L_max=40, d=3)
+    full, blocked = M.Transformer(4, 2, 2, block=None, **kw), M.Transformer(4, 2, 2, block=7, **kw)
+    p = full.init(np.random.default_rng(53))
+    r_full, g_full = M.risk_and_grad(full, kern, p, tasks, 40)
+    r_blk, g_blk = M.risk_and_grad(blocked, kern, p, tasks, 40)
+    assert abs(r_blk - r_full) <= 1e-12 * abs(r_full)
+    for k in g_full:
+        assert _rel(g_blk[k], g_full[k]) <= 1e-10, k
+
+
+@pytest.mark.parametrize("bad", [0, -4, 2.5, 8.0, True, "512"])
+def test_block_must_be_a_positive_integer_or_none(bad):
+    with pytest.raises(ValueError, match="block must be a positive integer"):
+        M.Transformer(4, 2, 2, block=bad)
+
+
+def test_block_accepts_numpy_integers_and_none():
+    assert M.Transformer(4, block=np.int64(16)).block == 16 and type(M.Transformer(4, block=np.int64(16)).block) is int
+    assert M.Transformer(4, block=None).block is None
+    assert M.Transformer(4).block == M.transformer.BLOCK
+
+
+def _largest_intermediate(jaxpr):
+    """The largest number of elements of any value in ``jaxpr`` and its sub-jaxprs (scan and map
+    bodies, checkpointed functions)."""
+    def subjaxprs(eqn):
+        for v in eqn.params.values():
+            for x in (v if isinstance(v, (tuple, list)) else (v,)):
+                x = getattr(x, "jaxpr", x)                   # a ClosedJaxpr holds its Jaxpr
+                if hasattr(x, "eqns"):
+                    yield x
+
+    best = 0
+    for eqn in jaxpr.eqns:
+        for var in eqn.outvars:
+            best = max(best, int(np.prod(getattr(var.aval, "shape", ()))))
+        for sub in subjaxprs(eqn):
+            best = max(best, _largest_intermediate(sub))
+    return best
+
+
+@BREAKS_RATE_CONDITION
+def test_blocked_attention_never_forms_the_L_by_L_logits():
+    """Structural memory check (no process memory measured; benchmarks/deep_memory.py does that):
+    in the traced forward pass and gradient of one task at L = 96, block 16, no intermediate has
+    more than ``H b L`` elements (a query block's per-key-block residuals in the backward pass),
+    while the full path holds the ``H L^2`` logits."""
+    from sfxlin.models import transformer as T
+    from sfxlin.models._jax import jax
+
+    L, b, H = 96, 16, 2
+    tasks = _tasks(seed=54, n_pairs=1, n_queries=2, L_max=L, d=3)
+    Z, zq, yq = tasks.Z[:1], tasks.z_q[:1], tasks.y_q[:1]
+    for block, bound in ((b, H * b * L), (None, None)):
+        model = M.Transformer(4, 2, H, block=block)
+        p = model.init(np.random.default_rng(55))
+        fwd = jax.make_jaxpr(lambda pp: T._loss(pp, model, "softmax", Z, zq, yq))(p).jaxpr
+        grad = jax.make_jaxpr(jax.grad(lambda pp: T._loss(pp, model, "softmax", Z, zq, yq)))(p).jaxpr
+        sizes = _largest_intermediate(fwd), _largest_intermediate(grad)
+        if bound is None:
+            assert min(sizes) >= H * L * L
+        else:
+            assert max(sizes) <= bound < H * L * L

@@ -32,9 +32,18 @@ constant ``exp(z^T U^T Sigma_l U z)`` has a finite mean over ``z ~ N(0, Sigma_l)
 finite variance needs ``lambda < 1/4``). The finite-``L`` functions warn
 (:class:`RateConditionWarning`) when a softmax model breaks it on the prompt they are given.
 
-Cost per task, layer and head: ``O(L^2 D)`` time and ``O(L^2)`` memory for the softmax and the
-pointwise kernels (tokens attend to tokens; the last layer updates the query only, ``O(L D)``),
-``O(L D^2)`` for linear attention. Tasks are mapped in batches that keep the logits under 64 MB.
+Cost per task, layer and head: ``O(L^2 D)`` time for the softmax and the pointwise kernels
+(tokens attend to tokens; the last layer updates the query only, ``O(L D)``), ``O(L D^2)`` for
+linear attention. Memory: blocked attention (:func:`_attend_blocked`, ``Transformer.block = b``
+tokens, default :data:`BLOCK`) never forms the ``L x L`` logits when ``L > b``: the rows attend in
+query blocks of ``b`` (each rematerialised in the backward pass), each over key blocks of ``b``
+with the online softmax (running max ``m``, sum of weights ``l``, weighted sum of tokens ``o``;
+a new block merges by rescaling with ``exp(m_old - m_new)``), so the logits live ``b x b`` at a
+time. It is the same sums in another order (rounding ~1e-15 relative). Kernels with the
+generic :meth:`~sfxlin.kernels.Kernel.jax_attention` (a pointwise weight divided by its sum or
+by ``L``) are blocked the same way without the max; the others (linear: ``O(L D^2)`` already;
+``sigmoid_logL``) keep their own path. ``block=None``: the full ``L x L`` computation. Tasks are
+mapped in batches that keep the live logits (``L x L`` or ``b x b`` per head) under 64 MB.
 
 Parameters are a dict of arrays: ``U (K, H, D, D)`` (or ``W_K``, ``W_Q (K, H, d_k, D)``),
 ``V (K, H, D, D)`` (with ``values``), ``v (D,)``. Everything is float64 (JAX's x64 mode, switched
@@ -47,14 +56,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..kernels import as_kernel
+from ..kernels import Kernel, as_kernel
 from ._jax import jax, jnp
 
 __all__ = ["LINEAR_LIMIT", "Transformer", "predict", "predict_layers", "limit_layers",
            "head_lambdas", "RateConditionWarning", "LAMBDA_BOUND", "risk", "risk_and_grad", "flatten",
-           "model_data", "loss_and_grad"]
+           "model_data", "loss_and_grad", "BLOCK"]
 
 _LOGIT_BYTES = 1 << 26
+
+#: default query and key block of the blocked attention (``Transformer.block``, tokens), from a
+#: measurement at L = 4096 (benchmarks/deep_memory.py, docs/deep.md)
+BLOCK = 512
 
 #: the bound on every head's lambda (head_lambdas) below which softmax's error to the deep limit falls like 1/L
 LAMBDA_BOUND = 0.5
@@ -83,7 +96,9 @@ class Transformer:
 
     ``D`` token dimension, ``n_layers`` (``K``), ``n_heads`` (``H``), ``residual``, ``values``
     (value matrices ``V``; ``False``: ``V = I``), ``d_k`` (``None``: merged ``U``; an integer:
-    separate ``W_K``, ``W_Q`` of shape ``(d_k, D)`` per head, ``U = W_K^T W_Q``).
+    separate ``W_K``, ``W_Q`` of shape ``(d_k, D)`` per head, ``U = W_K^T W_Q``), ``block`` (how
+    the attention is computed, not what: query and key blocks of ``block`` tokens, so memory
+    ``O(block^2)`` per head instead of ``O(L^2)``; ``None``: the full ``L x L`` logits; module doc).
     """
 
     D: int
@@ -92,6 +107,7 @@ class Transformer:
     residual: bool = True
     values: bool = True
     d_k: int | None = None
+    block: int | None = BLOCK
 
     def __post_init__(self):
         _positive(self.D, "D")
@@ -99,6 +115,8 @@ class Transformer:
         _positive(self.n_heads, "n_heads")
         if self.d_k is not None:
             _positive(self.d_k, "d_k")
+        if self.block is not None:
+            object.__setattr__(self, "block", _positive(self.block, "block"))
 
     @classmethod
     def single_head(cls, D):
@@ -146,12 +164,84 @@ def _U(model, params, xp=jnp):
     return xp.einsum("khai,khaj->khij", params["W_K"], params["W_Q"])
 
 
-def _attend(kern, U, X, Z, G):
+def _attend(kern, U, X, Z, G, block=None):
     """Heads' attention of the rows of ``X (m, D)`` over the tokens ``Z (L, D)``: ``(H, m, D)``, by
-    the kernel's :meth:`~sfxlin.kernels.Kernel.jax_attention`. ``G = Z^T Z / L`` (used by linear
-    attention)."""
+    the kernel's :meth:`~sfxlin.kernels.Kernel.jax_attention`, or blocked (:func:`_attend_blocked`)
+    when ``block`` is an integer below ``L`` and the kernel is blockable. ``G = Z^T Z / L`` (used
+    by linear attention)."""
+    if block is not None and Z.shape[0] > block and _blockable(kern):
+        return _attend_blocked(kern, U, X, Z, block)
     A = jnp.einsum("hij,mj->hmi", U, X)                     # a = U x
     return kern.jax_attention(A, Z, G)
+
+
+def _blockable(kern):
+    """Softmax (online, with the running max) and the kernels with the generic pointwise
+    :meth:`~sfxlin.kernels.Kernel.jax_attention` (sums of weights and of weighted tokens)."""
+    return kern.name == "softmax" or type(kern).jax_attention is Kernel.jax_attention
+
+
+def _split(X, b):
+    """Rows of ``X (m, D)`` as ``(m // b, b, D)`` full blocks and the tail ``(m % b, D)``."""
+    n = X.shape[0] // b
+    return X[:n * b].reshape(n, b, X.shape[1]), X[n * b:]
+
+
+def _key_scan(kern, A, Z, b):
+    """Attention of the rows ``a`` of ``A (H, m, D)`` over ``Z (L, D)``, key block by key block
+    (``b`` tokens; the tail block of ``L % b`` first): ``(H, m, D)``. Softmax: the online softmax
+    of ``s / T``, carry ``(m, l, o)`` = running max (no gradient: the result does not depend on
+    it), ``sum exp(s - m)``, ``sum exp(s - m) z``; a block merges with ``exp(m_old - m_new)``.
+    Other kernels: carry ``(sum kappa(s), sum kappa(s) z)``, divided at the end by the first
+    (normalised) or by ``L``."""
+    L = Z.shape[0]
+    blocks, tail = _split(Z, b)
+    if tail.shape[0] == 0:
+        first, blocks = blocks[0], blocks[1:]
+    else:
+        first = tail
+    logits = lambda Zb: jnp.einsum("hmi,li->hml", A, Zb)  # noqa: E731
+    if kern.name == "softmax":
+        T = kern.temperature
+
+        def start(Zb):
+            S = logits(Zb) / T
+            m = jax.lax.stop_gradient(S.max(axis=-1))
+            W = jnp.exp(S - m[..., None])
+            return m, W.sum(axis=-1), W @ Zb
+
+        def step(carry, Zb):
+            m, l, o = carry
+            S = logits(Zb) / T
+            m_new = jnp.maximum(m, jax.lax.stop_gradient(S.max(axis=-1)))
+            W, c = jnp.exp(S - m_new[..., None]), jnp.exp(m - m_new)
+            return (m_new, l * c + W.sum(axis=-1), o * c[..., None] + W @ Zb), None
+
+        (_, l, o), _ = jax.lax.scan(step, start(first), blocks)
+        return o / l[..., None]
+
+    def sums(Zb):
+        W = kern.jax_weight(logits(Zb), L)
+        return W.sum(axis=-1), W @ Zb
+
+    def add(carry, Zb):
+        return jax.tree_util.tree_map(jnp.add, carry, sums(Zb)), None
+
+    (l, o), _ = jax.lax.scan(add, sums(first), blocks)
+    return o / (l[..., None] if kern.normalised else L)
+
+
+def _attend_blocked(kern, U, X, Z, b):
+    """:func:`_attend` without the ``L x m`` logits: the rows of ``X`` in query blocks of ``b``
+    (full blocks mapped, each rematerialised in the backward pass, then the tail), each over
+    the key blocks of :func:`_key_scan`. ``(H, m, D)``."""
+    one = jax.checkpoint(lambda Xb: _key_scan(kern, jnp.einsum("hij,mj->hmi", U, Xb), Z, b))
+    if X.shape[0] <= b:
+        return one(X)
+    blocks, tail = _split(X, b)
+    out = jax.lax.map(one, blocks)                           # (n, H, b, D)
+    out = jnp.moveaxis(out, 0, 1).reshape(out.shape[1], -1, out.shape[-1])
+    return jnp.concatenate([out, one(tail)], axis=1) if tail.shape[0] else out
 
 
 def _mix(model, V, O, X):
@@ -169,9 +259,9 @@ def _task_layers(model, kern, params, Z, Q, tokens):
         G = Z.T @ Z / Z.shape[0]
         moments.append(G)
         V = params["V"][l] if model.values else None
-        Q_new = _mix(model, V, _attend(kern, U[l], Q, Z, G), Q)
+        Q_new = _mix(model, V, _attend(kern, U[l], Q, Z, G, model.block), Q)
         if l + 1 < model.n_layers:
-            Z = _mix(model, V, _attend(kern, U[l], Z, Z, G), Z)
+            Z = _mix(model, V, _attend(kern, U[l], Z, Z, G, model.block), Z)
         Q = Q_new
         preds.append(Q @ params["v"])
     out = jnp.stack(preds)
@@ -179,7 +269,9 @@ def _task_layers(model, kern, params, Z, Q, tokens):
 
 
 def _batch(model, L, n):
-    return int(max(1, min(n, _LOGIT_BYTES // (8 * model.n_heads * L * L))))
+    """Tasks per batch: the live logits of one task are ``H L^2`` (``H block^2`` when blocked)."""
+    e = L if model.block is None else min(L, model.block)
+    return int(max(1, min(n, _LOGIT_BYTES // (8 * model.n_heads * e * e))))
 
 
 def _layers(model, kern, params, Z, z_q, tokens=False):
