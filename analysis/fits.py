@@ -444,29 +444,29 @@ def _cell_fits(da: xr.DataArray, dim: str, xvals: np.ndarray, name, *, units: tu
         da = da.chunk({dim: -1, **{u: -1 for u in units}})
         cell = cell.chunk({d: da.chunksizes[d] for d in other})
 
+    def first_bad(bad: np.ndarray, cell_id) -> tuple[int, str] | None:
+        """The first position along ``dim`` flagged in ``bad`` and its labels, or None."""
+        if not bad.any():
+            return None
+        i = int(np.argmax(bad))
+        where = _locate(labels, np.unravel_index(int(cell_id), shape)) if shape else ""
+        return i, f"{dim}={_format_coord(xvals[i])}" + (f", {where}" if where else "")
+
     def fit_cell(y: np.ndarray, cell_id: np.ndarray) -> tuple[float, ...]:
         if units:
             y = y.reshape(y.shape[0], -1)
             with np.errstate(all="ignore"):
                 ybar = y.mean(axis=1)
-            bad = ~(np.all(np.isfinite(y), axis=1) & (ybar > 0))
-            if bad.any():
-                i = int(np.argmax(bad))
-                where = _locate(labels, np.unravel_index(int(cell_id), shape)) if shape else ""
-                where = f"{dim}={_format_coord(xvals[i])}" + (f", {where}" if where else "")
+            found = first_bad(~(np.all(np.isfinite(y), axis=1) & (ybar > 0)), cell_id)
+            if found:
                 raise ValueError(
                     f"loglog_slope: {name} must be finite with a positive mean over {', '.join(units)} to take "
-                    f"the log of that mean; found mean {float(ybar[i]):g} at {where}")
+                    f"the log of that mean; found mean {float(ybar[found[0]]):g} at {found[1]}")
             return clustered_loglog_np(logx, y, cov_type=cov_type, alpha=alpha, test_slope=test)
-        bad = ~(np.isfinite(y) & (y > 0))
-        if bad.any():
-            i = int(np.argmax(bad))
-            where = _locate(labels, np.unravel_index(int(cell_id), shape)) if shape else ""
-            where = f"{dim}={_format_coord(xvals[i])}" + (f", {where}" if where else "")
-            raise ValueError(
-                f"loglog_slope: {name} must be positive and finite to take its log; "
-                f"found {name}={float(y[i]):g} at {where}"
-            )
+        found = first_bad(~(np.isfinite(y) & (y > 0)), cell_id)
+        if found:
+            raise ValueError(f"loglog_slope: {name} must be positive and finite to take its log; "
+                             f"found {name}={float(y[found[0]]):g} at {found[1]}")
         return ols_line_np(logx, np.log(y), cov_type=cov_type, alpha=alpha, test_slope=test)
 
     logx = np.log(xvals)

@@ -59,26 +59,24 @@ BENCHES = {"c1": "sfxlin.benchmarks.c1:bench_c1", "c3": "sfxlin.benchmarks.c3:be
 FAILED = 1
 
 
-def _positive_int(text):
-    """argparse type of ``--workers``: refused with the usage line, before any work starts."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def _int_at_least(low: int, what: str):
+    """An argparse type: an integer >= ``low``, refused with the usage line before any work starts."""
+
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _non_negative_int(text):
-    """argparse type of ``--resamples``."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
+#: ``--workers``, ``--steps``, ``--heldout-every``; ``--resamples``
+_positive_int = _int_at_least(1, "a positive integer")
+_non_negative_int = _int_at_least(0, "an integer >= 0")
 
 
 def _file_stem(text):

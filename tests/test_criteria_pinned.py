@@ -247,74 +247,44 @@ def test_pipeline_criteria_equal_the_pinned_table(name):
         assert c["reason"], f"{c['id']}: every criterion says why its threshold is set where it is"
 
 
-@pytest.mark.parametrize("name", sorted(PINNED_QUICK_C3))
-def test_c3_quick_calibration_equals_the_pinned_table(name):
-    """Each C3 criterion's quick calibration as build() stores it: a bound of the criterion's kind, or
-    NOT JUDGED with a reason; read back from the file attribute, a quick file is judged by it."""
+PINNED_QUICK = {**PINNED_QUICK_C1, **PINNED_QUICK_C2, **PINNED_QUICK_C3}
+
+
+def _quick_form(quick):
+    """A stored quick calibration as pinned: NOT_JUDGED_AT_QUICK, an interval as a tuple, a bound, or None."""
+    return NOT_JUDGED_AT_QUICK if isinstance(quick, dict) else tuple(quick) if isinstance(quick, list) else quick
+
+
+def test_every_experiment_pins_its_quick_calibration():
+    assert set(PINNED_QUICK) == set(PINNED)
+
+
+@pytest.mark.parametrize("name", sorted(PINNED_QUICK))
+def test_quick_calibration_equals_the_pinned_table(name):
+    """Each criterion's quick calibration as build() stores it: a bound of the criterion's kind, NOT
+    JUDGED with a reason, or none (a criterion of profile "any", judged alike at every profile); read
+    back from the file attribute, a quick file is judged by it and a paper file by the pinned paper
+    threshold."""
     from sfxlin.analysis.verdicts import NotJudged
 
     criteria = _stored(name)
-    got = [(c["id"], NOT_JUDGED_AT_QUICK if isinstance(c.get("quick"), dict) else c.get("quick")) for c in criteria]
-    assert got == PINNED_QUICK_C3[name]
+    assert [(c["id"], _quick_form(c.get("quick"))) for c in criteria] == PINNED_QUICK[name]
     for c in criteria:
-        if isinstance(c["quick"], dict):
-            assert set(c["quick"]) == {"not_judged"} and c["quick"]["not_judged"], c["id"]
+        quick = c.get("quick")
+        if isinstance(quick, dict):
+            assert set(quick) == {"not_judged"} and quick["not_judged"], c["id"]
+        elif quick is None:
+            assert c["profile"] == "any", c["id"]
         else:
-            assert type(c["quick"]) in (int, float), c["id"]
+            bound = quick if isinstance(quick, list) else [quick]
+            assert all(type(x) in (int, float) for x in bound), c["id"]
     read = criteria_from_attrs(xr.Dataset(attrs={"criteria": json.dumps(criteria)}))
-    for crit, (cid, quick) in zip(read, PINNED_QUICK_C3[name]):
-        judged = crit.for_profile("quick")
-        if quick == NOT_JUDGED_AT_QUICK:
-            assert isinstance(judged, NotJudged) and judged.reason, cid
-        else:
-            assert (judged.kind, judged.threshold) == (crit.kind, quick), cid
-        assert crit.for_profile("paper") is crit
-
-
-@pytest.mark.parametrize("name", sorted(PINNED_QUICK_C1))
-def test_c1_quick_calibration_equals_the_pinned_table(name):
-    """Each C1 criterion's quick calibration as build() stores it (a bound of the criterion's kind, NOT
-    JUDGED with a reason, or none for a criterion of profile "any"); read back from the file attribute,
-    a quick file is judged by it and a paper file by the pinned paper threshold."""
-    from sfxlin.analysis.verdicts import NotJudged
-
-    def pinned_form(quick):
-        return NOT_JUDGED_AT_QUICK if isinstance(quick, dict) else tuple(quick) if isinstance(quick, list) else quick
-
-    criteria = _stored(name)
-    assert [(c["id"], pinned_form(c.get("quick"))) for c in criteria] == PINNED_QUICK_C1[name]
-    for c in criteria:
-        assert (c.get("quick") is None) == (c["profile"] == "any"), c["id"]
-        if isinstance(c.get("quick"), dict):
-            assert set(c["quick"]) == {"not_judged"} and c["quick"]["not_judged"], c["id"]
-    read = criteria_from_attrs(xr.Dataset(attrs={"criteria": json.dumps(criteria)}))
-    for crit, (cid, quick) in zip(read, PINNED_QUICK_C1[name]):
+    for crit, (cid, quick) in zip(read, PINNED_QUICK[name]):
         judged = crit.for_profile("quick")
         if quick == NOT_JUDGED_AT_QUICK:
             assert isinstance(judged, NotJudged) and judged.reason, cid
         else:
             assert (judged.kind, judged.threshold) == (crit.kind, crit.threshold if quick is None else quick), cid
-        assert crit.for_profile("paper") is crit
-
-
-@pytest.mark.parametrize("name", sorted(PINNED_QUICK_C2))
-def test_c2_quick_calibration_equals_the_pinned_table(name):
-    """Each C2 criterion's quick calibration as build() stores it: a bound of the criterion's kind, or
-    NOT JUDGED with a reason; read back from the file attribute, a quick file is judged by it and a
-    paper file by the pinned paper threshold."""
-    from sfxlin.analysis.verdicts import NotJudged
-
-    criteria = _stored(name)
-    got = [(c["id"], NOT_JUDGED_AT_QUICK if isinstance(c.get("quick"), dict) else
-            tuple(c["quick"]) if isinstance(c.get("quick"), list) else c.get("quick")) for c in criteria]
-    assert got == PINNED_QUICK_C2[name]
-    read = criteria_from_attrs(xr.Dataset(attrs={"criteria": json.dumps(criteria)}))
-    for crit, (cid, quick) in zip(read, PINNED_QUICK_C2[name]):
-        judged = crit.for_profile("quick")
-        if quick == NOT_JUDGED_AT_QUICK:
-            assert isinstance(judged, NotJudged) and judged.reason, cid
-        else:
-            assert (judged.kind, judged.threshold) == (crit.kind, quick), cid
         assert crit.for_profile("paper") is crit
 
 
