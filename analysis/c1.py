@@ -15,7 +15,7 @@ import json
 import numpy as np
 import xarray as xr
 
-from .fits import MIN_LINE_POINTS, loglog_slope, paper_form_fit, too_few
+from .fits import MIN_LINE_POINTS, loglog_slope, loglog_slopes_np, paper_form_fit, too_few
 from .tables import column, make_table
 from .verdicts import Criteria, Inconclusive, NotJudged, measure_unless
 
@@ -110,14 +110,6 @@ def _quadrature(a):
     return float(np.max(a.ds.quadrature_error.values))
 
 
-def _loglog_slope_np(y, L):
-    """OLS slope of log y on log L along the last axis (NaN where y is not positive)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        logy = np.log(y)
-    x = np.log(L) - np.log(L).mean()
-    return logy @ x / (x @ x)
-
-
 @CRITERIA("C1-slopes", "log-log slope of E||f_L - f_inf||^2 in L, Gaussian tokens, every (d, U_norm)", "in",
           (-1.1, -0.9), reference="-0.982 .. -1.027",
           reason="the error is O(1/L) (delta method); +-0.1 covers pre-asymptotic curvature and Monte Carlo noise",
@@ -126,7 +118,7 @@ def _loglog_slope_np(y, L):
           quick=(-1.5, -0.5))
 def _slopes(a):
     # the slope of slopes(ds) (the seed-mean line), without its SE: tests/test_c1_pipeline.py checks they agree
-    return measure_unless(a.few_L, lambda: _loglog_slope_np(a.gauss, a.L).ravel())
+    return measure_unless(a.few_L, lambda: loglog_slopes_np(a.gauss, a.L).ravel())
 
 
 @CRITERIA("C1-monotone", "settings whose seed-mean error decreases at every L step (fraction)", ">=", 1.0,

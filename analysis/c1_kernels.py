@@ -19,7 +19,7 @@ import xarray as xr
 import math
 
 from .c1 import se_note
-from .fits import MIN_LINE_POINTS, loglog_slope, too_few
+from .fits import MIN_LINE_POINTS, loglog_slope, loglog_slopes_np, too_few
 from .tables import column, make_table
 from .verdicts import Criteria, Inconclusive, measure_unless
 
@@ -120,16 +120,6 @@ def _values(da: xr.DataArray, *dims) -> np.ndarray:
     return np.transpose(da.values, [da.dims.index(d) for d in dims])
 
 
-def _loglog_slope_np(y, x):
-    """OLS slope of log y on log x along the last axis (NaN where y is not positive): the slope of
-    :func:`~.fits.loglog_slope`, without its SE."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        logy = np.log(y)
-    lx = np.log(np.asarray(x, dtype=float))
-    lx = lx - lx.mean()
-    return logy @ lx / (lx @ lx)
-
-
 class _Arrays:
     """What the criteria read, as numpy arrays taken once per file (and per resample of its units:
     every verdict's robustness reruns the measures 100 times, so they avoid xarray's per-call
@@ -149,7 +139,7 @@ class _Arrays:
     def rf_slopes(self, s2):
         """The slopes in m at the rf_sigma2 values ``s2``, as :func:`rf_slopes` gives them."""
         rows = [int(np.flatnonzero(self.rf_sigma2 == v)[0]) for v in s2]
-        return _loglog_slope_np(self.rf_err[rows], self.ds.rf_m.values)
+        return loglog_slopes_np(self.rf_err[rows], self.ds.rf_m.values)
 
     def gain_z(self):
         """:func:`gain_z`, (kernel, r) flattened."""
@@ -211,7 +201,7 @@ def _stein_kinked(a):
                     "and -0.910"))
 def _slopes(a):
     # the slopes of slopes(ds), without their SEs (tests/test_c1_kernels.py checks they agree)
-    return measure_unless(a.few_L, lambda: _loglog_slope_np(a.err, a.L).ravel())
+    return measure_unless(a.few_L, lambda: loglog_slopes_np(a.err, a.L).ravel())
 
 
 @CRITERIA("C1K-sharp-constant", "mse / predicted mse at the largest L (exact or delta method), every kernel "

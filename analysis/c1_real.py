@@ -15,7 +15,7 @@ import numpy as np
 import xarray as xr
 
 from .c1 import se_note
-from .fits import MIN_LINE_POINTS, loglog_slope, too_few
+from .fits import MIN_LINE_POINTS, loglog_slope, loglog_slopes_np, too_few
 from .tables import column, make_table
 from .verdicts import Criteria, Inconclusive, measure_unless
 
@@ -129,15 +129,6 @@ CRITERIA = Criteria("C1", prepare=_Arrays, units=UNITS)
 #: beyond the replicate range: a correct install FAILs none, a wrong limit or surrogate moves the figures by O(1).
 
 
-def _loglog_slope_np(y, x):
-    """OLS slope of log y on log x along the last axis (NaN where y is not positive)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        logy = np.log(y)
-    lx = np.log(np.asarray(x, dtype=float))
-    lx = lx - lx.mean()
-    return logy @ lx / (lx @ lx)
-
-
 @CRITERIA("C1R-slopes", "log-log slope in L of the error to the exact empirical limit, every (dataset, D, U_norm) "
           "with weight_ratio <= 1.25", "in", (-1.1, -0.9), reference="-1 (law of large numbers)",
           reason="tokens i.i.d. from the empirical law: the error is tr C / L + O(1/L^2) (delta method) once the "
@@ -148,7 +139,7 @@ def _loglog_slope_np(y, x):
           quick=(-1.35, -0.65))
 def _slopes(a):
     # the slope of slopes(ds), without its SE (tests/test_c1_real.py checks they agree)
-    return measure_unless(a.few_L, lambda: a.in_regime(_loglog_slope_np(a.mse.mean(axis=-1), a.ds.L.values)))
+    return measure_unless(a.few_L, lambda: a.in_regime(loglog_slopes_np(a.mse.mean(axis=-1), a.ds.L.values)))
 
 
 @CRITERIA("C1R-sharp-constant", "mse / (tr C_mu / L) at the largest L, every (dataset, D, U_norm) with weight_ratio "

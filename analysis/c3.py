@@ -41,7 +41,7 @@ from dataclasses import replace
 import numpy as np
 import xarray as xr
 
-from .fits import MIN_LINE_POINTS, loglog_slope, too_few
+from .fits import MIN_LINE_POINTS, loglog_slope, loglog_slopes_np, too_few
 from .tables import column, make_table
 from .verdicts import FAIL, PASS, RESAMPLES, Criteria, Inconclusive, NotJudged, Shared, measure_unless
 
@@ -257,8 +257,7 @@ def _ols_slopes(y, L, what):
     y = np.asarray(y, dtype=float)
     if not np.all(np.isfinite(y) & (y > 0)):
         return Inconclusive(f"{what} must be positive and finite for a log-log slope; found {np.min(y):g}")
-    x = np.log(L) - np.log(L).mean()
-    return (np.log(y) * x).sum(axis=-1) / (x * x).sum()
+    return loglog_slopes_np(y, L)
 
 
 def _no_run(runs, settings):

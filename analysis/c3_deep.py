@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from .fits import MIN_LINE_POINTS, loglog_slope, not_fitted, too_few
+from .fits import MIN_LINE_POINTS, loglog_slope, loglog_slopes_np, not_fitted, too_few
 from .tables import column, make_table
 from .verdicts import Criteria, Inconclusive, NotJudged, Shared, measure_unless
 
@@ -122,9 +122,7 @@ def _ols_slopes(y, x, what):
     y = np.asarray(y, dtype=float)
     if not np.all(np.isfinite(y) & (y > 0)):
         return Inconclusive(f"{what} must be positive and finite for a log-log slope; found {np.min(y):g}")
-    lx = np.log(np.asarray(x, dtype=float))
-    lx = lx - lx.mean()
-    return ((np.log(y) * lx).sum(axis=-1) / (lx * lx).sum()).ravel()
+    return loglog_slopes_np(y, x).ravel()
 
 
 def _a_curves(ds, var):

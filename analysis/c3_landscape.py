@@ -28,7 +28,7 @@ from dataclasses import replace
 import numpy as np
 import xarray as xr
 
-from .fits import MIN_LINE_POINTS, loglog_slope, too_few
+from .fits import MIN_LINE_POINTS, loglog_slope, loglog_slopes_np, too_few
 from .tables import column, make_table
 from .verdicts import FAIL, PASS, RESAMPLES, Criteria, Inconclusive, NotJudged, Shared, measure_unless
 
@@ -150,12 +150,6 @@ def _curves(ds) -> dict:
             "L": ds.L.values.astype(float)}
 
 
-def _ols_slopes(y, L):
-    """OLS slope of ``log y`` on ``log L`` along the last axis (the point estimate of :func:`fits.loglog_slope`)."""
-    x = np.log(L) - np.log(L).mean()
-    return (np.log(y) * x).sum(axis=-1) / (x * x).sum()
-
-
 def _at(c, which, a):
     """``a`` (dims ``(covariance, noise, d, mean_norm, ...)``) at the centred or shifted settings, flattened."""
     keep = c["mean_norm"] == 0 if which == "centred" else c["mean_norm"] > 0
@@ -171,7 +165,7 @@ def _slope_of(sh, which, name, tail=False):
     if not np.all(np.isfinite(y) & (y > 0)):
         return Inconclusive(f"the seed-mean {name} must be positive and finite for a log-log slope; "
                             f"found {np.min(y):g}")
-    return _ols_slopes(y, c["L"][-TAIL_POINTS:] if tail else c["L"]).ravel()
+    return loglog_slopes_np(y, c["L"][-TAIL_POINTS:] if tail else c["L"]).ravel()
 
 
 @CRITERIA("C3L-risk-slope", "log-log slope in L of the final held-out excess risk of softmax(L) over the Bayes floor "

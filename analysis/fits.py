@@ -32,6 +32,7 @@ __all__ = [
     "check_cov_type",
     "clustered_loglog_np",
     "loglog_slope",
+    "loglog_slopes_np",
     "not_fitted",
     "ols_line_np",
     "paper_form_fit",
@@ -209,6 +210,17 @@ def ols_line_np(
         float(pvals[1]),
         t_p,
     )
+
+
+def loglog_slopes_np(y, x) -> np.ndarray:
+    """OLS slope of ``log y`` on ``log x`` along the last axis of ``y``: the point estimate of
+    :func:`loglog_slope` without its SE, vectorised over the other axes (what the criteria's
+    measures read on every resample of the units). NaN where a ``y`` is not positive."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logy = np.log(np.asarray(y, dtype=np.float64))
+    lx = np.log(np.asarray(x, dtype=np.float64))
+    lx = lx - lx.mean()
+    return logy @ lx / (lx @ lx)
 
 
 def _exact_cluster_line(res, params, bse, pvals, ci, t_p, test_slope):
