@@ -19,9 +19,9 @@ How the gap is computed (exact maths, float64, organised for speed): the labels 
 needed (``sum p``, ``sum p z``, ``sum p z z^T``) is a linear image of the moments of the token
 features ``[1, x, x_i x_j (i <= j)]``. Antithetic partners share their covariates, so the features
 are computed once per pair (and the logits too while ``U[d, :d] == 0`` exactly, when partners have
-identical logits). Nested prompts: the tokens are split into blocks ``[L_{b-1}, L_b)``; each block's
-moments are computed once with its own max-shift, and the prefix moments of every ``L`` are
-combined from the blocks with the online-softmax rescaling ``exp(max_b - running max)``, so no
+identical logits). Nested prompts: the moments of every ``L`` come from the package's one
+softmax-moments core (:mod:`sfxlin.softmax_core`): each block ``[L_{b-1}, L_b)`` of tokens is
+shifted by its own max and the prefixes are merged with the online-softmax rescaling, so no
 normaliser can under- or overflow. Pure numpy.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ import math
 
 import numpy as np
 
-from . import icl, laws
+from . import icl, laws, softmax_core
 from .training import checkpoint_steps, train, train_all_arrays, validate_Ls
 from .validation import as_sigma
 
@@ -43,12 +43,6 @@ TRAINERS = ("pairs", "simple")
 #: keys of the dict returned by :func:`gradient_gap_trajectory`.
 TRAJECTORY_KEYS = ("t", "L", "g", "g_risk", "risk_inf", "dist_bayes", "U_inf", "v_inf", "logit_factor")
 
-# bytes of logits per (pair chunk x block) batch: keeps the exp/matmul working set in cache
-_CHUNK_BYTES = 1 << 20
-# largest M*N*K of one BLAS product: OpenBLAS runs smaller gemm calls single-threaded (its threshold
-# is 4 * 65536); threaded gemm inside dask worker threads oversubscribes the cores and was measured
-# 5-15x slower on a loaded 2-core machine
-_GEMM_MNK = 200_000
 
 
 # --------------------------------------------------------------------------- concentration constant
@@ -146,51 +140,6 @@ def _features(X):
     return np.concatenate([np.ones(X.shape[:-1] + (1,)), X, X[..., iu[0]] * X[..., iu[1]]], axis=-1)
 
 
-def _prefix_moments(Bc, XT, Phi, edges, chunk_bytes=None, gemm_mnk=None):
-    """Normalised softmax moments of every nested prompt.
-
-    ``Bc (p, C, d)`` logit coefficients (``logit_k = x_k . b``) of ``C`` columns per group,
-    ``XT (p, d, L_max)``, ``Phi (p, L_max, nf)`` features, ``edges = (0, L_1, ..., L_nL)``.
-    Returns ``(p, C, nL, nf - 1)``: ``E_p[phi_1..]`` (feature 0 is the constant 1). Each block
-    ``[L_{b-1}, L_b)`` is shifted by its own max; prefixes combine blocks with the weights
-    ``exp(max_b - running max)`` (online softmax), so every normaliser is >= 1.
-
-    Columns are split into chunks of ``cc`` so that each BLAS product (``cc x tok x nf``) stays
-    below ``gemm_mnk``, and groups into chunks whose logits fit in ``chunk_bytes`` (defaults: the
-    module constants ``_GEMM_MNK`` and ``_CHUNK_BYTES``).
-    """
-    chunk_bytes = _CHUNK_BYTES if chunk_bytes is None else chunk_bytes
-    gemm_mnk = _GEMM_MNK if gemm_mnk is None else gemm_mnk
-    p, C, d = Bc.shape
-    nb = len(edges) - 1
-    nf = Phi.shape[-1]
-    Mb = np.empty((nb, p, C, nf))
-    bm = np.empty((nb, p, C))
-    for b in range(nb):
-        lo, hi = edges[b], edges[b + 1]
-        tok = hi - lo
-        cc = int(max(1, min(C, gemm_mnk // (tok * max(nf, d)))))   # columns per BLAS call
-        k = -(-C // cc)
-        Bk = Bc if k * cc == C else np.concatenate([Bc, np.zeros((p, k * cc - C, d))], axis=1)
-        Bk = Bk.reshape(p, k, cc, d)
-        pc = int(max(1, min(p, chunk_bytes // (8 * k * cc * tok))))  # groups per cache-sized chunk
-        for s in range(0, p, pc):
-            e = min(p, s + pc)
-            S = Bk[s:e] @ XT[s:e, None, :, lo:hi]                     # (pc, k, cc, tok)
-            m = S.max(axis=-1)
-            S -= m[..., None]
-            np.exp(S, out=S)
-            M = S @ Phi[s:e, None, lo:hi, :]                          # (pc, k, cc, nf)
-            Mb[b, s:e] = M.reshape(e - s, k * cc, nf)[:, :C]
-            bm[b, s:e] = m.reshape(e - s, k * cc)[:, :C]
-    rm = np.maximum.accumulate(bm, axis=0)                         # running max per prefix
-    tri = np.tril(np.ones((nb, nb), dtype=bool))                   # [prefix B, block b]: b <= B
-    expo = np.where(tri[:, :, None, None], bm[None] - rm[:, None], -np.inf)
-    W = np.exp(expo)                                               # (B, b, p, C), <= 1
-    P = np.einsum("Bbpc,bpcf->pcBf", W, Mb)
-    return P[..., 1:] / P[..., :1]
-
-
 def _group_size(tasks):
     return 2 if tasks.paired else 1
 
@@ -214,7 +163,8 @@ def _softmax_moments_all(U, tasks, XT, Phi, Ls):
     # columns per pair: (t, partner, query)
     Bfull = b.reshape(nt, npair, g, q, d)[:, :, :ge]                 # (t, npair, ge, q, d)
     Bp = np.ascontiguousarray(Bfull.transpose(1, 0, 2, 3, 4)).reshape(npair, nt * ge * q, d)
-    out = _prefix_moments(Bp, XT, Phi, edges).reshape(npair, nt, ge, q, nL, -1)
+    _, P = softmax_core.prefix_moments(np.swapaxes(Phi, 1, 2), edges, A=Bp, X=XT)   # (nL, npair, C, nf)
+    out = softmax_core.normalised(P).transpose(1, 2, 0, 3).reshape(npair, nt, ge, q, nL, -1)
     if ge != g:
         out = np.broadcast_to(out, (npair, nt, g, q, nL, out.shape[-1]))
     out = out.transpose(1, 0, 2, 3, 4, 5).reshape(nt, n, q, nL, -1)  # (t, n, q, L, nf - 1)

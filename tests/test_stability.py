@@ -4,7 +4,7 @@ constant against Monte Carlo."""
 import numpy as np
 import pytest
 
-from sfxlin import icl, laws, stability
+from sfxlin import icl, laws, softmax_core, stability
 from sfxlin.training import train, train_all_arrays
 
 
@@ -54,8 +54,8 @@ def test_gap_matches_naive_loops(block, monkeypatch):
         U[:, d, :d] = 0.0   # partners then have identical logits: evaluated once
     Ls = [3, 17, 40, 96]
     # tiny BLAS and cache budgets force column padding and several chunks of pairs
-    monkeypatch.setattr(stability, "_GEMM_MNK", 7 * 60)
-    monkeypatch.setattr(stability, "_CHUNK_BYTES", 2000)
+    monkeypatch.setattr(softmax_core, "GEMM_MNK", 7 * 60)
+    monkeypatch.setattr(softmax_core, "CACHE_BYTES", 2000)
     got = stability.gradient_gap(U, v, tasks, prompts, Ls, kind="both", t_chunk=2)
     task, risk = _naive_gaps(U, v, tasks, prompts, Ls, Sigma)
     np.testing.assert_allclose(got["task"], task, rtol=1e-10)

@@ -1,0 +1,176 @@
+"""The one softmax-moments core: un-normalised moments of softmax weights over nested prompts.
+
+Every softmax in the package (attention at nested prompt lengths, the kernels' prefix
+evaluations, the C3 training engine, the C2 gradient gap, the off-block curvature, the per-L
+risk and gradient, and the exact tilted mean of an empirical law) is one computation:
+
+    groups ``g`` share their tokens ``t``; column ``c`` of a group has the logits
+    ``s[g, c, t] = A[g, c] . X[g, :, t]`` (or given logits ``s``) and the caller's features
+    ``phi[g, :, t]``; the tokens are split into the blocks ``[L_{b-1}, L_b)`` of the nested
+    prompt lengths ``edges = (0, L_1, ..., L_n)``; then
+
+        block sums    S_b[g, c] = sum_{t in block b} exp(s[g, c, t] - m_b[g, c]) phi[g, :, t],
+        prefix sums   P_B[g, c] = sum_{b <= B} exp(m_b - M_B) S_b,   M_B = max_{b <= B} m_b,
+
+    ``m_b`` the block's largest logit (online softmax: every exponent is <= 0, every normaliser
+    >= 1), or 0 when the caller has already shifted the logits (``shifted=True``: a carried
+    shift folded into ``A`` as the coefficient of a constant feature, so the products are the
+    only pass over the tokens).
+
+The normalised moments are ``P_B[..., f] / P_B[..., 0]`` when ``phi[0] = 1``.
+
+How it is computed (float64, numpy): per block, the logits of a chunk of groups are one batched
+matrix product, exponentiated in place, and the moments a second product with the features.
+Chunks are sized so that their logits fit in ``cache_bytes``; a block too long for that is split
+into token sub-blocks merged with the same online rule. Columns are split so that no single BLAS
+product exceeds ``gemm_mnk`` (OpenBLAS runs smaller products on one thread). The split of a
+block depends only on its column count, token count and feature counts, never on the chunk of
+groups: a group's bits are the same whatever the number of groups around it.
+
+Columns that need only the first prompts (``reach[c]``: the last block column ``c`` needs; the
+C3 engine, whose parameters differ per prompt length) are skipped beyond it: ``reach`` must be
+non-decreasing, so that the columns active in block ``b`` are a suffix. A column's prefix sums
+past its reach stay those of its reach.
+
+Why numpy and not a compiled kernel: measured side by side in one run (docs/performance.md,
+section 9), a numba kernel fusing logits, an exponential and the moments in one pass reaches
+1.35x this core's speed only when specialised to one feature count, and none when generic; it
+would add a compiler and a compile per process for that.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["prefix_moments", "block_sums", "merge_prefixes", "normalised"]
+
+#: bytes of logits per batched product (keeps the exp / product working set in cache)
+CACHE_BYTES = 1 << 20
+#: largest M * N * K of one BLAS product: OpenBLAS runs smaller products single-threaded
+GEMM_MNK = 200_000
+
+
+def _buffer(work, shape):
+    """A float64 array of ``shape`` from the caller's workspace ``work`` (a dict), reused across
+    calls of the same shape; a new array when ``work`` is None."""
+    if work is None:
+        return np.empty(shape)
+    buf = work.get(shape)
+    if buf is None:
+        buf = work[shape] = np.empty(shape)
+    return buf
+
+
+def _check(phi, edges, A, X, logits, reach):
+    phi = np.asarray(phi, dtype=float)
+    if phi.ndim != 3:
+        raise ValueError(f"phi must be (groups, features, tokens), got shape {phi.shape}")
+    G, F, T = phi.shape
+    edges = np.asarray(edges, dtype=np.int64)
+    if edges.ndim != 1 or edges.size < 2 or edges[0] != 0 or np.any(np.diff(edges) <= 0) or edges[-1] > T:
+        raise ValueError(f"edges must be (0, L_1, ..., L_n) strictly increasing up to {T} tokens, got {edges.tolist()}")
+    if (logits is None) == (A is None):
+        raise ValueError("give either the logits or their coefficients A with features X")
+    if logits is not None:
+        logits = np.asarray(logits, dtype=float)
+        if logits.ndim != 3 or logits.shape[0] != G or logits.shape[2] < edges[-1]:
+            raise ValueError(f"logits must be ({G}, columns, >= {edges[-1]}), got {logits.shape}")
+        C = logits.shape[1]
+    else:
+        A, X = np.asarray(A, dtype=float), np.asarray(X, dtype=float)
+        if A.ndim != 3 or A.shape[0] != G or X.ndim != 3 or X.shape[:2] != (G, A.shape[2]) or X.shape[2] < edges[-1]:
+            raise ValueError(f"A must be ({G}, columns, K) and X ({G}, K, >= {edges[-1]}), got {A.shape}, {X.shape}")
+        C = A.shape[1]
+    nb = edges.size - 1
+    if reach is None:
+        first = np.zeros(nb, dtype=np.int64)
+    else:
+        reach = np.asarray(reach)
+        if reach.shape != (C,) or np.any(np.diff(reach) < 0) or reach.min() < 0 or reach.max() >= nb:
+            raise ValueError(f"reach must be {C} non-decreasing block indices in [0, {nb}), got {reach!r}")
+        first = np.searchsorted(reach, np.arange(nb), side="left")
+    return phi, edges, A, X, logits, C, first
+
+
+def block_sums(phi, edges, *, A=None, X=None, logits=None, reach=None, shifted=False,
+               cache_bytes=None, gemm_mnk=None, work=None):
+    """Per-block softmax sums: ``(m (nb, G, C), S (nb, G, C, F))`` (see the module doc).
+
+    ``phi (G, F, T)`` features; logits from ``A (G, C, K)`` and ``X (G, K, T)`` or given as
+    ``logits (G, C, T)``; ``edges = (0, L_1, ..., L_n)``; ``reach (C,)`` optional; ``shifted``:
+    exponentiate the logits as given (``m = 0``) instead of shifting each block by its max.
+    Inactive (column, block) entries have ``m = -inf`` and ``S = 0``. ``work``: a dict the caller
+    keeps to reuse the buffers across calls."""
+    phi, edges, A, X, logits, C, first = _check(phi, edges, A, X, logits, reach)
+    cache_bytes = CACHE_BYTES if cache_bytes is None else int(cache_bytes)
+    gemm_mnk = GEMM_MNK if gemm_mnk is None else int(gemm_mnk)
+    G, F, _ = phi.shape
+    K = 0 if A is None else A.shape[2]
+    nb = edges.size - 1
+    m = np.full((nb, G, C), -np.inf)
+    S = np.zeros((nb, G, C, F))
+    for b in range(nb):
+        c0 = int(first[b])
+        if c0 == C:
+            continue
+        lo, hi = int(edges[b]), int(edges[b + 1])
+        Cb = C - c0
+        step = int(max(1, min(hi - lo, cache_bytes // (8 * Cb))))                 # tokens per sub-block
+        cc = int(max(1, min(Cb, gemm_mnk // (step * max(F, K, 1)))))             # columns per product
+        gc = int(max(1, min(G, cache_bytes // (8 * cc * step))))                 # groups per chunk
+        for t0 in range(lo, hi, step):
+            t1 = min(hi, t0 + step)
+            for j0 in range(c0, C, cc):
+                j1 = min(C, j0 + cc)
+                for g0 in range(0, G, gc):
+                    g1 = min(G, g0 + gc)
+                    s = _buffer(work, (g1 - g0, j1 - j0, t1 - t0))
+                    if logits is None:
+                        np.matmul(A[g0:g1, j0:j1], X[g0:g1, :, t0:t1], out=s)
+                    else:
+                        s[...] = logits[g0:g1, j0:j1, t0:t1]
+                    if shifted:
+                        mx = np.zeros(s.shape[:2])
+                    else:
+                        mx = s.max(axis=-1)
+                        s -= mx[..., None]
+                    np.exp(s, out=s)
+                    part = s @ np.swapaxes(phi[g0:g1, :, t0:t1], 1, 2)           # (gc, cc, F)
+                    old_m, old_S = m[b, g0:g1, j0:j1], S[b, g0:g1, j0:j1]
+                    if t0 == lo or shifted:
+                        if t0 == lo:
+                            old_m[...] = mx
+                            old_S[...] = part
+                        else:
+                            old_S += part
+                    else:                                                      # online merge
+                        new = np.maximum(old_m, mx)
+                        old_S *= np.exp(old_m - new)[..., None]
+                        old_S += part * np.exp(mx - new)[..., None]
+                        old_m[...] = new
+    return m, S
+
+
+def merge_prefixes(m, S):
+    """Prefix sums from block sums (online softmax over the blocks): ``(M (nb, ...), P (nb, ..., F))``
+    with ``M_B = max_{b <= B} m_b`` and ``P_B = sum_{b <= B} exp(m_b - M_B) S_b``, computed by the
+    running rule ``P_B = exp(M_{B-1} - M_B) P_{B-1} + exp(m_B - M_B) S_B``. Blocks with
+    ``m = -inf`` (inactive) add nothing."""
+    M = np.maximum.accumulate(m, axis=0)
+    P = np.empty_like(S)
+    P[0] = S[0]
+    for B in range(1, m.shape[0]):
+        old = np.exp(M[B - 1] - M[B])
+        new = np.exp(m[B] - M[B])
+        P[B] = P[B - 1] * old[..., None] + S[B] * new[..., None]
+    return M, P
+
+
+def prefix_moments(phi, edges, **kw):
+    """``(M (nb, G, C), P (nb, G, C, F))``: the running max logit and the un-normalised softmax
+    sums of every nested prompt (:func:`block_sums` then :func:`merge_prefixes`; same arguments)."""
+    return merge_prefixes(*block_sums(phi, edges, **kw))
+
+
+def normalised(P):
+    """``E_p phi_f = P[..., f] / P[..., 0]`` for ``f >= 1`` (feature 0 the constant 1)."""
+    return P[..., 1:] / P[..., :1]

@@ -1,0 +1,118 @@
+"""The one softmax-moments core against a plain per-prompt reference (every prompt's softmax
+computed from scratch, max-subtracted over the whole prompt)."""
+import numpy as np
+import pytest
+
+from sfxlin import softmax_core as core
+
+
+def _naive(phi, edges, s):
+    """``P_L / P_L[0]``-free reference: ``sum_t softmax(s[:L])_t phi_t`` and ``log sum exp`` per prompt."""
+    G, C, _ = s.shape
+    out, lse = [], []
+    for L in edges[1:]:
+        x = s[..., :L]
+        top = x.max(axis=-1, keepdims=True)
+        e = np.exp(x - top)
+        z = e.sum(axis=-1)
+        out.append(np.einsum("gct,gft->gcf", e, phi[..., :L]) / z[..., None])
+        lse.append(top[..., 0] + np.log(z))
+    return np.stack(out), np.stack(lse)
+
+
+def _problem(rng, G=5, C=4, K=3, F=4, T=300, scale=1.0):
+    A = scale * rng.standard_normal((G, C, K))
+    X = rng.standard_normal((G, K, T))
+    phi = np.concatenate([np.ones((G, 1, T)), rng.standard_normal((G, F - 1, T))], axis=1)
+    return A, X, phi
+
+
+@pytest.mark.parametrize("scale", [0.1, 3.0, 300.0])
+@pytest.mark.parametrize("cache_bytes", [None, 200, 4000])
+def test_prefix_moments_match_the_per_prompt_softmax(scale, cache_bytes):
+    rng = np.random.default_rng(1)
+    A, X, phi = _problem(rng, scale=scale)
+    edges = (0, 1, 7, 50, 300)
+    M, P = core.prefix_moments(phi, edges, A=A, X=X, cache_bytes=cache_bytes)
+    ref, lse = _naive(phi, edges, A @ X)
+    np.testing.assert_allclose(P / P[..., :1], ref, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(M + np.log(P[..., 0]), lse, rtol=1e-13, atol=1e-12 * scale)
+    assert np.all(P[..., 0] >= 1.0)                      # every normaliser >= 1 (max-shifted)
+
+
+def test_given_logits_equal_the_coefficient_path_bit_for_bit():
+    rng = np.random.default_rng(2)
+    A, X, phi = _problem(rng)
+    edges = (0, 3, 40, 300)
+    a = core.prefix_moments(phi, edges, A=A, X=X)
+    b = core.prefix_moments(phi, edges, logits=np.matmul(A, X))
+    np.testing.assert_allclose(b[1], a[1], rtol=1e-13)
+    ref, _ = _naive(phi, edges, A @ X)
+    np.testing.assert_allclose(b[1] / b[1][..., :1], ref, rtol=1e-12, atol=1e-13)
+
+
+def test_reach_skips_columns_beyond_their_prompt():
+    rng = np.random.default_rng(3)
+    A, X, phi = _problem(rng, C=5)
+    edges = (0, 4, 20, 100, 300)
+    reach = np.array([0, 1, 1, 3, 3])
+    M, P = core.prefix_moments(phi, edges, A=A, X=X, reach=reach)
+    full_M, full_P = core.prefix_moments(phi, edges, A=A, X=X)
+    for c, r in enumerate(reach):
+        np.testing.assert_allclose(P[r, :, c], full_P[r, :, c], rtol=1e-13)
+        np.testing.assert_array_equal(P[r:, :, c], np.broadcast_to(P[r, :, c], P[r:, :, c].shape))
+    with pytest.raises(ValueError, match="non-decreasing"):
+        core.prefix_moments(phi, edges, A=A, X=X, reach=reach[::-1])
+
+
+def test_shifted_logits_are_exponentiated_as_given():
+    rng = np.random.default_rng(4)
+    A, X, phi = _problem(rng)
+    edges = (0, 10, 300)
+    shift = rng.uniform(-2, 2, A.shape[:2])
+    Xc = np.concatenate([np.ones((X.shape[0], 1, X.shape[2])), X], axis=1)
+    Ac = np.concatenate([-shift[..., None], A], axis=-1)
+    M, P = core.prefix_moments(phi, edges, A=Ac, X=Xc, shifted=True, cache_bytes=800)
+    assert np.all(M == 0.0)
+    s = A @ X - shift[..., None]
+    for B, L in enumerate(edges[1:]):
+        ref = np.einsum("gct,gft->gcf", np.exp(s[..., :L]), phi[..., :L])
+        np.testing.assert_allclose(P[B], ref, rtol=1e-12)
+
+
+def test_a_groups_bits_do_not_depend_on_the_groups_around_it():
+    # same operands, same shapes, same order: each group's products are the same whatever the chunk
+    rng = np.random.default_rng(5)
+    A, X, phi = _problem(rng, G=9)
+    edges = (0, 16, 300)
+    M, P = core.prefix_moments(phi, edges, A=A, X=X, cache_bytes=3000)
+    for g in (0, 4, 8):
+        Mg, Pg = core.prefix_moments(phi[g:g + 1], edges, A=A[g:g + 1], X=X[g:g + 1], cache_bytes=3000)
+        np.testing.assert_array_equal(Pg[:, 0], P[:, g])
+        np.testing.assert_array_equal(Mg[:, 0], M[:, g])
+
+
+def test_workspace_reuse_changes_nothing():
+    rng = np.random.default_rng(6)
+    A, X, phi = _problem(rng)
+    work = {}
+    a = core.prefix_moments(phi, (0, 30, 300), A=A, X=X, work=work)
+    b = core.prefix_moments(phi, (0, 30, 300), A=A, X=X, work=work)
+    assert work
+    np.testing.assert_array_equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(edges=(0, 5, 5)), "strictly increasing"),
+    (dict(edges=(1, 5)), "strictly increasing"),
+    (dict(edges=(0, 301)), "up to 300"),
+    (dict(A=None), "either the logits"),
+])
+def test_bad_arguments_are_refused(bad, match):
+    rng = np.random.default_rng(7)
+    A, X, phi = _problem(rng)
+    kw = dict(edges=(0, 300), A=A, X=X)
+    kw.update(bad)
+    edges = kw.pop("edges")
+    with pytest.raises(ValueError, match=match):
+        core.prefix_moments(phi, edges, **kw)
