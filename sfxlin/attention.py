@@ -11,8 +11,11 @@ the logits or the result leave the float64 range: never a silent inf or NaN.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from .softmax_core import normalised, prefix_moments
 from .validation import finite_array, numeric_array
 
 from .laws import FloatOverflowError
@@ -91,14 +94,14 @@ def weighted_sum(e, Z):
 def softmax_attention(Z, U, V, q):
     """``V sum_k softmax(s)_k z_k`` with raw logits ``s_k = z_k^T U q``.
 
-    Stable for logits thousands apart: the maximum is subtracted before exponentiating,
-    so the largest weight is exactly 1 and the normaliser lies in ``[1, L]``.
-    Returns shape ``(..., D_out)``.
+    Stable for logits thousands apart: the maximum is subtracted before exponentiating (the
+    softmax core, :func:`online_softmax_prefix` at the one length ``L``), so the largest weight
+    is exactly 1 and the normaliser lies in ``[1, L]``. Returns shape ``(..., D_out)``.
     """
     Z, U, V, q = check_operands(Z, U, V, q)
     s = _logits(Z, U, q)
-    e = np.exp(s - _check_logits(s, "softmax_attention")[..., None])
-    mean = weighted_sum(e, Z) / e.sum(axis=-1)[..., None]
+    _check_logits(s, "softmax_attention")
+    mean = online_softmax_prefix(s, Z, np.array([Z.shape[-2]]))[..., 0, :]
     return read_out(mean, V, "softmax_attention")
 
 
@@ -143,27 +146,30 @@ def softmax_attention_prefix(Z, U, V, q, Ls):
 def online_softmax_prefix(s, Z, Ls):
     """``sum_k softmax(s[:L])_k z_k`` at every ``L in Ls`` from logits ``s (..., >= L_max)``.
 
-    Tokens are split into the blocks ``[0, L_1), [L_1, L_2), ...``; each block contributes its own
-    maximum ``m_b`` and its sums ``sum e^{s-m_b}``, ``sum e^{s-m_b} z``, merged into running sums
-    with a running maximum (online softmax): every exponent is <= 0. ``Ls`` must already be
-    checked (:func:`check_prompt_lengths`) and ``s`` finite. Returns ``(..., len(Ls), D)``.
+    Computed by :func:`sfxlin.softmax_core.prefix_moments` (online softmax over the blocks
+    ``[0, L_1), [L_1, L_2), ...``: every exponent is <= 0) with the features ``phi = (1, z)``
+    (the constant implicit, ``ones=True``: the tokens are passed as they are).
+    The token sets ``Z (..., L_max, D)`` are its groups; the leading axes along which ``s``
+    varies but ``Z`` is broadcast (queries sharing prompts) are its columns, so shared tokens
+    are read once, not copied per query. ``Ls`` must already be checked
+    (:func:`check_prompt_lengths`) and ``s`` finite. Returns ``(..., len(Ls), D)``.
     """
-    out = None
-    for lo, hi in zip(np.concatenate([[0], Ls[:-1]]), Ls):
-        block = s[..., lo:hi]
-        m = block.max(axis=-1)
-        e = np.exp(block - m[..., None])
-        sum0, sum1 = e.sum(axis=-1), weighted_sum(e, Z[..., lo:hi, :])
-        if out is None:
-            run_max, acc0, acc1, out = m, sum0, sum1, []
-        else:  # online softmax: rescale both to the larger maximum
-            new_max = np.maximum(run_max, m)
-            old, new = np.exp(run_max - new_max), np.exp(m - new_max)
-            acc0 = acc0 * old + sum0 * new
-            acc1 = acc1 * old[..., None] + sum1 * new[..., None]
-            run_max = new_max
-        out.append(acc1 / acc0[..., None])
-    return np.stack(out, axis=-2)
+    L_max = int(Ls[-1])
+    lead = np.broadcast_shapes(s.shape[:-1], Z.shape[:-2])
+    n = len(lead)
+    z_lead = (1,) * (n - Z.ndim + 2) + Z.shape[:-2]
+    cols = [i for i in range(n) if z_lead[i] == 1 and lead[i] > 1]  # Z broadcast, s not
+    groups = [i for i in range(n) if i not in cols]
+    order = groups + cols
+    G, C = math.prod(lead[i] for i in groups), math.prod(lead[i] for i in cols)
+    logits = np.broadcast_to(s[..., :L_max], lead + (L_max,)).transpose(order + [n]).reshape(G, C, L_max)
+    D = Z.shape[-1]
+    Z = np.broadcast_to(Z[..., :L_max, :], tuple(lead[i] if i in groups else 1 for i in range(n)) + (L_max, D))
+    phi = np.swapaxes(Z.reshape(G, L_max, D), 1, 2)                  # the tokens themselves, a view
+    P = prefix_moments(phi, np.concatenate([[0], Ls]), logits=logits, ones=True)[1]
+    mean = normalised(P).reshape((len(Ls),) + tuple(lead[i] for i in order) + (D,))
+    # back to the caller's axes: (..., len(Ls), D)
+    return mean.transpose([1 + order.index(i) for i in range(n)] + [0, n + 1])
 
 
 def linear_attention(Z, U, V, q):

@@ -35,10 +35,12 @@ derivatives of ``f`` in ``delta`` at the block-structured point (``v . z = v_d y
 On exact antithetic pairs (tasks ``2i``, ``2i + 1``: same covariates, opposite labels) the two
 partners have the same softmax weights at a block-structured point and ``r``, ``k3_p(y)``,
 ``Cov_p(x, y)`` change sign together while ``grad f`` is unchanged, so every term of the mean is
-equal across partners: the softmax Hessian is computed on one partner of each pair. One softmax
-pass over half the tasks per prompt length and checkpoint, on the exact per-``(task, query)`` max
-shift, where differences of the engine's gradients needed ``2 d + 1`` passes (``2 d`` of them over
-both partners).
+equal across partners: the softmax Hessian is computed on one partner of each pair. One pass of
+the shared softmax core (:func:`sfxlin.softmax_core.prefix_moments`, online max shift) over half
+the tasks' tokens gives the moments of every prompt length, checkpoint and query at once (nested
+prompts), from the raw moments of ``[1, x, y, x y, y^2, y^3]`` (the raw-to-central step loses
+< 1e-13 of the Hessian's largest entry on the C3 paper cells), where differences of the engine's
+gradients needed ``2 d + 1`` passes per prompt length (``2 d`` of them over both partners).
 Checked against central differences of the analytic per-L gradients ``icl.risk_grad``
 (tests/test_speed_invariance.py).
 """
@@ -47,9 +49,13 @@ from __future__ import annotations
 import numpy as np
 
 from . import icl
+from .softmax_core import normalised, prefix_moments
 from .training import pair_structure, validate_Ls
 
 __all__ = ["off_block_coordinates", "off_block_hessian", "curvature_extremes", "spectral_radius"]
+
+#: bytes of softmax moments and Hessian terms per pass of :func:`_softmax_hessian` (bounds its memory)
+_MOMENT_BYTES = 1 << 24
 
 
 def off_block_coordinates(U, v):
@@ -73,33 +79,43 @@ def _assemble(r, g, hess_aa, hess_ab):
     return H / n_items
 
 
-def _softmax_hessian(tasks, L, U, v):
-    """``H_off (T, 2d, 2d)`` of softmax(L) at ``U (T, D, D)``, ``v (T, D)``."""
+def _softmax_hessian(tasks, Ls, U, v):
+    """``H_off (nL, T, 2d, 2d)`` of softmax(L) for every ``L = Ls[i]`` at ``U[i] (T, D, D)``,
+    ``v[i] (T, D)``: the softmax moments of all prompt lengths, checkpoints and queries of a task
+    in one :func:`~sfxlin.softmax_core.prefix_moments` pass over its tokens (the column of
+    ``(L_i, t, query)`` reaches block ``i`` of the nested prompts ``(0,) + Ls``), on the raw
+    features ``[1, x, y, x y, y^2, y^3]``; the central moments follow from them. Checkpoints are
+    taken so that a pass holds about ``_MOMENT_BYTES`` of moments and Hessian terms."""
     d, x_q, y_q = tasks.d, tasks.x_q, tasks.y_q
-    Z = np.ascontiguousarray(tasks.prompt(L))
-    X, y = np.ascontiguousarray(Z[..., :d]), np.ascontiguousarray(Z[..., d])
-    Xt = np.ascontiguousarray(np.swapaxes(X, -1, -2))
-    H = np.empty((U.shape[0], 2 * d, 2 * d))
-    for t in range(U.shape[0]):
-        a = np.einsum("ij,nqj->nqi", U[t, :d, :d], x_q)          # U z_q, x part (block structure)
-        P = a @ Xt                                                # (n, q, L) logits
-        P -= P.max(axis=-1, keepdims=True)
-        np.exp(P, out=P)
-        P /= P.sum(axis=-1, keepdims=True)
-        m = P @ Z                                                 # (n, q, D)
-        r = m @ v[t] - y_q
-        yc = y[:, None, :] - m[..., d:]                           # y_k - m_y, (n, q, L)
-        P *= yc
-        cov_xy = P @ X                                            # (n, q, d)
-        P *= yc
-        var_y = P.sum(axis=-1)
-        P *= yc
-        k3_y = P.sum(axis=-1)
-        vd = v[t, d]
-        g = np.concatenate([x_q * (vd * var_y)[..., None], m[..., :d]], axis=-1)
+    nL, T = U.shape[:2]
+    n, q = y_q.shape
+    Z = tasks.prompt(Ls[-1])
+    X, y = np.swapaxes(Z[..., :d], 1, 2), Z[..., d]                               # (n, d, L), (n, L)
+    phi = np.ascontiguousarray(np.concatenate(
+        [np.ones_like(y)[:, None], X, y[:, None], X * y[:, None], (y ** 2)[:, None], (y ** 3)[:, None]], axis=1))
+    X = np.ascontiguousarray(X)
+    edges = (0,) + tuple(Ls)
+    F = phi.shape[1]
+    tc = max(1, _MOMENT_BYTES // (8 * nL * n * q * (F + d * d)))                 # checkpoints per pass
+    H = np.empty((nL, T, 2 * d, 2 * d))
+    for t0 in range(0, T, tc):
+        Uc, vc = U[:, t0:t0 + tc], v[:, t0:t0 + tc]
+        Tc = Uc.shape[1]
+        A = np.einsum("ltij,nqj->nltqi", Uc[..., :d, :d], x_q).reshape(n, nL * Tc * q, d)   # U z_q, x part
+        reach = np.repeat(np.arange(nL), Tc * q)
+        _, P = prefix_moments(phi, edges, A=A, X=X, reach=reach, at_reach=True)
+        mom = np.moveaxis(normalised(P).reshape(n, nL, Tc, q, F - 1), 0, 2)      # (nL, Tc, n, q, F - 1)
+        m_x, m_y, m_xy, m_yy, m_yyy = (mom[..., :d], mom[..., d], mom[..., d + 1:2 * d + 1],
+                                       mom[..., 2 * d + 1], mom[..., 2 * d + 2])
+        cov_xy = m_xy - m_x * m_y[..., None]
+        var_y = m_yy - m_y ** 2
+        k3_y = m_yyy - 3 * m_y * m_yy + 2 * m_y ** 3
+        vd = vc[..., d][..., None, None]                                          # (nL, Tc, 1, 1)
+        r = m_y * vd - y_q                                                        # v . m, v[:d] = 0
+        g = np.concatenate([x_q * (vd * var_y)[..., None], m_x], axis=-1)
         hess_aa = (vd * k3_y)[..., None, None] * x_q[..., :, None] * x_q[..., None, :]
         hess_ab = x_q[..., :, None] * cov_xy[..., None, :]
-        H[t] = _assemble(r, g, hess_aa, hess_ab)
+        H[:, t0:t0 + tc] = _assemble(r, g, hess_aa, hess_ab)
     return H
 
 
@@ -141,7 +157,7 @@ def off_block_hessian(model, tasks, Ls, U, v):
     if model == "softmax":
         if pair_structure(tasks) == 2:      # partners' terms are equal at block structure: one of each
             tasks = tasks.subset(slice(0, None, 2))
-        H = np.stack([_softmax_hessian(tasks, L, U[i], v[i]) for i, L in enumerate(Ls)])
+        H = _softmax_hessian(tasks, Ls, U, v)
     elif model == "linear":
         H = _linear_hessian(tasks, np.stack([icl.Ghat(tasks.Z, L) for L in Ls]), U, v)
     else:

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import softmax_core
 from .validation import as_sigma, as_spd, finite_array, noise_std, numeric_array, positive_int
 
 __all__ = [
@@ -353,22 +354,48 @@ def _params(U, v):
     return U, v
 
 
-def _softmax_moments(U, Z, z_q):
-    """``p = softmax(Z U z_q)`` over tokens (max-subtracted) -> ``(P (..., n, q, L), mbar)``."""
+def _softmax_moments(U, Z, z_q, v=None):
+    """Moments of ``p = softmax(Z U z_q)`` over the tokens (one group of
+    :func:`sfxlin.softmax_core.prefix_moments` per task, its columns the parameters and queries):
+    ``mbar = E_p z`` ``(..., n, q, D)`` and, given ``v``, also ``E_p[z (z . v)]`` (features
+    ``z (z . v)`` for one ``v``, else ``z_i z_j``, ``i <= j``, contracted with each ``v``)."""
     Z, z_q = numeric_array(Z, "Z"), numeric_array(z_q, "z_q")
-    a = np.einsum("...ij,nqj->...nqi", U, z_q)
-    S = a @ np.swapaxes(Z, -1, -2)  # (..., n, q, L)
-    S -= S.max(axis=-1, keepdims=True)
-    P = np.exp(S)
-    P /= P.sum(axis=-1, keepdims=True)
-    return P, P @ Z
+    D = U.shape[-1]
+    if Z.ndim != 3 or Z.shape[2] != D or z_q.ndim != 3 or z_q.shape[::2] != (Z.shape[0], D):
+        raise ValueError(f"Z must be (n, L, D) and z_q (n, q, D) with D = {D} (from U), got {Z.shape} and {z_q.shape}")
+    n, L, _ = Z.shape
+    a = np.einsum("...ij,nqj->n...qi", U, z_q)                          # columns (..., q) of task n
+    X = np.swapaxes(Z, 1, 2)
+    pairs = v is not None and v.ndim > 1
+    nf = 1 + D + (0 if v is None else D * (D + 1) // 2 if pairs else D)
+    phi = np.empty((n, nf, L))
+    phi[:, 0] = 1.0
+    phi[:, 1:D + 1] = X
+    if pairs:
+        k = D + 1
+        for i in range(D):
+            np.multiply(X[:, i:i + 1], X[:, i:], out=phi[:, k:k + D - i])
+            k += D - i
+    elif v is not None:
+        np.multiply(X, (v @ X)[:, None], out=phi[:, D + 1:])
+    _, P = softmax_core.prefix_moments(phi, (0, L), A=a.reshape(n, -1, D), X=X)
+    E = np.moveaxis(softmax_core.normalised(P[0]).reshape(a.shape[:-1] + (-1,)), 0, -3)   # (..., n, q, nf - 1)
+    if v is None:
+        return E[..., :D]
+    if not pairs:
+        return E[..., :D], E[..., D:]
+    iu = np.triu_indices(D)
+    full = np.zeros((D, D), dtype=int)
+    full[iu] = np.arange(iu[0].size)
+    full = full + full.T - np.diag(np.diag(full))
+    return E[..., :D], np.einsum("...nqij,...j->...nqi", E[..., D:][..., full], v)
 
 
 def softmax_predict(U, v, Z, z_q):
     """Softmax attention read-out ``v^T sum_k p_k z_k``: ``Z (n, L, D)``, ``z_q (n, q, D)``,
     ``U (..., D, D)``, ``v (..., D)`` -> ``(..., n, q)``."""
     U, v = _params(U, v)
-    _, mbar = _softmax_moments(U, Z, z_q)
+    mbar = _softmax_moments(U, Z, z_q)
     return np.einsum("...nqi,...i->...nq", mbar, v)
 
 
@@ -386,14 +413,12 @@ def softmax_risk_grad(U, v, Z, z_q, y_q):
     Returns ``(risk (...,), grad_U (..., D, D), grad_v (..., D))``.
     """
     U, v = _params(U, v)
-    Z = numeric_array(Z, "Z")
-    P, mbar = _softmax_moments(U, Z, z_q)
+    mbar, Ezv = _softmax_moments(U, Z, z_q, v)
     pred = np.einsum("...nqi,...i->...nq", mbar, v)
     r = pred - y_q
     n_items = r.shape[-1] * r.shape[-2]
-    # C v = sum_k p_k z_k (z_k . v) - mbar (mbar . v)
-    zv = np.einsum("nli,...i->...nl", Z, v)
-    Cv = P @ (Z * zv[..., None]) - mbar * pred[..., None]
+    # C v = E_p[z (z . v)] - mbar (mbar . v)
+    Cv = Ezv - mbar * pred[..., None]
     risk = 0.5 * np.mean(r**2, axis=(-2, -1))
     g_v = np.einsum("...nq,...nqi->...i", r, mbar) / n_items
     g_U = np.einsum("...nq,...nqi,nqj->...ij", r, Cv, z_q) / n_items

@@ -30,6 +30,7 @@ import abc
 
 import numpy as np
 
+from .softmax_core import normalised, prefix_moments
 from .validation import component_covariances, finite_array, registry_name
 
 __all__ = ["Law", "LAWS", "Gaussian", "Rademacher", "Uniform", "StudentT", "GaussianMixture", "Empirical",
@@ -814,7 +815,8 @@ class Empirical(Law):
 
     log-sum-exp stable (every exponent is ``<= 0`` after subtracting the running maximum), and
     its SNIS constant (:meth:`snis_covariance`) likewise. Both stream over the support in chunks
-    of at most :attr:`BLOCK` floats, so time is linear in ``n`` and memory bounded whatever ``n``
+    of at most :attr:`BLOCK` floats, so time is linear in ``n`` and memory that of the samples
+    (the features ``[1, z_i]`` of the tilted mean, kept once built) plus the chunks
     (``n = 10^6`` tokens is fine). Bounded support: the limit always exists.
 
     ``samples``: an ``(n, D)`` array, a path to a ``.npy`` file, or ``"file.nc:variable"`` (a
@@ -853,7 +855,7 @@ class Empirical(Law):
         if self.weights is not None:
             cum = np.cumsum(self.weights)
             self._cum_weights = cum / cum[-1]
-        self._mean = self._cov = None
+        self._mean = self._cov = self._phi = None
 
     @classmethod
     def isotropic(cls, D, sigma=1.0):
@@ -921,27 +923,37 @@ class Empirical(Law):
                                      "is too large for these samples")
         return s
 
+    def _support(self):
+        """The support as :func:`sfxlin.softmax_core.prefix_moments` sees it, built once: the
+        features ``pi_i [1, z_i]`` (``[1, z_i]`` for equal weights, ``1/n`` applied to the sum)
+        ``(1, D + 1, n)`` and ``max_i |z_i|`` (``|a.z_i| <= |a| max_i |z_i|``)."""
+        if self._phi is None:
+            Y = np.empty((self.n, self.D + 1))
+            Y[:, 0] = 1.0
+            Y[:, 1:] = self.samples
+            if self.weights is not None:
+                Y *= self.weights[:, None]
+            self._phi = Y.T[None]
+            with np.errstate(over="ignore"):  # inf: no bound, the logits are then checked one by one
+                self._zmax = np.sqrt(np.einsum("ij,ij->i", self.samples, self.samples).max())
+        return self._phi, self._zmax
+
     def _tilt(self, A):
-        """Streaming pass over the support for queries ``A`` ``(m, D)``: the maximum logit ``top``
-        ``(m,)``, ``S0 = sum_i pi_i e^{a.z_i - top}`` ``(m,)`` and the tilted mean ``(m, D)``."""
-        m = A.shape[0]
-        top, S0, S1 = np.full(m, -np.inf), np.zeros(m), np.zeros((m, self.D))
-        step = max(1, self.BLOCK // max(m, self.D))
-        for lo in range(0, self.n, step):
-            s = self._logits(A, lo, lo + step)
-            new = np.maximum(top, s.max(axis=1))
-            old = np.exp(top - new)  # 0 at the first chunk (top = -inf)
-            s -= new[:, None]
-            e = np.exp(s, out=s)  # in place: one (m, chunk) array per chunk
-            pi = self._pi(lo, lo + step)
-            if pi is None:
-                e /= self.n
-            else:
-                e *= pi
-            S0 = S0 * old + e.sum(axis=1)
-            S1 = S1 * old[:, None] + e @ self.samples[lo:lo + step]
-            top = new
-        return top, S0, S1 / S0[:, None]
+        """The softmax over the support for queries ``A`` ``(m, D)`` (one group of
+        :func:`sfxlin.softmax_core.prefix_moments`, streamed in chunks of :attr:`BLOCK` floats): the
+        maximum logit ``top`` ``(m,)``, ``S0 = sum_i pi_i e^{a.z_i - top}`` ``(m,)`` and the tilted
+        mean ``(m, D)``. FloatOverflowError when a logit exceeds float64 (checked atom by atom only
+        when the bound ``|a| max_i |z_i|`` does not exclude it)."""
+        phi, zmax = self._support()
+        with np.errstate(over="ignore"):
+            bound = np.linalg.norm(A, axis=1).max() * zmax
+        if not bound < 1e300:
+            step = max(1, self.BLOCK // A.shape[0])
+            for lo in range(0, self.n, step):
+                self._logits(A, lo, lo + step)
+        M, P = prefix_moments(phi, (0, self.n), A=A[None], X=self.samples.T[None], cache_bytes=8 * self.BLOCK)
+        S0 = P[0, 0, :, 0] if self.weights is not None else P[0, 0, :, 0] / self.n
+        return M[0, 0], S0, normalised(P)[0, 0]
 
     def _queries(self, a):
         """``a`` checked, as ``(m, D)`` blocks of at most ``BLOCK // (8 D)`` queries, and its leading shape."""

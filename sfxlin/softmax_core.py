@@ -17,7 +17,8 @@ risk and gradient, and the exact tilted mean of an empirical law) is one computa
     shift folded into ``A`` as the coefficient of a constant feature, so the products are the
     only pass over the tokens).
 
-The normalised moments are ``P_B[..., f] / P_B[..., 0]`` when ``phi[0] = 1``.
+The normalised moments are ``P_B[..., f] / P_B[..., 0]`` when ``phi[0] = 1``; the log-sum-exp of
+the logits of prompt ``B`` is ``M_B + log P_B[..., 0]``.
 
 How it is computed (float64, numpy): per block, the logits of a chunk of groups are one batched
 matrix product, exponentiated in place, and the moments a second product with the features.
@@ -30,7 +31,7 @@ groups: a group's bits are the same whatever the number of groups around it.
 Columns that need only the first prompts (``reach[c]``: the last block column ``c`` needs; the
 C3 engine, whose parameters differ per prompt length) are skipped beyond it: ``reach`` must be
 non-decreasing, so that the columns active in block ``b`` are a suffix. A column's prefix sums
-past its reach stay those of its reach.
+past its reach stay those of its reach; ``at_reach`` returns only those.
 
 Why numpy and not a compiled kernel: measured side by side in one run (docs/performance.md,
 section 9), a numba kernel fusing logits, an exponential and the moments in one pass reaches
@@ -41,7 +42,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["prefix_moments", "block_sums", "merge_prefixes", "normalised"]
+__all__ = ["prefix_moments", "normalised"]
 
 #: bytes of logits per batched product (keeps the exp / product working set in cache)
 CACHE_BYTES = 1 << 20
@@ -91,27 +92,38 @@ def _check(phi, edges, A, X, logits, reach):
     return phi, edges, A, X, logits, C, first
 
 
-def block_sums(phi, edges, *, A=None, X=None, logits=None, reach=None, shifted=False,
-               cache_bytes=None, gemm_mnk=None, work=None):
-    """Per-block softmax sums: ``(m (nb, G, C), S (nb, G, C, F))`` (see the module doc).
+def prefix_moments(phi, edges, *, A=None, X=None, logits=None, reach=None, shifted=False, at_reach=False,
+                   ones=False, cache_bytes=None, gemm_mnk=None, work=None):
+    """Running max logit and un-normalised softmax sums of every nested prompt (module doc).
 
-    ``phi (G, F, T)`` features; logits from ``A (G, C, K)`` and ``X (G, K, T)`` or given as
-    ``logits (G, C, T)``; ``edges = (0, L_1, ..., L_n)``; ``reach (C,)`` optional; ``shifted``:
-    exponentiate the logits as given (``m = 0``) instead of shifting each block by its max.
-    Inactive (column, block) entries have ``m = -inf`` and ``S = 0``. ``work``: a dict the caller
-    keeps to reuse the buffers across calls."""
+    ``phi (G, F, T)`` features; logits from ``A (G, C, K)`` and ``X (G, K, T)``, or given as
+    ``logits (G, C, T)``; ``edges = (0, L_1, ..., L_n)``; ``reach (C,)`` optional (non-decreasing:
+    column ``c`` needs the blocks ``0..reach[c]``); ``shifted``: exponentiate the logits as given
+    (the running max is then 0) instead of shifting each block by its own max; ``ones``: feature
+    0 is the constant 1, not stored in ``phi`` (``P`` then has ``F + 1`` features, the first the
+    sum of the weights), so a caller's tokens can be passed as a view; ``work``: a dict the caller
+    keeps to reuse the buffers across calls.
+
+    Returns ``(M (nb, G, C), P (nb, G, C, F))``, the prefixes of every block edge (a column's
+    values past its reach are those of its reach), or with ``at_reach`` only each column's own
+    prefix: ``(M (G, C), P (G, C, F))``.
+
+    The blocks are merged into running sums as they are computed (``P <- P exp(M - M') +
+    S_b exp(m_b - M')``, ``M' = max(M, m_b)``), so the cost is that of the block sums."""
     phi, edges, A, X, logits, C, first = _check(phi, edges, A, X, logits, reach)
     cache_bytes = CACHE_BYTES if cache_bytes is None else int(cache_bytes)
     gemm_mnk = GEMM_MNK if gemm_mnk is None else int(gemm_mnk)
     G, F, _ = phi.shape
     K = 0 if A is None else A.shape[2]
     nb = edges.size - 1
-    m = np.full((nb, G, C), -np.inf)
-    S = np.zeros((nb, G, C, F))
+    F_out = F + bool(ones)
+    run_m, run_P = np.zeros((G, C)), np.zeros((G, C, F_out))
+    if at_reach:
+        out_m, out_P = run_m, run_P          # a column stops changing after its reach
+    else:
+        out_m, out_P = np.empty((nb, G, C)), np.empty((nb, G, C, F_out))
     for b in range(nb):
         c0 = int(first[b])
-        if c0 == C:
-            continue
         lo, hi = int(edges[b]), int(edges[b + 1])
         Cb = C - c0
         step = int(max(1, min(hi - lo, cache_bytes // (8 * Cb))))                 # tokens per sub-block
@@ -128,47 +140,26 @@ def block_sums(phi, edges, *, A=None, X=None, logits=None, reach=None, shifted=F
                         np.matmul(A[g0:g1, j0:j1], X[g0:g1, :, t0:t1], out=s)
                     else:
                         s[...] = logits[g0:g1, j0:j1, t0:t1]
-                    if shifted:
-                        mx = np.zeros(s.shape[:2])
-                    else:
+                    if not shifted:
                         mx = s.max(axis=-1)
                         s -= mx[..., None]
                     np.exp(s, out=s)
                     part = s @ np.swapaxes(phi[g0:g1, :, t0:t1], 1, 2)           # (gc, cc, F)
-                    old_m, old_S = m[b, g0:g1, j0:j1], S[b, g0:g1, j0:j1]
-                    if t0 == lo or shifted:
-                        if t0 == lo:
-                            old_m[...] = mx
-                            old_S[...] = part
-                        else:
-                            old_S += part
+                    if ones:
+                        part = np.concatenate([s.sum(axis=-1)[..., None], part], axis=-1)
+                    m, P = run_m[g0:g1, j0:j1], run_P[g0:g1, j0:j1]
+                    if shifted:
+                        P += part
+                    elif t0 == 0:
+                        m[...], P[...] = mx, part
                     else:                                                      # online merge
-                        new = np.maximum(old_m, mx)
-                        old_S *= np.exp(old_m - new)[..., None]
-                        old_S += part * np.exp(mx - new)[..., None]
-                        old_m[...] = new
-    return m, S
-
-
-def merge_prefixes(m, S):
-    """Prefix sums from block sums (online softmax over the blocks): ``(M (nb, ...), P (nb, ..., F))``
-    with ``M_B = max_{b <= B} m_b`` and ``P_B = sum_{b <= B} exp(m_b - M_B) S_b``, computed by the
-    running rule ``P_B = exp(M_{B-1} - M_B) P_{B-1} + exp(m_B - M_B) S_B``. Blocks with
-    ``m = -inf`` (inactive) add nothing."""
-    M = np.maximum.accumulate(m, axis=0)
-    P = np.empty_like(S)
-    P[0] = S[0]
-    for B in range(1, m.shape[0]):
-        old = np.exp(M[B - 1] - M[B])
-        new = np.exp(m[B] - M[B])
-        P[B] = P[B - 1] * old[..., None] + S[B] * new[..., None]
-    return M, P
-
-
-def prefix_moments(phi, edges, **kw):
-    """``(M (nb, G, C), P (nb, G, C, F))``: the running max logit and the un-normalised softmax
-    sums of every nested prompt (:func:`block_sums` then :func:`merge_prefixes`; same arguments)."""
-    return merge_prefixes(*block_sums(phi, edges, **kw))
+                        new = np.maximum(m, mx)
+                        P *= np.exp(m - new)[..., None]
+                        P += part * np.exp(mx - new)[..., None]
+                        m[...] = new
+        if not at_reach:
+            out_m[b], out_P[b] = run_m, run_P
+    return out_m, out_P
 
 
 def normalised(P):

@@ -16,16 +16,16 @@ Two paths:
     one batched matmul ``exp(S) @ Phi`` per block gives them all (and pred and both gradients).
     While ``v[:d] == 0`` exactly, ``z . v = v_y y`` and ``C v`` only needs ``sum p x y``: the
     smaller features ``[x y, 1, x]`` replace the quadratic ones;
-  - nested prompts: tokens are split into blocks ``[L_{b-1}, L_b)``; block ``b`` is shared by
-    every ``L_j >= L_b`` and processed once for all of them, so a step costs ``sum_L L`` token
-    evaluations per (task, query), nothing wasted;
+  - the softmax moments come from the package's one softmax-moments core
+    (:mod:`sfxlin.softmax_core`): nested prompts, tokens split into the blocks ``[L_{b-1}, L_b)``;
+    the column of ``(L_j, query)`` reaches block ``j`` only (its parameters are ``L_j``'s), so a
+    step costs ``sum_L L`` token evaluations per (task, query), nothing wasted;
   - the softmax shift is the previous step's log-sum-exp of each column (``>= max``, within
     ``log L`` of it; parameters move little per step), folded into the logit matmul as an extra
     coordinate, so a block costs one matmul, one in-place ``exp`` and one matmul. Every step
     checks that the normaliser is finite and far from under/overflow (``[1e-200, 1e200]``);
-    otherwise it recomputes the step with the exact running maximum (always safe);
-  - large blocks are processed in chunks of groups so that the features and logits stay in
-    cache;
+    otherwise it recomputes the step shifting each block by its own maximum, merged online
+    (always safe);
   - antithetic partners (tasks ``2i``, ``2i + 1``) share their covariates, hence their logits
     whenever ``U[d, :d] == 0`` exactly: the softmax is then evaluated once per pair
     (``pair_first``, exact; gradient contributions of partners are added first).
@@ -46,7 +46,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from . import icl
+from . import icl, softmax_core
 from ._version import __version__
 
 __all__ = ["TrainingDiverged", "train", "train_all", "train_all_arrays", "validate_Ls",
@@ -269,8 +269,8 @@ class SoftmaxPrefixEngine:
     Requires labels ``y = w^T x``, or noisy labels ``y = w^T x + eps`` in exact antithetic pairs
     (checked; noisy pairs run in ``d + 1`` covariate dimensions, the noise as a covariate, see
     ``_embed_noise``; for other labels use :func:`train` per ``L``).
-    ``cache_bytes`` bounds the bytes of the features and logits of a chunk of groups (cache
-    blocking).
+    ``cache_bytes`` bounds the bytes of the logits of one batched product of the softmax core
+    (cache blocking).
 
     Token features per group of tasks sharing covariates (rows, tokens last): ``x_i y`` (``y``
     the label of the group's first task), ``1``, ``x_i``, ``x_i x_j (i <= j)``. The moments of
@@ -330,18 +330,15 @@ class SoftmaxPrefixEngine:
         full[iu] = np.arange(nquad)
         full = full + full.T - np.diag(np.diag(full))
         self._m2_index = 1 + d + full                           # within the "quad" rows
-        edges = (0,) + Ls
-        self.PhiT = []
-        for b in range(self.nL):
-            lo, hi = edges[b], edges[b + 1]
-            xb = X[:, lo:hi, :].transpose(0, 2, 1)               # (ng, d, tokens)
-            PhiT = np.empty((ng, 2 * d + 1 + nquad, hi - lo))
-            PhiT[:, :d, :] = xb * Y[:, None, lo:hi]
-            PhiT[:, d, :] = 1.0
-            PhiT[:, d + 1:2 * d + 1, :] = xb
-            PhiT[:, 2 * d + 1:, :] = xb[:, iu[0], :] * xb[:, iu[1], :]
-            self.PhiT.append(PhiT)
-        self._plans = {}
+        Phi = np.empty((ng, 2 * d + 1 + nquad, Ls[-1]))          # feature rows, tokens last
+        xb = X[:, : Ls[-1], :].transpose(0, 2, 1)                 # (ng, d, tokens)
+        Phi[:, :d, :] = xb * Y[:, None, : Ls[-1]]
+        Phi[:, d, :] = 1.0
+        Phi[:, d + 1:2 * d + 1, :] = xb
+        Phi[:, 2 * d + 1:, :] = xb[:, iu[0], :] * xb[:, iu[1], :]
+        self.Phi, self.edges = Phi, (0,) + Ls
+        self.reach = np.repeat(np.arange(self.nL), q)            # column (L_l, query) needs blocks <= l
+        self._B, self._work = {}, {}                             # coefficient buffers, core workspace
         self.shift = None                                       # (ng, nL, g, q)
         self.n_exact = 0                                        # steps needing the exact max
         self.n_shared = 0                                       # steps with shared pair logits
@@ -382,68 +379,24 @@ class SoftmaxPrefixEngine:
         self.n_exact, self.n_shared, self.inner = 0, 0, inner
         self.step = step
 
-    def _plan(self, ge, feats):
-        """Buffers for ``ge`` logit columns per (group, L, query) and feature set ``feats``:
-        B ``(ng, ge, nL, q, D)``, per-block chunks, S and M. A chunk of groups is sized so that its
-        features and logits fit in ``cache_bytes``.
-
-        Each of the ``ge`` partner columns is a product of its own, of the same shape whatever
-        ``ge`` is (``(nL - b) q`` rows per group and block): a partner's logits and moments are
-        then the same floating-point operations on the same operands in the shared pass
-        (``ge = 1``) and in the partner-by-partner pass (``ge = 2``), whatever the BLAS kernel
-        does with the number of rows of a product. Sharing changes the cost, never a bit."""
-        key = (ge, feats)
-        if key not in self._plans:
-            ng, nL, q, d = self.ng, self.nL, self.q, self.d
-            rows = self.rows[feats]
-            nf = rows.stop - rows.start
-            blocks = []
-            for b in range(nL):
-                tok = self.PhiT[b].shape[-1]
-                cols = (nL - b) * q                             # rows of one partner's product
-                gc = int(max(1, min(ng, self.cache_bytes // (8 * tok * (ge * cols + nf)))))
-                chunks = [(s, min(ng, s + gc)) for s in range(0, ng, gc)]
-                blocks.append(dict(b=b, cols=cols, chunks=chunks, S=np.empty((ge, gc, cols, tok)),
-                                   M=np.empty((ge, ng, cols, nf))))
-            i0 = self.logit_rows.start - rows.start             # where sum p sits
-            self._plans[key] = dict(B=np.zeros((ng, ge, nL, q, d + 1)), blocks=blocks, ge=ge,
-                                    feats=feats, rows=rows, nf=nf, i0=i0)
-        return self._plans[key]
-
-    # -- the passes over the tokens -----------------------------------------------------
-    def _moments(self, plan):
-        B, ge, rows, nf = plan["B"], plan["ge"], plan["rows"], plan["nf"]
-        ng, nL, q, D, lr = self.ng, self.nL, self.q, self.D, self.logit_rows
-        Mom = np.zeros((ng, nL, ge, q, nf))
-        for blk in plan["blocks"]:
-            b, S, M, cols = blk["b"], blk["S"], blk["M"], blk["cols"]
-            PhiT = self.PhiT[b]
-            for lo, hi in blk["chunks"]:
-                P = PhiT[lo:hi]
-                Sc = S[:, : hi - lo]
-                for j in range(ge):   # logits - shift = [-shift, b] . [1, x], one partner at a time
-                    np.matmul(B[lo:hi, j, b:].reshape(hi - lo, cols, D), P[:, lr, :], out=Sc[j])
-                np.exp(Sc, out=Sc)
-                for j in range(ge):
-                    np.matmul(Sc[j], P[:, rows, :].transpose(0, 2, 1), out=M[j, lo:hi])
-            Mom[:, b:] += M.reshape(ge, ng, nL - b, q, nf).transpose(1, 2, 0, 3, 4)
-        return Mom
-
-    def _exact_max(self, plan):
-        B, ge = plan["B"], plan["ge"]
-        ng, nL, q, D, lr = self.ng, self.nL, self.q, self.D, self.logit_rows
-        B[..., 0] = 0.0
-        cmax = np.full((ng, nL, ge, q), -np.inf)
-        for blk in plan["blocks"]:
-            b, S, cols = blk["b"], blk["S"], blk["cols"]
-            bm = np.empty((ge, ng, cols))
-            for lo, hi in blk["chunks"]:
-                for j in range(ge):
-                    Sc = S[j, : hi - lo]
-                    np.matmul(B[lo:hi, j, b:].reshape(hi - lo, cols, D), self.PhiT[b][lo:hi, lr, :], out=Sc)
-                    np.max(Sc, axis=-1, out=bm[j, lo:hi])
-            np.maximum(cmax[:, b:], bm.reshape(ge, ng, nL - b, q).transpose(1, 2, 0, 3), out=cmax[:, b:])
-        return cmax
+    def _passes(self, B, feats, shifted):
+        """Un-normalised moments ``(ng, nL, ge, q, nf)`` and the largest logit ``(ng, nL, ge, q)``
+        (0 when ``shifted``) of the coefficients ``B (ng, ge, nL, q, D)`` (``[-shift, b]`` on the
+        logit rows ``[1, x]``), from the softmax core: one call per partner column ``j``, each of
+        the same shapes whatever ``ge`` is, so a partner's logits and moments are the same
+        floating-point operations on the same operands in the shared pass (``ge = 1``) and in
+        the partner-by-partner pass (``ge = 2``). Sharing changes the cost, never a bit."""
+        ng, ge, nL, q, D = B.shape
+        rows = self.rows[feats]
+        nf = rows.stop - rows.start
+        Mom, top = np.empty((ng, nL, ge, q, nf)), np.empty((ng, nL, ge, q))
+        for j in range(ge):
+            M, P = softmax_core.prefix_moments(
+                self.Phi[:, rows], self.edges, A=B[:, j].reshape(ng, nL * q, D), X=self.Phi[:, self.logit_rows],
+                reach=self.reach, shifted=shifted, at_reach=True, cache_bytes=self.cache_bytes, work=self._work)
+            Mom[:, :, j] = P.reshape(ng, nL, q, nf)               # column (L_l, query) at its own prompt l
+            top[:, :, j] = M.reshape(ng, nL, q)
+        return Mom, top
 
     @staticmethod
     def _ok(Mom, i0):
@@ -458,32 +411,30 @@ class SoftmaxPrefixEngine:
         return self.shift is None or np.array_equal(self.shift[:, :, 0], self.shift[:, :, 1])
 
     def moments(self, U, v):
-        """Un-normalised moments ``(ng, nL, g, q, nf)`` of the softmax weights and the plan used
-        (``None`` if they cannot be made finite); updates the shift to the log-sum-exp."""
+        """Un-normalised moments ``(ng, nL, g, q, nf)`` of the softmax weights and the feature
+        plan used (``None`` if they cannot be made finite); updates the shift to the log-sum-exp."""
         d, g = self.d, self.g
         a = (self.xq.reshape(-1, d) @ np.swapaxes(U[:, :, :d], -1, -2))   # (nL, ng*q, D)
         a = a.reshape(self.nL, self.ng, self.q, self.D).transpose(1, 0, 2, 3)
         shared = not np.any(U[:, d, :d]) and (self.sum_items.pair_first or self._partners_alike(g))
-        plan = self._plan(1 if shared else g, "quad" if np.any(v[:, :d]) else "xy")
-        B, i0 = plan["B"], plan["i0"]
+        ge, feats = (1 if shared else g), ("quad" if np.any(v[:, :d]) else "xy")
+        rows = self.rows[feats]
+        plan = dict(feats=feats, nf=rows.stop - rows.start, i0=self.logit_rows.start - rows.start)
+        B, i0 = self._B.setdefault(ge, np.zeros((self.ng, ge, self.nL, self.q, d + 1))), plan["i0"]
         if shared:   # a_y == 0 exactly: both partners have the logits x . a_x
             B[:, 0, :, :, 1:] = a[..., :d]
         else:
             B[..., 1:] = a[:, None, :, :, :d] + a[:, None, :, :, d:] * self.w[:, :, None, None, :]
-        shift = None if self.shift is None else self.shift[:, :, : plan["ge"]]
+        shift = None if self.shift is None else self.shift[:, :, :ge]
         Mom = None
         if shift is not None:
             B[..., 0] = -shift.transpose(0, 2, 1, 3)
-            Mom = self._moments(plan)
+            Mom = self._passes(B, feats, shifted=True)[0]
         if Mom is None or not self._ok(Mom, i0):
             self.n_exact += 1
-            shift = self._exact_max(plan)
-            if not np.all(np.isfinite(shift)):
-                self.shift = None
-                return None, plan
-            B[..., 0] = -shift.transpose(0, 2, 1, 3)
-            Mom = self._moments(plan)
-            if not self._ok(Mom, i0):
+            B[..., 0] = 0.0
+            Mom, shift = self._passes(B, feats, shifted=False)
+            if not (np.all(np.isfinite(shift)) and self._ok(Mom, i0)):
                 self.shift = None
                 return None, plan
         if shared:

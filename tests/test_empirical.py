@@ -57,6 +57,16 @@ def test_large_logits_are_stable_and_select_the_top_atom():
         law.tilted_mean(np.array([1e308, 1e308]))
 
 
+def test_a_beyond_the_logit_bound_with_finite_logits_is_not_refused():
+    """|a| max |z_i| beyond float64 does not by itself refuse a: the logits are checked atom by atom
+    (here a.z_i = z_i1 exactly, the second coordinate of every atom being 0)."""
+    Z = np.array([[1.0, 0.0], [2.0, 0.0], [-1.0, 0.0]])
+    law = Empirical(Z, weights=[0.2, 0.3, 0.5])
+    a = np.array([[1.0, 1e305], [0.5, 1e308]])
+    np.testing.assert_array_equal(law.tilted_mean(a), law.tilted_mean(a * [1.0, 0.0]))
+    np.testing.assert_array_equal(law.snis_covariance(a), law.snis_covariance(a * [1.0, 0.0]))
+
+
 def test_moments_and_small_a_expansion():
     """mean and cov are the weighted moments (divisor 1); grad K(a) = mean + cov a + O(a^2)."""
     rng = _rng(3)

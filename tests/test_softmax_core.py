@@ -61,6 +61,9 @@ def test_reach_skips_columns_beyond_their_prompt():
     for c, r in enumerate(reach):
         np.testing.assert_allclose(P[r, :, c], full_P[r, :, c], rtol=1e-13)
         np.testing.assert_array_equal(P[r:, :, c], np.broadcast_to(P[r, :, c], P[r:, :, c].shape))
+    Mr, Pr = core.prefix_moments(phi, edges, A=A, X=X, reach=reach, at_reach=True)
+    np.testing.assert_array_equal(Pr, P[reach, :, np.arange(5)].transpose(1, 0, 2))
+    np.testing.assert_array_equal(Mr, M[reach, :, np.arange(5)].T)
     with pytest.raises(ValueError, match="non-decreasing"):
         core.prefix_moments(phi, edges, A=A, X=X, reach=reach[::-1])
 
@@ -116,3 +119,13 @@ def test_bad_arguments_are_refused(bad, match):
     edges = kw.pop("edges")
     with pytest.raises(ValueError, match=match):
         core.prefix_moments(phi, edges, **kw)
+
+
+def test_an_implicit_constant_feature_equals_a_stored_one():
+    rng = np.random.default_rng(8)
+    A, X, phi = _problem(rng)
+    edges = (0, 5, 60, 300)
+    M1, P1 = core.prefix_moments(phi, edges, A=A, X=X)
+    M2, P2 = core.prefix_moments(phi[:, 1:], edges, A=A, X=X, ones=True)
+    np.testing.assert_array_equal(M2, M1)
+    np.testing.assert_allclose(P2, P1, rtol=1e-13)

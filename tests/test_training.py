@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sfxlin.testing.reference_c3 import linear_step, softmax_step, train_reference, train_reference_all
-from sfxlin import icl, laws, training
+from sfxlin import icl, laws, softmax_core, training
 from sfxlin.training import SoftmaxPrefixEngine, TrainingDiverged, train, train_all, train_all_arrays
 
 ANISO = np.diag([2.0, 1.0, 0.5])
@@ -107,17 +107,30 @@ def test_shared_pass_changes_no_bit_along_a_plain_sum_run(setting, monkeypatch):
         np.testing.assert_array_equal(shared["softmax"][k], apart["softmax"][k])
 
 
-def test_a_partner_product_has_the_same_shape_shared_or_apart():
-    """What makes the shared pass exact by construction: every product of the engine's passes
-    has the same shape for one logit column per group (shared) as for each of two (apart), so no
-    bit can depend on how a BLAS kernel splits a product of more rows."""
+def test_a_partner_product_has_the_same_shape_shared_or_apart(monkeypatch):
+    """What makes the shared pass exact by construction: each partner column is one call of the
+    softmax core with arguments of the same shapes for one logit column per group (shared) as
+    for each of two (apart), so no bit can depend on how a BLAS kernel splits a product of more
+    rows."""
     tasks = _tasks(seed=5)
     eng = SoftmaxPrefixEngine(tasks, LS)
+    calls = []
+    real = softmax_core.prefix_moments
+
+    def spy(phi, edges, **kw):
+        calls.append((phi.shape, kw["A"].shape, kw["X"].shape, tuple(kw["reach"]), kw["shifted"], kw["cache_bytes"]))
+        return real(phi, edges, **kw)
+
+    monkeypatch.setattr(softmax_core, "prefix_moments", spy)
     for feats in ("xy", "quad"):
-        one, two = eng._plan(1, feats), eng._plan(2, feats)
-        for b1, b2 in zip(one["blocks"], two["blocks"]):
-            assert b1["S"].shape[2:] == b2["S"].shape[2:] and b1["M"].shape[1:] == b2["M"].shape[1:]
-            assert b1["cols"] == b2["cols"]
+        for ge in (1, 2):
+            B = np.zeros((eng.ng, ge, eng.nL, eng.q, eng.D))
+            calls.clear()
+            eng._passes(B, feats, shifted=True)
+            assert len(calls) == ge and len(set(calls)) == 1
+            if ge == 1:
+                one = calls[0]
+        assert calls[0] == one
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
