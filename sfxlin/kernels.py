@@ -703,9 +703,9 @@ def rf_limit(Sigma, U, V, q, W):
         raise ValueError(f"W must be (..., m, {S.shape[0]}), got {W.shape}")
     M = S @ np.linalg.inv(np.eye(S.shape[0]) + S)
     t = (W @ a[..., None])[..., 0] + 0.5 * np.sum((W @ M) * W, axis=-1)
-    pi = np.exp(t - t.max(axis=-1, keepdims=True))
-    pi /= pi.sum(axis=-1, keepdims=True)
-    return (pi[..., None, :] @ W)[..., 0, :] @ M.T @ V.T
+    lead = np.broadcast_shapes(t.shape[:-1], W.shape[:-2])
+    tilted = online_softmax_prefix(np.broadcast_to(t, lead + t.shape[-1:]), W, np.array([W.shape[-2]]))
+    return tilted[..., 0, :] @ M.T @ V.T
 
 
 def rf_feature_constant(Sigma, U, q):
