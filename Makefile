@@ -14,7 +14,7 @@ $(STAMP): setup.cfg pyproject.toml
 venv: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto
 
 reproduce: $(STAMP)
 	$(BIN)/sfxlin reproduce --out datasets

@@ -1,5 +1,6 @@
 """Determinism matrix: every experiment's quick profile gives the same bits on every scheduler,
 chunking and worker count (issue: sweeps that survive)."""
+import distributed
 import numpy as np
 import pytest
 
@@ -46,11 +47,22 @@ def test_local_schedulers_and_chunkings(reference, scheduler, chunking):
     assert label == scheduler or label.startswith(scheduler)
 
 
+@pytest.fixture(scope="module")
+def cluster():
+    """One LocalCluster of 2 single-threaded worker processes for every experiment (as
+    ``compute(workers=2)`` starts; tests/test_execution.py covers that path): the experiments
+    join it by address instead of paying a cluster start-up each."""
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as c:
+        yield c
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("workers", [2])
-def test_distributed_worker_counts(reference, workers):
+def test_distributed_worker_counts(reference, cluster):
     experiment, config, ref = reference
+    workers = len(cluster.workers)
     chunks = _chunkings(experiment, config)[workers]
-    ds, _, label = compute(build(experiment, config, chunks=chunks), workers=workers, progress=False)
+    ds, _, label = compute(build(experiment, config, chunks=chunks), address=cluster.scheduler_address,
+                           progress=False)
     _assert_same_bits(ds, ref)
-    assert f"n_workers={workers}" in label
+    assert label == f"distributed:{cluster.scheduler_address}" and workers == 2

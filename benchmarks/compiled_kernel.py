@@ -1,0 +1,172 @@
+"""Should the softmax core be compiled?  A side-by-side benchmark on the C3 workload.
+
+One step of the C3 paper engine exponentiates 785,664 logits (48 antithetic pairs x 2 queries x
+sum of L = 8 .. 4096) and takes 7 moments of each (the ``[x y, 1, x]`` features). This
+benchmark times, in one process and interleaved (best of ``repeats``):
+
+* ``np.exp`` alone on that many logits (the floor of any exact float64 engine that calls it);
+* the package's core, :func:`sfxlin.softmax_core.prefix_moments` (numpy: a batched product for
+  the logits, an in-place ``np.exp``, a product for the moments);
+* with numba installed (it is not a dependency: ``pip install numba`` to run this part), two
+  compiled kernels fusing logits, exponential and moments in one pass over the tokens, with an
+  exponential of their own (Cody-Waite reduction, degree-13 Taylor polynomial, exponent by bit
+  manipulation: 1 ulp, vectorised by LLVM; numba's wheels have no SVML):
+  - *specialised*: 3 logit coefficients and 7 moment accumulators written out as scalars (the
+    fastest form found, but one kernel per feature count);
+  - *generic*: any number of features, through a cache-sized buffer of exponentials.
+
+All four compute the same sums; their agreement with the core is printed.
+``python -m sfxlin.benchmarks.compiled_kernel``.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from sfxlin import softmax_core
+
+__all__ = ["bench_compiled"]
+
+LS = tuple(8 * 2**k for k in range(10))
+
+
+def _workload(seed=0, G=48, q=2, d=3, F=7):
+    rng = np.random.default_rng(seed)
+    T = LS[-1]
+    X = rng.standard_normal((G, d, T))
+    phi = rng.standard_normal((G, F, T))
+    phi[:, 0] = 1.0
+    C = len(LS) * q
+    A = 0.3 * rng.standard_normal((G, C, d))
+    reach = np.repeat(np.arange(len(LS)), q)
+    return A, X, phi, reach
+
+
+def _numba_kernels():
+    """The two compiled kernels, or None without numba."""
+    try:
+        from llvmlite import ir
+        from numba import njit, types
+        from numba.extending import intrinsic
+    except ImportError:
+        return None
+
+    @intrinsic
+    def as_int(typingctx, x):
+        return types.int64(types.float64), lambda ctx, b, sig, args: b.bitcast(args[0], ir.IntType(64))
+
+    @intrinsic
+    def as_float(typingctx, x):
+        return types.float64(types.int64), lambda ctx, b, sig, args: b.bitcast(args[0], ir.DoubleType())
+
+    ln2_hi, ln2_lo, log2e, magic, one = 6.93147180369123816490e-01, 1.90821492927058770002e-10, \
+        1.44269504088896338700e+00, 6755399441055744.0, 1023 << 52
+    c = tuple(1.0 / math.factorial(i) for i in range(14))
+
+    @njit(nogil=True, inline="always")
+    def fexp(x):
+        y = min(max(x, -708.0), 709.0)
+        t = y * log2e + magic
+        k = t - magic
+        r = (y - k * ln2_hi) - k * ln2_lo
+        p = c[13]
+        for i in range(12, -1, -1):
+            p = p * r + c[i]
+        return p * as_float((as_int(t) << 52) + one)
+
+    @njit(nogil=True, fastmath={"reassoc", "contract"})
+    def specialised(A, X, P, ends, out):
+        for g in range(A.shape[0]):
+            x1, x2, x3 = X[g, 0], X[g, 1], X[g, 2]
+            p0, p1, p2, p3, p4, p5, p6 = P[g, 0], P[g, 1], P[g, 2], P[g, 3], P[g, 4], P[g, 5], P[g, 6]
+            for col in range(A.shape[1]):
+                b1, b2, b3 = A[g, col, 0], A[g, col, 1], A[g, col, 2]
+                a0 = a1 = a2 = a3 = a4 = a5 = a6 = 0.0
+                for t in range(ends[col]):
+                    e = fexp(b1 * x1[t] + b2 * x2[t] + b3 * x3[t])
+                    a0 += e * p0[t]
+                    a1 += e * p1[t]
+                    a2 += e * p2[t]
+                    a3 += e * p3[t]
+                    a4 += e * p4[t]
+                    a5 += e * p5[t]
+                    a6 += e * p6[t]
+                out[g, col, 0], out[g, col, 1], out[g, col, 2], out[g, col, 3] = a0, a1, a2, a3
+                out[g, col, 4], out[g, col, 5], out[g, col, 6] = a4, a5, a6
+
+    @njit(nogil=True, fastmath={"reassoc", "contract"})
+    def generic(A, X, P, ends, out):
+        chunk = 256
+        s = np.empty(chunk)
+        for g in range(A.shape[0]):
+            for col in range(A.shape[1]):
+                out[g, col] = 0.0
+                for t0 in range(0, ends[col], chunk):
+                    n = min(chunk, ends[col] - t0)
+                    s[:n] = 0.0
+                    for k in range(A.shape[2]):
+                        a, x = A[g, col, k], X[g, k, t0:t0 + n]
+                        for i in range(n):
+                            s[i] += a * x[i]
+                    for i in range(n):
+                        s[i] = fexp(s[i])
+                    for f in range(P.shape[1]):
+                        p, r = P[g, f, t0:t0 + n], 0.0
+                        for i in range(n):
+                            r += s[i] * p[i]
+                        out[g, col, f] += r
+
+    return specialised, generic
+
+
+def _best(fn, repeats):
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return 1e3 * best
+
+
+def bench_compiled(repeats=20, verbose=True):
+    """Times (ms, best of ``repeats``, interleaved) of the four ways; returns a dict with the
+    times, the ratios to the ``np.exp`` floor and the agreement with the core."""
+    A, X, phi, reach = _workload()
+    edges = (0,) + LS
+    n_exp = int(A.shape[0] * sum(LS) * 2)
+    s = np.random.default_rng(1).uniform(-10.0, 0.0, n_exp)
+    out_exp = np.empty_like(s)
+    work = {}
+    core = lambda: softmax_core.prefix_moments(phi, edges, A=A, X=X, reach=reach, shifted=True,
+                                               at_reach=True, work=work)[1]
+    ref = core()
+    arms = {"np.exp floor": lambda: np.exp(s, out=out_exp), "softmax_core (numpy)": core}
+    kernels = _numba_kernels()
+    agree = {}
+    if kernels is not None:
+        ends = np.asarray(LS)[reach].astype(np.int64)
+        outs = {name: np.zeros(ref.shape) for name in ("numba specialised", "numba generic")}
+        for name, k in zip(outs, kernels):
+            k(A, X, phi, ends, outs[name])                     # compile
+            agree[name] = float(np.max(np.abs(outs[name] - ref)) / np.max(np.abs(ref)))
+            arms[name] = (lambda k=k, o=outs[name]: k(A, X, phi, ends, o))
+    times = {name: math.inf for name in arms}
+    for _ in range(repeats):
+        for name, fn in arms.items():
+            times[name] = min(times[name], _best(fn, 1))
+    floor = times["np.exp floor"]
+    if verbose:
+        print(f"softmax moments of one C3 engine step ({n_exp:,} logits, 7 features), best of {repeats}, interleaved:")
+        for name, t in times.items():
+            extra = f"   agrees with the core to {agree[name]:.1e}" if name in agree else ""
+            print(f"  {name:<22} {t:7.3f} ms   {t / floor:5.2f}x the floor   {times['softmax_core (numpy)'] / t:5.2f}x "
+                  f"the core's speed{extra}")
+        if kernels is None:
+            print("  (numba not installed: pip install numba to time the compiled kernels)")
+    return dict(ms=times, ratio_to_floor={k: v / floor for k, v in times.items()}, agreement=agree, n_exp=n_exp)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    bench_compiled()
