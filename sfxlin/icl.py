@@ -48,7 +48,7 @@ __all__ = [
     "Tasks", "make_tasks", "check_L", "check_model", "Ghat", "Gamma_w", "init_alpha", "init_theta",
     "bayes_optimum", "off_block_mass", "theta_distance", "ridge_risk",
     "softmax_predict", "linear_predict", "softmax_risk_grad", "linear_risk_grad",
-    "model_matrix", "risk", "risk_grad", "MODELS",
+    "model_matrix", "risk", "risk_grad", "pair_index", "MODELS",
 ]
 
 MODELS = ("softmax", "linear", "linear_inf")
@@ -354,6 +354,15 @@ def _params(U, v):
     return U, v
 
 
+def pair_index(d):
+    """``(d, d)`` symmetric integer array: the position of ``x_i x_j`` among the products
+    ``x_i x_j, i <= j`` in ``np.triu_indices(d)`` order (the quadratic token features)."""
+    iu = np.triu_indices(d)
+    full = np.zeros((d, d), dtype=int)
+    full[iu] = np.arange(iu[0].size)
+    return full + full.T - np.diag(np.diag(full))
+
+
 def _softmax_moments(U, Z, z_q, v=None):
     """Moments of ``p = softmax(Z U z_q)`` over the tokens (one group of
     :func:`sfxlin.softmax_core.prefix_moments` per task, its columns the parameters and queries):
@@ -384,11 +393,7 @@ def _softmax_moments(U, Z, z_q, v=None):
         return E[..., :D]
     if not pairs:
         return E[..., :D], E[..., D:]
-    iu = np.triu_indices(D)
-    full = np.zeros((D, D), dtype=int)
-    full[iu] = np.arange(iu[0].size)
-    full = full + full.T - np.diag(np.diag(full))
-    return E[..., :D], np.einsum("...nqij,...j->...nqi", E[..., D:][..., full], v)
+    return E[..., :D], np.einsum("...nqij,...j->...nqi", E[..., D:][..., pair_index(D)], v)
 
 
 def softmax_predict(U, v, Z, z_q):

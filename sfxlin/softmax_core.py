@@ -34,9 +34,10 @@ non-decreasing, so that the columns active in block ``b`` are a suffix. A column
 past its reach stay those of its reach; ``at_reach`` returns only those.
 
 Why numpy and not a compiled kernel: measured side by side in one run (docs/performance.md,
-section 9), a numba kernel fusing logits, an exponential and the moments in one pass reaches
-1.35x this core's speed only when specialised to one feature count, and none when generic; it
-would add a compiler and a compile per process for that.
+section 9, ``python -m sfxlin.benchmarks.compiled_kernel``), a numba kernel fusing logits, an
+exponential and the moments in one pass reaches 1.20x this core's speed on a quiet machine only
+when specialised to one feature count, and 0.95x when generic; it would add a compiler and a
+compile per process for that.
 """
 from __future__ import annotations
 

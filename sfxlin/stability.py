@@ -169,11 +169,7 @@ def _softmax_moments_all(U, tasks, XT, Phi, Ls):
         out = np.broadcast_to(out, (npair, nt, g, q, nL, out.shape[-1]))
     out = out.transpose(1, 0, 2, 3, 4, 5).reshape(nt, n, q, nL, -1)  # (t, n, q, L, nf - 1)
     m1 = out[..., :d]
-    iu = np.triu_indices(d)
-    full = np.zeros((d, d), dtype=int)
-    full[iu] = np.arange(len(iu[0]))
-    full = full + full.T - np.diag(np.diag(full))
-    m2 = out[..., d:][..., full]                                     # (t, n, q, L, d, d)
+    m2 = out[..., d:][..., icl.pair_index(d)]                        # (t, n, q, L, d, d)
     return m1, m2
 
 

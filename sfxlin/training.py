@@ -326,10 +326,7 @@ class SoftmaxPrefixEngine:
         # feature rows: [x_i y (d) | 1 | x_i (d) | x_i x_j (nquad)]
         self.rows = {"xy": slice(0, 2 * d + 1), "quad": slice(d, 2 * d + 1 + nquad)}
         self.logit_rows = slice(d, 2 * d + 1)
-        full = np.zeros((d, d), dtype=int)                      # index of x_i x_j among quad
-        full[iu] = np.arange(nquad)
-        full = full + full.T - np.diag(np.diag(full))
-        self._m2_index = 1 + d + full                           # within the "quad" rows
+        self._m2_index = 1 + d + icl.pair_index(d)               # x_i x_j within the "quad" rows
         Phi = np.empty((ng, 2 * d + 1 + nquad, Ls[-1]))          # feature rows, tokens last
         xb = X[:, : Ls[-1], :].transpose(0, 2, 1)                 # (ng, d, tokens)
         Phi[:, :d, :] = xb * Y[:, None, : Ls[-1]]
