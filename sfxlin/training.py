@@ -417,7 +417,9 @@ class SoftmaxPrefixEngine:
         ge, feats = (1 if shared else g), ("quad" if np.any(v[:, :d]) else "xy")
         rows = self.rows[feats]
         plan = dict(feats=feats, nf=rows.stop - rows.start, i0=self.logit_rows.start - rows.start)
-        B, i0 = self._B.setdefault(ge, np.zeros((self.ng, ge, self.nL, self.q, d + 1))), plan["i0"]
+        B, i0 = self._B.get(ge), plan["i0"]
+        if B is None:
+            B = self._B[ge] = np.zeros((self.ng, ge, self.nL, self.q, d + 1))
         if shared:   # a_y == 0 exactly: both partners have the logits x . a_x
             B[:, 0, :, :, 1:] = a[..., :d]
         else:
