@@ -32,6 +32,8 @@ training at the largest ``L_train``. Paper profile (12 cells): 268 s wall, 164 s
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from sfxlin import icl, laws
@@ -48,15 +50,19 @@ PARAMS = (
     Param("d", "int", "covariate dimension; tokens (x, y) have D = d + 1", 3, low=1),
     Param("heads", "int_list", "numbers of heads H", Profiles(quick=[1], paper=[1, 2]), low=1, order="increasing",
           grid=True),
-    Param("n_seeds", "int", "independent replicates per grid point", Profiles(quick=1, paper=2), low=1, grid=True),
+    Param("n_seeds", "int", "independent replicates per grid point", Profiles(quick=1, paper=4), low=1, grid=True),
     Param("U_scale", "float", "initial U entries N(0, U_scale^2 / D)", 0.25, low=0, low_open=True),
     Param("V_scale", "float", "initial V entries N(0, V_scale^2 / D)", 0.1, low=0, low_open=True),
     Param("v_scale", "float", "initial read-out entries N(0, v_scale^2 / D)", 1.0, low=0, low_open=True),
     Param("depth_max", "int", "(a) layers of the fixed random model; every depth 1..depth_max is read out",
           Profiles(quick=2, paper=4), low=1, parts=("",)),
     Param("L", "int_list", "(a) nested prompt lengths",
-          Profiles(quick=[8, 16, 32], paper=[16, 32, 64, 128, 256, 512, 1024]), unit="tokens", low=1,
+          Profiles(quick=[8, 16, 32], paper=[2**k for k in range(4, 15)]), unit="tokens", low=1,
           order="increasing", min_len=3, why="the analysis fits log-log slopes in L", parts=("",)),
+    Param("lambda_cap", "float", "(a) every head's U is scaled down, layer by layer, until lambda_{l,h} = "
+          "||Sigma_l^(1/2) U_{l,h} Sigma_l^(1/2)||_op^2 <= lambda_cap on every task (models.cap_lambdas): below 1/2 "
+          "softmax's error constant has a finite mean over Gaussian queries, below 1/4 a finite variance", 0.2,
+          low=0, low_open=True, parts=("",)),
     Param("n_pairs", "int", "(a) antithetic task pairs per cell", Profiles(quick=2, paper=12), low=1, parts=("",)),
     Param("n_queries", "int", "(a) queries per task", Profiles(quick=2, paper=8), low=1, parts=("",)),
     Param("depths", "int_list", "(b) depths K trained", Profiles(quick=[1], paper=[1, 2]), low=1,
@@ -125,20 +131,27 @@ def kernel(cell, rng, config):
 
     d, Ls = config["d"], list(config["L"])
     model = models.Transformer(d + 1, config["depth_max"], cell["heads"])
-    params = model.init(rng, config["U_scale"], config["V_scale"], config["v_scale"])
+    drawn = model.init(rng, config["U_scale"], config["V_scale"], config["v_scale"])
     tasks = _tasks(rng, d, config["n_pairs"], config["n_queries"], Ls[-1])
     Gamma = icl.Gamma_w(tasks.Sigma, tasks.w)
+    params, scale = models.cap_lambdas(model, drawn, Gamma, config["lambda_cap"])
     lim, Sig = models.limit_layers(model, params, Gamma, tasks.z_q, moments=True)
     err = np.empty((len(KERNELS), model.n_layers, len(Ls)))
     med, cov = np.empty_like(err), np.empty_like(err)
     norm = np.linalg.norm(Sig, axis=(-2, -1))                              # (K, n)
     for i, k in enumerate(KERNELS):
         for j, L in enumerate(Ls):
-            pred, G = models.predict_layers(model, k, params, tasks.prompt(L), tasks.z_q, moments=True)
+            with warnings.catch_warnings():
+                # the cap holds for the population covariances Sigma_l (Gamma_w pushed forward); the warning
+                # reads the prompts' empirical second moment, which at the smallest L overstates lambda
+                warnings.simplefilter("ignore", models.RateConditionWarning)
+                pred, G = models.predict_layers(model, k, params, tasks.prompt(L), tasks.z_q, moments=True)
             sq = ((pred - lim) ** 2).reshape(model.n_layers, -1)
             err[i, :, j], med[i, :, j] = sq.mean(axis=-1), np.median(sq, axis=-1)
             cov[i, :, j] = np.mean(np.linalg.norm(G - Sig, axis=(-2, -1)) / norm, axis=-1)
-    return {"err": err, "err_median": med, "cov_err": cov, "out_sq": np.mean(lim**2, axis=(-2, -1))}
+    return {"err": err, "err_median": med, "cov_err": cov, "out_sq": np.mean(lim**2, axis=(-2, -1)),
+            "lambda_drawn": models.head_lambdas(model, drawn, Gamma).max(axis=(1, 2)),
+            "lambda_max": models.head_lambdas(model, params, Gamma).max(axis=(1, 2)), "U_shrink": scale.min(axis=1)}
 
 
 def train_kernel(cell, rng, config):
@@ -188,6 +201,13 @@ VARIABLES = (
              "Gaussian pushforward A_{l-1} Sigma_{l-1} A_{l-1}^T, Sigma_1 = Gamma_w."),
     Variable("out_sq", (*_A, "layer"), "mean squared limit output",
              "mean over tasks and queries of pred_inf^2 after layer l (the scale of err)."),
+    Variable("lambda_drawn", (*_A, "layer"), "largest lambda of the drawn model",
+             "max over heads and tasks of lambda_{l,h} = ||Sigma_l^(1/2) U_{l,h} Sigma_l^(1/2)||_op^2 (Sigma_1 = "
+             "Gamma_w) of the model as drawn, before lambda_cap."),
+    Variable("lambda_max", (*_A, "layer"), "largest lambda of the model measured",
+             "max over heads and tasks of lambda_{l,h} after every head is capped at lambda_cap (models.cap_lambdas)."),
+    Variable("U_shrink", (*_A, "layer"), "smallest factor a head's U was scaled by",
+             "min over heads of the factor c <= 1 applied to U_{l,h} by the cap (1: no head of the layer capped)."),
     Variable("D_inf", (*_B, "model", "L_train", "t"), "distance to the limit model's trajectory",
              "||theta_L(t) - theta_inf(t)|| over all parameters (U, V, v), same initialisation and tasks.",
              part="train"),

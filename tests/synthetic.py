@@ -366,7 +366,8 @@ def c1_kernels(L=(16, 32, 64, 128)):
 
 def c3_deep(L=(16, 32, 64, 128, 256, 512, 1024), L_train=(8, 16, 32, 64, 128)):
     """``c3_deep`` file: (a) ``err = 2^(l-1) * 16 / L`` (layer l; constant 16 * 2^(l-1), growth
-    2^(l-1); heads 2 twice as large; linear 0.9x; median 0.2x), ``cov_err = 0.5 (L/16)^-1/2``, ``out_sq = 1``;
+    2^(l-1); heads 2 twice as large; linear 0.9x; median 0.2x), ``cov_err = 0.5 (L/16)^-1/2``, ``out_sq = 1``,
+    ``lambda_drawn = 0.6`` capped to ``lambda_max = 0.2``;
     seeds 0.5x and 1.5x. (b) ``D_inf`` softmax ``(L/8)^-1/2`` at t = 10 (the sup), half at t = 20,
     0 at t = 0; linear 0.9x; ``D_linL`` 0.1x; held-out risk 1 -> 0.1 (limit model 1 -> 0.2)."""
     L, Lt = np.asarray(L), np.asarray(L_train)
@@ -386,6 +387,9 @@ def c3_deep(L=(16, 32, 64, 128, 256, 512, 1024), L_train=(8, 16, 32, 64, 128)):
          "err_median": (("heads", "seed", "kernel", "layer", "L"), 0.2 * err),
          "cov_err": (("heads", "seed", "kernel", "layer", "L"), cov),
          "out_sq": (("heads", "seed", "layer"), np.ones((2, 2, 3))),
+         "lambda_drawn": (("heads", "seed", "layer"), np.full((2, 2, 3), 0.6)),
+         "lambda_max": (("heads", "seed", "layer"), np.full((2, 2, 3), 0.2)),
+         "U_shrink": (("heads", "seed", "layer"), np.full((2, 2, 3), 0.58)),
          "D_inf": ((*g, "model", "L_train", "t"), D),
          "D_linL": ((*g, "L_train", "t"), 0.1 * D[:, :, :, 0]),
          "risk": ((*g, "model", "L_train", "t"), np.broadcast_to(np.array([1.0, 0.5, 0.1]), D.shape).copy()),

@@ -8,6 +8,7 @@ closed form with ``Gamma_w``; softmax by a plain loop. Same float64 sums in othe
 from __future__ import annotations
 
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -64,7 +65,8 @@ def _draws(config, cell, part):
     if part == "":
         model = M.Transformer(d + 1, config["depth_max"], cell["heads"])
         p = model.init(rng, config["U_scale"], config["V_scale"], config["v_scale"])
-        return p, c3_deep._tasks(rng, d, config["n_pairs"], config["n_queries"], config["L"][-1])
+        tasks = c3_deep._tasks(rng, d, config["n_pairs"], config["n_queries"], config["L"][-1])
+        return M.cap_lambdas(model, p, icl.Gamma_w(tasks.Sigma, tasks.w), config["lambda_cap"])[0], tasks
     model = M.Transformer(d + 1, cell["depth"], cell["heads"])
     p = model.init(rng, config["U_scale"], config["V_scale"], config["v_scale"])
     L = config["L_train"][-1]
@@ -73,14 +75,23 @@ def _draws(config, cell, part):
 
 
 def test_part_a_cell_against_numpy():
-    """Also: the cell's random model breaks the softmax 1/L condition (lambda >= 1/2 on its prompts,
-    docs/deep.md), as the quick and paper grids of part (a) do: its softmax evaluations warn."""
+    """Also: the drawn model breaks the softmax 1/L condition (lambda >= 1/2, docs/deep.md), and the
+    cell measures it capped at lambda_cap (every layer's largest lambda at the cap, none above), without
+    a warning (the cap holds for the population covariances the warning cannot see)."""
     config = _config()
     cell = {"heads": 1, "seed": 0}
-    with pytest.warns(M.RateConditionWarning, match="layer 2 head 1"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", M.RateConditionWarning)
         out = run_cell(c3_deep.EXPERIMENT, config, cell)
     p, tasks = _draws(config, cell, "")
     K = config["depth_max"]
+    assert out["lambda_drawn"].max() > M.LAMBDA_BOUND
+    # layer 1 sees Gamma_w whatever the cap does: its largest lambda is the drawn one, capped
+    np.testing.assert_allclose(out["lambda_max"][0], min(out["lambda_drawn"][0], config["lambda_cap"]), rtol=1e-10)
+    assert np.all(out["lambda_max"] <= config["lambda_cap"] * (1 + 1e-10)) and np.all(out["U_shrink"] <= 1)
+    model = M.Transformer(config["d"] + 1, K, 1)
+    lam = M.head_lambdas(model, p, icl.Gamma_w(tasks.Sigma, tasks.w)).max(axis=(1, 2))
+    np.testing.assert_allclose(lam, out["lambda_max"], rtol=1e-12)
     lim, Sig = _closed_form(p, icl.Gamma_w(tasks.Sigma, tasks.w), tasks.z_q, K, 1)
     np.testing.assert_allclose(out["out_sq"], np.mean(lim**2, axis=(1, 2)), rtol=1e-12)
     lin = c3_deep.KERNELS.index("linear")

@@ -330,6 +330,28 @@ def test_head_lambdas_are_the_top_eigenvalues_of_the_explicit_products(kw):
         M.head_lambdas(model, p, Sigma[0])
 
 
+@pytest.mark.parametrize("kw", [dict(), dict(d_k=2)])
+def test_cap_lambdas_caps_every_head_layer_by_layer_and_leaves_the_others(kw):
+    tasks = _tasks(seed=26)
+    model = M.Transformer(4, 3, 2, **kw)
+    p = model.init(np.random.default_rng(27), 1.5, 0.5)
+    Sigma = icl.Gamma_w(tasks.Sigma, tasks.w)
+    before = _lambda_direct(model, p, Sigma).max(axis=-1)               # (K, H)
+    capped, scale = M.cap_lambdas(model, p, Sigma, 0.2)
+    after = _lambda_direct(model, capped, Sigma).max(axis=-1)           # the explicit products, not head_lambdas
+    assert before[0].min() > 0.2                                        # the draw needs capping from layer 1
+    assert np.all(after <= 0.2 * (1 + 1e-10))
+    capped_heads = scale < 1
+    np.testing.assert_allclose(after[capped_heads], 0.2, rtol=1e-10)   # a capped head sits at the cap
+    key = "U" if "U" in p else "W_K"
+    for l, h in zip(*np.nonzero(~capped_heads)):
+        np.testing.assert_array_equal(capped[key][l, h], p[key][l, h])
+    np.testing.assert_array_equal(capped["v"], p["v"])
+    assert np.all(p[key] == model.init(np.random.default_rng(27), 1.5, 0.5)[key])   # the input is not modified
+    with pytest.raises(ValueError, match="cap must"):
+        M.cap_lambdas(model, p, Sigma, 0.0)
+
+
 def _one_bad_head(lam_bad, lam_good=0.3):
     """A 2-layer, 2-head model and prompts on which layer 1 leaves the tokens unchanged (V = 0) with
     lambda = 0.1 on both heads and layer 2's heads have max-over-tasks lambda = lam_good (head 1) and

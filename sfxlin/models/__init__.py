@@ -6,8 +6,8 @@ Importing this package imports JAX and switches on its float64 mode (a JAX-wide 
 touches nothing outside JAX); ``import sfxlin`` and the command line never import it.
 """
 from .optimise import METHODS, train
-from .transformer import (LAMBDA_BOUND, LINEAR_LIMIT, RateConditionWarning, Transformer, flatten, head_lambdas,
-                          limit_layers, predict, predict_layers, risk, risk_and_grad)
+from .transformer import (LAMBDA_BOUND, LINEAR_LIMIT, RateConditionWarning, Transformer, cap_lambdas, flatten,
+                          head_lambdas, limit_layers, predict, predict_layers, risk, risk_and_grad)
 
-__all__ = ["LAMBDA_BOUND", "LINEAR_LIMIT", "METHODS", "RateConditionWarning", "Transformer", "flatten", "head_lambdas",
-           "limit_layers", "predict", "predict_layers", "risk", "risk_and_grad", "train"]
+__all__ = ["LAMBDA_BOUND", "LINEAR_LIMIT", "METHODS", "RateConditionWarning", "Transformer", "cap_lambdas", "flatten",
+           "head_lambdas", "limit_layers", "predict", "predict_layers", "risk", "risk_and_grad", "train"]

@@ -60,7 +60,7 @@ from ..kernels import Kernel, as_kernel
 from ._jax import jax, jnp
 
 __all__ = ["LINEAR_LIMIT", "Transformer", "predict", "predict_layers", "limit_layers",
-           "head_lambdas", "RateConditionWarning", "LAMBDA_BOUND", "risk", "risk_and_grad", "flatten",
+           "head_lambdas", "cap_lambdas", "RateConditionWarning", "LAMBDA_BOUND", "risk", "risk_and_grad", "flatten",
            "model_data", "loss_and_grad", "BLOCK"]
 
 _LOGIT_BYTES = 1 << 26
@@ -361,6 +361,31 @@ def head_lambdas(model, params, Sigma):
     R = _square_root(covariances)[:, None]                           # (K, 1, n, D, D)
     B = R @ _U(model, p, np)[:, :, None] @ R                          # (K, H, n, D, D)
     return np.linalg.norm(B, ord=2, axis=(-2, -1)) ** 2
+
+
+def cap_lambdas(model, params, Sigma, cap):
+    """``params`` with every head's ``U_{l,h}`` scaled down (by ``c <= 1``; ``W_K`` and ``W_Q`` each
+    by ``sqrt(c)``) so that ``max over tasks of lambda_{l,h} <= cap`` (:func:`head_lambdas` along
+    ``Sigma (n, D, D)``); heads already within the cap are unchanged. Layer by layer: scaling
+    layer ``l`` changes the covariances of the layers after it, so each layer is capped along the
+    covariances its capped predecessors give. Returns ``(params, scale (K, H))``, new arrays.
+
+    ``cap < 1/2`` (:data:`LAMBDA_BOUND`) makes softmax's error constant to the deep limit finite
+    in mean over Gaussian queries, ``cap < 1/4`` in variance too."""
+    if not np.isfinite(cap) or cap <= 0:
+        raise ValueError(f"cap must be a positive number, got {cap!r}")
+    p = {k: np.array(v, dtype=float) for k, v in model.params(**params).items()}
+    scale = np.ones((model.n_layers, model.n_heads))
+    for l in range(model.n_layers):
+        lam = head_lambdas(model, p, Sigma)[l].max(axis=-1)                # (H,)
+        c = np.sqrt(np.where(lam > cap, cap / np.where(lam > 0, lam, 1.0), 1.0))   # lambda is quadratic in U
+        scale[l] = c
+        if "U" in p:
+            p["U"][l] *= c[:, None, None]
+        else:
+            p["W_K"][l] *= np.sqrt(c)[:, None, None]
+            p["W_Q"][l] *= np.sqrt(c)[:, None, None]
+    return p, scale
 
 
 def _warn_rate_condition(model, kern, params, Z, stacklevel):
