@@ -173,6 +173,25 @@ def kernel(cell, rng, config):
     }
 
 
+def cell_work(config, part):
+    """Work of one cell of ``part`` in its non-grid parameters (``sfxlin run --plan``'s cost law,
+    :mod:`sfxlin.engine.plan`; the grid dims' costs are fitted): each query and prompt draws
+    ``L_max`` tokens per law and the scaled-U control re-reads every prefix ``L`` of the Gaussian
+    one; ``CELL_OVERHEAD_WORK`` is the fixed cost of a cell (its set-up and the closed forms per query
+    and L) in the same units. The quadrature check reads nothing of the sweep: None (it costs what it
+    cost)."""
+    if part:
+        return None
+    Ls = config["L"]
+    return config["n_queries"] * config["n_prompts"] * (len(config["laws"]) * max(Ls) + sum(Ls)) + CELL_OVERHEAD_WORK
+
+
+#: a main cell's fixed cost in :func:`cell_work` units: warm CPU seconds of the cell d=2, U_norm=0.1
+#: (``python -m sfxlin.engine.plan c1_limit --cell d=2,U_norm=0.1,seed=0 --set ...`` over L_max 64 ..
+#: 8192, n_queries x n_prompts 6x8 and 32x16) follow 0.008 s + 4.6e-8 s per unit of work: 0.008 / 4.6e-8
+CELL_OVERHEAD_WORK = 175_000
+
+
 def no_grid(config):
     """The quadrature check is one cell."""
     return {}

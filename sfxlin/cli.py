@@ -3,7 +3,7 @@
     sfxlin check [--out DIR] [--fresh] [--resamples N]
     sfxlin run EXP [--profile quick|paper] [--set KEY=VALUE ...] [--out DIR] [--name NAME] [--force]
                    [--fresh] [--workers N | --scheduler ADDR | --local-scheduler S] [--chunks DIM=N]
-                   [--quiet | --verbose] [--strict]
+                   [--quiet | --verbose] [--strict] [--plan]
     sfxlin rerun FILE.nc [--out DIR] [--name NAME] [the options of run but --profile and --set]
     sfxlin merge A.nc B.nc [...] -o C.nc
     sfxlin cells OUT [--experiment EXP] [--prune [--all]]
@@ -286,6 +286,12 @@ def cmd_run(args):
     config = experiment.configure(args.profile, args.set)
     out_dir = Path(args.out) if args.out else default_out(args.profile, args.set)
     name = args.name or experiment.name
+    if getattr(args, "plan", False):
+        from .engine.plan import format_plan, make_plan
+
+        workers = args.workers or (1 if args.local_scheduler == "synchronous" else None)
+        print(format_plan(make_plan(experiment, config, out_dir, workers=workers, fresh=args.fresh)))
+        return 0
     rows = run_experiment(experiment, config, out_dir, name, args)
     return strict_status(rows, out_dir / f"{name}.nc") if args.strict else 0
 
@@ -744,6 +750,10 @@ def parser():
                      help="override a parameter of the profile, each at most once (lists comma-separated), "
                           "e.g. --set d=2,3")
     _run_options(run)
+    run.add_argument("--plan", action="store_true",
+                     help="print the cells, those kept in --out by earlier runs, those to compute and their expected "
+                          "CPU and wall seconds (cost laws fitted on the shipped paper files' cell timelines), "
+                          "then exit 0: nothing is computed or written")
     rerun = command("rerun", "rerun a results file from its stored experiment, profile and configuration", cmd_rerun)
     rerun.add_argument("file", help="a results file (FILE.nc), or an experiment name in the paper results' folder")
     _run_options(rerun)
