@@ -70,8 +70,8 @@ def unit_line_np(logL: np.ndarray, y: np.ndarray):
     The line ``(c, s)`` is the OLS line of ``log ybar`` on ``[1, logL]``; it is exactly the mean of
     the unit lines ``(c_g, s_g)`` of the pseudo-observations ``log ybar + (y_g - ybar) / ybar``
     (the linearisation of :func:`sfxlin.analysis.fits.clustered_loglog_np`), so its covariance is
-    the units' sample covariance over ``G`` (the delta-method cluster covariance, CR0 with ``G - 1``
-    dof). Returns ``(c, s, cov (2, 2), G)``."""
+    the units' sample covariance over ``G``: statsmodels' CR1 cluster covariance of that fit but
+    its factor ``(nG - 1) / (nG - 2)``. Returns ``(c, s, cov (2, 2), G)``."""
     ybar = y.mean(axis=1)
     z = np.log(ybar)[:, None] + (y - ybar[:, None]) / ybar[:, None]
     X = np.stack([np.ones_like(logL), logL], axis=1)
