@@ -143,7 +143,7 @@ class _Arrays:
             if fit.reason:
                 return Inconclusive(f"{s}: {fit.reason} (L >= {REGIME:g} x weight_ratio"
                                     f"{' x tau' if s == 'window' else ''})")
-        return np.array([f(fit) for fit in self.fits]).ravel()
+        return np.concatenate([np.ravel(f(fit)) for fit in self.fits]).astype(float)
 
 
 CRITERIA = Criteria("C1", prepare=_Arrays, units=UNITS)
@@ -346,6 +346,11 @@ def figure(ds, path):
         ax.loglog(L, np.sqrt(ds.mse.sel(sampling=s).mean(UNITS) / lim), "-o", ms=3, color=c, label=f"{s}: to exact")
         ax.loglog(L, np.sqrt(ds.mse_gauss.sel(sampling=s).mean(UNITS) / lim), "--s", ms=3, color=c, alpha=0.6,
                   label=f"{s}: to surrogate")
+        f = _Fit(ds, s)
+        if f.line is not None:
+            Lf = np.geomspace(L[0], max(L[-1], float(np.nanmax(ls.L_star.sel(sampling=s).values, initial=L[-1]))), 50)
+            ax.loglog(Lf, np.sqrt(np.exp(f.line[0]) * Lf ** f.line[1] / lim), ":", color=c, lw=1,
+                      label=f"{s}: fitted line")
         for e in ls.eps.values:
             v = float(ls.L_star.sel(sampling=s, eps=e))
             if np.isfinite(v):
