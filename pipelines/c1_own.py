@@ -79,7 +79,7 @@ PARAMS = (
           "(contiguous windows of the file in its order, for a file that is a sequence; the built-in set's order is "
           "the data set's, not a sequence)", ["iid"], choices=SAMPLINGS, grid=True),
     Param("L", "int_list", "nested prompt lengths",
-          Profiles(quick=[16, 32, 64, 128, 256], paper=[16, 32, 64, 128, 256, 512]), unit="tokens", low=1,
+          Profiles(quick=[16, 32, 64, 128, 256], paper=[16, 32, 64, 128, 256, 512, 1024, 2048]), unit="tokens", low=1,
           order="increasing", min_len=3, why="the analysis fits log-log slopes in L"),
     Param("n_seeds", "int", "independent replicates (cells) per sampling", Profiles(quick=2, paper=4), low=1,
           grid=True),

@@ -278,3 +278,25 @@ def test_quick_profile_runs_and_is_small():
     assert set(ds.sampling.values) == {"iid"} and wall < 3
     rows = analysis.verdicts(ds, resamples=5)
     assert {r.id for r in rows} == {c.id for c in analysis.CRITERIA}
+
+
+def test_measures_of_a_file_with_known_values():
+    import synthetic
+
+    m = analysis.measures(synthetic.c1_own())
+    np.testing.assert_allclose(m["C1O-slope"], [-1, -1], rtol=1e-12)
+    np.testing.assert_allclose(m["C1O-slope-interval"], [0, 0], atol=1e-12)
+    np.testing.assert_allclose(m["C1O-constant"], [1, 1], rtol=1e-12)  # window: tau * const_sharp = 4
+    np.testing.assert_allclose(m["C1O-Lstar"], 1, rtol=1e-10)
+    np.testing.assert_allclose(m["C1O-decomposition"], 1, rtol=1e-12)
+    ls = analysis.lstar(synthetic.c1_own())
+    np.testing.assert_allclose(ls.L_star.values, ls.L_star_sharp.values, rtol=1e-10)
+    # the surrogate: C / L + 1e-3 = eps^2 has L = C / (eps^2 - 1e-3)
+    np.testing.assert_allclose(ls.L_star_surrogate.values, np.array([[2.0], [4.0]]) / (np.array([0.09, 0.01]) - 1e-3),
+                               rtol=1e-10)
+
+
+def test_a_query_file_is_the_query_set(files, tmp_path):
+    q = files["Z"][:3] + 0.5
+    config = EXP.configure("quick", [f"tokens={files['tokens']}", f"queries={_save(tmp_path / 'q.npy', q)}"])
+    np.testing.assert_array_equal(c1_own.setup(config).q, q)
