@@ -158,10 +158,13 @@ def _setup(key, digests):
 
 
 def setup(inputs):
-    """The :class:`Setup` of a cell's ``inputs`` (or a configuration), cached by their values."""
+    """The :class:`Setup` of a cell's ``inputs`` (or a configuration), cached by their values; in a
+    cell every file is first checked unchanged since the run was configured (its digest)."""
     digests = getattr(inputs, "digests", None)
     if digests is None:  # a cell's inputs carry the digests as <name>_sha256
         digests = {p: inputs[f"{p}_sha256"] for p in ("tokens", *MATRICES, "queries") if inputs.get(f"{p}_sha256")}
+        for name, sha256 in digests.items():
+            check_unchanged(inputs[name], sha256, name)
     key = tuple((p, inputs[p]) for p in HEAD_PARAMS)
     return _setup(key, tuple(sorted(digests.items())))
 

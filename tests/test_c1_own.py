@@ -300,3 +300,20 @@ def test_a_query_file_is_the_query_set(files, tmp_path):
     q = files["Z"][:3] + 0.5
     config = EXP.configure("quick", [f"tokens={files['tokens']}", f"queries={_save(tmp_path / 'q.npy', q)}"])
     np.testing.assert_array_equal(c1_own.setup(config).q, q)
+
+
+def test_eps_reaches_no_cell_and_batch_only_the_exact_one(files):
+    config = _config(files)
+    main_in = c1_own.main_inputs(config, {"sampling": "iid", "seed": 0})
+    exact_in = c1_own.exact_inputs(config, {})
+    assert "eps" not in main_in and "batch" not in main_in and "eps" not in exact_in and "batch" in exact_in
+    assert main_in["tokens_sha256"] == exact_in["tokens_sha256"] == config.digests["tokens"]
+
+
+def test_a_file_changed_after_configuring_is_refused_in_the_cell(tmp_path):
+    Z = np.random.default_rng(1).standard_normal((300, 2))
+    path = _save(tmp_path / "t.npy", Z)
+    config = EXP.configure("quick", [f"tokens={path}", "n_queries=3"])
+    _save(tmp_path / "t.npy", Z + 1.0)
+    with pytest.raises(Exception, match="changed since the run was configured"):
+        run_cell(EXP, config, {"sampling": "iid", "seed": 0})
