@@ -179,12 +179,11 @@ def test_logit_scale_number_and_named():
 # ----------------------------------------------------------------------------- dependent tokens
 def _ar1(n, rho, d, rng):
     """Gaussian AR(1), stationary N(0, I_d): z_k = rho z_{k-1} + sqrt(1 - rho^2) eps_k."""
-    Z = np.empty((n, d))
-    Z[0] = rng.standard_normal(d)
-    eps = rng.standard_normal((n, d)) * np.sqrt(1 - rho**2)
-    for k in range(1, n):
-        Z[k] = rho * Z[k - 1] + eps[k]
-    return Z
+    from scipy.signal import lfilter
+
+    eps = rng.standard_normal((n, d))
+    eps[1:] *= np.sqrt(1 - rho**2)  # z_0 = eps_0 ~ N(0, I): stationary from the start
+    return lfilter([1.0], [1.0, -rho], eps, axis=0)
 
 
 def _series_factor(rho, A, H=400):

@@ -24,12 +24,11 @@ from sfxlin.pipelines import c1_own
 
 def ar1_tokens(n, D, rho, rng):
     """z_k = rho z_{k-1} + sqrt(1 - rho^2) eps_k: stationary N(0, I_D), correlated along the file."""
-    Z = np.empty((n, D))
-    Z[0] = rng.standard_normal(D)
-    eps = np.sqrt(1 - rho**2) * rng.standard_normal((n, D))
-    for k in range(1, n):
-        Z[k] = rho * Z[k - 1] + eps[k]
-    return Z
+    from scipy.signal import lfilter
+
+    eps = rng.standard_normal((n, D))
+    eps[1:] *= np.sqrt(1 - rho**2)  # z_0 = eps_0 ~ N(0, I): stationary from the start
+    return lfilter([1.0], [1.0, -rho], eps, axis=0)
 
 
 def main():
@@ -38,7 +37,7 @@ def main():
     rng = np.random.default_rng(0)
     D, d_head = 3, 2
     files = {"tokens": ar1_tokens(20_000, D, 0.5, rng),  # your embeddings, one token per row, in order
-             "W_Q": 0.8 * rng.standard_normal((d_head, D)), "W_K": 0.8 * rng.standard_normal((d_head, D)),
+             "W_Q": 0.6 * rng.standard_normal((d_head, D)), "W_K": 0.6 * rng.standard_normal((d_head, D)),
              "W_V": rng.standard_normal((d_head, D))}
     for name, array in files.items():
         np.save(out / f"{name}.npy", array)
