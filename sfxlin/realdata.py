@@ -34,6 +34,17 @@ TOKEN_SUFFIXES = (".npy", ".nc")
 """The forms of a token file: a ``.npy`` array, or a variable of a netCDF file (``file.nc:variable``)."""
 
 
+#: how to turn a weight file that no installed reader opens (no safetensors, no torch) into a .npy file
+CONVERT = {
+    ".safetensors": "; sfxlin reads no .safetensors file (its reader is not installed): convert the tensor with "
+                    "`python -c \"import numpy as np; from safetensors.numpy import load_file; "
+                    "np.save('W.npy', load_file('model.safetensors')['TENSOR_NAME'].astype('float64'))\"`",
+    ".pt": "; sfxlin reads no PyTorch file (torch is not installed): convert the tensor where torch is, with "
+           "`np.save('W.npy', torch.load('model.pt')['TENSOR_NAME'].double().numpy())`",
+}
+CONVERT[".pth"] = CONVERT[".bin"] = CONVERT[".pt"]
+
+
 def _forms(suffixes) -> str:
     """``"a .npy file or 'file.nc:variable'"``: the accepted forms in words."""
     return " or ".join("'file.nc:variable'" if s == ".nc" else f"a {s} file" for s in suffixes)
@@ -58,7 +69,8 @@ def parse_file_source(spec, name, suffixes=None):
     else:
         path, variable = Path(text), None
     if suffixes and not str(path).endswith(tuple(suffixes)):
-        raise ValueError(f"{name} must be {_forms(suffixes)}, got {text!r}")
+        hint = CONVERT.get(path.suffix, "")
+        raise ValueError(f"{name} must be {_forms(suffixes)}, got {text!r}{hint}")
     if not path.is_file():
         raise ValueError(f"{name}: no such file {str(path)!r}")
     return path, variable

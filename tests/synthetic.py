@@ -401,3 +401,26 @@ def c3_deep(L=(16, 32, 64, 128, 256, 512, 1024), L_train=(8, 16, 32, 64, 128)):
                 "depth": [1, 2], "model": ["softmax", "linear"], "L_train": Lt, "t": [0, 10, 20],
                 "stage": ["initial", "final"]})
     return _attach(ds, c3_deep_pipeline)
+
+
+# --------------------------------------------------------------------------- C1 for your own head
+
+
+def c1_own(L=(16, 32, 64, 128, 256)):
+    """``c1_own`` file: the error to the exact limit exactly ``C / L`` in its unit mean (units +-20%,
+    the same along L), ``C = const_sharp = 2`` for iid and ``tau * const_sharp = 4`` for windows,
+    the error to the surrogate exactly ``mse + bias_gauss``: every measure is 1 (ratios), -1
+    (slopes) or 0 (the slope interval's distance to -1)."""
+    from sfxlin.pipelines import c1_own as pipeline
+
+    L = np.asarray(L, dtype=float)
+    C = np.array([2.0, 4.0])[:, None, None, None]                                # (sampling, 1, 1, 1)
+    units = 1.0 + 0.2 * np.array([[1.0, -1.0], [-1.0, 1.0]])[None, :, :, None]   # (1, seed, prompt, 1)
+    mse = C * units / L                                                          # (sampling, seed, prompt, L)
+    dims = ("sampling", "seed", "prompt", "L")
+    scalars = {"limit_sq": 1.0, "limit_sq_gauss": 1.0, "bias_gauss": 1e-3, "const_sharp": 2.0, "const_gauss": 2.0,
+               "weight_ratio": 1.0, "tau": 2.0, "tau_se": 0.1, "n_batches": 40.0, "n_tokens": 1600.0}
+    ds = xr.Dataset({"mse": (dims, mse), "mse_gauss": (dims, mse + 1e-3),
+                     **{k: ((), v) for k, v in scalars.items()}},
+                    coords={"sampling": ["iid", "window"], "seed": [0, 1], "prompt": [0, 1], "L": L.astype(int)})
+    return _attach(ds, pipeline, {"eps": [0.3, 0.1]})

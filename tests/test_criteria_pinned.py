@@ -19,11 +19,12 @@ import pytest
 import xarray as xr
 
 import synthetic
-from sfxlin.analysis import c1, c1_kernels, c1_real, c2, c2_threshold, c3, c3_deep, c3_landscape
+from sfxlin.analysis import c1, c1_kernels, c1_own, c1_real, c2, c2_threshold, c3, c3_deep, c3_landscape
 from sfxlin.analysis.verdicts import FAIL, PASS, Criterion, criteria_from_attrs, evaluate
 from sfxlin.engine.sweep import criteria_of
 from sfxlin.pipelines import c1_kernels as c1_kernels_pipeline
 from sfxlin.pipelines import c1_limit, c2_concentration, c2_threshold as c2_threshold_pipeline, c3_transfer
+from sfxlin.pipelines import c1_own as c1_own_pipeline
 from sfxlin.pipelines import c1_real as c1_real_pipeline, c3_deep as c3_deep_pipeline
 from sfxlin.pipelines import c3_landscape as c3_landscape_pipeline
 
@@ -38,6 +39,13 @@ PINNED = {
         ("C1K-rf-rate", "C1", "in", (-1.15, -0.85)),
         ("C1K-rf-constant", "C1", "in", (0.8, 1.2)),
         ("C1K-rf-slow", "C1", ">", -0.85),
+    ],
+    "c1_own": [
+        ("C1O-slope", "C1", "in", (-1.15, -0.85)),
+        ("C1O-slope-interval", "C1", "<=", 0.0),
+        ("C1O-constant", "C1", "in", (0.75, 1.33)),
+        ("C1O-Lstar", "C1", "in", (0.67, 1.5)),
+        ("C1O-decomposition", "C1", "in", (0.85, 1.15)),
     ],
     "c1_limit": [
         ("C1-quadrature", "C1", "<", 1e-8),
@@ -172,6 +180,13 @@ PINNED_QUICK_C1 = {
         ("C1K-rf-constant", (0.75, 1.25)),
         ("C1K-rf-slow", -0.85),
     ],
+    "c1_own": [
+        ("C1O-slope", (-1.5, -0.5)),
+        ("C1O-slope-interval", None),
+        ("C1O-constant", (0.4, 2.5)),
+        ("C1O-Lstar", (0.3, 3.0)),
+        ("C1O-decomposition", (0.6, 1.4)),
+    ],
     "c1_real": [
         ("C1R-slopes", (-1.35, -0.65)),
         ("C1R-sharp-constant", (0.4, 2.0)),
@@ -207,7 +222,8 @@ PINNED_QUICK_C2 = {
 }
 
 PIPELINES = {p.NAME: p for p in (c1_kernels_pipeline, c1_limit, c2_concentration, c2_threshold_pipeline,
-                                 c3_transfer, c3_landscape_pipeline, c1_real_pipeline, c3_deep_pipeline)}
+                                 c3_transfer, c3_landscape_pipeline, c1_real_pipeline, c3_deep_pipeline,
+                                 c1_own_pipeline)}
 
 
 def _stored(name):
@@ -216,7 +232,7 @@ def _stored(name):
 ANALYSES = {"c1_kernels": (c1_kernels, synthetic.c1_kernels), "c1_limit": (c1, synthetic.c1),
             "c2_concentration": (c2, synthetic.c2), "c2_threshold": (c2_threshold, synthetic.c2t),
             "c3_transfer": (c3, synthetic.c3), "c3_landscape": (c3_landscape, synthetic.c3l),
-            "c1_real": (c1_real, synthetic.c1_real),
+            "c1_real": (c1_real, synthetic.c1_real), "c1_own": (c1_own, synthetic.c1_own),
             "c3_deep": (c3_deep, synthetic.c3_deep)}
 
 

@@ -31,6 +31,13 @@ COORDS = {
     "setting": {"long_name": "covariate setting", "description": "Covariance / law of the covariates x."},
     "model": {"long_name": "attention model", "description": "softmax(L) or linear(L) attention."},
     "query": {"long_name": "query index", "description": "Index of the query token within a cell."},
+    "sampling": {"long_name": "prompt sampling", "description": "How prompts are drawn from a token file: iid (with "
+                 "replacement from its empirical law) or window (contiguous windows in the file's order)."},
+    "prompt": {"long_name": "prompt index", "description": "Index of an independent prompt within a cell (shared by "
+               "its queries, nested along L)."},
+    "key_dim": {"long_name": "token component", "description": "Component of a prompt token (key side of U)."},
+    "query_dim": {"long_name": "query component", "description": "Component of the query (query side of U)."},
+    "out_dim": {"long_name": "output component", "description": "Component of the head's output V f."},
     "D_quad": {"long_name": "quadrature dimension", "description": "Dimension D of the Gaussian in a quadrature "
                "check."},
     "row": {"long_name": "row index", "description": "Row of a parameter matrix."},
