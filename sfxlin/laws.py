@@ -1039,8 +1039,9 @@ class GaussianAR1(Law):
     influence function's autocovariance (:meth:`influence_lag_covariance`); the i.i.d. constant
     of the same stationary law is ``marginal.snis_covariance(a)``.
 
-    Only the C1 token laws: it has no :meth:`with_moments` (the in-context tasks draw covariates
-    and queries with the one ``sample`` call per axis, as i.i.d.).
+    One of the C1 token laws only: its :meth:`with_moments` raises (the in-context tasks draw
+    covariates and queries by one ``sample`` call per axis and assume them i.i.d.), so
+    :func:`covariate_law` refuses ``"ar1:RHO"``.
     """
 
     name = "ar1"
