@@ -12,6 +12,11 @@ laws, prompts, queries and all nested prompt lengths at once (prefix evaluation)
 * ``f_inf`` is the Gaussian closed form ``sigma^2 U q`` for every law: the Gaussian law
   converges to it, the bounded laws plateau at the bias of their own tilted mean
   (``bias_exact``), the Student-t law has no limit and its error grows;
+* ``ar1`` in ``laws`` adds one law per coefficient of ``ar1_rho``, labelled ``"ar1:RHO"``
+  (:class:`sfxlin.laws.GaussianAR1`): Gaussian AR(1) tokens, **dependent along the prompt** (each
+  prompt one stationary sequence, so the nested prompts are its prefixes), stationary law
+  ``N(0, sigma^2 I)``: the same limit ``sigma^2 U q``, with the dependent constant (a sum over
+  lags) in ``mse_predicted`` in place of the i.i.d. one (``mse_asymptotic``);
 * the ``sqrt(L)`` control rescales ``U`` to ``U_norm * sqrt(L / L_min)`` at each L and
   measures the error to that U's own limit;
 * ``tokens`` (a ``.npy`` file or ``file.nc:variable``, rows of dimension d) adds the law
@@ -28,7 +33,7 @@ import functools
 import numpy as np
 
 from sfxlin.attention import asymptotic_mse, softmax_attention, softmax_attention_prefix
-from sfxlin.laws import LAWS, Empirical
+from sfxlin.laws import LAWS, Empirical, GaussianAR1
 from sfxlin.engine.params import Param, Profiles, file_digests
 from sfxlin.quadrature import gaussian_tilted_mean_quadrature
 from sfxlin.realdata import TOKEN_SUFFIXES, check_unchanged, read_tokens
@@ -46,9 +51,13 @@ PARAMS = (
           why="the analysis fits log-log slopes in L"),
     Param("n_seeds", "int", "independent replicates per (d, U_norm)", Profiles(quick=2, paper=4), low=1, grid=True),
     Param("laws", "str_list", "token laws, each with covariance sigma^2 I_d (LAWS of sfxlin.laws with an "
-          "isotropic member); 'gaussian' is needed (its limit sigma^2 U q is the reference of every law)",
-          ["gaussian", "rademacher", "uniform", "student_t"],
+          "isotropic member); 'gaussian' is needed (its limit sigma^2 U q is the reference of every law); 'ar1' "
+          "is one law per ar1_rho, labelled 'ar1:RHO'",
+          ["gaussian", "rademacher", "uniform", "student_t", GaussianAR1.name],
           choices=tuple(name for name in LAWS if name != Empirical.name)),
+    Param("ar1_rho", "float_list", "AR(1) coefficients of the 'ar1' laws (tokens dependent along the prompt, "
+          "lag-h correlation rho^h)", Profiles(quick=[0.8], paper=[0.0, 0.5, 0.8]), low=-1, high=1,
+          low_open=True, high_open=True, order="increasing"),
     Param("tokens", "file", "a token file, 'path.npy' or 'path.nc:variable' (one token of dimension d per row), "
           "whose empirical law joins the laws as 'empirical' (tokens as given); '' for none", "",
           suffixes=TOKEN_SUFFIXES, optional=True),
@@ -103,17 +112,34 @@ def main_inputs(config, cell):
     return {**inputs, **file_digests(PARAMS, config, inputs)}
 
 
+def ar1_label(rho):
+    """The law coordinate of the AR(1) law with coefficient ``rho``: ``"ar1:RHO"`` (the law's spec,
+    ``RHO`` the float's shortest repr, so that it reads back exactly)."""
+    return f"{GaussianAR1.name}:{float(rho)!r}"
+
+
+def _law_specs(config):
+    """``(label, name, options)`` of every law of ``config["laws"]``, ``ar1`` expanded over ``ar1_rho``."""
+    specs = []
+    for name in config["laws"]:
+        if name == GaussianAR1.name:
+            specs += [(ar1_label(rho), name, {"rho": rho}) for rho in config["ar1_rho"]]
+        else:
+            specs.append((name, name, {"df": config["student_df"]} if name == "student_t" else {}))
+    return specs
+
+
 def law_names(config):
-    """The law coordinate: ``config["laws"]``, then ``"empirical"`` when ``tokens`` names a file."""
-    return list(config["laws"]) + ([Empirical.name] if config["tokens"] else [])
+    """The law coordinate: the labels of ``config["laws"]`` (``ar1`` as ``"ar1:RHO"`` per ``ar1_rho``),
+    then ``"empirical"`` when ``tokens`` names a file."""
+    return [label for label, _, _ in _law_specs(config)] + ([Empirical.name] if config["tokens"] else [])
 
 
 def token_laws(config, d):
-    """The laws of ``config["laws"]`` on R^d, each with covariance sigma^2 I_d, then the token
-    file's empirical law when ``config["tokens"]`` names one (``config``: a cell's inputs, which
+    """The laws of ``config["laws"]`` on R^d by their labels, each with covariance sigma^2 I_d, then the
+    token file's empirical law when ``config["tokens"]`` names one (``config``: a cell's inputs, which
     carry the file's ``tokens_sha256``)."""
-    options = {"student_t": {"df": config["student_df"]}}
-    laws = {name: LAWS[name].isotropic(d, config["sigma"], **options.get(name, {})) for name in config["laws"]}
+    laws = {label: LAWS[name].isotropic(d, config["sigma"], **options) for label, name, options in _law_specs(config)}
     if config["tokens"]:
         laws[Empirical.name] = Empirical(_read_token_file(config["tokens"], config["tokens_sha256"]), D=d)
     return laws
@@ -226,7 +252,8 @@ VARIABLES = (
              "(no exponential moments, no limit).", allow_nonfinite=True),
     Variable("mse_predicted", ("law", "d", "U_norm", "L", "seed"), "predicted mean squared error",
              "bias_exact + mean over queries of tr C_law(Uq)/L, C_law the law's exact SNIS (delta-method) "
-             "covariance of its own limit; NaN by design for a law without a limit (student_t).",
+             "covariance of its own limit (for ar1:RHO the dependent constant, a sum over lags); NaN by design for "
+             "a law without a limit (student_t).",
              allow_nonfinite=True),
     Variable("mse_query", ("d", "U_norm", "L", "seed", "query"), "per-query mean squared error (Gaussian)",
              "mean over prompts of ||f_L(q) - sigma^2 U q||^2 for each query, Gaussian tokens."),

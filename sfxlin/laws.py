@@ -5,11 +5,14 @@ Every law ``mu`` on ``R^D`` is a subclass of :class:`Law`, which declares what a
 * ``name`` (the law's key in :data:`LAWS`), ``has_limit``, ``D``;
 * ``mean`` (D,) and ``cov`` (D x D), the first two moments (``cov`` defines the matching
   Gaussian);
-* ``sample(rng, shape)`` -> array of shape ``shape + (D,)``;
+* ``sample(rng, shape)`` -> array of shape ``shape + (D,)``: i.i.d. tokens, unless the law's
+  ``iid`` is False (:class:`GaussianAR1`): then tokens are dependent along the last axis of
+  ``shape``, the prompt axis;
 * ``tilted_mean(a)`` = ``E_mu[e^{a.z} z] / E_mu[e^{a.z}]`` = ``grad K_mu(a)``, vectorised over
   the leading axes of ``a`` (shape ``(..., D)``). This is the exact infinite-prompt read-out
   of softmax attention with logit vector ``a = U q`` (docs/models.md, section 1);
-* ``snis_covariance(a)``: ``lim_L L Cov(f_L)`` (the sharp finite-L constant, delta method);
+* ``snis_covariance(a)``: ``lim_L L Cov(f_L)`` (the sharp finite-L constant, delta method; for
+  dependent tokens the long-run sum over lags);
 * ``isotropic(D, sigma)``: the law on ``R^D`` with covariance ``sigma^2 I_D`` (the laws of C1);
 * ``with_moments(Sigma, mean)``: the law with covariance ``Sigma`` (and mean, where the law has
   one), the covariate law of the in-context tasks (C2, C3); ``spec_option`` names the one option
@@ -33,7 +36,7 @@ import numpy as np
 from .softmax_core import normalised, prefix_moments
 from .validation import component_covariances, finite_array, registry_name
 
-__all__ = ["Law", "LAWS", "Gaussian", "Rademacher", "Uniform", "StudentT", "GaussianMixture", "Empirical",
+__all__ = ["Law", "LAWS", "Gaussian", "Rademacher", "Uniform", "StudentT", "GaussianMixture", "Empirical", "GaussianAR1",
            "NoLimitError", "FloatOverflowError", "law_from_name", "covariate_law"]
 
 SQRT3 = np.sqrt(3.0)
@@ -116,14 +119,21 @@ class Law(abc.ABC):
     D : int
         Dimension of the tokens.
     spec_option : (str, type) or None (class attribute)
-        The keyword of :meth:`with_moments` that the value of a spec ``"name:VALUE"`` sets, and
-        the type it is read as (``("df", float)`` for ``"student_t:5"``); ``None`` (default): the
-        spec is the bare name.
+        The keyword of :meth:`with_moments` (or, for a law without it, of :meth:`isotropic`) that
+        the value of a spec ``"name:VALUE"`` sets, and the type it is read as (``("df", float)``
+        for ``"student_t:5"``, ``("rho", float)`` for ``"ar1:0.5"``); ``None`` (default): the spec
+        is the bare name.
+    iid : bool (class attribute)
+        Whether :meth:`sample` draws i.i.d. tokens (default ``True``). ``False``: the tokens are
+        dependent along the last axis of ``shape`` (the prompt axis, ``-2`` of the draw ``(..., L,
+        D)``), which is then the prompt length, and :meth:`snis_covariance` is the long-run constant
+        of that dependent sequence.
     """
 
     name: str
     has_limit: bool = True
     spec_option: tuple | None = None
+    iid: bool = True
     D: int
 
     def __init_subclass__(cls, abstract=False, **kwargs):
@@ -153,7 +163,8 @@ class Law(abc.ABC):
     @abc.abstractmethod
     def sample(self, rng, shape=()):
         """``shape + (D,)`` i.i.d. tokens drawn from the ``np.random.Generator`` ``rng`` (each law
-        documents its draw order: the same ``rng`` state gives the same tokens)."""
+        documents its draw order: the same ``rng`` state gives the same tokens); a law whose ``iid``
+        is False draws sequences along the last axis of ``shape`` instead."""
 
     @abc.abstractmethod
     def tilted_mean(self, a):
@@ -165,8 +176,9 @@ class Law(abc.ABC):
     def snis_covariance(self, a):
         """``lim_L L Cov(f_L)`` at ``a`` (shape ``(..., D)``), shape ``(..., D, D)``: the delta method
         for self-normalised importance sampling, ``E[w^2 (z - m_a)(z - m_a)^T] / (E w)^2`` with
-        ``w = e^{a.z}``, ``m_a = tilted_mean(a)``. Raises :class:`NoLimitError` like
-        :meth:`tilted_mean`."""
+        ``w = e^{a.z}``, ``m_a = tilted_mean(a)`` for i.i.d. tokens; for dependent tokens (``iid``
+        False) the sum over lags ``h`` of ``E[psi(z_0) psi(z_h)^T]``, ``psi(z) = w (z - m_a) / E w``.
+        Raises :class:`NoLimitError` like :meth:`tilted_mean`."""
 
     @classmethod
     @abc.abstractmethod
@@ -997,6 +1009,155 @@ class Empirical(Law):
             out.append(0.5 * (C + np.swapaxes(C, 1, 2)))
         out = np.concatenate(out) if out else np.zeros((0, self.D, self.D))
         return out.reshape(lead + (self.D, self.D))
+
+
+def _check_rho(rho):
+    """``rho`` checked to be a finite scalar with ``|rho| < 1`` and returned as a float."""
+    r = finite_array(rho, "rho")
+    if r.ndim != 0 or not abs(float(r)) < 1:
+        raise ValueError(f"rho must be a scalar with |rho| < 1 (a stationary AR(1) sequence; |rho| >= 1 has no "
+                         f"stationary law), got {rho!r}")
+    return float(r)
+
+
+class GaussianAR1(Law):
+    r"""Gaussian AR(1) tokens: ``z_k = rho z_{k-1} + sqrt(1 - rho^2) eps_k``, ``eps_k ~ N(0, Sigma)``
+    i.i.d., started stationary, ``z_0 ~ N(0, Sigma)``; ``|rho| < 1``.
+
+    **The tokens are dependent along the prompt axis** (``iid`` is False): :meth:`sample` with
+    ``shape = (..., L)`` draws, for every index of the leading axes, one stationary sequence of
+    ``L`` tokens along the last axis of ``shape`` (the token axis ``-2`` of the draw ``(..., L, D)``,
+    the axis that :func:`sfxlin.attention.softmax_attention_prefix` reads prefixes of), with lag-h
+    cross-covariance ``Cov(z_k, z_{k+h}) = rho^|h| Sigma``; sequences of different leading indices
+    are independent. A prefix of a sequence is a stationary sequence, so nested prompts are
+    prompts of this law. ``shape = ()`` is one token of the stationary law.
+
+    Its stationary law is ``N(0, Sigma)`` (:attr:`mean`, :attr:`cov`, :attr:`marginal`), and the
+    law of large numbers holds for the stationary, mixing sequence, so the limit of softmax
+    attention is the Gaussian's: ``tilted_mean(a) = Sigma a``. The finite-L constant changes:
+    :meth:`snis_covariance` is the long-run (dependent) constant, the sum over lags of the
+    influence function's autocovariance (:meth:`influence_lag_covariance`); the i.i.d. constant
+    of the same stationary law is ``marginal.snis_covariance(a)``.
+
+    One of the C1 token laws only: its :meth:`with_moments` raises (the in-context tasks draw
+    covariates and queries by one ``sample`` call per axis and assume them i.i.d.), so
+    :func:`covariate_law` refuses ``"ar1:RHO"``.
+    """
+
+    name = "ar1"
+    iid = False
+    spec_option = ("rho", float)
+
+    def __init__(self, rho=0.5, cov=1.0, D=None):
+        self.rho = _check_rho(rho)
+        self.marginal = Gaussian(cov=cov, D=D)
+        self.D = self.marginal.D
+
+    @classmethod
+    def isotropic(cls, D, sigma=1.0, *, rho=0.5):
+        """Stationary law ``N(0, sigma^2 I_D)``, coefficient ``rho``."""
+        return cls(rho, cov=_check_sigma(sigma) ** 2, D=D)
+
+    @classmethod
+    def with_moments(cls, Sigma, mean=None, rho=0.5):
+        """Not defined: see the class doc (the in-context experiments assume i.i.d. covariates)."""
+        raise NotImplementedError("the ar1 law's tokens are dependent along the prompt axis; the in-context tasks "
+                                  "draw i.i.d. covariates and queries: it serves experiment C1 only")
+
+    def __repr__(self):
+        return f"GaussianAR1(rho={self.rho:g}, D={self.D})"
+
+    @property
+    def mean(self):
+        """Zero (stationary mean)."""
+        return self.marginal.mean
+
+    @property
+    def cov(self):
+        """``Sigma``, the stationary covariance."""
+        return self.marginal.cov
+
+    def sample(self, rng, shape=()):
+        """``shape + (D,)`` tokens, stationary AR(1) sequences along the last axis of ``shape`` (see
+        the class doc). Draw order: ``eps = marginal.sample(rng, shape)`` (the Gaussian's draws, so
+        ``rho = 0`` gives its tokens), then ``z_0 = eps_0`` and ``z_k = rho z_{k-1} + sqrt(1 - rho^2)
+        eps_k``, one step along the prompt axis at a time for every sequence at once."""
+        z = self.marginal.sample(rng, shape)
+        if z.ndim < 2:  # one token: the stationary law
+            return z
+        z[..., 1:, :] *= np.sqrt(1.0 - self.rho**2)
+        step = np.empty(z.shape[:-2] + (self.D,))
+        for k in range(1, z.shape[-2]):
+            np.multiply(z[..., k - 1, :], self.rho, out=step)
+            z[..., k, :] += step
+        return z
+
+    def tilted_mean(self, a):
+        """``Sigma a``, the stationary Gaussian's (Lemma 2.1)."""
+        return self.marginal.tilted_mean(a)
+
+    def influence_lag_covariance(self, a, h):
+        """``E[psi(z_0) psi(z_h)^T]`` for the influence function ``psi(z) = e^{a.z} (z - Sigma a) /
+        E e^{a.z}``: with ``r^2 = a^T Sigma a``,
+
+            exp(rho^|h| r^2) (rho^|h| Sigma + rho^{2|h|} Sigma a a^T Sigma)
+
+        (the pair ``(z_0, z_h)`` is jointly Gaussian with cross-covariance ``rho^|h| Sigma``; tilting it
+        by ``e^{a.(z_0 + z_h)}`` moves both means to ``(1 + rho^|h|) Sigma a``). ``h = 0`` is the i.i.d.
+        constant. ``a (..., D)``, ``h`` an integer -> ``(..., D, D)``."""
+        a = _check_a(a, self.D)
+        if isinstance(h, bool) or not isinstance(h, (int, np.integer)):
+            raise ValueError(f"h must be an integer lag, got {h!r}")
+        p = self.rho ** abs(int(h))
+        Sa = a @ self.cov
+        r2 = np.sum(a * Sa, axis=-1)
+        with np.errstate(over="ignore", invalid="ignore"):
+            C = np.exp(p * r2)[..., None, None] * (p * self.cov + p * p * Sa[..., :, None] * Sa[..., None, :])
+        if not np.all(np.isfinite(C)):
+            raise FloatOverflowError(f"influence_lag_covariance overflows float64: a^T Sigma a reaches {r2.max():.4g}")
+        return C
+
+    def snis_covariance(self, a):
+        """The dependent constant ``lim_L L Cov(f_L) = sum_{h in Z} E[psi(z_0) psi(z_h)^T]``
+        (:meth:`influence_lag_covariance`), exact to rounding: expanding ``exp(rho^|h| r^2) =
+        sum_k (rho^|h| r^2)^k / k!`` and summing the geometric series ``sum_h x^|h| = (1 + x)/(1 - x)``,
+
+            sum_h ... = S_1 Sigma + S_2 Sigma a a^T Sigma,   S_m = sum_{k >= 0} (r^2)^k / k! g(k + m),
+            g(n) = (1 + rho^n) / (1 - rho^n).
+
+        Every term is positive (``|rho^n| < 1``), so there is no cancellation. The sum stops at the
+        first ``K`` where the tail bound ``G(K + 2) t_{K+1} / (1 - r^2 / (K + 2))`` (``t_k`` the
+        Poisson-type term ``(r^2)^k / k!``, ``G(n) = (1 + |rho|^n) / (1 - |rho|^n) >= g(j)`` for every
+        ``j >= n``, valid once ``K + 2 > r^2``) is below ``1e-16`` of both sums. ``rho = 0``:
+        ``S_1 = S_2 = exp(r^2)``, the i.i.d. constant."""
+        a = _check_a(a, self.D)
+        Sa = a @ self.cov
+        r2 = np.sum(a * Sa, axis=-1)
+        rho = self.rho
+
+        def g(n):
+            x = rho**n
+            return (1.0 + x) / (1.0 - x)
+
+        t = np.ones_like(r2)
+        S1, S2 = g(1) * t, g(2) * t
+        k = 0
+        with np.errstate(over="ignore", invalid="ignore"):
+            while True:
+                if not (np.all(np.isfinite(S1)) and np.all(np.isfinite(S2))):
+                    raise FloatOverflowError(f"snis_covariance overflows float64: a^T Sigma a reaches "
+                                             f"{r2.max():.4g} (exp overflows beyond ~709); a is too large for this cov")
+                nxt = t * r2 / (k + 1)
+                if np.all(k + 2 > r2):
+                    G = (1.0 + abs(rho) ** (k + 2)) / (1.0 - abs(rho) ** (k + 2))
+                    tail = G * nxt / (1.0 - r2 / (k + 2))
+                    if np.all(tail <= 1e-16 * np.minimum(S1, S2)):
+                        break
+                k += 1
+                t = nxt
+                S1 = S1 + t * g(k + 1)
+                S2 = S2 + t * g(k + 2)
+        return S1[..., None, None] * self.cov + S2[..., None, None] * (Sa[..., :, None] * Sa[..., None, :])
 
 
 def law_from_name(name, D, **kwargs):

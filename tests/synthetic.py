@@ -47,8 +47,9 @@ def c1(L=(16, 32, 64, 128, 256)):
     """``c1_limit`` file: Gaussian error ``c(d, U_norm) / L`` exactly in its seed mean (seeds
     scatter by +-50% with alternating sign along L), the sharp asymptotics equal to it at the
     largest L only, bounded laws on their predicted plateau, Student-t and the sqrt(L) control
-    growing at the largest U_norm only, quadrature errors ~1e-15."""
-    laws = ["gaussian", "rademacher", "uniform", "student_t"]
+    growing at the largest U_norm only, quadrature errors ~1e-15; AR(1) tokens (rho 0.8) with 8 times
+    the Gaussian error, on their dependent constant (8x the i.i.d. one at the largest L)."""
+    laws = ["gaussian", "rademacher", "uniform", "student_t", "ar1:0.8"]
     d, U = [2, 3], [0.1, 0.5]
     L = np.asarray(L)
     nL = L.size
@@ -60,11 +61,12 @@ def c1(L=(16, 32, 64, 128, 256)):
     plateau = 0.01 + c * power(L, -1.0, 0.1)                                 # bias + constant / L
     growth = np.where(np.array(U)[None, :, None] == max(U), power(L, 0.5), power(L, -1.0)) * c
     mse = np.stack([gauss[..., None] * seeds, plateau[..., None] * seeds, plateau[..., None] * seeds,
-                    growth[..., None] * seeds])                              # (law, d, U_norm, L, seed)
+                    growth[..., None] * seeds, 8.0 * gauss[..., None] * seeds])  # (law, d, U_norm, L, seed)
     # the sharp constant holds at the largest L only: off by 1.5x before
     asym = gauss / np.where(np.arange(nL) == nL - 1, 1.0, 1.5)
-    predicted = np.stack([2.0 * gauss, plateau, plateau, np.full_like(gauss, np.nan)])
-    bias = np.stack([np.zeros((2, 2)), np.full((2, 2), 0.01), np.full((2, 2), 0.01), np.full((2, 2), np.nan)])
+    predicted = np.stack([2.0 * gauss, plateau, plateau, np.full_like(gauss, np.nan), 8.0 * gauss])
+    bias = np.stack([np.zeros((2, 2)), np.full((2, 2), 0.01), np.full((2, 2), 0.01), np.full((2, 2), np.nan),
+                     np.zeros((2, 2))])
     uq = np.linspace(0.1, 1.0, 3)
     Uq_sq = np.broadcast_to(uq, (2, 2, 2, 3))                                # (d, U_norm, seed, query)
     mse_query = np.exp(0.5 * uq)[None, None, None, None, :] / L[None, None, :, None, None] * np.ones((2, 2, 1, 2, 1))

@@ -12,7 +12,7 @@ import xarray as xr
 from sfxlin.analysis import c1 as c1_analysis
 from sfxlin.attention import asymptotic_mse, softmax_attention
 from sfxlin.cli import main
-from sfxlin.laws import Gaussian, NoLimitError, Rademacher, StudentT, Uniform
+from sfxlin.laws import Gaussian, GaussianAR1, NoLimitError, Rademacher, StudentT, Uniform
 from sfxlin.pipelines import c1_limit
 from sfxlin.engine.sweep import build, run_cell
 
@@ -66,27 +66,33 @@ def test_cell_matches_an_independent_recomputation():
     df = config["student_df"]
     laws = {"gaussian": Gaussian(cov=1.0, D=d), "rademacher": Rademacher(1.0, D=d), "uniform": Uniform(1.0, D=d),
             "student_t": StudentT(df, np.sqrt((df - 2) / df), D=d)}  # covariance I_d each
-    assert list(laws) == list(config["laws"])
+    laws |= {f"ar1:{rho!r}": GaussianAR1(rho, cov=1.0, D=d) for rho in config["ar1_rho"]}  # one per rho
+    assert list(laws) == c1_limit.law_names(config)
     # each law draws from its own substream, keyed "law=<name>" under the cell's seed sequence,
     # query chunk after query chunk
     seq = rng.bit_generator.seed_seq
     law_rng = {name: np.random.default_rng(np.random.SeedSequence(seq.entropy, spawn_key=(
-        int.from_bytes(hashlib.sha256(f"law={name}".encode()).digest()[:8], "little"),))) for name in config["laws"]}
-    errors = {name: [] for name in config["laws"]}
+        int.from_bytes(hashlib.sha256(f"law={name}".encode()).digest()[:8], "little"),))) for name in laws}
+    errors = {name: [] for name in laws}
     for start in range(0, config["n_queries"], config["query_chunk"]):
         stop = min(start + config["query_chunk"], config["n_queries"])
-        for name in config["laws"]:
+        for name in laws:
             Z = laws[name].sample(law_rng[name], (stop - start, config["n_prompts"], Ls[-1]))
             for j in range(stop - start):
                 for L in Ls:
                     f = softmax_attention(Z[j, :, :L, :], U, np.eye(d), q[start + j])
                     errors[name].append(np.sum((f - U @ q[start + j]) ** 2, axis=-1).mean())
-    for i, name in enumerate(config["laws"]):
+    for i, name in enumerate(laws):
         ref = np.array(errors[name]).reshape(config["n_queries"], len(Ls)).mean(axis=0)
         np.testing.assert_allclose(out["mse"][i], ref, rtol=1e-10)
     np.testing.assert_allclose(out["mse_asymptotic"], asymptotic_mse(gauss, U, np.eye(d), q[:, None], Ls).mean(0))
     assert np.isnan(out["bias_exact"][3]) and np.all(np.isfinite(out["bias_exact"][:3]))
-    assert out["bias_exact"][0] == pytest.approx(0.0, abs=1e-30)
+    assert out["bias_exact"][0] == pytest.approx(0.0, abs=1e-30) and np.all(out["bias_exact"][4:] == 0.0)
+    # the AR(1) laws' prediction: the dependent constant (sum over lags) / L
+    for i, name in enumerate(laws):
+        if name.startswith("ar1:"):
+            np.testing.assert_allclose(out["mse_predicted"][i],
+                                       asymptotic_mse(laws[name], U, np.eye(d), q[:, None], Ls).mean(0), rtol=1e-12)
 
 
 def test_analysis_reports_every_criterion(quick_run):
@@ -126,7 +132,7 @@ def test_a_new_law_joins_c1_by_name_and_leaves_the_others_unchanged():
     (finite exact bias, plateau criterion) and every other law's prompts bit-identical."""
     base = c1_limit.EXPERIMENT.configure("quick", ["d=2", "U_norm=0.5", "n_seeds=1", "L=16,64,256"])
     more = c1_limit.EXPERIMENT.configure("quick", ["d=2", "U_norm=0.5", "n_seeds=1", "L=16,64,256",
-                                                   "laws=gaussian,rademacher,uniform,student_t,gaussian_mixture"])
+                                                   "laws=gaussian,rademacher,uniform,student_t,ar1,gaussian_mixture"])
     a = build(c1_limit.EXPERIMENT, base).compute(scheduler="synchronous")
     b = build(c1_limit.EXPERIMENT, more).compute(scheduler="synchronous")
     np.testing.assert_array_equal(a.mse.values, b.mse.sel(law=list(a.law.values)).values)
@@ -160,8 +166,10 @@ def test_the_quick_profile_of_a_correct_install_fails_nothing(quick_run):
     ds = xr.load_dataset(quick_run / "c1_limit.nc")
     assert ds.attrs["profile"] == "quick"
     rows = {r.id: r for r in c1_analysis.verdicts(ds)}
-    assert {k: r.verdict for k, r in rows.items() if r.verdict != "PASS"} == {"C1-sharp-constant": "NOT JUDGED"}
+    assert {k: r.verdict for k, r in rows.items() if r.verdict != "PASS"} == {"C1-sharp-constant": "NOT JUDGED",
+                                                                               "C1-ar1-constant": "NOT JUDGED"}
     assert "heavy-tailed" in rows["C1-sharp-constant"].note
+    assert "one query of large ||Uq||" in rows["C1-ar1-constant"].note
     assert "SE cluster-robust over 2 units (seed)" in ds.sfx.fit_table()
 
 

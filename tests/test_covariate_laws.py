@@ -75,8 +75,15 @@ SPECS = [("gaussian", MEAN), ("gaussian", None), ("rademacher", None), ("uniform
 
 
 def test_every_law_with_a_covariance_member_is_a_spec():
-    """The specs below cover every law of LAWS but the empirical one (built from samples, tested below)."""
-    assert {spec.partition(":")[0] for spec, _ in SPECS} == set(LAWS) - {"empirical"}
+    """The specs below cover every law of LAWS but the empirical one (built from samples, tested below)
+    and the AR(1) one (C1 only: refused below)."""
+    assert {spec.partition(":")[0] for spec, _ in SPECS} == set(LAWS) - {"empirical", "ar1"}
+
+
+def test_the_ar1_law_is_refused_as_covariates():
+    """Its tokens are dependent along the prompt axis; the tasks draw i.i.d. covariates and queries."""
+    with pytest.raises(ValueError, match="covariate law 'ar1:0.5': the ar1 law's tokens are dependent .* C1 only"):
+        covariate_law("ar1:0.5", FULL)
 
 
 @pytest.mark.parametrize("spec, mean", SPECS)

@@ -55,6 +55,9 @@ PINNED = {
         ("C1-student-t-grows", "C1", ">", 1.0),
         ("C1-sqrtL-grows", "C1", ">", 1.0),
         ("C1-plateau", "C1", "in", (0.9, 1.1)),
+        ("C1-ar1-slopes", "C1", "in", (-1.1, -0.9)),
+        ("C1-ar1-constant", "C1", "in", (0.9, 1.1)),
+        ("C1-ar1-iid-rejected", "C1", ">", 1.1),
     ],
     "c2_concentration": [
         ("C2-tail-violations", "C2", "<=", 0),
@@ -168,6 +171,9 @@ PINNED_QUICK_C1 = {
         ("C1-student-t-grows", 1.0),
         ("C1-sqrtL-grows", 1.0),
         ("C1-plateau", (0.6, 1.5)),
+        ("C1-ar1-slopes", (-1.5, -0.45)),
+        ("C1-ar1-constant", NOT_JUDGED_AT_QUICK),
+        ("C1-ar1-iid-rejected", 1.1),
     ],
     "c1_kernels": [
         ("C1K-stein-smooth", None),

@@ -129,7 +129,7 @@ def test_the_generic_lookups_honour_a_module_written_outside():
     assert verdicts(ds, own) == ["own rows"] and fit_tables(ds, own) == "own text"
     plain = SimpleNamespace(CRITERIA=c1.CRITERIA, fit_tables=c1.fit_tables)
     assert [r.verdict for r in verdicts(ds, plain)] == [r.verdict for r in c1.CRITERIA.verdicts(ds)]
-    assert list(fit_tables(ds, plain)) == ["slopes", "paper_form"]
+    assert list(fit_tables(ds, plain)) == ["slopes", "paper_form", "ar1"]
 
 
 def _equal(table_column, values):

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from sfxlin import laws
-from sfxlin.laws import (LAWS, Empirical, FloatOverflowError, Gaussian, GaussianMixture, Law, NoLimitError, Rademacher,
-                         StudentT, Uniform, langevin, law_from_name)
+from sfxlin.laws import (LAWS, Empirical, FloatOverflowError, Gaussian, GaussianAR1, GaussianMixture, Law, NoLimitError,
+                         Rademacher, StudentT, Uniform, langevin, law_from_name)
 
 SQRT3 = np.sqrt(3.0)
 N_MOMENTS = 200_000
-NAMES = ["gaussian", "rademacher", "uniform", "student_t", "gaussian_mixture", "empirical"]
+NAMES = ["gaussian", "rademacher", "uniform", "student_t", "gaussian_mixture", "empirical", "ar1"]
 WITH_LIMIT = [name for name in NAMES if name != "student_t"]
 ISOTROPIC = [name for name in NAMES if name != "empirical"]  # an empirical law is given by its samples
 
@@ -30,7 +30,15 @@ def _laws(D, rng):
         "student_t": StudentT(df=10.0, scale=A),  # df > 4: the sample covariance has a CLT
         "gaussian_mixture": _mixture(rng, 3, D),
         "empirical": Empirical(rng.standard_exponential((300, D)) @ A.T),  # skewed, 300 atoms
+        "ar1": GaussianAR1(0.6, cov=A @ A.T + 0.1 * np.eye(D)),  # tokens dependent along the prompt axis
     }
+
+
+def _stationary_tokens(law, rng, n, **kwargs):
+    """``n`` tokens of the law's stationary law: one call ``sample(rng, n)`` for i.i.d. laws, ``n``
+    independent one-token prompts ``(n, 1)`` for a dependent law (``iid`` False), whose ``sample(rng,
+    n)`` is one sequence (its moments: tests/test_ar1.py)."""
+    return law.sample(rng, n) if law.iid else law.sample(rng, (n, 1)).reshape(n, law.D)
 
 
 def _mixture(rng, K, D):
@@ -62,7 +70,7 @@ def test_sample_shapes(name, shape, expected):
 def test_sample_mean_and_covariance(name, D):
     """Sample mean and covariance within 5 standard errors of the law's (CLT)."""
     law = _laws(D, _rng(D, 3))[name]
-    z = law.sample(_rng(D, 4, len(name)), N_MOMENTS)
+    z = _stationary_tokens(law, _rng(D, 4, len(name)), N_MOMENTS)
     mean, cov = law.mean, law.cov
     se_mean = np.sqrt(np.diag(cov) / N_MOMENTS)
     assert np.all(np.abs(z.mean(axis=0) - mean) <= 5 * se_mean)
@@ -360,7 +368,9 @@ def test_tilted_mean_at_zero_is_the_mean(name):
 def test_snis_covariance_at_zero_is_the_covariance(name):
     """``a = 0``: ``w = 1`` and the SNIS constant is ``E[(z - E z)(z - E z)^T] = cov``."""
     law = _laws(3, _rng(13, len(name)))[name]
-    np.testing.assert_allclose(law.snis_covariance(np.zeros(3)), law.cov, rtol=0, atol=1e-14)
+    # dependent tokens: the long-run covariance, sum_h Cov(z_0, z_h) (AR(1): (1 + rho) / (1 - rho) cov)
+    long_run = 1.0 if law.iid else (1 + law.rho) / (1 - law.rho)
+    np.testing.assert_allclose(law.snis_covariance(np.zeros(3)), long_run * law.cov, rtol=0, atol=1e-14)
 
 
 def test_student_t_mean_needs_df_above_one():
@@ -388,7 +398,7 @@ def test_isotropic_sample_covariance(name):
     is the sample std of z_i z_j over sqrt(n), which needs E z^4 < inf: Student-t with df = 10."""
     sigma = 1.7
     law = LAWS[name].isotropic(2, sigma, **({"df": 10.0} if name == "student_t" else {}))
-    z = law.sample(_rng(14, len(name)), N_MOMENTS)
+    z = _stationary_tokens(law, _rng(14, len(name)), N_MOMENTS)
     prods = z[:, :, None] * z[:, None, :]  # the true mean is 0
     se = prods.std(axis=0) / np.sqrt(N_MOMENTS)
     # Rademacher's diagonal is sigma^2 in every draw (se = 0): allow the rounding of a sum of n
