@@ -241,7 +241,7 @@ def figure(ds: xr.Dataset, path):
                 title="gap between the exact limit and linear(inf)")
     axes[1].legend(fontsize=6, ncol=2)
     axes[2].set(xlabel="prompt length L", ylabel="held-out risk at T",
-                title="softmax(L); dotted: theta_sinf, dash-dot: theta_linf, both under softmax(inf)")
+                title="held-out: softmax(L); dotted th_sinf, dash-dot th_linf (softmax(inf))")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
