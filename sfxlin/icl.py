@@ -25,9 +25,17 @@ Models, all read out by ``v`` in ``R^D`` with ``U`` a ``D x D`` matrix (raw logi
   ``Gamma_w`` from that law's second moment, still the limit of ``linear(L)`` (law of large
   numbers), but no longer the limit of ``softmax(L)``, which tends to the law's own tilted mean
   (``grad K(a)``; none for Student-t, which has no exponential moments).
+* ``softmax(inf)`` (``"softmax_inf"``, :data:`LAW_MODELS`: it needs the covariate law itself, not
+  only the tasks): that limit for a finite-support covariate law ``x ~ sum_i pi_i delta_{x_i}``
+  (:class:`sfxlin.laws.Empirical`). With the support tokens ``z_i = (x_i, w^T x_i)`` of each task,
+  ``pred = v^T sum_i softmax_i(log pi_i + z_i^T U z_q) z_i``, an exact finite sum: softmax(L) whose
+  prompt is the whole support, each token weighted by ``pi_i`` (:func:`support_tasks`), so its
+  risk and gradient are those of softmax(L) with token weights. For Gaussian covariates the same
+  limit is linear(inf) (Lemma 2.1: the tilted mean of ``N(0, Gamma_w)`` is ``Gamma_w a``).
 
 The risk is the mean over tasks and queries of ``1/2 (pred - y_q)^2``. Gradients are analytic:
-with ``a = U z_q``, ``p = softmax(Z a)``, ``mbar = sum p_k z_k`` and
+with ``a = U z_q``, ``p = softmax(Z a)`` (``p_k`` proportional to ``pi_k e^{z_k . a}`` with token
+weights ``pi``), ``mbar = sum p_k z_k`` and
 ``C = sum p_k z_k z_k^T - mbar mbar^T``: ``d pred/dv = mbar`` and ``d pred/dU = (C v) z_q^T``;
 for a linear model with matrix ``G``: ``d pred/dv = G U z_q`` and ``d pred/dU = (G^T v) z_q^T``.
 
@@ -42,16 +50,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import softmax_core
-from .validation import as_sigma, as_spd, finite_array, noise_std, numeric_array, positive_int
+from .laws import Empirical
+from .validation import as_sigma, as_spd, finite_array, noise_std, numeric_array, positive_int, token_weights
 
 __all__ = [
     "Tasks", "make_tasks", "check_L", "check_model", "Ghat", "Gamma_w", "init_alpha", "init_theta",
     "bayes_optimum", "off_block_mass", "theta_distance", "ridge_risk",
     "softmax_predict", "linear_predict", "softmax_risk_grad", "linear_risk_grad",
-    "model_matrix", "risk", "risk_grad", "pair_index", "MODELS",
+    "model_matrix", "risk", "risk_grad", "pair_index", "support_tasks", "MODELS", "LAW_MODELS",
 ]
 
 MODELS = ("softmax", "linear", "linear_inf")
+#: models defined by the covariate law itself (an argument ``x_law``), not by the tasks alone
+LAW_MODELS = ("softmax_inf",)
 
 
 @dataclass(frozen=True, eq=False)
@@ -363,11 +374,13 @@ def pair_index(d):
     return full + full.T - np.diag(np.diag(full))
 
 
-def _softmax_moments(U, Z, z_q, v=None):
+def _softmax_moments(U, Z, z_q, v=None, weights=None):
     """Moments of ``p = softmax(Z U z_q)`` over the tokens (one group of
     :func:`sfxlin.softmax_core.prefix_moments` per task, its columns the parameters and queries):
     ``mbar = E_p z`` ``(..., n, q, D)`` and, given ``v``, also ``E_p[z (z . v)]`` (features
-    ``z (z . v)`` for one ``v``, else ``z_i z_j``, ``i <= j``, contracted with each ``v``)."""
+    ``z (z . v)`` for one ``v``, else ``z_i z_j``, ``i <= j``, contracted with each ``v``).
+    ``weights (L,)``: token weights ``pi_k`` (``p_k`` proportional to ``pi_k e^{z_k . a}``), which
+    multiply the features, never the logits."""
     Z, z_q = numeric_array(Z, "Z"), numeric_array(z_q, "z_q")
     D = U.shape[-1]
     if Z.ndim != 3 or Z.shape[2] != D or z_q.ndim != 3 or z_q.shape[::2] != (Z.shape[0], D):
@@ -387,6 +400,9 @@ def _softmax_moments(U, Z, z_q, v=None):
             k += D - i
     elif v is not None:
         np.multiply(X, (v @ X)[:, None], out=phi[:, D + 1:])
+    weights = token_weights(weights, L)
+    if weights is not None:
+        phi *= weights
     _, P = softmax_core.prefix_moments(phi, (0, L), A=a.reshape(n, -1, D), X=X)
     E = np.moveaxis(softmax_core.normalised(P[0]).reshape(a.shape[:-1] + (-1,)), 0, -3)   # (..., n, q, nf - 1)
     if v is None:
@@ -396,11 +412,12 @@ def _softmax_moments(U, Z, z_q, v=None):
     return E[..., :D], np.einsum("...nqij,...j->...nqi", E[..., D:][..., pair_index(D)], v)
 
 
-def softmax_predict(U, v, Z, z_q):
+def softmax_predict(U, v, Z, z_q, weights=None):
     """Softmax attention read-out ``v^T sum_k p_k z_k``: ``Z (n, L, D)``, ``z_q (n, q, D)``,
-    ``U (..., D, D)``, ``v (..., D)`` -> ``(..., n, q)``."""
+    ``U (..., D, D)``, ``v (..., D)`` -> ``(..., n, q)``; ``weights (L,)``: token weights ``pi_k``
+    (``p_k`` proportional to ``pi_k e^{z_k^T U z_q}``; ``None``: equal)."""
     U, v = _params(U, v)
-    mbar = _softmax_moments(U, Z, z_q)
+    mbar = _softmax_moments(U, Z, z_q, weights=weights)
     return np.einsum("...nqi,...i->...nq", mbar, v)
 
 
@@ -412,13 +429,14 @@ def linear_predict(U, v, G, z_q):
     return np.einsum("...nqi,...i->...nq", h, v)
 
 
-def softmax_risk_grad(U, v, Z, z_q, y_q):
-    """Risk of ``softmax(L)`` on the prompts ``Z (n, L, D)`` and its analytic gradient.
+def softmax_risk_grad(U, v, Z, z_q, y_q, weights=None):
+    """Risk of ``softmax(L)`` on the prompts ``Z (n, L, D)`` and its analytic gradient
+    (``weights (L,)``: token weights, as in :func:`softmax_predict`).
 
     Returns ``(risk (...,), grad_U (..., D, D), grad_v (..., D))``.
     """
     U, v = _params(U, v)
-    mbar, Ezv = _softmax_moments(U, Z, z_q, v)
+    mbar, Ezv = _softmax_moments(U, Z, z_q, v, weights)
     pred = np.einsum("...nqi,...i->...nq", mbar, v)
     r = pred - y_q
     n_items = r.shape[-1] * r.shape[-2]
@@ -457,27 +475,79 @@ def model_matrix(model, tasks, L=None):
     raise ValueError(f"model {model!r} has no fixed matrix; expected 'linear' or 'linear_inf'")
 
 
+def support_tasks(tasks, x_law):
+    """softmax(inf) as softmax(L) over the support: ``(support, weights)``, where ``support`` is
+    ``tasks`` with every prompt replaced by the whole support of ``x_law`` (an
+    :class:`sfxlin.laws.Empirical` law ``sum_i pi_i delta_{x_i}`` on ``R^d``): tokens
+    ``z_i = (x_i, w^T x_i)`` for each task's ``w``, ``(n, n_atoms, D)``, queries and targets
+    unchanged; ``weights`` the atoms' ``pi_i`` (``None`` for equal weights, which cancel).
+
+    ``ValueError`` unless the tasks could have been drawn from ``x_law``: an empirical law on
+    ``R^d`` whose covariance and mean are the tasks' ``Sigma`` and ``mean`` (to 1e-10 of
+    ``||Sigma||``), noiseless prompt labels (``tasks.noise == 0``: with label noise the token law
+    has no finite support)."""
+    if not isinstance(x_law, Empirical):
+        raise ValueError(f"x_law: softmax_inf needs a finite-support covariate law (sfxlin.laws.Empirical), got "
+                         f"{x_law!r}; for Gaussian covariates softmax(inf) is linear(inf): use 'linear_inf'")
+    if x_law.D != tasks.d:
+        raise ValueError(f"x_law is a law on R^{x_law.D}, the tasks have d = {tasks.d}")
+    scale = np.linalg.norm(tasks.Sigma, 2)
+    if not (np.abs(x_law.cov - tasks.Sigma).max() <= 1e-10 * scale
+            and np.abs(x_law.mean - tasks.mean).max() <= 1e-10 * np.sqrt(scale)):
+        raise ValueError("x_law: its covariance and mean are not the tasks' Sigma and mean: the tasks were not drawn "
+                         "from this law (make them with icl.make_tasks(rng, d, ..., x_law))")
+    if tasks.noise > 0:
+        raise ValueError(f"softmax_inf needs noiseless prompt labels (tasks.noise = {tasks.noise:g}): with label noise "
+                         "the token law has no finite support")
+    X = np.asarray(x_law.samples, dtype=float)
+    Z = np.empty((tasks.n_tasks, X.shape[0], tasks.D))
+    Z[:, :, :tasks.d] = X
+    Y = tasks.w @ X.T
+    if tasks.paired and tasks.n_tasks % 2 == 0 and np.array_equal(tasks.w[1::2], -tasks.w[0::2]):
+        Y[1::2] = -Y[0::2]   # antithetic partners' labels exact negatives (BLAS may round rows differently)
+    Z[:, :, tasks.d] = Y
+    support = Tasks(Z=Z, w=tasks.w, x_q=tasks.x_q, y_q=tasks.y_q, Sigma=tasks.Sigma, paired=tasks.paired,
+                    mean=tasks.mean, query_noise=tasks.query_noise, Omega=tasks.Omega)
+    return support, x_law.weights
+
+
 def check_model(model, L):
-    if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; expected one of {MODELS}")
-    if model != "linear_inf" and L is None:
+    if model not in MODELS + LAW_MODELS:
+        raise ValueError(f"unknown model {model!r}; expected one of {MODELS + LAW_MODELS}")
+    if model in ("softmax", "linear") and L is None:
         raise ValueError(f"model {model!r} needs a prompt length L")
 
 
-def risk_grad(model, U, v, tasks, L=None):
-    """Risk and analytic gradient of ``model`` (``"softmax"``, ``"linear"``, ``"linear_inf"``)
-    at prompt length ``L`` (ignored for ``linear_inf``) on ``tasks``: ``(risk, grad_U, grad_v)``."""
+def _law_of(model, x_law):
+    if model in LAW_MODELS and x_law is None:
+        raise ValueError(f"model {model!r} needs the covariate law x_law (an sfxlin.laws.Empirical)")
+
+
+def risk_grad(model, U, v, tasks, L=None, x_law=None):
+    """Risk and analytic gradient of ``model`` (``"softmax"``, ``"linear"``, ``"linear_inf"``,
+    ``"softmax_inf"``) at prompt length ``L`` (ignored for the infinite-prompt models) on ``tasks``:
+    ``(risk, grad_U, grad_v)``. ``"softmax_inf"`` needs the tasks' covariate law ``x_law``
+    (:func:`support_tasks`): its risk and gradient are exact finite sums over the support."""
     check_model(model, L)
+    _law_of(model, x_law)
     if model == "softmax":
         return softmax_risk_grad(U, v, tasks.prompt(L), tasks.z_q, tasks.y_q)
+    if model == "softmax_inf":
+        support, weights = support_tasks(tasks, x_law)
+        return softmax_risk_grad(U, v, support.Z, tasks.z_q, tasks.y_q, weights)
     return linear_risk_grad(U, v, model_matrix(model, tasks, L), tasks.z_q, tasks.y_q)
 
 
-def risk(model, U, v, tasks, L=None):
-    """Risk ``mean 1/2 (pred - y_q)^2`` of ``model`` on ``tasks`` (leading parameter axes kept)."""
+def risk(model, U, v, tasks, L=None, x_law=None):
+    """Risk ``mean 1/2 (pred - y_q)^2`` of ``model`` on ``tasks`` (leading parameter axes kept;
+    ``x_law`` for ``"softmax_inf"``, as in :func:`risk_grad`)."""
     check_model(model, L)
+    _law_of(model, x_law)
     if model == "softmax":
         pred = softmax_predict(U, v, tasks.prompt(L), tasks.z_q)
+    elif model == "softmax_inf":
+        support, weights = support_tasks(tasks, x_law)
+        pred = softmax_predict(U, v, support.Z, tasks.z_q, weights)
     else:
         pred = linear_predict(U, v, model_matrix(model, tasks, L), tasks.z_q)
     return 0.5 * np.mean((pred - tasks.y_q) ** 2, axis=(-2, -1))

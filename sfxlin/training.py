@@ -1,5 +1,6 @@
 """Gradient-descent training of the C3 models (docs/models.md, section 2): ``softmax(L)``, ``linear(L)``,
-``linear(inf)``.
+``linear(inf)``, and for a finite-support covariate law ``softmax(inf)`` (``"softmax_inf"``: softmax
+over the law's whole support, each token weighted by its atom's weight; :func:`sfxlin.icl.support_tasks`).
 
 Two paths:
 
@@ -48,11 +49,13 @@ import xarray as xr
 
 from . import icl, softmax_core
 from ._version import __version__
+from .validation import token_weights
 
 __all__ = ["TrainingDiverged", "train", "train_all", "train_all_arrays", "validate_Ls",
            "checkpoint_steps", "SoftmaxPrefixEngine", "LinearEngine", "heldout_risks", "perturbed_init", "pair_structure"]
 
 FINITE_MODELS = ("softmax", "linear")
+TRAINED_MODELS = icl.MODELS + icl.LAW_MODELS
 _TINY, _HUGE = 1e-200, 1e200
 
 
@@ -153,9 +156,11 @@ def _check_finite(risk, U, v, *, step, max_abs, label, model, Ls=None):
 
 
 def train(model, tasks, L=None, *, lr=0.01, n_steps=2500, ckpt_every=20, U0=None, v0=None,
-          label="", max_abs=1e6):
-    """Gradient descent on one ``model`` (``"softmax"``, ``"linear"``, ``"linear_inf"``) at prompt
-    length ``L`` (ignored for ``linear_inf``), from ``(U0, v0)`` (default: Eq. 9 init).
+          label="", max_abs=1e6, x_law=None):
+    """Gradient descent on one ``model`` (``"softmax"``, ``"linear"``, ``"linear_inf"``,
+    ``"softmax_inf"``) at prompt length ``L`` (ignored for the infinite-prompt models), from
+    ``(U0, v0)`` (default: Eq. 9 init). ``"softmax_inf"`` needs the tasks' covariate law ``x_law``
+    (an :class:`sfxlin.laws.Empirical`; see :func:`sfxlin.icl.support_tasks`).
 
     Returns an ``xr.Dataset`` with ``U (t, row, col)``, ``v (t, row)``, ``risk (t)`` at the
     checkpoints ``t = 0, ckpt_every, ..., n_steps`` (risk evaluated at the checkpoint parameters).
@@ -163,10 +168,10 @@ def train(model, tasks, L=None, *, lr=0.01, n_steps=2500, ckpt_every=20, U0=None
     risk or parameter.
     """
     icl.check_model(model, L)
-    if model == "linear_inf":
-        L = None
-    else:
+    if model in FINITE_MODELS:
         L = icl.check_L(L, tasks.L_max)
+    else:
+        L = None
     lr = _check_lr(lr)
     steps = checkpoint_steps(n_steps, ckpt_every)
     U, v = _init(tasks, U0, v0)
@@ -177,6 +182,10 @@ def train(model, tasks, L=None, *, lr=0.01, n_steps=2500, ckpt_every=20, U0=None
     if model == "softmax":
         Z, zq, yq = tasks.prompt(L), tasks.z_q, tasks.y_q
         step_fn = lambda U, v: icl.softmax_risk_grad(U, v, Z, zq, yq)  # noqa: E731
+    elif model == "softmax_inf":
+        support, weights = icl.support_tasks(tasks, x_law)
+        Z, zq, yq = support.Z, tasks.z_q, tasks.y_q
+        step_fn = lambda U, v: icl.softmax_risk_grad(U, v, Z, zq, yq, weights)  # noqa: E731
     else:
         G, zq, yq = icl.model_matrix(model, tasks, L), tasks.z_q, tasks.y_q
         step_fn = lambda U, v: icl.linear_risk_grad(U, v, G, zq, yq)  # noqa: E731
@@ -209,6 +218,9 @@ def _annotate(ds):
         "U_inf": ("attention matrix U of linear(inf)", "gradient descent with Gamma_w (Lemma 2.1 limit)"),
         "v_inf": ("read-out vector v of linear(inf)", "gradient descent with Gamma_w (Lemma 2.1 limit)"),
         "risk_inf": ("training risk of linear(inf)", "mean over tasks and queries of 1/2 (pred - y_q)^2"),
+        "U_softmax_inf": ("attention matrix U of softmax(inf)", "gradient descent on the exact limit under the law"),
+        "v_softmax_inf": ("read-out vector v of softmax(inf)", "gradient descent on the exact limit under the law"),
+        "risk_softmax_inf": ("training risk of softmax(inf)", "mean over tasks and queries of 1/2 (pred - y_q)^2"),
     }
     for name, (long_name, desc) in meta.items():
         if name in ds:
@@ -270,7 +282,10 @@ class SoftmaxPrefixEngine:
     (checked; noisy pairs run in ``d + 1`` covariate dimensions, the noise as a covariate, see
     ``_embed_noise``; for other labels use :func:`train` per ``L``).
     ``cache_bytes`` bounds the bytes of the logits of one batched product of the softmax core
-    (cache blocking).
+    (cache blocking). ``weights (L_max,)``: token weights ``pi_k`` shared by every task (softmax
+    weights proportional to ``pi_k e^{logit}``; ``None``: equal), which multiply the feature rows
+    and never the logits: with ``Ls = (n_atoms,)`` on :func:`sfxlin.icl.support_tasks` this is
+    softmax(inf) under an empirical covariate law.
 
     Token features per group of tasks sharing covariates (rows, tokens last): ``x_i y`` (``y``
     the label of the group's first task), ``1``, ``x_i``, ``x_i x_j (i <= j)``. The moments of
@@ -287,8 +302,9 @@ class SoftmaxPrefixEngine:
     #: restores the partner-by-partner pass (the reference of tests/test_speed_invariance.py).
     share_pairs = True
 
-    def __init__(self, tasks, Ls, *, cache_bytes=1 << 19, pair_first=False, _group=None):
+    def __init__(self, tasks, Ls, *, cache_bytes=1 << 19, pair_first=False, weights=None, _group=None):
         Ls = validate_Ls(Ls, tasks.L_max)
+        weights = token_weights(weights, tasks.L_max)
         d, n, q = tasks.d, tasks.n_tasks, tasks.n_queries
         x = tasks.Z[:, :, :d]
         y_model = np.einsum("nli,ni->nl", x, tasks.w)
@@ -296,7 +312,7 @@ class SoftmaxPrefixEngine:
         resid = np.abs(tasks.Z[:, :, d] - y_model)
         if not np.all(resid <= 1e-12 * scale):
             if (pair_structure(tasks) if _group is None else _group) == 2:
-                self._embed_noise(tasks, Ls, cache_bytes, pair_first)
+                self._embed_noise(tasks, Ls, cache_bytes, pair_first, weights)
                 return
             task, token = np.unravel_index(np.argmax(resid), resid.shape)
             raise ValueError(
@@ -333,6 +349,10 @@ class SoftmaxPrefixEngine:
         Phi[:, d, :] = 1.0
         Phi[:, d + 1:2 * d + 1, :] = xb
         Phi[:, 2 * d + 1:, :] = xb[:, iu[0], :] * xb[:, iu[1], :]
+        self.X = Phi[:, self.logit_rows]                         # logit features [1, x]
+        if weights is not None:
+            self.X = self.X.copy()
+            Phi *= weights[: Ls[-1]]
         self.Phi, self.edges = Phi, (0,) + Ls
         self.reach = np.repeat(np.arange(self.nL), q)            # column (L_l, query) needs blocks <= l
         self._B, self._work = {}, {}                             # coefficient buffers, core workspace
@@ -340,7 +360,7 @@ class SoftmaxPrefixEngine:
         self.n_exact = 0                                        # steps needing the exact max
         self.n_shared = 0                                       # steps with shared pair logits
 
-    def _embed_noise(self, tasks, Ls, cache_bytes, pair_first):
+    def _embed_noise(self, tasks, Ls, cache_bytes, pair_first, weights):
         """Noisy labels in exact antithetic pairs: run the engine on noiseless tasks in ``d + 1``
         covariate dimensions. The noise ``eps = y - w^T x`` of each token becomes a covariate and
         ``w`` gains the entry ``+-1`` (``(w, 1)`` and ``(-w, -1)``: still exact pairs sharing the
@@ -358,7 +378,8 @@ class SoftmaxPrefixEngine:
                         w=np.concatenate([tasks.w, s[:, None]], axis=-1),
                         x_q=np.concatenate([tasks.x_q, np.zeros(tasks.x_q.shape[:-1] + (1,))], axis=-1),
                         y_q=tasks.y_q, Sigma=Sigma, paired=True)
-        inner = SoftmaxPrefixEngine(aug, Ls, cache_bytes=cache_bytes, pair_first=pair_first, _group=2)
+        inner = SoftmaxPrefixEngine(aug, Ls, cache_bytes=cache_bytes, pair_first=pair_first, weights=weights,
+                                    _group=2)
         keep = np.r_[0:d, d + 1]                      # the model's coordinates (x, y) among (x, eps, y)
         D = d + 1
 
@@ -389,7 +410,7 @@ class SoftmaxPrefixEngine:
         Mom, top = np.empty((ng, nL, ge, q, nf)), np.empty((ng, nL, ge, q))
         for j in range(ge):
             M, P = softmax_core.prefix_moments(
-                self.Phi[:, rows], self.edges, A=B[:, j].reshape(ng, nL * q, D), X=self.Phi[:, self.logit_rows],
+                self.Phi[:, rows], self.edges, A=B[:, j].reshape(ng, nL * q, D), X=self.X,
                 reach=self.reach, shifted=shifted, at_reach=True, cache_bytes=self.cache_bytes, work=self._work)
             Mom[:, :, j] = P.reshape(ng, nL, q, nf)               # column (L_l, query) at its own prompt l
             top[:, :, j] = M.reshape(ng, nL, q)
@@ -514,11 +535,13 @@ class LinearEngine:
 
 def train_all_arrays(tasks, Ls, *, models=icl.MODELS, lr=0.01, n_steps=2500, ckpt_every=20,
                      U0=None, v0=None, label="", max_abs=1e6, pair_first=None,
-                     cache_bytes=1 << 19):
+                     cache_bytes=1 << 19, x_law=None):
     """Fast engine: train every model in ``models`` (``"softmax"``, ``"linear"``,
-    ``"linear_inf"``) and, for the finite-L models, every ``L`` in ``Ls`` (strictly increasing),
-    from the same ``(U0, v0)`` (default Eq. 9) on the same ``tasks``, by gradient descent with
-    step ``lr``.
+    ``"linear_inf"``, ``"softmax_inf"``) and, for the finite-L models, every ``L`` in ``Ls``
+    (strictly increasing), from the same ``(U0, v0)`` (default Eq. 9) on the same ``tasks``, by
+    gradient descent with step ``lr``. ``"softmax_inf"`` needs the tasks' covariate law ``x_law``
+    (an :class:`sfxlin.laws.Empirical`): the prefix engine runs it on the whole support, its tokens
+    weighted by the atoms' weights (:func:`sfxlin.icl.support_tasks`), exact.
 
     ``pair_first``: add the gradient contributions of antithetic partners (tasks ``2i``,
     ``2i + 1``) first, and evaluate the softmax of both partners once while ``U[:, d, :d]`` is
@@ -531,15 +554,17 @@ def train_all_arrays(tasks, Ls, *, models=icl.MODELS, lr=0.01, n_steps=2500, ckp
 
     Returns a dict: ``t (n_ckpt,)``, ``L (nL,)``, and per model a dict with ``U``, ``v``,
     ``risk``: shapes ``(nL, n_ckpt, D, D)``, ``(nL, n_ckpt, D)``, ``(nL, n_ckpt)`` for softmax and
-    linear, ``(n_ckpt, D, D)``, ``(n_ckpt, D)``, ``(n_ckpt,)`` for linear_inf; plus
+    linear, ``(n_ckpt, D, D)``, ``(n_ckpt, D)``, ``(n_ckpt,)`` for linear_inf and softmax_inf; plus
     ``n_exact_shift_steps`` and ``n_shared_steps`` (softmax steps that needed the exact max
-    shift, and that evaluated antithetic partners once).
+    shift, and that evaluated antithetic partners once; softmax(L) only).
     Raises :class:`TrainingDiverged` naming ``label``, the model, ``L`` and the step.
     """
     models = tuple(models)
     for m in models:
-        if m not in icl.MODELS:
-            raise ValueError(f"unknown model {m!r}; expected one of {icl.MODELS}")
+        if m not in TRAINED_MODELS:
+            raise ValueError(f"unknown model {m!r}; expected one of {TRAINED_MODELS}")
+    if "softmax_inf" in models and x_law is None:
+        raise ValueError("model 'softmax_inf' needs the covariate law x_law (an sfxlin.laws.Empirical)")
     if len(set(models)) != len(models) or not models:
         raise ValueError(f"models must be a non-empty list without repeats, got {models}")
     has_finite = any(m in FINITE_MODELS for m in models)
@@ -554,7 +579,7 @@ def train_all_arrays(tasks, Ls, *, models=icl.MODELS, lr=0.01, n_steps=2500, ckp
     nL, D, nc = len(Ls), tasks.D, len(steps)
     state, rec, engines = {}, {}, {}
     for m in models:
-        k = 1 if m == "linear_inf" else nL
+        k = nL if m in FINITE_MODELS else 1
         state[m] = [np.repeat(U0[None], k, axis=0), np.repeat(v0[None], k, axis=0)]
         rec[m] = dict(U=np.empty((k, nc, D, D)), v=np.empty((k, nc, D)), risk=np.empty((k, nc)))
         if m == "softmax":
@@ -563,6 +588,10 @@ def train_all_arrays(tasks, Ls, *, models=icl.MODELS, lr=0.01, n_steps=2500, ckp
         elif m == "linear":
             G = np.stack([icl.Ghat(tasks.Z, L) for L in Ls])
             engines[m] = LinearEngine(tasks, G, pair_first=pair_first, _group=group)
+        elif m == "softmax_inf":
+            support, weights = icl.support_tasks(tasks, x_law)
+            engines[m] = SoftmaxPrefixEngine(support, (support.L_max,), cache_bytes=cache_bytes,
+                                             pair_first=pair_first, weights=weights, _group=group)
         else:
             engines[m] = LinearEngine(tasks, icl.model_matrix("linear_inf", tasks)[None], pair_first=pair_first,
                                       _group=group)
@@ -574,7 +603,7 @@ def train_all_arrays(tasks, Ls, *, models=icl.MODELS, lr=0.01, n_steps=2500, ckp
                 U, v = state[m]
                 risk, gU, gv = engines[m].step(U, v)
                 _check_finite(risk, U, v, step=t, max_abs=max_abs, label=label, model=m,
-                              Ls=(None,) if m == "linear_inf" else Ls)
+                              Ls=Ls if m in FINITE_MODELS else (None,))
                 if ck:
                     r = rec[m]
                     r["U"][:, j], r["v"][:, j], r["risk"][:, j] = U, v, risk
@@ -584,7 +613,7 @@ def train_all_arrays(tasks, Ls, *, models=icl.MODELS, lr=0.01, n_steps=2500, ckp
                 j += 1
     out = {"t": steps, "L": np.array(Ls, dtype=int)}
     for m in models:
-        out[m] = {k: (a[0] if m == "linear_inf" else a) for k, a in rec[m].items()}
+        out[m] = {k: (a if m in FINITE_MODELS else a[0]) for k, a in rec[m].items()}
     sm = engines.get("softmax")
     out["n_exact_shift_steps"] = sm.n_exact if sm else 0
     out["n_shared_steps"] = sm.n_shared if sm else 0
@@ -593,16 +622,17 @@ def train_all_arrays(tasks, Ls, *, models=icl.MODELS, lr=0.01, n_steps=2500, ckp
 
 
 def train_all(tasks, Ls, *, models=icl.MODELS, lr=0.01, n_steps=2500, ckpt_every=20, U0=None,
-              v0=None, label="", max_abs=1e6, pair_first=None, cache_bytes=1 << 19):
+              v0=None, label="", max_abs=1e6, pair_first=None, cache_bytes=1 << 19, x_law=None):
     """:func:`train_all_arrays` as an ``xr.Dataset``.
 
     Finite-L models: ``U (model, L, t, row, col)``, ``v (model, L, t, row)``,
     ``risk (model, L, t)`` with ``model`` in (``softmax``, ``linear``) as requested;
-    ``linear_inf``: ``U_inf (t, row, col)``, ``v_inf (t, row)``, ``risk_inf (t)``.
+    ``linear_inf``: ``U_inf (t, row, col)``, ``v_inf (t, row)``, ``risk_inf (t)``;
+    ``softmax_inf``: ``U_softmax_inf``, ``v_softmax_inf``, ``risk_softmax_inf`` likewise.
     """
     res = train_all_arrays(tasks, Ls, models=models, lr=lr, n_steps=n_steps, ckpt_every=ckpt_every,
                            U0=U0, v0=v0, label=label, max_abs=max_abs, pair_first=pair_first,
-                           cache_bytes=cache_bytes)
+                           cache_bytes=cache_bytes, x_law=x_law)
     D = tasks.D
     coords = {"t": res["t"], "row": np.arange(D), "col": np.arange(D)}
     data = {}
@@ -612,11 +642,12 @@ def train_all(tasks, Ls, *, models=icl.MODELS, lr=0.01, n_steps=2500, ckpt_every
         data["U"] = (("model", "L", "t", "row", "col"), np.stack([res[m]["U"] for m in finite]))
         data["v"] = (("model", "L", "t", "row"), np.stack([res[m]["v"] for m in finite]))
         data["risk"] = (("model", "L", "t"), np.stack([res[m]["risk"] for m in finite]))
-    if "linear_inf" in res:
-        r = res["linear_inf"]
-        data["U_inf"] = (("t", "row", "col"), r["U"])
-        data["v_inf"] = (("t", "row"), r["v"])
-        data["risk_inf"] = ("t", r["risk"])
+    for m, suffix in (("linear_inf", "inf"), ("softmax_inf", "softmax_inf")):
+        if m in res:
+            r = res[m]
+            data[f"U_{suffix}"] = (("t", "row", "col"), r["U"])
+            data[f"v_{suffix}"] = (("t", "row"), r["v"])
+            data[f"risk_{suffix}"] = ("t", r["risk"])
     ds = xr.Dataset(data, coords=coords,
                     attrs={"lr": float(lr), "label": label, "pair_first": int(res["pair_first"]),
                            "n_exact_shift_steps": int(res["n_exact_shift_steps"]),

@@ -3,6 +3,7 @@
 * :func:`numeric_array`: ``x`` as a float64 array, a ``TypeError`` naming it when it is not numeric;
 * :func:`finite_array`: the same, and a ``ValueError`` naming it, counting the non-finite entries
   and giving the first one's index when any entry is NaN or infinite;
+* :func:`token_weights`: the weights of ``L`` tokens, positive and finite (or ``None``: equal);
 * :func:`component_covariances`: a mixture's covariances, whole, diagonal or scalar, as matrices;
 * :func:`positive_int`, :func:`noise_std`: a count >= 1, a standard deviation >= 0;
 * :func:`registry_name`: the new key of a class that registers itself by subclassing (laws, kernels);
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["numeric_array", "finite_array", "component_covariances", "positive_int", "noise_std", "as_sigma",
+__all__ = ["numeric_array", "finite_array", "token_weights", "component_covariances", "positive_int", "noise_std", "as_sigma",
            "as_spd", "registry_name"]
 
 
@@ -35,6 +36,19 @@ def finite_array(x, name) -> np.ndarray:
         raise ValueError(f"{name} must be finite: {int(bad.sum())} non-finite entries, the first ({a[first]}) "
                          f"at index {first}")
     return a
+
+
+def token_weights(weights, L, name="weights"):
+    """``weights`` as ``(L,)`` positive finite floats, one per token (``None`` stays ``None``: equal
+    weights); ``ValueError`` naming ``name`` for another shape or a weight that is not positive."""
+    if weights is None:
+        return None
+    w = finite_array(weights, name)
+    if w.shape != (L,):
+        raise ValueError(f"{name} must be {L} numbers, one per token, got shape {w.shape}")
+    if not np.all(w > 0):
+        raise ValueError(f"{name} must be positive (drop the tokens of weight 0), got minimum {w.min():.3g}")
+    return w
 
 
 def component_covariances(covs, K, D, name="covs") -> np.ndarray:
