@@ -57,7 +57,7 @@ __all__ = [
     "Tasks", "make_tasks", "check_L", "check_model", "Ghat", "Gamma_w", "init_alpha", "init_theta",
     "bayes_optimum", "off_block_mass", "theta_distance", "ridge_risk",
     "softmax_predict", "linear_predict", "softmax_risk_grad", "linear_risk_grad",
-    "model_matrix", "risk", "risk_grad", "pair_index", "support_tasks", "MODELS", "LAW_MODELS",
+    "model_matrix", "risk", "risk_grad", "pair_index", "support_tasks", "linear_inf_risk", "MODELS", "LAW_MODELS",
 ]
 
 MODELS = ("softmax", "linear", "linear_inf")
@@ -551,3 +551,37 @@ def risk(model, U, v, tasks, L=None, x_law=None):
     else:
         pred = linear_predict(U, v, model_matrix(model, tasks, L), tasks.z_q)
     return 0.5 * np.mean((pred - tasks.y_q) ** 2, axis=(-2, -1))
+
+
+def linear_inf_risk(U, v, Sigma, noise=0.0, query_noise=0.0):
+    """Exact risk of ``linear(inf)`` with the covariance ``Sigma``: the expectation over the prior
+    ``w ~ N(0, I_d)``, the query ``x_q`` (centred, covariance ``Sigma``, any law: the error is linear
+    in ``x_q``) and the query noise of ``1/2 (v^T Gamma_w U z_q - w^T x_q - eps_q)^2``, ``Gamma_w``
+    from ``Sigma`` and the prompt-label noise (:func:`Gamma_w`). ``Sigma`` symmetric positive
+    semi-definite (a singular one confines the covariates to a subspace); ``U (..., D, D)``,
+    ``v (..., D)`` -> ``(...)``, any parameters (block-structured or not).
+
+    With ``A = U[:d, :d]``, ``b = U[d, :d]``, ``v = (v_x, v_y)``, the error is ``c(w)^T x_q - eps_q``
+    with ``c(w) = e(w) + N w``: the even part ``e = a + v_y (w^T Sigma w + noise^2) b``,
+    ``a = A^T Sigma v_x``, and the odd part ``N = v_y A^T Sigma + b v_x^T Sigma - I``. Since
+    ``E[w^T Sigma w] = tr Sigma`` and ``Var = 2 tr(Sigma^2)``, with ``m1 = tr Sigma + noise^2``:
+    ``2 risk = a^T Sigma a + 2 v_y m1 a^T Sigma b + v_y^2 (m1^2 + 2 tr Sigma^2) b^T Sigma b
+    + tr(N^T Sigma N) + query_noise^2``. Block-structured parameters (``b = 0``, ``v_x = 0``):
+    ``1/2 [tr(B Sigma B^T) + query_noise^2]``, ``B = v_y Sigma A - I`` (the plug-in error)."""
+    U, v = _params(U, v)
+    D = U.shape[-1]
+    d = D - 1
+    S = as_sigma(Sigma, d)
+    if np.linalg.eigvalsh(S)[0] < -1e-12 * max(np.abs(S).max(), 1e-300):
+        raise ValueError(f"Sigma must be positive semi-definite, smallest eigenvalue {np.linalg.eigvalsh(S)[0]:.3g}")
+    s2 = noise_std(noise, "noise") ** 2
+    q2 = noise_std(query_noise, "query_noise") ** 2
+    A, b = U[..., :d, :d], U[..., d, :d]
+    vx, vy = v[..., :d], v[..., d]
+    a = np.einsum("...ji,jk,...k->...i", A, S, vx)
+    N = vy[..., None, None] * np.einsum("...ji,jk->...ik", A, S) + b[..., :, None] * (vx @ S)[..., None, :] - np.eye(d)
+    m1 = np.trace(S) + s2
+    quad = lambda x, y: np.einsum("...i,ij,...j->...", x, S, y)   # noqa: E731
+    even = quad(a, a) + 2 * vy * m1 * quad(a, b) + vy**2 * (m1**2 + 2 * np.trace(S @ S)) * quad(b, b)
+    odd = np.einsum("...ji,jk,...ki->...", N, S, N)
+    return 0.5 * (even + odd + q2)
