@@ -51,8 +51,9 @@ from . import icl, softmax_core
 from ._version import __version__
 from .validation import token_weights
 
-__all__ = ["TrainingDiverged", "train", "train_all", "train_all_arrays", "validate_Ls",
-           "checkpoint_steps", "SoftmaxPrefixEngine", "LinearEngine", "heldout_risks", "perturbed_init", "pair_structure"]
+__all__ = ["TrainingDiverged", "train", "train_all", "train_all_arrays", "validate_Ls", "checkpoint_steps",
+           "log_checkpoint_steps", "given_checkpoints", "SoftmaxPrefixEngine", "LinearEngine", "heldout_risks",
+           "perturbed_init", "pair_structure"]
 
 FINITE_MODELS = ("softmax", "linear")
 TRAINED_MODELS = icl.MODELS + icl.LAW_MODELS
@@ -104,6 +105,31 @@ def checkpoint_steps(n_steps, ckpt_every):
     if n_steps % ckpt_every:
         raise ValueError(f"n_steps = {n_steps} must be a multiple of ckpt_every = {ckpt_every}")
     return np.arange(0, n_steps + 1, ckpt_every)
+
+
+def log_checkpoint_steps(n_steps, per_octave):
+    """Log-spaced checkpoint steps: ``0`` and the distinct ``round(2^(k / per_octave))`` up to ``n_steps``
+    (``n_steps`` included): every step while they are closer than 1 apart, then ``per_octave``
+    checkpoints per doubling of ``t`` (consecutive ratio ``2^(1 / per_octave)`` up to rounding)."""
+    for name, val in (("n_steps", n_steps), ("per_octave", per_octave)):
+        if isinstance(val, (bool, np.bool_)) or not isinstance(val, (int, np.integer)):
+            raise TypeError(f"{name} must be an integer, got {val!r}")
+    if n_steps < 1 or per_octave < 1:
+        raise ValueError(f"need n_steps >= 1 and per_octave >= 1, got {n_steps}, {per_octave}")
+    k = np.arange(int(np.ceil(per_octave * np.log2(n_steps))) + 1)
+    t = np.minimum(np.rint(2.0 ** (k / per_octave)).astype(np.int64), n_steps)
+    return np.unique(np.concatenate([[0], t, [n_steps]]))
+
+
+def given_checkpoints(steps, n_steps):
+    """``steps`` as an int array of checkpoint steps: strictly increasing integers from 0 to ``n_steps``."""
+    t = np.asarray(steps)
+    if t.ndim != 1 or t.size == 0 or t.dtype.kind not in "iu":
+        raise ValueError(f"checkpoints must be a non-empty 1-d sequence of integers, got {steps!r}")
+    if t[0] != 0 or t[-1] != n_steps or np.any(np.diff(t) <= 0):
+        raise ValueError(f"checkpoints must increase strictly from 0 to n_steps = {n_steps}, got {t[0]} .. {t[-1]}"
+                         f"{' (not strictly increasing)' if np.any(np.diff(t) <= 0) else ''}")
+    return t.astype(np.int64)
 
 
 def _check_lr(lr):
@@ -535,7 +561,7 @@ class LinearEngine:
 
 def train_all_arrays(tasks, Ls, *, models=icl.MODELS, lr=0.01, n_steps=2500, ckpt_every=20,
                      U0=None, v0=None, label="", max_abs=1e6, pair_first=None,
-                     cache_bytes=1 << 19, x_law=None):
+                     cache_bytes=1 << 19, x_law=None, checkpoints=None):
     """Fast engine: train every model in ``models`` (``"softmax"``, ``"linear"``,
     ``"linear_inf"``, ``"softmax_inf"``) and, for the finite-L models, every ``L`` in ``Ls``
     (strictly increasing), from the same ``(U0, v0)`` (default Eq. 9) on the same ``tasks``, by
@@ -551,6 +577,9 @@ def train_all_arrays(tasks, Ls, *, models=icl.MODELS, lr=0.01, n_steps=2500, ckp
     antithetic tasks it stays exactly 0 with ``pair_first`` (the partners' contributions are exact
     opposites and cancel; the plain pairwise sums leave ~1e-17 of rounding, which grows where the
     off-block dynamics are unstable), and any off-block perturbation in ``(U0, v0)`` evolves freely.
+
+    ``checkpoints``: the checkpoint steps, strictly increasing from 0 to ``n_steps`` (e.g.
+    :func:`log_checkpoint_steps`), instead of every ``ckpt_every`` steps.
 
     Returns a dict: ``t (n_ckpt,)``, ``L (nL,)``, and per model a dict with ``U``, ``v``,
     ``risk``: shapes ``(nL, n_ckpt, D, D)``, ``(nL, n_ckpt, D)``, ``(nL, n_ckpt)`` for softmax and
@@ -571,7 +600,7 @@ def train_all_arrays(tasks, Ls, *, models=icl.MODELS, lr=0.01, n_steps=2500, ckp
     Ls = () if Ls is None else tuple(Ls)
     Ls = validate_Ls(Ls, tasks.L_max) if has_finite or Ls else ()
     lr = _check_lr(lr)
-    steps = checkpoint_steps(n_steps, ckpt_every)
+    steps = checkpoint_steps(n_steps, ckpt_every) if checkpoints is None else given_checkpoints(checkpoints, n_steps)
     U0, v0 = _init(tasks, U0, v0)
     group = pair_structure(tasks)
     if pair_first is None:

@@ -1,0 +1,499 @@
+"""C3 horizon analysis: the transfer horizon ``T*(L, eps)``, its growth ``L^gamma``, the best-horizon
+distance to the Bayes optimum, verdicts and the figure, from a ``c3_horizon`` results file alone
+(its variables: pipelines/c3_horizon.py; what they show: docs/claims.md, "C3 horizon").
+
+Reads ``D_inf(setting, seed, model, L, t)``, ``norm_inf(setting, seed, t)``, ``dist_star`` (as
+``D_inf``), ``dist_star_inf``, ``norm_star``, ``risk_inf``, ``conservation_inf``, ``off_block`` and
+the coordinate ``t`` (the checkpoint steps, log-spaced).
+
+* **Horizon.** ``T*(L, eps)``: the first checkpoint ``t`` at which ``D_inf > eps ||theta_inf(t)||``,
+  per seed, model and ``L`` (:func:`first_exceedance_np`). Between checkpoints ``t_{k-1}`` and
+  ``t_k`` it is known only to lie in ``[t_{k-1} + 1, t_k]`` (``T_lo``, ``T_hi``); the fits use the
+  geometric midpoint ``T_star = sqrt(T_lo T_hi)`` and repeat on both ends (the resolution
+  interval of gamma). The grid's relative resolution ``max t_k / (t_{k-1} + 1)`` is the
+  ``resolution`` attr of :func:`horizons` (:func:`resolution`). A distance that never exceeds
+  the tolerance within the run is flagged ``never`` (``T* > T_max``), not dropped silently.
+* **Growth.** ``gamma(eps)``: the OLS log-log slope in ``L`` of the seed-mean ``T_star`` of
+  softmax(L), over the ``L`` at which ``T*`` is defined in every seed (their number is reported);
+  its SE is cluster-robust over the seeds (:func:`fits.clustered_loglog_np`). An ``L`` left out
+  has ``T* > T_max`` in some seed, so leaving it out can only lower gamma where it sits at the
+  large-``L`` end; the table also gives gamma with such a horizon set to ``T_max`` (a point at its
+  lower bound).
+* **Best horizon.** ``best(L) = min_t ||theta_L(t) - theta_star||`` (softmax) and its argmin
+  ``T_best(L)``; their log-log slopes in ``L`` with SEs clustered over the seeds. ``T_best`` is fitted
+  over the ``L`` whose argmin lies strictly inside the run in every seed (an argmin at ``T_max`` is a
+  lower bound, at ``t = 0`` no approach at all; both are counted, not fitted).
+
+Independent units: a ``seed`` of a setting is one training run whose tasks every ``L`` and both
+models share (nested prompts) and whose checkpoints are one trajectory, so the points of a curve
+along ``L`` (and along ``t``) share draws; seeds and settings are independent. Intervals are
+Student-t with ``seeds - 1`` degrees of freedom; with one seed there is no interval (NaN, and the
+criteria read on it are INCONCLUSIVE). Each verdict's robustness resamples the seeds.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import xarray as xr
+
+from .fits import OLS_LINE_FIELDS, clustered_loglog_np, loglog_slopes_np, not_fitted, too_few
+from .tables import column, make_table
+from .verdicts import Criteria, Inconclusive, NotJudged, Shared, measure_unless
+
+__all__ = ["CRITERIA", "EPS", "resolution", "first_exceedance_np", "horizons", "best_horizon", "gamma",
+           "best_slopes", "line_np", "measures", "verdicts", "fit_tables", "figure"]
+
+#: the tolerances eps of the horizon T*(L, eps)
+EPS = (0.05, 0.1, 0.2)
+
+_LINE = ("slope", "slope_se", "slope_ci_low", "slope_ci_high")
+_IDX = [OLS_LINE_FIELDS.index(f) for f in _LINE]
+
+
+# --------------------------------------------------------------------------- numpy kernels
+
+
+def resolution(t) -> float:
+    """The relative resolution of a checkpoint grid ``t`` (increasing integers): the largest
+    ``t_k / (t_{k-1} + 1)``, the ratio of the ends of the interval ``[t_{k-1} + 1, t_k]`` in which a
+    first exceedance seen at ``t_k`` lies (1.0: consecutive steps, the horizon known exactly)."""
+    t = np.asarray(t, dtype=float)
+    if t.ndim != 1 or t.size < 2 or np.any(np.diff(t) <= 0):
+        raise ValueError(f"resolution: t must be a strictly increasing 1-d grid of >= 2 checkpoints, got {t!r}")
+    return float(np.max(t[1:] / (t[:-1] + 1.0)))
+
+
+def first_exceedance_np(D, norm, t, eps):
+    """The horizon of every trajectory: ``D (..., n_t)`` distances to ``theta_inf``, ``norm (..., n_t)``
+    (broadcastable) ``||theta_inf(t)||``, ``t (n_t,)`` the checkpoint steps, ``eps`` the tolerance.
+
+    Returns ``(T_lo, T_hi)`` (float arrays of the leading shape): the first checkpoint ``t_k`` with
+    ``D > eps * norm`` is ``T_hi``, and ``T_lo = t_{k-1} + 1`` (``t_0`` if it is the first
+    checkpoint): the true first step lies in ``[T_lo, T_hi]``. Both NaN where the distance never
+    exceeds the tolerance (``T* > t[-1]``)."""
+    D, norm, t = np.asarray(D, dtype=float), np.asarray(norm, dtype=float), np.asarray(t)
+    if not float(eps) > 0:
+        raise ValueError(f"eps must be positive, got {eps!r}")
+    if t.ndim != 1 or D.shape[-1] != t.size:
+        raise ValueError(f"t must be 1-d with one value per checkpoint of D (last axis {D.shape[-1]}), got {t.shape}")
+    over = D > eps * norm
+    k = np.argmax(over, axis=-1)
+    hit = over.any(axis=-1)
+    tf = t.astype(float)
+    hi = tf[k]
+    lo = np.where(k > 0, tf[np.maximum(k - 1, 0)] + 1.0, tf[0])
+    return np.where(hit, lo, np.nan), np.where(hit, hi, np.nan)
+
+
+def line_np(L, Y, alpha=0.05):
+    """Log-log line of the unit mean of ``Y (n_L, G)`` (``G`` seeds) on ``L``: ``(slope, se, ci_low,
+    ci_high)``, SE cluster-robust over the seeds (:func:`fits.clustered_loglog_np`); with one seed the
+    run's slope and NaN for the rest. NaN throughout with fewer than 3 points or a unit mean that is not
+    positive and finite (no logarithm; the criteria say which)."""
+    L, Y = np.asarray(L, dtype=float), np.asarray(Y, dtype=float)
+    mean = Y.mean(axis=1) if Y.size else Y
+    if L.size < 3 or not np.all(np.isfinite(mean) & (mean > 0)):
+        return (np.nan,) * 4
+    if Y.shape[1] < 2:
+        return (float(loglog_slopes_np(Y[:, 0], L)),) + (np.nan,) * 3
+    out = clustered_loglog_np(np.log(L), Y, alpha=alpha)
+    return tuple(float(out[i]) for i in _IDX)
+
+
+# --------------------------------------------------------------------------- labelled
+
+
+def horizons(ds: xr.Dataset, eps=EPS) -> xr.Dataset:
+    """``T_lo``, ``T_hi``, ``T_star`` (geometric midpoint) and ``never`` per ``(eps, setting, seed,
+    model, L)``; attrs: ``resolution`` (:func:`resolution` of ``ds.t``) and ``T_max``."""
+    t = ds.t.values
+    D = ds.D_inf.transpose("setting", "seed", "model", "L", "t")
+    norm = ds.norm_inf.transpose("setting", "seed", "t").values[:, :, None, None, :]
+    lo, hi = zip(*(first_exceedance_np(D.values, norm, t, e) for e in eps))
+    dims = ("eps", "setting", "seed", "model", "L")
+    coords = {"eps": list(eps), **{k: ds[k].values for k in dims[1:]}}
+    lo, hi = np.stack(lo), np.stack(hi)
+    out = xr.Dataset({"T_lo": (dims, lo), "T_hi": (dims, hi), "T_star": (dims, np.sqrt(lo * hi)),
+                      "never": (dims, np.isnan(hi))}, coords=coords)
+    out["T_star"].attrs.update(long_name="horizon T*(L, eps)", units="steps",
+                               description="geometric midpoint of [T_lo, T_hi]: the first step with "
+                                           "||theta_L(t) - theta_inf(t)|| > eps ||theta_inf(t)||; NaN: never within T_max")
+    out.attrs.update(resolution=resolution(t), T_max=int(t[-1]))
+    return out
+
+
+def best_horizon(ds: xr.Dataset) -> xr.Dataset:
+    """``best = min_t ||theta_L(t) - theta_star||``, its argmin ``T_best`` and the flags ``at_end``
+    (argmin at the last checkpoint: a lower bound) and ``at_start`` (argmin at the first: no approach),
+    per ``(setting, seed, model, L)``."""
+    d = ds.dist_star.transpose("setting", "seed", "model", "L", "t")
+    k = d.values.argmin(axis=-1)
+    t = ds.t.values
+    dims = d.dims[:-1]
+    return xr.Dataset({"best": (dims, d.values.min(axis=-1)), "T_best": (dims, t[k].astype(float)),
+                       "at_end": (dims, k == t.size - 1), "at_start": (dims, k == 0)},
+                      coords={k_: ds[k_].values for k_ in dims})
+
+
+def _softmax(ds):
+    return int(np.flatnonzero(ds.model.values == "softmax")[0])
+
+
+class _Runs:
+    """The numbers the criteria and tables read, as numpy arrays over ``(setting, seed, ...)`` of
+    softmax(L) (the robustness reruns them on resamples of the seeds, so they are array operations):
+    ``lo``, ``hi`` ``(eps, setting, seed, L)``, ``best``, ``T_best``, ``at_end``, ``at_start``
+    ``(setting, seed, L)``, and of ``theta_inf`` at ``T_max``: ``risk_inf``, ``star_rel``
+    (``dist_star_inf / norm_star``); ``off_block`` max over models and ``L``."""
+
+    def __init__(self, ds):
+        sm = _softmax(ds)
+        self.settings = [str(s) for s in ds.setting.values]
+        self.L = ds.L.values.astype(float)
+        self.t = ds.t.values
+        D = ds.D_inf.transpose("setting", "seed", "model", "L", "t").values[:, :, sm]
+        norm = ds.norm_inf.transpose("setting", "seed", "t").values[:, :, None, :]
+        lo, hi = zip(*(first_exceedance_np(D, norm, self.t, e) for e in EPS))
+        self.lo, self.hi = np.stack(lo), np.stack(hi)
+        d = ds.dist_star.transpose("setting", "seed", "model", "L", "t").values[:, :, sm]
+        k = d.argmin(axis=-1)
+        self.best, self.T_best = d.min(axis=-1), self.t[k].astype(float)
+        self.at_end, self.at_start = k == self.t.size - 1, k == 0
+        self.risk_inf = ds.risk_inf.transpose("setting", "seed", "t").values[..., -1]
+        self.star_rel = (ds.dist_star_inf.transpose("setting", "seed", "t").values[..., -1]
+                         / ds.norm_star.transpose("setting", "seed").values)
+        self.off_block = ds.off_block.transpose("setting", "seed", "model", "L").values.max(axis=(-2, -1))
+        self.n_seeds = ds.sizes["seed"]
+
+    def gamma(self, e, s, ends="mid", alpha=0.05):
+        """``(slope, se, ci_low, ci_high)`` of ``T*(L, EPS[e])`` at setting ``s`` over the ``L`` defined in
+        every seed, and the ``L`` used; ``ends``: ``"mid"``, ``"lo"``, ``"hi"`` or ``"censored"``
+        (midpoint, a ``never`` set to ``T_max``)."""
+        lo, hi = self.lo[e, s], self.hi[e, s]                     # (seed, L)
+        T = {"mid": np.sqrt(lo * hi), "lo": lo, "hi": hi,
+             "censored": np.where(np.isnan(hi), float(self.t[-1]), np.sqrt(lo * hi))}[ends]
+        use = np.isfinite(T).all(axis=0)
+        return line_np(self.L[use], T[:, use].T, alpha), use
+
+    def best_line(self, s):
+        return line_np(self.L, self.best[s].T)
+
+    def T_best_line(self, s):
+        use = ~(self.at_end[s] | self.at_start[s]).any(axis=0)
+        return line_np(self.L[use], self.T_best[s][:, use].T), use
+
+
+def gamma(ds: xr.Dataset, alpha: float = 0.05) -> xr.Dataset:
+    """``gamma`` of ``T*(L, eps) ~ L^gamma`` (softmax) per ``(setting, eps)``: ``gamma``, ``gamma_se``,
+    ``gamma_ci_low``, ``gamma_ci_high`` (level ``1 - alpha``, cluster over the seeds), the resolution
+    interval ``gamma_lo``, ``gamma_hi`` (the fit on ``T_lo``, ``T_hi``), ``gamma_censored`` (a ``never``
+    set to ``T_max``), ``n_L`` (the ``L`` fitted: ``T*`` defined in every seed) and ``n_never`` (the
+    ``(seed, L)`` never within ``T_max``). NaN where fewer than 3 ``L`` are defined."""
+    r = _Runs(ds)
+    shape = (len(r.settings), len(EPS))
+    out = {k: np.full(shape, np.nan) for k in ("gamma", "gamma_se", "gamma_ci_low", "gamma_ci_high", "gamma_lo",
+                                               "gamma_hi", "gamma_censored", "n_L", "n_never")}
+    for s in range(shape[0]):
+        for e in range(shape[1]):
+            fit, use = r.gamma(e, s, "mid", alpha)
+            for k, v in zip(("gamma", "gamma_se", "gamma_ci_low", "gamma_ci_high"), fit):
+                out[k][s, e] = v
+            out["gamma_lo"][s, e] = r.gamma(e, s, "lo")[0][0]
+            out["gamma_hi"][s, e] = r.gamma(e, s, "hi")[0][0]
+            out["gamma_censored"][s, e] = r.gamma(e, s, "censored")[0][0]
+            out["n_L"][s, e] = use.sum()
+            out["n_never"][s, e] = np.isnan(r.hi[e, s]).sum()
+    res = xr.Dataset({k: (("setting", "eps"), v) for k, v in out.items()},
+                     coords={"setting": r.settings, "eps": list(EPS)})
+    res.attrs.update(resolution=resolution(r.t), T_max=int(r.t[-1]), n_L_total=len(r.L), alpha=alpha,
+                     fit="OLS of log(seed mean of T_star) on log(L) over the L with T* defined in every seed; SE "
+                         "cluster-robust over the seeds (linearised log-mean), Student-t with seeds - 1 dof")
+    return res
+
+
+def best_slopes(ds: xr.Dataset) -> xr.Dataset:
+    """Per setting: the slopes in ``L`` of the seed-mean best-horizon distance (``best_*``) and of
+    ``T_best`` (``T_best_*``, over the ``L`` whose argmin is inside the run in every seed: ``n_L_T_best``),
+    each ``slope``, ``se``, ``ci_low``, ``ci_high`` (95%, cluster over the seeds)."""
+    r = _Runs(ds)
+    rows = {f"{q}_{f}": [] for q in ("best", "T_best") for f in ("slope", "se", "ci_low", "ci_high")}
+    n = []
+    for s in range(len(r.settings)):
+        for f, v in zip(("slope", "se", "ci_low", "ci_high"), r.best_line(s)):
+            rows[f"best_{f}"].append(v)
+        fit, use = r.T_best_line(s)
+        for f, v in zip(("slope", "se", "ci_low", "ci_high"), fit):
+            rows[f"T_best_{f}"].append(v)
+        n.append(int(use.sum()))
+    out = xr.Dataset({k: ("setting", np.array(v)) for k, v in rows.items()}, coords={"setting": r.settings})
+    return out.assign(n_L_T_best=("setting", np.array(n)))
+
+
+# --------------------------------------------------------------------------- criteria
+
+CRITERIA = Criteria("C3H", prepare=Shared, units=("seed",))
+
+_QUICK = NotJudged("T_max = 60 steps on 3 task pairs at L = 8 .. 32: theta_inf has not converged and the horizons "
+                   "lie in the first steps; the quick run checks the pipeline, not the horizon")
+
+
+def _fit_reason(r, what):
+    if r.n_seeds < 2:
+        return f"one seed: no interval for {what} over independent runs (n_seeds >= 2 gives one)"
+    return too_few(len(r.L), 3, "prompt lengths", what)
+
+
+def _gamma_measure(sh, e):
+    r = sh(_Runs)
+
+    def compute():
+        vals, short = [], []
+        for s, name in enumerate(r.settings):
+            fit, use = r.gamma(e, s)
+            if use.sum() < 3:
+                short.append(f"{name}: T* defined in every seed at {int(use.sum())} of {len(r.L)} L")
+            vals.append(fit[2])
+        return Inconclusive("needs >= 3 L with T* defined for a slope; " + "; ".join(short)) if short else vals
+
+    return measure_unless(_fit_reason(r, "gamma"), compute)
+
+
+def _gamma_criterion(e):
+    eps = EPS[e]
+
+    @CRITERIA(f"C3H-gamma-{eps:g}", f"lower end of the 95% CI (cluster over seeds) of gamma in T*(L, {eps:g}) ~ "
+              "L^gamma, softmax(L), over the L with T* defined in every seed, per setting", ">", 0.0,
+              reference="new (C3a at the fixed T = 2500: D_inf slope -0.134 / -0.176)",
+              reason="Thm 4.3 guarantees tracking only up to a horizon T(L) that grows with L: gamma > 0 with its "
+                     "interval excluding 0 (a one-sided test at 2.5% per setting)",
+              quick=_QUICK, fails_as=("finding", "the horizon at this tolerance does not grow measurably with L over "
+                                                 "L = 8 .. 16384"))
+    def measure(sh):
+        return _gamma_measure(sh, e)
+
+    return measure
+
+
+for _e in range(len(EPS)):
+    _gamma_criterion(_e)
+
+
+@CRITERIA("C3H-best-slope", "upper end of the 95% CI (cluster over seeds) of the log-log slope in L of the best-horizon "
+          "distance min_t ||theta_L(t) - theta_star|| (softmax), per setting", "<", 0.0,
+          reference="new (C3c at T = 2500: the final distance to Bayes shrinks 4x from L = 8 to 4096)",
+          reason="Thm 4.3's conclusion lim_L theta_L(T(L)) = theta_star: at the best horizon softmax(L) must come "
+                 "closer to the limit of the infinite-prompt flow as L grows",
+          quick=_QUICK, fails_as=("finding", "the best horizon does not bring softmax(L) closer to theta_star"))
+def _best_slope(sh):
+    r = sh(_Runs)
+    zero = None if np.all(r.best > 0) else "a best-horizon distance of 0 (theta_L(t) = theta_star exactly) has no log"
+    return measure_unless(_fit_reason(r, "the best-horizon slope") or zero,
+                          lambda: [r.best_line(s)[3] for s in range(len(r.settings))])
+
+
+@CRITERIA("C3H-Tbest-slope", "lower end of the 95% CI (cluster over seeds) of the log-log slope in L of T_best(L) = "
+          "argmin_t ||theta_L(t) - theta_star|| (softmax), over the L with the argmin inside the run, per setting",
+          ">", 0.0, reference="new",
+          reason="the theorem's reading: the distance falls because the horizon is chosen later as L grows; a "
+                 "T_best flat in L would mean one fixed horizon serves every L",
+          quick=_QUICK, fails_as=("finding", "the best horizon does not move later with L"))
+def _Tbest_slope(sh):
+    r = sh(_Runs)
+
+    def compute():
+        vals, short = [], []
+        for s, name in enumerate(r.settings):
+            fit, use = r.T_best_line(s)
+            if use.sum() < 3:
+                short.append(f"{name}: argmin inside the run in every seed at {int(use.sum())} of {len(r.L)} L")
+            vals.append(fit[2])
+        return Inconclusive("needs >= 3 L for a slope; " + "; ".join(short)) if short else vals
+
+    return measure_unless(_fit_reason(r, "the T_best slope"), compute)
+
+
+@CRITERIA("C3H-inf-converged", "training risk of theta_inf(T_max), max over seeds, per setting", "<=", 1e-6,
+          reference="c3_transfer at T = 2500: 1e-10 .. 1e-18, one slow anisotropic draw 8.6e-5",
+          reason="the premise of the horizon: theta_inf(t) has converged (risk within 1e-6 of its floor 0, "
+                 "noiseless labels) by the end of the run, so T_max is not what bounds the horizons",
+          quick=_QUICK, fails_as=("finding", "T_max too short for this draw: theta_inf still moving"))
+def _inf_converged(sh):
+    r = sh(_Runs)
+    return list(r.risk_inf.max(axis=1))
+
+
+@CRITERIA("C3H-inf-star", "||theta_inf(T_max) - theta_star|| / ||theta_star||, max over seeds, per setting "
+          "(theta_star: Remark 5.2, exact)", "<", 1e-2, reference="c3_transfer: ~1e-3 (absolute) at T = 2500",
+          reason="theta_star = lim_t theta_inf(t) for the gradient flow; gradient descent's O(lr^2) drift of "
+                 "||U||^2 - ||v||^2 leaves a small gap: within 1% the Remark 5.2 optimum is the limit the "
+                 "best-horizon distance is measured to",
+          quick=_QUICK, fails_as=("finding", "theta_inf(T_max) is not at the Remark 5.2 optimum"))
+def _inf_star(sh):
+    r = sh(_Runs)
+    return list(r.star_rel.max(axis=1))
+
+
+@CRITERIA("C3H-block", "max over seeds, models, L and t of the off-block mass of theta_L(t), per setting", "<", 1e-8,
+          reference="c3_transfer: 0 (exact antithetic cancellation)",
+          reason="the odd symmetry under w -> -w is exact: the horizon is not a loss of block structure")
+def _block(sh):
+    r = sh(_Runs)
+    return list(r.off_block.max(axis=1))
+
+
+measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def _horizon_text(h: xr.Dataset) -> xr.DataArray:
+    """Seed-mean ``T_star`` as text per ``(model, setting, eps, L)``: ``"240"``, ``"never"`` (every
+    seed), ``"310 (1/4 never)"`` (mean over the seeds where defined)."""
+    T = h.T_star
+    n = h.never.sum("seed")
+    G = h.sizes["seed"]
+    mean = T.mean("seed", skipna=True)
+    text = np.empty(mean.shape, dtype=object)
+    for idx in np.ndindex(mean.shape):
+        k = int(n.values[idx])
+        text[idx] = "never" if k == G else f"{mean.values[idx]:.0f}" + (f" ({k}/{G} never)" if k else "")
+    return xr.DataArray(text, dims=mean.dims, coords=mean.coords).transpose("model", "setting", "eps", "L")
+
+
+def fit_tables(ds: xr.Dataset) -> dict:
+    """``gamma`` (per setting and eps), ``horizons`` (seed-mean T* per model, setting, eps and L),
+    ``best`` (best-horizon distance and T_best per L) and ``best_slopes``, ``theta_inf`` (at T_max)."""
+    g, h = gamma(ds), horizons(ds)
+    one = "n/a"
+    gcols = {"gamma": column(g.gamma, "gamma", ".3f"), "se": column(g.gamma_se, "SE", ".3f", missing=one),
+             "low": column(g.gamma_ci_low, "95% CI low", ".3f", missing=one),
+             "high": column(g.gamma_ci_high, "95% CI high", ".3f", missing=one),
+             "res_lo": column(g.gamma_lo, "gamma(T_lo)", ".3f"), "res_hi": column(g.gamma_hi, "gamma(T_hi)", ".3f"),
+             "censored": column(g.gamma_censored, "gamma (never -> T_max)", ".3f"),
+             "n_L": column(g.n_L, "L fitted", "d"), "n_never": column(g.n_never, "(seed, L) never", "d")}
+    tables = {"gamma": make_table(gcols, title=(
+        f"Horizon growth T*(L, eps) ~ L^gamma, softmax(L) (OLS on seed means of the geometric midpoint, over the L "
+        f"with T* defined in every seed, of {g.attrs['n_L_total']}; SE cluster-robust over {ds.sizes['seed']} seeds, "
+        f"95% CI t with seeds - 1 dof; checkpoint resolution {g.attrs['resolution']:.4f}: gamma(T_lo), gamma(T_hi) "
+        f"refit on the ends of each horizon's interval; T_max = {g.attrs['T_max']}; n/a: fewer than 3 L fitted, or one "
+        f"seed for an interval)"),
+        formats={"eps": "g"})}
+    tables["horizons"] = make_table({"T": column(_horizon_text(h), "L", "")}, column_dim="L", formats={"eps": "g"},
+                                    title=f"T*(L, eps): seed-mean horizon in steps (geometric midpoint; never: "
+                                          f"within eps up to T_max = {h.attrs['T_max']})")
+    b = best_horizon(ds).isel(model=_softmax(ds))
+    bm = b.mean("seed")
+    flags = (b.at_end | b.at_start).sum("seed")
+    tables["best"] = make_table(
+        {"best": column(bm.best.transpose("setting", "L"), "min_t ||theta_L - theta_star||", ".3g"),
+         "T_best": column(bm.T_best.transpose("setting", "L"), "T_best", ".0f"),
+         "flag": column(flags.transpose("setting", "L"), "seeds with argmin at t = 0 or T_max", "d")},
+        title="Best horizon, softmax(L) (seed means): the smallest distance to theta_star over the run and its step")
+    s = best_slopes(ds)
+    tables["best_slopes"] = make_table(
+        {**{f"best_{f}": column(s[f"best_{f}"], f"best: {f}", ".3f", missing=one)
+            for f in ("slope", "se", "ci_low", "ci_high")},
+         **{f"T_best_{f}": column(s[f"T_best_{f}"], f"T_best: {f}", ".3f", missing=one)
+            for f in ("slope", "se", "ci_low", "ci_high")},
+         "n": column(s.n_L_T_best, "L fitted (T_best)", "d")},
+        title="Slopes in L of the best-horizon distance and of T_best (OLS on seed means; SE cluster-robust over the "
+              "seeds; 95% CI; T_best over the L whose argmin lies inside the run in every seed; n/a: fewer than 3 "
+              "such L, or one seed for an interval)")
+    risk = ds.risk_inf.transpose("setting", "seed", "t")
+    first = xr.DataArray(np.where((risk <= 1e-6).any("t"), ds.t.values[(risk <= 1e-6).values.argmax(-1)], np.nan),
+                         dims=("setting", "seed"), coords={"setting": ds.setting.values}).max("seed", skipna=False)
+    tables["theta_inf"] = make_table(
+        {"risk": column(ds.risk_inf.isel(t=-1).max("seed"), "risk at T_max", ".3g"),
+         "first": column(first, "first t with risk <= 1e-6 (max over seeds)", ".0f", missing="not reached"),
+         "star": column((ds.dist_star_inf.isel(t=-1) / ds.norm_star).max("seed"), "||th_inf - th*|| / ||th*||", ".3g"),
+         "cons": column(abs(ds.conservation_inf).max(["seed", "t"]), "max |cons|", ".3g"),
+         "norm": column(ds.norm_star.max("seed"), "||theta_star||", ".4f")},
+        title="theta_inf at T_max (max over seeds): training risk, when it reached 1e-6, relative distance to the "
+              "Remark 5.2 optimum, max |||U||^2 - ||v||^2| over t")
+    return tables
+
+
+# --------------------------------------------------------------------------- figure
+
+
+def figure(ds: xr.Dataset, path, shown_L=4):
+    """Four panels: (a, b) the relative distance ``||theta_L(t) - theta_inf(t)|| / ||theta_inf(t)||`` over
+    ``t`` (seed mean, softmax) for ``shown_L`` prompt lengths spread over the grid, per setting, with the
+    tolerances and each curve's seed-mean ``T*`` marked; (c) ``T*(L, eps)`` log-log with the fitted
+    ``L^gamma`` lines (never within ``T_max``: open triangles at ``T_max``); (d) the best-horizon
+    distance (solid) and ``T_best`` (dashed, right axis) against ``L``. ``path``: a file name or a
+    binary file object. Returns ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sm = _softmax(ds)
+    h, g = horizons(ds), gamma(ds)
+    L = ds.L.values.astype(float)
+    t = ds.t.values.astype(float)
+    settings = [str(s) for s in ds.setting.values]
+    fig, axes = plt.subplots(1, 4, figsize=(21, 4.8))
+    pick = np.unique(np.linspace(0, len(L) - 1, min(shown_L, len(L))).round().astype(int))
+    shades = plt.cm.viridis(np.linspace(0, 0.9, len(pick)))
+    eps_style = dict(zip(EPS, ("o", "s", "^")))
+    for ax, st in zip(axes[:2], settings):
+        rel = (ds.D_inf.isel(model=sm).sel(setting=st) / ds.norm_inf.sel(setting=st)).mean("seed")
+        for c, i in zip(shades, pick):
+            y = rel.isel(L=i).values
+            ax.semilogx(t[1:], y[1:], color=c, lw=1.2, label=f"L = {int(L[i])}")
+            for e in EPS:
+                T = h.T_star.sel(eps=e, setting=st).isel(model=sm, L=i).mean("seed", skipna=True)
+                if np.isfinite(T):
+                    ax.plot(float(T), e, eps_style[e], color=c, ms=6, mfc="none")
+        for e in EPS:
+            ax.axhline(e, color="0.5", ls=":", lw=0.8)
+        ax.set(xlabel="step t", ylabel=r"$\|\theta_L(t) - \theta_\infty(t)\| / \|\theta_\infty(t)\|$",
+               title=f"{st}: distance to theta_inf (seed mean); marks: T* at eps")
+        ax.legend(fontsize=7)
+    ax = axes[2]
+    colors = dict(zip(settings, plt.cm.tab10(np.arange(len(settings)))))
+    T_max = h.attrs["T_max"]
+    fitted = False
+    for st in settings:
+        for e in EPS:
+            T = h.T_star.sel(eps=e, setting=st).isel(model=sm)
+            mean = T.mean("seed", skipna=False)
+            ax.loglog(L, mean, eps_style[e], color=colors[st], ms=5, label=f"{st}, eps {e:g}")
+            never = T.isnull().any("seed").values
+            if never.any():
+                ax.loglog(L[never], np.full(never.sum(), T_max), eps_style[e], color=colors[st], ms=7, mfc="none",
+                          ls="none")
+            row = g.sel(setting=st, eps=e)
+            ok = np.isfinite(mean.values)
+            if np.isfinite(row.gamma) and ok.sum() >= 3:
+                x = L[ok]
+                lm = np.log(mean.values[ok])
+                icpt = lm.mean() - float(row.gamma) * np.log(x).mean()
+                ax.loglog(x, np.exp(icpt) * x ** float(row.gamma), "-", color=colors[st], lw=0.8, alpha=0.7)
+                fitted = True
+    if not fitted:
+        not_fitted(ax, "fewer than 3 L with T* defined in every seed")
+    ax.axhline(T_max, color="0.5", ls="--", lw=0.8)
+    ax.set(xlabel="prompt length L", ylabel="T*(L, eps) (steps)",
+           title="horizon T*(L) with L^gamma fits (open: never within T_max)")
+    ax.legend(fontsize=6, ncol=2)
+    ax = axes[3]
+    b = best_horizon(ds).isel(model=sm).mean("seed")
+    twin = ax.twinx()
+    for st in settings:
+        ax.loglog(L, b.best.sel(setting=st), "o-", color=colors[st], ms=4, label=f"{st}: min_t distance")
+        twin.loglog(L, b.T_best.sel(setting=st), "x--", color=colors[st], ms=4)
+    ax.set(xlabel="prompt length L", ylabel=r"$\min_t \|\theta_L(t) - \theta^*\|$",
+           title="best horizon: distance (solid), T_best (dashed, right)")
+    twin.set_ylabel("T_best (steps)")
+    ax.legend(fontsize=7)
+    cfg = json.loads(ds.attrs.get("config", "{}"))
+    fig.suptitle(f"C3 horizon ({ds.attrs.get('profile', '?')} profile; lr {cfg.get('lr', '?')}, T_max = {T_max}, "
+                 f"{ds.sizes['seed']} seeds, checkpoint resolution {h.attrs['resolution']:.3f})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
