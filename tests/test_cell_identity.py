@@ -109,7 +109,7 @@ PERTURBATIONS = {
                      "mean_norms": [0.0, 1.0], "n_seeds": 2, "n_pairs": 2, "n_queries": 2, "L": [4, 8, 16, 64],
                      "lr": 0.02, "n_steps": 40, "ckpt_every": 5, "heldout_pairs": 2, "heldout_queries": 2,
                      "root_seed": 7},
-    "c3_deep": {"d": 2, "heads": [1, 2], "n_seeds": 2, "U_scale": 0.3, "V_scale": 0.2, "v_scale": 0.5,
+    "c3_deep": {"d": 2, "heads": [1, 2], "n_seeds": 2, "U_scale": 0.3, "V_scale": 0.2, "v_scale": 0.5, "lambda_cap": 0.3,
                 "depth_max": 3, "L": [4, 8, 32], "n_pairs": 2, "n_queries": 2, "depths": [1, 2], "L_train": [4, 8, 32],
                 "train_pairs": 2, "train_queries": 3, "heldout_pairs": 4, "method": "gd", "lr": 0.02, "n_steps": 4,
                 "ckpt_every": 2, "root_seed": 7},

@@ -82,7 +82,7 @@ def test_a_closed_pipe_never_stops_a_run(tmp_path, closed):
         proc.stdout.close()
     assert proc.wait(timeout=300) == 0
     assert {"pipe.nc", "pipe.png"} <= set(os.listdir(tmp_path))
-    assert data_of(tmp_path / "pipe.nc")["mse"].shape[0] == 4  # the four laws: a whole file
+    assert data_of(tmp_path / "pipe.nc")["mse"].shape[0] == 5  # the five laws (ar1 among them): a whole file
     if closed == "stderr":
         text = stdout.decode()
         assert f"wrote {tmp_path / 'pipe.nc'}" in text and "C1-slopes" in text and "figure:" in text
@@ -183,7 +183,7 @@ def test_sigterm_keeps_the_cells_says_how_to_resume_and_exits_143(tmp_path):
     resumed = subprocess.run(sfxlin_cli(*[a for a in args if a != "--quiet"]), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     assert f"({kept} kept from earlier runs in {cells}, {9 - kept} to compute)" in resumed.stdout
-    assert data_of(out / "c1_limit.nc")["mse"].shape == (4, 2, 2, 5, 2)  # law, d, U_norm, L, seed: complete
+    assert data_of(out / "c1_limit.nc")["mse"].shape == (5, 2, 2, 5, 2)  # law, d, U_norm, L, seed: complete
 
 
 def test_a_failure_that_follows_a_sigterm_is_reported_as_the_termination(tmp_path, monkeypatch, capsys):

@@ -35,6 +35,14 @@ COORDS = {
                  "replacement from its empirical law) or window (contiguous windows in the file's order)."},
     "prompt": {"long_name": "prompt index", "description": "Index of an independent prompt within a cell (shared by "
                "its queries, nested along L)."},
+    "shift": {"long_name": "test-time shift", "description": "Shift spec of the held-out covariates (sfxlin.shift): "
+              "none, scale:C, rotate:SEED, subspace:K or a covariance spec."},
+    "theta": {"long_name": "trained parameters", "description": "Which trained theta(T) is evaluated: softmax(L) at its "
+              "training L, or linear(inf)."},
+    "L_eval": {"long_name": "evaluation prompt length", "units": "tokens",
+               "description": "Prompt length at which trained parameters are evaluated on shifted prompts."},
+    "i": {"long_name": "row index", "description": "Row of a d x d covariance matrix."},
+    "j": {"long_name": "column index", "description": "Column of a d x d covariance matrix."},
     "key_dim": {"long_name": "token component", "description": "Component of a prompt token (key side of U)."},
     "query_dim": {"long_name": "query component", "description": "Component of the query (query side of U)."},
     "out_dim": {"long_name": "output component", "description": "Component of the head's output V f."},
