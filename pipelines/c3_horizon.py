@@ -45,6 +45,7 @@ import numpy as np
 from sfxlin import icl, laws, training
 from sfxlin.engine.params import Param, Profiles
 from sfxlin.engine.sweep import Experiment, Part, Variable
+from sfxlin.pipelines.c3_transfer import sigmas_are_d_by_d
 
 NAME = "c3_horizon"
 SETTINGS = ("isotropic", "anisotropic")
@@ -71,16 +72,6 @@ PARAMS = (
           "than one apart)", Profiles(quick=4, paper=16), low=1),
     Param("root_seed", "int", "root of every cell's random generator", 20261202),
 )
-
-
-def _sigmas_are_d_by_d(config):
-    d = config["d"]
-    for setting in config["settings"]:
-        key = f"Sigma_{setting}"
-        shape = np.shape(config[key])
-        if shape != (d, d):
-            raise ValueError(f"{key}: must be {d} diagonal entries or a {d} x {d} matrix (d = {d}), got "
-                             f"{shape[0]} x {shape[1]}")
 
 
 def checkpoints(config):
@@ -161,7 +152,7 @@ VARIABLES = (
 )
 
 EXPERIMENT = Experiment(
-    name=NAME, short="c3h", params=PARAMS, checks=(_sigmas_are_d_by_d,), inner_coords=inner_coords,
+    name=NAME, short="c3h", params=PARAMS, checks=(sigmas_are_d_by_d,), inner_coords=inner_coords,
     variables=VARIABLES, analysis="sfxlin.analysis.c3_horizon", parts=(Part("", grid, kernel, inputs=cell_inputs),),
     scheduler="processes",   # as c3_transfer: long cells of many small numpy calls (the GIL)
     title="C3 horizon: the horizon T(L) up to which softmax(L) training follows theta_inf(t)",

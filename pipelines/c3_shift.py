@@ -41,6 +41,7 @@ import numpy as np
 from sfxlin import icl, laws, shift, training
 from sfxlin.engine.params import Param, Profiles
 from sfxlin.engine.sweep import Experiment, Part, Variable
+from sfxlin.pipelines.c3_transfer import sigmas_are_d_by_d
 
 NAME = "c3_shift"
 SETTINGS = ("isotropic", "anisotropic")
@@ -75,16 +76,6 @@ PARAMS = (
     Param("ridge_lam", "float", "ridge penalty of the baseline (0: minimum-norm least squares)", 0.0, low=0),
     Param("root_seed", "int", "root of every cell's random generator", 20261202),
 )
-
-
-def _sigmas_are_d_by_d(config):
-    d = config["d"]
-    for setting in config["settings"]:
-        key = f"Sigma_{setting}"
-        shape = np.shape(config[key])
-        if shape != (d, d):
-            raise ValueError(f"{key}: must be {d} diagonal entries or a {d} x {d} matrix (d = {d}), got "
-                             f"{shape[0]} x {shape[1]}")
 
 
 def grid(config):
@@ -190,7 +181,7 @@ VARIABLES = (
 
 EXPERIMENT = Experiment(
     name=NAME, short="c3s", params=PARAMS,
-    checks=(_sigmas_are_d_by_d, shift.shift_check("shifts")),
+    checks=(sigmas_are_d_by_d, shift.shift_check("shifts")),
     inner_coords=inner_coords, variables=VARIABLES, analysis="sfxlin.analysis.c3_shift",
     parts=(Part("", grid, kernel, inputs=cell_inputs),), scheduler="processes",
     title="C3 shift: trained C3 models on shifted test prompts against their exact linear(inf) prediction",

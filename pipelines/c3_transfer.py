@@ -143,7 +143,8 @@ def _heldout_on_checkpoints(config):
         raise ValueError(f"heldout_every: {he} must be a multiple of ckpt_every = {ce} and divide n_steps = {T}")
 
 
-def _sigmas_are_d_by_d(config):
+def sigmas_are_d_by_d(config):
+    """Every ``Sigma_<setting>`` of ``settings`` is ``d x d`` (shared by the C3 experiments with settings)."""
     d = config["d"]
     for setting in config["settings"]:
         key = f"Sigma_{setting}"
@@ -426,7 +427,7 @@ VARIABLES = (
 
 EXPERIMENT = Experiment(
     name=NAME, short="c3", params=PARAMS,
-    checks=(_steps_fit_checkpoints, _heldout_on_checkpoints, _sigmas_are_d_by_d, _covariates_fit),
+    checks=(_steps_fit_checkpoints, _heldout_on_checkpoints, sigmas_are_d_by_d, _covariates_fit),
     inner_coords=inner_coords,
     variables=VARIABLES, analysis="sfxlin.analysis.c3", parts=(Part("", grid, kernel, inputs=cell_inputs),),
     scheduler="processes",   # a cell takes ~30% longer beside another on threads (the GIL): docs/performance.md
