@@ -1,5 +1,5 @@
 """Dependent tokens: the influence function of softmax attention and its integrated autocorrelation
-along a token sequence (SPEC section 4, the AR(1) bullet).
+along a token sequence (docs/models.md, "Dependent tokens: Gaussian AR(1)").
 
 For a stationary, mixing token sequence with marginal law ``mu`` and ``a = U q``, the error of
 the ratio estimator ``f_L = sum_k e^{a.z_k} z_k / sum_k e^{a.z_k}`` is, to first order,

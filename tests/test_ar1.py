@@ -75,7 +75,7 @@ def test_the_law_says_its_tokens_are_dependent():
 # ------------------------------------------------------------------------- the dependent constant
 
 def _lag_sum(law, a):
-    """sum_{h in Z} E[psi(z_0) psi(z_h)^T] term by term (SPEC section 4), truncated where the
+    """sum_{h in Z} E[psi(z_0) psi(z_h)^T] term by term (docs/models.md, dependent tokens), truncated where the
     terms' bound exp(|rho|^h r^2) |rho|^h (||Sigma|| + ||Sigma a||^2), geometric in h, leaves a tail
     below 1e-17 of the sum."""
     total = law.influence_lag_covariance(a, 0)

@@ -1,5 +1,5 @@
 """c1_own (bring your own head): cells against independent computations, the bad-file messages,
-window sampling on an AR(1) file whose integrated factor is SPEC section 4's series, the analysis."""
+window sampling on an AR(1) file whose integrated factor is the closed-form series of docs/models.md, the analysis."""
 from __future__ import annotations
 
 import numpy as np
@@ -187,7 +187,7 @@ def _ar1(n, rho, d, rng):
 
 
 def _series_factor(rho, A, H=400):
-    """SPEC section 4: sum_h exp(rho^|h| r^2)(rho^|h| tr Sigma + rho^{2|h|} ||Sigma a||^2), Sigma = I, V = I,
+    """docs/models.md (dependent tokens): sum_h exp(rho^|h| r^2)(rho^|h| tr Sigma + rho^{2|h|} ||Sigma a||^2), Sigma = I, V = I,
     summed over the queries, over its h = 0 term."""
     r2 = np.sum(A**2, axis=1)
     h = np.arange(-H, H + 1)[:, None]
