@@ -223,7 +223,7 @@ def _ar1_slopes(a):
 
 
 @CRITERIA("C1-ar1-constant", "Gaussian AR(1) tokens: mse / (dependent constant / L) at the largest L, every "
-          "(rho, d, U_norm)", "in", (0.9, 1.1), reference="1 (SPEC section 4: the series over lags)",
+          "(rho, d, U_norm)", "in", (0.9, 1.1), reference="1 (docs/models.md: the series over lags)",
           reason="1 + O(1/L_eff); the ratio's SE clustered over the 4 seeds was 0.2-2.6% per setting in the paper "
                  "run (27 settings, 2048 squared errors each): +-10% is >= 3.8 SE at the worst one",
           # quick (rho 0.8): 100 replicate runs gave 0.72 .. 1.29 (SD 0.08 .. 0.11), the Gaussian's sharp ratio in

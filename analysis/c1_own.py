@@ -177,7 +177,7 @@ def _slope_interval(a):
 
 
 @CRITERIA("C1O-constant", "L * mse at the largest L / predicted constant (tr V C_mu V^T i.i.d., x tau for "
-          "windows), every sampling", "in", (0.75, 1.33), reference="1 (SNIS delta method; SPEC section 4)",
+          "windows), every sampling", "in", (0.75, 1.33), reference="1 (SNIS delta method; docs/models.md)",
           reason="1 + O(weight_ratio tau / L); the unit mean of 256 squared errors has a relative SE of 5-10% "
                  "(heavier than chi-square: shared prompts, tilted weights) and the batch-means tau of a few "
                  "thousand tokens 5-15%: the band is ~3 SE of their combination",
