@@ -322,6 +322,7 @@ def run_experiment(experiment, config, out_dir, name, args):
         local = args.local_scheduler or (None if args.workers or args.scheduler else experiment.scheduler)
         ds, wall, label = compute(lazy, scheduler=local, workers=args.workers,
                                   address=args.scheduler, progress=not args.quiet, verbose=args.verbose)
+        ds.attrs["cell_seconds"] = json.dumps(store.cell_seconds())   # what each cell cost when computed
         save(ds, path)
         if not args.quiet:
             print(f"wrote {path} in {wall:.1f} s ({label})\n")
@@ -666,11 +667,15 @@ def schema_markdown():
              "Every file carries the provenance attrs `experiment`, `profile`, `overrides`, `config` (JSON of",
              "every parameter: `sfxlin run EXP --profile P` with these values reruns it), `sfxlin_version`,",
              "`sfxlin_schema_version`, `git_revision`, `library_versions`, `created` (UTC), `wall_seconds`,",
-             "`scheduler`, `history`, and `criteria` (JSON: the predeclared criteria of the verdict table).", "",
+             "`scheduler`, `history`, and `criteria` (JSON: the predeclared criteria of the verdict table).",
+             "A file of `sfxlin run` also has `cell_seconds` (JSON `[[part, {dim: value}, seconds], ...]`: what",
+             "each cell's kernel took when it was computed, by this run or by the earlier run whose kept cell it",
+             "served; null for a cell kept without a record) and, on a local scheduler, `cell_timeline` (JSON",
+             "`[[block, thread, start, end], ...]`: when each block of cells ran in this run).", "",
              "A file merged from runs over parts of one grid (`sfxlin merge A.nc B.nc -o C.nc`, `sfxlin.engine.merge`)",
              "has the merged `config`, `overrides` and `n_cells`, one more `history` line, and `merged_from`",
-             "(JSON: each input's path, sha256, `created`, `git_revision`, and its `wall_seconds`, `scheduler`",
-             "and `cell_timeline`, which the merged file does not carry).", "",
+             "(JSON: each input's path, sha256, `created`, `git_revision`, and its `wall_seconds`, `scheduler`,",
+             "`cell_timeline` and `cell_seconds`, which the merged file does not carry).", "",
              f"The files follow the CF conventions (attr `Conventions = \"{CONVENTIONS}\"`; `ncdump -h FILE.nc`",
              "shows them): every coordinate and variable has a `long_name` and a `description` (sentences",
              "ending with a full stop), and `units` where the quantity has one (`tokens`, `steps`, ...); a flag",

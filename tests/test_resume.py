@@ -27,7 +27,7 @@ def _data(path):
 
 
 #: attrs that say when and how long a run took: the only ones that differ between two runs
-TIME_STAMPS = ("created", "wall_seconds", "history", "cell_timeline")
+TIME_STAMPS = ("created", "wall_seconds", "history", "cell_timeline", "cell_seconds")
 
 
 def _assert_same_results(a_path, b_path):

@@ -8,7 +8,10 @@ a sweep over d = 3 and in one over d = 2, 3) share its file; a change of any inp
 or of the code that computes it, gives another name, so a kept cell is never served to a run
 it does not belong to. The kept cells outlive the run (``--fresh`` discards them).
 
-Each file also records the code fingerprint it was computed with, so :func:`survey` tells the
+Each file also records the seconds its kernel took when it was computed (:meth:`CellStore.cell_seconds`:
+a run that serves kept cells records what they cost to compute, not what it cost to read them,
+so the cost laws of ``sfxlin run --plan`` survive a rerun) and the code fingerprint it was
+computed with, so :func:`survey` tells the
 cells the current code can still serve from the stale ones (``sfxlin cells``), and
 :func:`prune` removes those.
 
@@ -40,7 +43,8 @@ __all__ = ["CellStore", "KeptCells", "cell_fingerprint", "code_fingerprint", "ex
 
 _FINGERPRINT_KEY = "__cell_fingerprint__"
 _CODE_KEY = "__code_fingerprint__"
-_META_KEYS = (_FINGERPRINT_KEY, _CODE_KEY)
+_SECONDS_KEY = "__seconds__"
+_META_KEYS = (_FINGERPRINT_KEY, _CODE_KEY, _SECONDS_KEY)
 
 
 @functools.lru_cache(maxsize=None)
@@ -95,12 +99,14 @@ class CellStore:
         self.folder = Path(folder)
         self.experiment_name = experiment.name
         self.code = experiment_code(experiment)
-        self._names = {}
+        self._names, self._cells = {}, {}
         for part in experiment.parts:
             grid = part.grid(config)
             for values in itertools.product(*grid.values()):
                 cell = dict(zip(grid, values))
-                self._names[_cell_key(cell, part.name)] = cell_fingerprint(experiment, config, cell, part.name)
+                key = _cell_key(cell, part.name)
+                self._names[key] = cell_fingerprint(experiment, config, cell, part.name)
+                self._cells[key] = (part.name, cell)
         if fresh and self.folder.exists():
             shutil.rmtree(self.folder)
 
@@ -130,18 +136,31 @@ class CellStore:
             path.unlink(missing_ok=True)
             return None
 
-    def save(self, cell, outputs, part=""):
-        """Keep one finished cell of ``part`` (the folder is made by the first save)."""
+    def save(self, cell, outputs, part="", seconds=None):
+        """Keep one finished cell of ``part`` (the folder is made by the first save), with the
+        ``seconds`` its kernel took when given."""
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self._path(cell, part)
         tmp = path.with_name(f".{path.stem}.{os.getpid()}.{threading.get_ident()}.partial.npz")
+        meta = {_FINGERPRINT_KEY: np.array(path.stem[len("cell_"):]), _CODE_KEY: np.array(self.code)}
+        if seconds is not None:
+            meta[_SECONDS_KEY] = np.float64(seconds)
         try:
-            np.savez(tmp, **{_FINGERPRINT_KEY: np.array(path.stem[len("cell_"):]), _CODE_KEY: np.array(self.code)},
-                     **outputs)
+            np.savez(tmp, **meta, **outputs)
             os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+
+    def cell_seconds(self) -> list:
+        """``[[part, {dim: value}, seconds or None], ...]`` for every cell of this configuration:
+        the seconds its kernel took when it was computed, by this run or an earlier one; None for a
+        cell not kept, or kept by a version that did not record them."""
+        rows = []
+        for key, (part, cell) in self._cells.items():
+            rows.append([part, {dim: _json_default(v) if isinstance(v, np.generic) else v for dim, v in cell.items()},
+                         _recorded_seconds(self._path_of_key(key))])
+        return rows
 
     def count(self) -> int:
         """How many cells of this configuration are kept."""
@@ -178,6 +197,16 @@ def _recorded_code(path):
     try:
         with np.load(path, allow_pickle=False) as data:
             return str(data[_CODE_KEY]) if _CODE_KEY in data.files else None
+    except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile, zlib.error):
+        return None
+
+
+def _recorded_seconds(path):
+    """The seconds a kept cell file records, or None (absent, unreadable, or written before files
+    recorded them)."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return float(data[_SECONDS_KEY]) if _SECONDS_KEY in data.files else None
     except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile, zlib.error):
         return None
 

@@ -7,8 +7,8 @@ the expected wall seconds on the cores available, ``CPU / min(workers, cells to 
 Nothing is computed and no dask graph is built: the cells come from the parts' grids, the kept
 ones from their fingerprints (:func:`~sfxlin.engine.cellstore.cell_fingerprint`).
 
-The cost law of a part is fitted when the plan is made, from the ``cell_timeline`` of the
-experiment's shipped paper file (``datasets/EXP.nc``, or ``$SFXLIN_RESULTS``; the repository's
+The cost law of a part is fitted when the plan is made, from the seconds per cell of the
+experiment's shipped paper file (its ``cell_seconds``, else its ``cell_timeline``: :func:`timeline_rows`) (``datasets/EXP.nc``, or ``$SFXLIN_RESULTS``; the repository's
 ``datasets`` otherwise): the seconds of one cell are
 
     a * prod_dim value_dim ** slope_dim * work(config) / work(paper config)
@@ -44,10 +44,18 @@ _PART = re.compile(r"^(\w+):")
 
 
 def timeline_rows(ds):
-    """``[(part, coords or None, seconds per cell)]`` from the ``cell_timeline`` attr of the
-    results Dataset ``ds`` (schema of :func:`sfxlin.benchmarks.cell_costs.timeline`: ``[block,
-    worker, start, end]``, ``block`` = ``"part:dim[a:b],..."`` or ``"dim[a:b],..."`` for the main
-    part); ``coords`` is None for a block of several cells, whose seconds are split evenly."""
+    """``[(part, coords or None, seconds per cell)]`` of the results Dataset ``ds``.
+
+    From its ``cell_seconds`` attr where it has one (``sfxlin run`` writes it: every cell with the
+    seconds its kernel took when it was computed, by that run or, for a cell served from the kept
+    cells, by the earlier run that computed it; a kept cell with no record is left out, never
+    counted at the seconds it took to read). Otherwise from its ``cell_timeline`` (schema of
+    :func:`sfxlin.benchmarks.cell_costs.timeline`: ``[block, worker, start, end]``, ``block`` =
+    ``"part:dim[a:b],..."`` or ``"dim[a:b],..."`` for the main part); ``coords`` is None for a
+    block of several cells, whose seconds are split evenly."""
+    if "cell_seconds" in ds.attrs:
+        return [(part, coords, float(seconds)) for part, coords, seconds in json.loads(ds.attrs["cell_seconds"])
+                if seconds is not None]
     rows = []
     for block, _worker, start, end in json.loads(ds.attrs["cell_timeline"]):
         named = _PART.match(block)
@@ -141,7 +149,7 @@ def fit_laws(experiment, path) -> dict:
     from .params import Config
 
     with xr.open_dataset(path, engine="netcdf4") as ds:
-        if "cell_timeline" not in ds.attrs or ds.attrs.get("experiment") != experiment.name:
+        if not {"cell_timeline", "cell_seconds"} & set(ds.attrs) or ds.attrs.get("experiment") != experiment.name:
             return {}
         rows = timeline_rows(ds)
         recorded = json.loads(ds.attrs["config"])
@@ -226,7 +234,7 @@ def make_plan(experiment, config, out_dir, workers=None, fresh=False, results_di
     if path is None:
         notes.append(f"no shipped results file {experiment.name}.nc: no cost law")
     elif not laws:
-        notes.append(f"{path} has no cell_timeline of {experiment.name}: no cost law")
+        notes.append(f"{path} records no seconds per cell (cell_seconds, cell_timeline) of {experiment.name}: no cost law")
     parts = []
     for part in experiment.parts:
         grid = part.grid(config)

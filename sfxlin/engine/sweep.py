@@ -34,6 +34,7 @@ import importlib
 import itertools
 import json
 import math
+import time
 import types
 import zlib
 from dataclasses import dataclass
@@ -354,9 +355,10 @@ def _run_block(experiment, config, part, ranges, store=None):
         cell = _cell_at(grid, idx)
         out = store.load(cell, part) if store is not None else None
         if out is None:
+            start = time.perf_counter()
             out = run_cell(experiment, config, cell, part)
             if store is not None:
-                store.save(cell, out, part)
+                store.save(cell, out, part, seconds=time.perf_counter() - start)
         results.append(out)
     out = {}
     for var in experiment.part_variables(part):

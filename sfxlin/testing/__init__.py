@@ -20,7 +20,7 @@ import xarray as xr
 __all__ = ["TIME_STAMPS", "DaskComputed", "assert_same_results", "raise_if_dask_computes"]
 
 #: attrs that say when, where and how long a run took: the only ones two runs may differ in
-TIME_STAMPS = ("created", "history", "wall_seconds", "scheduler", "git_revision", "cell_timeline")
+TIME_STAMPS = ("created", "history", "wall_seconds", "scheduler", "git_revision", "cell_timeline", "cell_seconds")
 
 
 def assert_same_results(a: xr.Dataset, b: xr.Dataset, ignore=TIME_STAMPS):
