@@ -600,6 +600,33 @@ def _plain(value):
     return json.dumps(value) if isinstance(value, (list, tuple)) else value
 
 
+def cmd_verify(args):
+    """``sfxlin verify FILE...``: one line per recomputed cell, exit status 1 when a cell is beyond
+    ``--rtol`` (:mod:`sfxlin.engine.verify`)."""
+    from .engine.sweep import cell_label
+    from .engine.verify import DEFAULT_RTOL, verify_file
+
+    rtol = DEFAULT_RTOL if args.rtol is None else args.rtol
+    if not rtol >= 0:
+        raise ValueError(f"--rtol must be >= 0, got {args.rtol}")
+    status = 0
+    for name in args.files:
+        path = results_path(name)
+        for check in verify_file(path, cells=args.cells):
+            where = cell_label(path.stem + (f"/{check.part}" if check.part else ""), check.cell)
+            worst = check.worst
+            if check.identical:
+                verdict = f"bit-identical ({len(check.variables)} variables)"
+            elif check.within(rtol):
+                verdict = f"within {rtol:g} (largest {worst.error:.2g}, {worst.name})"
+            else:
+                bad = [v.name for v in check.variables if v.error > rtol]
+                verdict = f"DIFFERS beyond {rtol:g}: {', '.join(bad)} (largest {worst.error:.2g}, {worst.name})"
+                status = FAILED
+            print(f"{where}: {verdict}, recomputed in {check.seconds:.1f} s", flush=True)
+    return status
+
+
 def cmd_info(args):
     """Describe any netCDF file: dims, coordinates, variables, provenance; for a file sfxlin did
     not write (or of another schema), what the analysis would need."""
@@ -757,7 +784,7 @@ def parser():
     _run_options(run)
     run.add_argument("--plan", action="store_true",
                      help="print the cells, those kept in --out by earlier runs, those to compute and their expected "
-                          "CPU and wall seconds (cost laws fitted on the shipped paper files' cell timelines), "
+                          "CPU and wall seconds (cost laws fitted on the seconds per cell the shipped paper files record), "
                           "then exit 0: nothing is computed or written")
     rerun = command("rerun", "rerun a results file from its stored experiment, profile and configuration", cmd_rerun)
     rerun.add_argument("file", help="a results file (FILE.nc), or an experiment name in the paper results' folder")
@@ -793,6 +820,15 @@ def parser():
                      help="folder of the results (default: ./datasets, or $SFXLIN_RESULTS)")
     rep.add_argument("--quiet", action="store_true", help="no progress bars or tables")
     command("schema", "markdown schema of every results file (datasets/README.md)", cmd_schema)
+    ver = command("verify", "recompute the cheapest cells of results files with the installed code and compare "
+                            f"them with the files: bit-identical, within --rtol, or not (exit status {FAILED})",
+                  cmd_verify)
+    ver.add_argument("files", nargs="+", metavar="FILE",
+                     help="results files (FILE.nc), or experiment names in ./datasets (or $SFXLIN_RESULTS)")
+    ver.add_argument("--cells", type=_positive_int, default=1, help="cells recomputed per part of each file (default 1)")
+    ver.add_argument("--rtol", type=float, default=None,
+                     help="largest |new - stored| / the variable's scale in the cell (default 1e-10: what the "
+                          "determinism contract promises across versions and CPUs)")
     info = command("info", "dims, coordinates, variables and provenance of a results file", cmd_info)
     info.add_argument("file", help="a netCDF file, or an experiment name in ./datasets (or $SFXLIN_RESULTS)")
     return p

@@ -1,0 +1,155 @@
+"""Does a results file still come from the code? ``sfxlin verify FILE``.
+
+Recomputes a few cells of a results file with the installed code, from the configuration the
+file records, and compares every variable of each cell with the file's: bit-identical (the same
+machine and version: the determinism contract promises equal bits whatever the scheduler, the
+chunking or the grid around the cell), or within ``rtol`` (default 1e-10, what the contract
+promises across code versions and CPUs), or not. Element by element the test is
+``|new - stored| <= rtol * max |stored|``, the max over the variable's finite values in the whole
+file: relative to the variable's scale (the yardstick of the regeneration notes, docs/performance.md),
+so that a value that is zero up to rounding (the risk of least squares on noiseless labels,
+1e-30; an off-block mass of 1e-17) is not judged by its own size. NaN must meet NaN; integers and
+flags must be equal.
+
+The cells checked are the cheapest ones by what the file records they cost (its ``cell_seconds``
+or ``cell_timeline``, :func:`sfxlin.engine.plan.timeline_rows`), so that a check of every shipped
+file takes seconds; ``cells`` per part, in grid order where the file records no cost.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["CellCheck", "VariableCheck", "choose_cells", "verify_file", "DEFAULT_RTOL"]
+
+#: what the determinism contract promises across code versions and CPUs
+DEFAULT_RTOL = 1e-10
+
+
+@dataclass(frozen=True)
+class VariableCheck:
+    """One variable of one recomputed cell: ``identical`` (same bits), else its largest
+    ``|new - stored| / scale`` (``error``; ``inf`` where NaNs or shapes differ)."""
+
+    name: str
+    identical: bool
+    error: float
+
+
+@dataclass(frozen=True)
+class CellCheck:
+    """One recomputed cell of ``part``: its coordinates, seconds, and every variable's check."""
+
+    part: str
+    cell: dict
+    seconds: float
+    variables: tuple = field(default_factory=tuple)
+
+    @property
+    def identical(self) -> bool:
+        return all(v.identical for v in self.variables)
+
+    @property
+    def worst(self) -> VariableCheck | None:
+        return max(self.variables, key=lambda v: v.error, default=None)
+
+    def within(self, rtol) -> bool:
+        return all(v.error <= rtol for v in self.variables)
+
+
+def _compare(name, stored, new, scale=None) -> VariableCheck:
+    """``stored`` and ``new`` values of one cell; ``scale``: the variable's largest finite
+    ``|value|`` in the file (default: in ``stored``)."""
+    stored, new = np.asarray(stored), np.asarray(new)
+    if stored.shape != new.shape:
+        return VariableCheck(name, False, float("inf"))
+    if stored.dtype.kind not in "fc":
+        same = np.array_equal(stored, new)
+        return VariableCheck(name, bool(same), 0.0 if same else float("inf"))
+    if np.array_equal(stored, new, equal_nan=True):
+        return VariableCheck(name, True, 0.0)
+    if not np.array_equal(np.isnan(stored), np.isnan(new)):
+        return VariableCheck(name, False, float("inf"))
+    finite = np.isfinite(stored)
+    if not np.array_equal(stored[~finite], new[~finite], equal_nan=True):
+        return VariableCheck(name, False, float("inf"))
+    if scale is None:
+        scale = np.max(np.abs(stored[finite]), initial=0.0)
+    diff = np.max(np.abs(new[finite] - stored[finite]), initial=0.0)
+    return VariableCheck(name, False, float(diff / scale) if scale > 0 else float("inf"))
+
+
+def choose_cells(experiment, config, ds, cells=1, where=None) -> list:
+    """``[(part, cell)]``: per part of ``experiment``, its ``cells`` cheapest cells (among those
+    matching ``where``) by what the file ``ds`` records they cost, in grid order where it records
+    none."""
+    from .plan import timeline_rows
+
+    costs = {}
+    if {"cell_seconds", "cell_timeline"} & set(ds.attrs):
+        for part, coords, seconds in timeline_rows(ds):
+            if coords is not None:
+                key = (part, json.dumps(coords, sort_keys=True, default=str))
+                costs[key] = min(seconds, costs.get(key, seconds))
+    chosen = []
+    for part in experiment.parts:
+        grid = part.grid(config)
+        every = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+        every = [c for c in every if all(c[k] == v for k, v in (where or {}).items() if k in c)]
+        order = sorted(range(len(every)), key=lambda i: (
+            costs.get((part.name, json.dumps({k: _plain(v) for k, v in every[i].items()}, sort_keys=True, default=str)),
+                      float("inf")), i))
+        chosen += [(part.name, every[i]) for i in order[:cells]]
+    return chosen
+
+
+def _plain(value):
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def verify_file(path, cells=1, where=None, progress=None) -> list:
+    """Recompute ``cells`` cells per part of the results file ``path`` (:func:`choose_cells`; only
+    cells whose coordinates match ``where``, ``{dim: value}``, where a part has those dims) with
+    the installed code and compare them with the file: a list of :class:`CellCheck`.
+    ``progress(part, cell)`` is called before each cell. ValueError when the file cannot be checked
+    (no sfxlin provenance, an unknown experiment, a token file changed since the run)."""
+    import xarray as xr
+
+    from .experiments import get
+    from .storage import changed_input_files
+    from .sweep import run_cell
+
+    path = Path(path)
+    with xr.open_dataset(path, engine="netcdf4") as ds:
+        ds.load()
+    missing = [k for k in ("experiment", "config") if k not in ds.attrs]
+    if missing:
+        raise ValueError(f"{path} records no {' and no '.join(missing)} attr: not a results file of sfxlin")
+    experiment = get(ds.attrs["experiment"])
+    config = experiment.configure(None, values=json.loads(ds.attrs["config"])) if experiment.params else {}
+    changed = changed_input_files(ds.attrs.get("input_files"), config)
+    if changed:
+        raise ValueError(f"{path} read token files that changed since ({'; '.join(changed)}): its cells cannot be "
+                         "recomputed")
+    checks = []
+    for part, cell in choose_cells(experiment, config, ds, cells, where):
+        if progress is not None:
+            progress(part, cell)
+        start = time.perf_counter()
+        out = run_cell(experiment, config, cell, part)
+        seconds = time.perf_counter() - start
+        results = []
+        for var in experiment.part_variables(part):
+            inner = [d for d in var.dims if d not in cell]
+            stored = ds[var.name].sel(cell).transpose(*inner).values
+            values = ds[var.name].values
+            finite = values[np.isfinite(values)] if values.dtype.kind in "fc" else values
+            scale = float(np.max(np.abs(finite), initial=0.0)) if values.dtype.kind in "fc" else None
+            results.append(_compare(var.name, stored, out[var.name], scale))
+        checks.append(CellCheck(part, cell, seconds, tuple(results)))
+    return checks
