@@ -604,7 +604,7 @@ def cmd_verify(args):
     """``sfxlin verify FILE...``: one line per recomputed cell, exit status 1 when a cell is beyond
     ``--rtol`` (:mod:`sfxlin.engine.verify`)."""
     from .engine.sweep import cell_label
-    from .engine.verify import DEFAULT_RTOL, verify_file
+    from .engine.verify import DEFAULT_RTOL, iter_verify
 
     rtol = DEFAULT_RTOL if args.rtol is None else args.rtol
     if not rtol >= 0:
@@ -612,7 +612,7 @@ def cmd_verify(args):
     status = 0
     for name in args.files:
         path = results_path(name)
-        for check in verify_file(path, cells=args.cells):
+        for check in iter_verify(path, cells=args.cells):
             where = cell_label(path.stem + (f"/{check.part}" if check.part else ""), check.cell)
             worst = check.worst
             if check.identical:
@@ -827,7 +827,7 @@ def parser():
                      help="results files (FILE.nc), or experiment names in ./datasets (or $SFXLIN_RESULTS)")
     ver.add_argument("--cells", type=_positive_int, default=1, help="cells recomputed per part of each file (default 1)")
     ver.add_argument("--rtol", type=float, default=None,
-                     help="largest |new - stored| / the variable's scale in the cell (default 1e-10: what the "
+                     help="largest |new - stored| / the variable's largest value in the file (default 1e-10: what the "
                           "determinism contract promises across versions and CPUs)")
     info = command("info", "dims, coordinates, variables and provenance of a results file", cmd_info)
     info.add_argument("file", help="a netCDF file, or an experiment name in ./datasets (or $SFXLIN_RESULTS)")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["CellCheck", "VariableCheck", "choose_cells", "verify_file", "DEFAULT_RTOL"]
+__all__ = ["CellCheck", "VariableCheck", "choose_cells", "iter_verify", "verify_file", "DEFAULT_RTOL"]
 
 #: what the determinism contract promises across code versions and CPUs
 DEFAULT_RTOL = 1e-10
@@ -112,12 +112,17 @@ def _plain(value):
     return value.item() if isinstance(value, np.generic) else value
 
 
-def verify_file(path, cells=1, where=None, progress=None) -> list:
+def verify_file(path, cells=1, where=None) -> list:
+    """The list of :func:`iter_verify`."""
+    return list(iter_verify(path, cells, where))
+
+
+def iter_verify(path, cells=1, where=None):
     """Recompute ``cells`` cells per part of the results file ``path`` (:func:`choose_cells`; only
     cells whose coordinates match ``where``, ``{dim: value}``, where a part has those dims) with
-    the installed code and compare them with the file: a list of :class:`CellCheck`.
-    ``progress(part, cell)`` is called before each cell. ValueError when the file cannot be checked
-    (no sfxlin provenance, an unknown experiment, a token file changed since the run)."""
+    the installed code and compare them with the file: yields one :class:`CellCheck` as each cell
+    is done. ValueError, before any cell, when the file cannot be checked (no sfxlin provenance, an
+    unknown experiment, a token file changed since the run)."""
     import xarray as xr
 
     from .experiments import get
@@ -136,10 +141,7 @@ def verify_file(path, cells=1, where=None, progress=None) -> list:
     if changed:
         raise ValueError(f"{path} read token files that changed since ({'; '.join(changed)}): its cells cannot be "
                          "recomputed")
-    checks = []
     for part, cell in choose_cells(experiment, config, ds, cells, where):
-        if progress is not None:
-            progress(part, cell)
         start = time.perf_counter()
         out = run_cell(experiment, config, cell, part)
         seconds = time.perf_counter() - start
@@ -151,5 +153,4 @@ def verify_file(path, cells=1, where=None, progress=None) -> list:
             finite = values[np.isfinite(values)] if values.dtype.kind in "fc" else values
             scale = float(np.max(np.abs(finite), initial=0.0)) if values.dtype.kind in "fc" else None
             results.append(_compare(var.name, stored, out[var.name], scale))
-        checks.append(CellCheck(part, cell, seconds, tuple(results)))
-    return checks
+        yield CellCheck(part, cell, seconds, tuple(results))
