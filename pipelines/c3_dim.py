@@ -69,7 +69,7 @@ PARAMS = (
     Param("d", "int_list", "covariate dimensions; tokens (x, y) have D = d + 1",
           Profiles(quick=[2, 3], paper=[3, 8, 16]), low=1, grid=True, unique=True),
     Param("L_caps", "int_list", "per d (same order), the largest L trained: the L grid is cut there (cost)",
-          Profiles(quick=[32, 32], paper=[16384, 2048, 128]), unit="tokens", low=1),
+          Profiles(quick=[32, 32], paper=[16384, 2048, 128]), unit="tokens", low=1, unique=False),
     Param("n_seeds", "int", "seeds per (setting, d): independent training runs, the units of the SEs",
           Profiles(quick=2, paper=3), low=1, grid=True),
     Param("task_ratio", "float", "training equations per unknown: n_pairs = ceil(task_ratio d^2 / n_queries) "
@@ -83,7 +83,7 @@ PARAMS = (
     Param("tol", "float", "stop rule: exact population risk of theta_inf(T) <= tol x that of the init",
           0.01, low=0, low_open=True),
     Param("T_max", "int", "steps at most (a multiple of check_every): a run without the stop by then is flagged",
-          Profiles(quick=400, paper=8000), unit="steps", low=1),
+          Profiles(quick=200, paper=8000), unit="steps", low=1),
     Param("check_every", "int", "steps between checks of the stop rule (and checkpoints of the joint run)",
           Profiles(quick=10, paper=25), unit="steps", low=1),
     Param("heldout_pairs", "int", "antithetic held-out task pairs per cell", Profiles(quick=4, paper=64), low=1),

@@ -128,7 +128,7 @@ def test_a_wide_fit_table_scrolls_within_its_box_on_a_1280_px_page(results, tmp_
 DATASETS = Path(__file__).resolve().parent.parent / "datasets"
 #: the documented reading order of the shipped files (report.reading_order)
 SHIPPED_ORDER = ["c1_limit", "c1_kernels", "c1_own", "c1_real", "c2_concentration", "c2_threshold", "c3_transfer",
-                 "c3_horizon", "c3_landscape", "c3_real", "c3_shift", "c3_deep"]
+                 "c3_dim", "c3_horizon", "c3_landscape", "c3_real", "c3_shift", "c3_deep"]
 
 
 def _rows_with_every_status():
