@@ -262,6 +262,7 @@ def figure(ds: xr.Dataset, path):
     fig, axes = plt.subplots(1, 4, figsize=(21, 4.8))
     marks = dict(zip(c["settings"], ("o", "s", "^", "v")))
     shades = dict(zip(c["ds"], plt.cm.viridis(np.linspace(0, 0.85, len(c["ds"])))))
+    short = {"D": "max_t D_inf(softmax, L), seed mean", "excess": "excess held-out risk over theta_inf(T), seed mean"}
     for ax, q in zip(axes[:2], QUANTITIES):
         for i, st in enumerate(c["settings"]):
             for j, d in enumerate(c["ds"]):
@@ -269,7 +270,7 @@ def figure(ds: xr.Dataset, path):
                 ok = np.isfinite(y) & (y > 0)
                 ax.loglog(L[ok], y[ok], marks[st] + ("-" if i == 0 else "--"), color=shades[d], ms=4,
                           label=f"{st}, d = {d}")
-        ax.set(xlabel="prompt length L", title=QUANTITIES[q] + " (seed mean)")
+        ax.set(xlabel="prompt length L", title=short[q])
         ax.legend(fontsize=6, ncol=2)
     axes[0].set_ylabel("max_t D_inf")
     axes[1].set_ylabel("excess held-out risk")
@@ -284,6 +285,8 @@ def figure(ds: xr.Dataset, path):
             ax.errorbar(x, row.slope, yerr=err, fmt=marks[st], color=colour, capsize=3, label=f"{q}, {st}")
     ax.axhline(0, color="0.5", lw=0.8)
     ax.set_xscale("log")
+    ax.set_xticks(dvals, [str(d) for d in c["ds"]])
+    ax.minorticks_off()
     ax.set(xlabel="d", ylabel="slope in L (95% CI, cluster over seeds)", title="slopes in L against d")
     ax.legend(fontsize=7)
     ax = axes[3]

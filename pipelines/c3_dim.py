@@ -43,12 +43,18 @@ of softmax(L), linear(L), of ``theta_inf(T)`` under linear(inf); the exact popul
 ``theta_inf(T)``; ``||theta_inf(T) - theta_star||`` (:func:`sfxlin.icl.bayes_optimum`); off-block
 masses; training risks at ``T``.
 
-Cost (one thread; the machine loaded by another job, load average 5-6, so upper figures): a joint
-step with ``task_ratio = 4``, 2 queries costs 13 ms at d = 3 (L to 16384), ~0.5 s at d = 8 (L to
-16384), ~0.13 s at d = 8 (L to 4096), ~0.9 s at d = 16 (L to 2048), 6.6 s at d = 16 (L to 16384);
-``T_conv`` is 200 .. 500 steps isotropic at every d and 700 .. 2600 for ``power_law:1.0``.
-The full design (d = 16 at L = 16384, both settings, 3 seeds) costs about 10 CPU hours; the paper
-profile is cut to fit ten minutes on two cores (see its values and docs/claims.md).
+Cost (one thread, the mean step of one run of 5 .. 50 steps while another job loaded the 2 cores,
+load average 1-6: noisy, upper figures). A joint step with ``task_ratio = 4``, 2 queries: ~13 ms at
+d = 3 (L to 16384; 6.5 ms measured at ``task_ratio = 2``); 73 ms at d = 8 (L to 2048), 0.17 s (L to
+4096), ~0.5 s (L to 16384, from 0.25 s measured at ``task_ratio = 2``);
+55 ms at d = 16 (L to 128), 0.14 s (L to 256), 1.0 s (L to 1024), ~6.6 s (L to 16384, from 3.3 s at
+``task_ratio = 2``). ``T_conv`` (paper run): 150 .. 350 steps isotropic at every
+d, 650 .. 1050 for ``power_law:1.0`` at d = 3, 8 and 4075 .. 4325 at d = 16. Paper profile (L cut at
+16384, 2048, 128 for d = 3, 8, 16; 3 seeds; 18 cells): 2190 cell-seconds, of which the three d = 16
+``power_law:1.0`` cells take 1790 (500 .. 650 s each); 1143 s wall on 2 workers at load average 6-11
+(the schedule is bound by those three cells on two workers; an estimate: about half that on two free cores). The
+full design (d = 8 and 16 at L = 16384, both settings, 3 seeds) would cost about 25 CPU hours, 95%
+of it the d = 16 ``power_law:1.0`` cells (4300 steps x 6.6 s).
 """
 from __future__ import annotations
 
@@ -222,7 +228,8 @@ VARIABLES = (
              "sfxlin.icl.linear_inf_risk at t = 0 (exact)."),
     Variable("risk_pop_inf", _G, "population risk of theta_inf(T)", "sfxlin.icl.linear_inf_risk (exact) at T_conv."),
     Variable("D_inf_max", _GM + ("L",), "max_t distance of theta_L(t) to theta_inf(t)",
-             "max over the checkpoints 0 .. T_conv of sqrt(||U_L(t) - U_inf(t)||_F^2 + ||v_L(t) - v_inf(t)||^2)." + _CAP,
+             "max over the checkpoints 0 .. T_conv of sqrt(||U_L(t) - U_inf(t)||_F^2 + ||v_L(t) - v_inf(t)||^2)."
+             + _CAP,
              allow_nonfinite=True),
     Variable("D_inf_T", _GM + ("L",), "distance of theta_L(T) to theta_inf(T)", "as D_inf_max, at t = T_conv." + _CAP,
              allow_nonfinite=True),
