@@ -53,7 +53,7 @@ from .validation import token_weights
 
 __all__ = ["TrainingDiverged", "train", "train_all", "train_all_arrays", "validate_Ls", "checkpoint_steps",
            "log_checkpoint_steps", "given_checkpoints", "SoftmaxPrefixEngine", "LinearEngine", "heldout_risks",
-           "perturbed_init", "pair_structure"]
+           "perturbed_init", "pair_structure", "train_until"]
 
 FINITE_MODELS = ("softmax", "linear")
 TRAINED_MODELS = icl.MODELS + icl.LAW_MODELS
@@ -648,6 +648,44 @@ def train_all_arrays(tasks, Ls, *, models=icl.MODELS, lr=0.01, n_steps=2500, ckp
     out["n_shared_steps"] = sm.n_shared if sm else 0
     out["pair_first"] = bool(pair_first)
     return out
+
+
+def train_until(tasks, stop, *, lr=0.01, max_steps=40000, check_every=25, U0=None, v0=None, label=""):
+    """Train ``linear(inf)`` alone until ``stop(U, v)`` holds at a check (every ``check_every`` steps,
+    from ``t = 0``) or ``max_steps`` is reached: the steps a run needs, found without fixing them first.
+
+    The run is :func:`train_all_arrays` with ``models=("linear_inf",)`` in chunks of ``check_every``
+    steps, each chunk started from the last one's final parameters: the arithmetic of every step is
+    that of one uninterrupted :func:`train_all_arrays` run (same engine, same update), so its
+    trajectory equals, bit for bit, the ``linear_inf`` trajectory of a joint run on the same tasks
+    (the models of :func:`train_all_arrays` do not interact). ``stop`` takes ``U (D, D)``, ``v (D,)``
+    and returns a bool. ``max_steps`` must be a multiple of ``check_every``.
+
+    Returns a dict: ``t (n_check,)`` the checks made (``0, check_every, ..., T``), ``U (n_check, D, D)``,
+    ``v (n_check, D)``, ``risk (n_check,)`` (training risk), ``T`` the last check (the first at which
+    ``stop`` held, else ``max_steps``) and ``converged`` (whether ``stop`` held at ``T``)."""
+    steps = checkpoint_steps(max_steps, check_every)
+    U, v = _init(tasks, U0, v0)
+    rec_U, rec_v, rec_r = [U], [v], []
+    done = bool(stop(U, v))
+    for _ in steps[1:]:
+        if done:
+            break
+        res = train_all_arrays(tasks, (), models=("linear_inf",), lr=lr, n_steps=check_every,
+                               ckpt_every=check_every, U0=U, v0=v, label=label)["linear_inf"]
+        if not rec_r:
+            rec_r.append(res["risk"][0])
+        U, v = res["U"][-1], res["v"][-1]
+        rec_U.append(U)
+        rec_v.append(v)
+        rec_r.append(res["risk"][-1])
+        done = bool(stop(U, v))
+    if not rec_r:   # stopped at t = 0: the risk of the init alone
+        rec_r.append(train_all_arrays(tasks, (), models=("linear_inf",), lr=lr, n_steps=0, ckpt_every=1, U0=U,
+                                      v0=v, label=label)["linear_inf"]["risk"][0])
+    n = len(rec_U)
+    return {"t": steps[:n], "U": np.stack(rec_U), "v": np.stack(rec_v), "risk": np.array(rec_r),
+            "T": int(steps[n - 1]), "converged": done}
 
 
 def train_all(tasks, Ls, *, models=icl.MODELS, lr=0.01, n_steps=2500, ckpt_every=20, U0=None,

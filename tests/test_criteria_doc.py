@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from sfxlin.analysis import c1, c1_kernels, c1_own, c1_real, c2, c2_threshold, c3, c3_deep, c3_horizon, c3_landscape, c3_real, c3_shift
+from sfxlin.analysis import c1, c1_kernels, c1_own, c1_real, c2, c2_threshold, c3, c3_deep, c3_dim, c3_horizon, c3_landscape, c3_real, c3_shift
 from sfxlin.analysis.verdicts import NotJudged
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "criteria.md"
-MODULES = (c1, c1_kernels, c1_own, c1_real, c2, c2_threshold, c3, c3_deep, c3_horizon, c3_landscape, c3_real, c3_shift)
+MODULES = (c1, c1_kernels, c1_own, c1_real, c2, c2_threshold, c3, c3_deep, c3_dim, c3_horizon, c3_landscape, c3_real, c3_shift)
 
 
 def documented_rows() -> dict:

@@ -1,0 +1,314 @@
+"""C3 dimension analysis: per (setting, d) the slopes in L of the trajectory distance and of the held-out
+excess risk, the steps T_conv each run needed and their growth in d, verdicts and the figure, from a
+``c3_dim`` results file alone (its variables: pipelines/c3_dim.py; what they show: docs/claims.md,
+"C3 dimension").
+
+* **Distance slope.** ``max_t D_inf(softmax, L)`` (the largest distance of ``theta_L(t)`` to
+  ``theta_inf(t)`` over the run), log-log slope in ``L`` of its seed mean per ``(setting, d)``, over
+  the ``L`` trained at that ``d`` (finite in every seed).
+* **Risk slope.** The held-out excess risk of softmax(L) over ``theta_inf(T)``:
+  ``risk_heldout(softmax, L) - risk_heldout_inf``, both Monte Carlo on the SAME held-out tasks and
+  queries (so the task-to-task spread cancels; the exact population risk of ``theta_inf(T)`` would
+  leave it in). It is what softmax(L) pays at finite ``L`` over its limit: the transfer says it
+  vanishes as ``L`` grows. (Over linear(L) the difference has no sign: softmax(L) and linear(L)
+  estimate the same plug-in from the same prompt, and either can be ahead.) A seed mean ``<= 0`` at
+  some ``L`` has no logarithm: the slope is then not taken and the criterion says so.
+* **Steps.** ``T_conv`` per ``(setting, d)`` (median, min, max over seeds; how many runs reached
+  ``T_max`` without the stop) and per setting the OLS line of ``log T_conv`` on ``log d`` over every
+  run (the runs are independent: different ``d`` and seeds draw different tasks), HC1 SE, t interval.
+
+Independent units: a seed of a ``(setting, d)`` is one run whose tasks every ``L`` and both models
+share (nested prompts), so the points of a curve along ``L`` share draws: the slopes' SEs are
+cluster-robust over the seeds (:func:`fits.clustered_loglog_np` through
+:func:`sfxlin.analysis.c3_horizon.line_np`), Student-t with ``seeds - 1`` dof; one seed: no interval.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import xarray as xr
+
+from .c3_horizon import line_np
+from .fits import OLS_LINE_FIELDS, ols_line_np, too_few
+from .tables import column, make_table
+from .verdicts import Criteria, Inconclusive, NotJudged, Shared, measure_unless
+
+__all__ = ["CRITERIA", "QUANTITIES", "curves", "slopes", "T_growth", "measures", "verdicts", "fit_tables", "figure"]
+
+#: the quantities whose slopes in L are fitted: name -> long name
+QUANTITIES = {"D": "max_t ||theta_L(t) - theta_inf(t)|| (softmax)",
+              "excess": "held-out risk of softmax(L) - that of theta_inf(T) (same held-out tasks)"}
+
+_LINE = ("slope", "se", "ci_low", "ci_high")
+_IDX = [OLS_LINE_FIELDS.index(f) for f in ("slope", "slope_se", "slope_ci_low", "slope_ci_high")]
+
+
+def _softmax(ds):
+    return int(np.flatnonzero(ds.model.values == "softmax")[0])
+
+
+def curves(ds: xr.Dataset) -> dict:
+    """``{"D": (setting, d, seed, L), "excess": (setting, d, seed, L)}`` numpy arrays (NaN above a
+    ``d``'s cap), plus ``L`` and the coordinate lists."""
+    sm = _softmax(ds)
+    order = ("setting", "d", "seed", "model", "L")
+    D = ds.D_inf_max.transpose(*order).values[:, :, :, sm]
+    ho = ds.risk_heldout.transpose(*order).values[:, :, :, sm]
+    inf = ds.risk_heldout_inf.transpose("setting", "d", "seed").values[..., None]
+    return {"D": D, "excess": ho - inf, "L": ds.L.values.astype(float),
+            "settings": [str(s) for s in ds.setting.values], "ds": [int(d) for d in ds.d.values]}
+
+
+def _line(c, q, s, j):
+    """``((slope, se, ci_low, ci_high), n_L, reason)`` of quantity ``q`` at setting ``s``, d index ``j``."""
+    Y = c[q][s, j]                                        # (seed, L)
+    use = np.isfinite(Y).all(axis=0)
+    L, Y = c["L"][use], Y[:, use]
+    if use.sum() < 3:
+        return (np.nan,) * 4, int(use.sum()), f"{int(use.sum())} L trained (need >= 3)"
+    mean = Y.mean(axis=0)
+    if not np.all(mean > 0):
+        return (np.nan,) * 4, int(use.sum()), (f"seed mean <= 0 at L = {', '.join(str(int(x)) for x in L[mean <= 0])}"
+                                               " (no logarithm)")
+    return line_np(L, Y.T), int(use.sum()), None
+
+
+def slopes(ds: xr.Dataset) -> xr.Dataset:
+    """Per ``(quantity, setting, d)``: ``slope``, ``se``, ``ci_low``, ``ci_high`` (95%, cluster over the
+    seeds) and ``n_L`` of the log-log line in ``L`` of the seed mean (:data:`QUANTITIES`)."""
+    c = curves(ds)
+    shape = (len(QUANTITIES), len(c["settings"]), len(c["ds"]))
+    out = {k: np.full(shape, np.nan) for k in _LINE + ("n_L",)}
+    for a, q in enumerate(QUANTITIES):
+        for s in range(shape[1]):
+            for j in range(shape[2]):
+                fit, n, _ = _line(c, q, s, j)
+                for k, v in zip(_LINE, fit):
+                    out[k][a, s, j] = v
+                out["n_L"][a, s, j] = n
+    res = xr.Dataset({k: (("quantity", "setting", "d"), v) for k, v in out.items()},
+                     coords={"quantity": list(QUANTITIES), "setting": c["settings"], "d": c["ds"]})
+    res.attrs.update(fit="OLS of log(seed mean) on log(L) over the L trained at d; SE cluster-robust over the seeds "
+                         "(linearised log-mean), Student-t with seeds - 1 dof")
+    return res
+
+
+def _T_line(T, dvals, alpha=0.05):
+    """OLS of ``log T`` on ``log d`` over every run, HC1 SE: ``(slope, se, ci_low, ci_high)``; NaN with
+    fewer than 2 distinct d."""
+    x = np.log(np.repeat(np.asarray(dvals, dtype=float), T.shape[1]))
+    if np.unique(x).size < 2 or x.size < 3:
+        return (np.nan,) * 4
+    out = ols_line_np(x, np.log(T.ravel()), cov_type="HC1", alpha=alpha)
+    return tuple(float(out[i]) for i in _IDX)
+
+
+def T_growth(ds: xr.Dataset) -> xr.Dataset:
+    """Per setting the line ``T_conv ~ d^b`` (:func:`_T_line`): ``slope``, ``se``, ``ci_low``, ``ci_high``;
+    per ``(setting, d)`` the median, min and max of ``T_conv`` over seeds and ``n_not_converged``."""
+    T = ds.T_conv.transpose("setting", "d", "seed")
+    line = np.array([_T_line(T.values[s], ds.d.values) for s in range(ds.sizes["setting"])])
+    out = xr.Dataset({k: ("setting", line[:, i]) for i, k in enumerate(_LINE)}, coords={"setting": T.setting.values})
+    out["T_median"] = T.median("seed")
+    out["T_min"] = T.min("seed")
+    out["T_max"] = T.max("seed")
+    out["n_not_converged"] = (ds.converged.transpose("setting", "d", "seed") == 0).sum("seed")
+    out.attrs.update(fit="OLS of log T_conv on log d over every run of the setting (independent runs), HC1 SE, "
+                         "Student-t interval")
+    return out
+
+
+# --------------------------------------------------------------------------- criteria
+
+CRITERIA = Criteria("C3D", prepare=Shared, units=("seed",))
+
+_QUICK = NotJudged("quick profile: d = 2, 3, L = 8 .. 32, 2 seeds: the pipeline is checked, not the slopes")
+
+
+def _fit_reason(ds):
+    if ds.sizes["seed"] < 2:
+        return "one seed: no interval over independent runs (n_seeds >= 2 gives one)"
+    return too_few(ds.sizes["L"], 3, "prompt lengths", "a slope in L")
+
+
+def _slope_measure(sh, q):
+    ds = sh.ds
+
+    def compute():
+        c = sh(curves)
+        vals, short = [], []
+        for s, st in enumerate(c["settings"]):
+            for j, d in enumerate(c["ds"]):
+                fit, _, why = _line(c, q, s, j)
+                if why:
+                    short.append(f"{st}, d = {d}: {why}")
+                vals.append(fit[3])
+        return Inconclusive("no slope for " + "; ".join(short)) if short else vals
+
+    return measure_unless(_fit_reason(ds), compute)
+
+
+@CRITERIA("C3D-converged", "runs that reached T_max without the stop rule (exact population risk of theta_inf <= "
+          "tol x its init's), per (setting, d)", "<=", 0,
+          reference="lead's prototype: every cell with >= 2 d^2 equations met tol = 0.01 within 5400 steps",
+          reason="the premise: the slopes are read on runs trained until theta_inf(t) has converged, so that the "
+                 "horizon T is not what bounds them (the issue's question)",
+          quick=_QUICK, fails_as=("finding", "T_max too short for this (setting, d): theta_inf still moving"))
+def _converged(sh):
+    return list((sh.ds.converged.transpose("setting", "d", "seed") == 0).sum("seed").values.ravel())
+
+
+@CRITERIA("C3D-D-slope", "upper end of the 95% CI (cluster over seeds) of the log-log slope in L of max_t "
+          "||theta_L(t) - theta_inf(t)|| (softmax), per (setting, d)", "<", 0.0,
+          reference="C3 at d = 3, T = 2500: -0.134 / -0.176; c3_horizon best-horizon distance L^-0.27 .. -0.36",
+          reason="Thm 4.3 (transfer): theta_L(t) -> theta_inf(t) as L grows over a horizon; at every d the distance "
+                 "must fall with L, its interval excluding 0 (one-sided at 2.5% per (setting, d))",
+          quick=_QUICK, fails_as=("finding", "the trajectory distance does not fall measurably with L at this d"))
+def _d_slope(sh):
+    return _slope_measure(sh, "D")
+
+
+@CRITERIA("C3D-risk-slope", "upper end of the 95% CI (cluster over seeds) of the log-log slope in L of the held-out "
+          "risk of softmax(L) at T minus that of theta_inf(T) (same held-out tasks), per (setting, d)", "<", 0.0,
+          reference="c3_landscape (d = 3): excess over the Bayes floor L^-0.72 / -0.76",
+          reason="the transfer in risk: softmax(L)'s excess over its limit theta_inf(T) vanishes as L grows (the "
+                 "prompt's estimation error falls like 1/L at fixed parameters, the parameter gap like D_inf)",
+          quick=_QUICK, fails_as=("finding", "the excess risk over theta_inf(T) does not fall measurably with L"))
+def _risk_slope(sh):
+    return _slope_measure(sh, "excess")
+
+
+@CRITERIA("C3D-T-isotropic", "upper end of the 95% CI (HC1) of b in T_conv ~ d^b, isotropic setting (every run)",
+          "<", 0.5, reference="lead's prototype (32 .. 512 pairs): T1% 400, 400, 200 at d = 3, 8, 16",
+          reason="with the equations scaled to d^2 the empirical design's conditioning does not change with d, and "
+                 "the product parametrisation speeds up with d (||theta_star||^2 = 2 sqrt(d) for Sigma = I): T should "
+                 "not grow with d; b < 0.5 (slower than sqrt(d)) is the test that it does not need to grow much",
+          quick=_QUICK, fails_as=("finding", "isotropic runs need more steps as d grows"))
+def _T_iso(sh):
+    ds = sh.ds
+    if "isotropic" not in [str(s) for s in ds.setting.values]:
+        return Inconclusive("no isotropic setting in this file")
+    if ds.sizes["d"] < 2:
+        return Inconclusive("one d: no growth in d")
+    return float(sh(T_growth).ci_high.sel(setting="isotropic"))
+
+
+@CRITERIA("C3D-block", "max over runs, models, L and t of the off-block mass of theta_L(t), per (setting, d)",
+          "<", 1e-8, reference="c3_transfer, c3_horizon: 0 (exact antithetic cancellation)",
+          reason="the odd symmetry under w -> -w is exact at every d")
+def _block(sh):
+    ob = sh.ds.off_block.transpose("setting", "d", "seed", "model", "L").values
+    return list(np.nanmax(ob.reshape(ob.shape[0] * ob.shape[1], -1), axis=1))
+
+
+@CRITERIA("C3D-rerun", "largest entrywise difference between theta_inf(t) of the joint run and of the "
+          "linear(inf)-alone run that found T, over every run", "<=", 0.0,
+          reference="the same engine and arithmetic in both (sfxlin.training.train_until)",
+          reason="the T found by the first run is the T of the trajectory the distances are measured to")
+def _rerun(sh):
+    return float(sh.ds.inf_rerun_diff.max())
+
+
+measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def fit_tables(ds: xr.Dataset) -> dict:
+    """``steps`` (T_conv per setting and d, the fit in d), ``slopes`` (per quantity, setting, d),
+    ``theta_inf`` (at T: exact relative risk, distance to theta_star)."""
+    g = T_growth(ds)
+    tables = {"steps": make_table(
+        {"median": column(g.T_median, "T_conv median", ".0f"), "min": column(g.T_min, "min", ".0f"),
+         "max": column(g.T_max, "max", ".0f"), "never": column(g.n_not_converged, "runs at T_max", "d")},
+        title=f"Steps T_conv to the stop rule (exact population risk of theta_inf <= tol x init), over "
+              f"{ds.sizes['seed']} seeds")}
+    tables["T_growth"] = make_table({k: column(g[k], f"b: {k}", ".3f") for k in _LINE},
+                                    title="T_conv ~ d^b per setting: OLS of log T_conv on log d over every run, "
+                                          "HC1 SE, 95% t interval")
+    s = slopes(ds)
+    tables["slopes"] = make_table({**{k: column(s[k], k, ".3f") for k in _LINE}, "n_L": column(s.n_L, "L fitted", "d")},
+                                  title="Log-log slopes in L per (setting, d): D = max_t ||theta_L - theta_inf|| "
+                                        "(softmax), excess = held-out risk of softmax(L) - theta_inf(T); OLS on seed "
+                                        "means, SE cluster-robust over seeds, 95% CI (n/a: no slope, see criteria)")
+    rel = ds.risk_pop_inf / ds.risk_pop_init
+    tables["theta_inf"] = make_table(
+        {"rel": column(rel.max("seed"), "pop. risk / init (max over seeds)", ".3g"),
+         "star": column((ds.dist_star_inf / ds.norm_star).max("seed"), "||th_inf - th*|| / ||th*|| (max)", ".3g"),
+         "train": column(ds.risk_train_inf.max("seed"), "training risk (max)", ".3g"),
+         "pairs": column(ds.n_pairs.max("seed"), "pairs", ".0f")},
+        title="theta_inf(T_conv): exact population risk relative to the init, distance to theta_star (Remark 5.2), "
+              "training risk, training pairs")
+    return tables
+
+
+# --------------------------------------------------------------------------- figure
+
+
+def figure(ds: xr.Dataset, path):
+    """Four panels: (a) ``max_t D_inf`` (softmax, seed mean) against ``L``, one curve per (setting, d);
+    (b) the excess risk against ``L``, likewise; (c) the slopes of both against ``d`` with their 95%
+    intervals; (d) ``T_conv`` against ``d`` per setting (every run, with the fitted ``d^b``).
+    ``path``: a file name or a binary file object. Returns ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    c, s, g = curves(ds), slopes(ds), T_growth(ds)
+    L = c["L"]
+    fig, axes = plt.subplots(1, 4, figsize=(21, 4.8))
+    marks = dict(zip(c["settings"], ("o", "s", "^", "v")))
+    shades = dict(zip(c["ds"], plt.cm.viridis(np.linspace(0, 0.85, len(c["ds"])))))
+    short = {"D": "max_t D_inf(softmax, L), seed mean", "excess": "excess held-out risk over theta_inf(T), seed mean"}
+    for ax, q in zip(axes[:2], QUANTITIES):
+        for i, st in enumerate(c["settings"]):
+            for j, d in enumerate(c["ds"]):
+                y = c[q][i, j].mean(axis=0)
+                ok = np.isfinite(y) & (y > 0)
+                ax.loglog(L[ok], y[ok], marks[st] + ("-" if i == 0 else "--"), color=shades[d], ms=4,
+                          label=f"{st}, d = {d}")
+        ax.set(xlabel="prompt length L", title=short[q])
+        ax.legend(fontsize=6, ncol=2)
+    axes[0].set_ylabel("max_t D_inf")
+    axes[1].set_ylabel("excess held-out risk")
+    ax = axes[2]
+    dvals = np.asarray(c["ds"], dtype=float)
+    for k, (q, colour) in enumerate(zip(QUANTITIES, ("C0", "C3"))):
+        for i, st in enumerate(c["settings"]):
+            row = s.sel(quantity=q, setting=st)
+            x = dvals * (1 + 0.04 * (2 * k + i - 1.5))
+            lo, hi = row.slope - row.ci_low, row.ci_high - row.slope
+            err = np.vstack([np.nan_to_num(lo.values), np.nan_to_num(hi.values)])
+            ax.errorbar(x, row.slope, yerr=err, fmt=marks[st], color=colour, capsize=3, label=f"{q}, {st}")
+    ax.axhline(0, color="0.5", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xticks(dvals, [str(d) for d in c["ds"]])
+    ax.minorticks_off()
+    ax.set(xlabel="d", ylabel="slope in L (95% CI, cluster over seeds)", title="slopes in L against d")
+    ax.legend(fontsize=7)
+    ax = axes[3]
+    T = ds.T_conv.transpose("setting", "d", "seed")
+    for i, st in enumerate(c["settings"]):
+        for j, d in enumerate(c["ds"]):
+            ax.loglog(np.full(T.sizes["seed"], d), T.values[i, j], marks[st], color=f"C{i}", ms=5, mfc="none",
+                      label=st if j == 0 else None)
+        b = float(g.slope.sel(setting=st))
+        if np.isfinite(b):
+            lm = np.log(T.values[i]).mean()
+            xd = np.log(np.repeat(dvals, T.sizes["seed"])).mean()
+            ax.loglog(dvals, np.exp(lm + b * (np.log(dvals) - xd)), "-", color=f"C{i}", lw=0.8,
+                      label=f"{st}: d^{b:.2f}")
+    ax.axhline(int(ds.t.values[-1]), color="0.5", ls="--", lw=0.8)
+    ax.set(xlabel="d", ylabel="T_conv (steps)", title="steps to the stop rule (dashed: T_max)")
+    ax.legend(fontsize=7)
+    cfg = json.loads(ds.attrs.get("config", "{}"))
+    fig.suptitle(f"C3 dimension ({ds.attrs.get('profile', '?')} profile; lr {cfg.get('lr', '?')}, tol "
+                 f"{cfg.get('tol', '?')}, task_ratio {cfg.get('task_ratio', '?')}, L caps {cfg.get('L_caps', '?')}, "
+                 f"{ds.sizes['seed']} seeds)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
