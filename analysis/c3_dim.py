@@ -151,7 +151,7 @@ def _slope_measure(sh, q):
 
 @CRITERIA("C3D-converged", "runs that reached T_max without the stop rule (exact population risk of theta_inf <= "
           "tol x its init's), per (setting, d)", "<=", 0,
-          reference="lead's prototype: every cell with >= 2 d^2 equations met tol = 0.01 within 5400 steps",
+          reference="a prototype of linear(inf) alone (docs/claims.md, C3 dimension): every cell with >= 2 d^2 equations met tol = 0.01 within 5400 steps",
           reason="the premise: the slopes are read on runs trained until theta_inf(t) has converged, so that the "
                  "horizon T is not what bounds them (the issue's question)",
           quick=_QUICK, fails_as=("finding", "T_max too short for this (setting, d): theta_inf still moving"))
@@ -180,7 +180,7 @@ def _risk_slope(sh):
 
 
 @CRITERIA("C3D-T-isotropic", "upper end of the 95% CI (HC1) of b in T_conv ~ d^b, isotropic setting (every run)",
-          "<", 0.5, reference="lead's prototype (32 .. 512 pairs): T1% 400, 400, 200 at d = 3, 8, 16",
+          "<", 0.5, reference="a prototype of linear(inf) alone (32 .. 512 pairs): T1% 400, 400, 200 at d = 3, 8, 16",
           reason="with the equations scaled to d^2 the empirical design's conditioning does not change with d, and "
                  "the product parametrisation speeds up with d (||theta_star||^2 = 2 sqrt(d) for Sigma = I): T should "
                  "not grow with d; b < 0.5 (slower than sqrt(d)) is the test that it does not need to grow much",
