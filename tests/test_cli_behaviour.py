@@ -296,7 +296,9 @@ def test_bad_names_are_usage_errors(tmp_path, capsys, name):
 # --------------------------------------------------------------------------------------------
 # 5. Ctrl-C says what is kept and how to resume
 # --------------------------------------------------------------------------------------------
-SLOW_QUICK = ["--set", "n_prompts=48", "--set", "L=16,64,256,1024,4096", "--local-scheduler", "synchronous"]
+#: 9 cells (8 and the quadrature check) of ~0.2-0.3 CPU s each, one after the other: a signal after the
+#: first leaves eight unfinished
+SLOW_QUICK = ["--set", "n_prompts=16", "--set", "L=16,64,256,1024,4096", "--local-scheduler", "synchronous"]
 
 
 @pytest.mark.slow
