@@ -50,9 +50,9 @@ d = 3 (L to 16384; 6.5 ms measured at ``task_ratio = 2``); 73 ms at d = 8 (L to 
 55 ms at d = 16 (L to 128), 0.14 s (L to 256), 1.0 s (L to 1024), ~6.6 s (L to 16384, from 3.3 s at
 ``task_ratio = 2``). ``T_conv`` (paper run): 150 .. 350 steps isotropic at every
 d, 650 .. 1050 for ``power_law:1.0`` at d = 3, 8 and 4075 .. 4325 at d = 16. Paper profile (L cut at
-16384, 2048, 128 for d = 3, 8, 16; 3 seeds; 18 cells): 2190 cell-seconds, of which the three d = 16
-``power_law:1.0`` cells take 1790 (500 .. 650 s each); 1143 s wall on 2 workers at load average 6-11
-(the schedule is bound by those three cells on two workers; an estimate: about half that on two free cores). The
+16384, 2048, 128 for d = 3, 8, 16; 3 seeds; 18 cells): the shipped run on main, 862 cell-seconds
+(largest cell 242 s, the d = 16 ``power_law:1.0`` cells), 466 s wall on 2 workers at a load average
+falling from 7 to 3 (a first run under a load of 6-11: 2190 cell-seconds, 1143 s wall). The
 full design (d = 8 and 16 at L = 16384, both settings, 3 seeds) would cost about 25 CPU hours, 95%
 of it the d = 16 ``power_law:1.0`` cells (4300 steps x 6.6 s).
 """
