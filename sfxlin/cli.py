@@ -13,6 +13,7 @@
     sfxlin reproduce [--out DIR] [--quiet]
     sfxlin schema
     sfxlin info FILE|NAME
+    sfxlin verify FILE|NAME [...] [--cells N] [--rtol R]
     sfxlin --version
 
 Default folders are relative to the current working directory (``storage.FOLDER_RULE``):

@@ -137,7 +137,7 @@ def save(ds: xr.Dataset, path) -> Path:
 RESULTS_ENV = "SFXLIN_RESULTS"
 
 FOLDER_RULE = (f"Default folders are relative to the current working directory: ./datasets (or ${RESULTS_ENV} "
-               "when set) holds the paper results (run --profile paper, reproduce, report, info NAME, "
+               "when set) holds the paper results (run --profile paper, reproduce, report, info NAME, verify NAME, "
                "open_results); other runs go to ./runs/PROFILE.")
 """The one rule for every default folder, stated in each command's ``--help`` and the README."""
 
