@@ -14,7 +14,7 @@ from sfxlin.engine.verify import _compare, choose_cells, verify_file
 SHIPPED = default_results_dir()
 #: shipped files whose cheapest cell costs a few seconds: the suite recomputes one cell of each
 #: (the others' cells take 10 s to minutes: ``sfxlin verify datasets/*.nc`` checks them by hand)
-CHEAP_SHIPPED = ("c1_kernels", "c1_real", "c1_own", "c2_threshold", "c3_landscape")
+CHEAP_SHIPPED = ("c1_kernels", "c1_real", "c1_own", "c2_threshold", "c3_dim", "c3_landscape")
 
 
 @pytest.fixture(scope="module")
