@@ -7,8 +7,9 @@ the expected wall seconds on the cores available, ``CPU / min(workers, cells to 
 Nothing is computed and no dask graph is built: the cells come from the parts' grids, the kept
 ones from their fingerprints (:func:`~sfxlin.engine.cellstore.cell_fingerprint`).
 
-The cost law of a part is fitted when the plan is made, from the seconds per cell of the
-experiment's shipped paper file (its ``cell_seconds``, else its ``cell_timeline``: :func:`timeline_rows`) (``datasets/EXP.nc``, or ``$SFXLIN_RESULTS``; the repository's
+The cost law of a part is fitted when the plan is made, from the seconds per cell that the
+experiment's shipped paper file records (:func:`timeline_rows`: its ``cell_seconds``, else its
+``cell_timeline``; the file is ``datasets/EXP.nc``, or ``$SFXLIN_RESULTS``, the repository's
 ``datasets`` otherwise): the seconds of one cell are
 
     a * prod_dim value_dim ** slope_dim * work(config) / work(paper config)
@@ -52,12 +53,12 @@ def timeline_rows(ds):
     counted at the seconds it took to read). Otherwise from its ``cell_timeline`` (schema of
     :func:`sfxlin.benchmarks.cell_costs.timeline`: ``[block, worker, start, end]``, ``block`` =
     ``"part:dim[a:b],..."`` or ``"dim[a:b],..."`` for the main part); ``coords`` is None for a
-    block of several cells, whose seconds are split evenly."""
+    block of several cells, whose seconds are split evenly. ``[]`` for a file that records neither."""
     if "cell_seconds" in ds.attrs:
         return [(part, coords, float(seconds)) for part, coords, seconds in json.loads(ds.attrs["cell_seconds"])
                 if seconds is not None]
     rows = []
-    for block, _worker, start, end in json.loads(ds.attrs["cell_timeline"]):
+    for block, _worker, start, end in json.loads(ds.attrs.get("cell_timeline", "[]")):
         named = _PART.match(block)
         part, where = (named.group(1), block[named.end():]) if named else ("", block)
         ranges = {dim: (int(a), int(b)) for dim, a, b in _RANGE.findall(where)}
@@ -142,16 +143,16 @@ def shipped_file(experiment, results_dir=None) -> Path | None:
 
 
 def fit_laws(experiment, path) -> dict:
-    """``{part name: CostLaw}`` fitted on the ``cell_timeline`` of the results file ``path``
-    (parts absent from it are absent here); ``{}`` for a file without a timeline."""
+    """``{part name: CostLaw}`` fitted on the seconds per cell the results file ``path`` records
+    (:func:`timeline_rows`; parts absent from them are absent here); ``{}`` for a file that records none."""
     import xarray as xr
 
     from .params import Config
 
     with xr.open_dataset(path, engine="netcdf4") as ds:
-        if not {"cell_timeline", "cell_seconds"} & set(ds.attrs) or ds.attrs.get("experiment") != experiment.name:
-            return {}
         rows = timeline_rows(ds)
+        if not rows or ds.attrs.get("experiment") != experiment.name:
+            return {}
         recorded = json.loads(ds.attrs["config"])
     try:
         paper = experiment.configure(None, values=recorded) if experiment.params else recorded

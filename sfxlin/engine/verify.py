@@ -91,25 +91,29 @@ def choose_cells(experiment, config, ds, cells=1, where=None) -> list:
     from .plan import timeline_rows
 
     costs = {}
-    if {"cell_seconds", "cell_timeline"} & set(ds.attrs):
-        for part, coords, seconds in timeline_rows(ds):
-            if coords is not None:
-                key = (part, json.dumps(coords, sort_keys=True, default=str))
-                costs[key] = min(seconds, costs.get(key, seconds))
+    for part, coords, seconds in timeline_rows(ds):
+        if coords is not None:
+            key = _cell_key(part, coords)
+            costs[key] = min(seconds, costs.get(key, seconds))
     chosen = []
     for part in experiment.parts:
         grid = part.grid(config)
         every = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
         every = [c for c in every if all(c[k] == v for k, v in (where or {}).items() if k in c)]
-        order = sorted(range(len(every)), key=lambda i: (
-            costs.get((part.name, json.dumps({k: _plain(v) for k, v in every[i].items()}, sort_keys=True, default=str)),
-                      float("inf")), i))
+        order = sorted(range(len(every)), key=lambda i: (costs.get(_cell_key(part.name, every[i]), float("inf")), i))
         chosen += [(part.name, every[i]) for i in order[:cells]]
     return chosen
 
 
-def _plain(value):
-    return value.item() if isinstance(value, np.generic) else value
+def _cell_key(part, cell):
+    return part, tuple(sorted((dim, v.item() if isinstance(v, np.generic) else v) for dim, v in cell.items()))
+
+
+def _scale(values):
+    """The largest finite ``|value|`` of a float variable in the file; None for integers and flags."""
+    if values.dtype.kind not in "fc":
+        return None
+    return float(np.max(np.abs(values[np.isfinite(values)]), initial=0.0))
 
 
 def verify_file(path, cells=1, where=None) -> list:
@@ -141,6 +145,7 @@ def iter_verify(path, cells=1, where=None):
     if changed:
         raise ValueError(f"{path} read token files that changed since ({'; '.join(changed)}): its cells cannot be "
                          "recomputed")
+    scales = {name: _scale(ds[name].values) for name in ds.data_vars}
     for part, cell in choose_cells(experiment, config, ds, cells, where):
         start = time.perf_counter()
         out = run_cell(experiment, config, cell, part)
@@ -149,8 +154,5 @@ def iter_verify(path, cells=1, where=None):
         for var in experiment.part_variables(part):
             inner = [d for d in var.dims if d not in cell]
             stored = ds[var.name].sel(cell).transpose(*inner).values
-            values = ds[var.name].values
-            finite = values[np.isfinite(values)] if values.dtype.kind in "fc" else values
-            scale = float(np.max(np.abs(finite), initial=0.0)) if values.dtype.kind in "fc" else None
-            results.append(_compare(var.name, stored, out[var.name], scale))
+            results.append(_compare(var.name, stored, out[var.name], scales[var.name]))
         yield CellCheck(part, cell, seconds, tuple(results))
