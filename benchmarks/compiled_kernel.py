@@ -15,12 +15,23 @@ benchmark times, in one process and interleaved (best of ``repeats``):
     fastest form found, but one kernel per feature count);
   - *generic*: any number of features, through a cache-sized buffer of exponentials.
 
-All four compute the same sums; their agreement with the core is printed.
+* with numba, *around np.exp*: the core's blocks and chunks, its two products written as numba
+  loops (logits, then the moments) and numpy's own exponential between them (the form that keeps
+  the fastest ``exp`` and fuses the rest);
+* *XLA (JAX, CPU)*: the same block sums as one jitted JAX function (``einsum`` for the logits and
+  the moments, ``jnp.exp`` between), compiled once before timing, on one XLA thread.
+
+Whether numba could use Intel's vectorised SVML exponential instead of its own is printed too:
+numba needs an llvmlite built with SVML support (``llvmlite.binding.targets.has_svml()``), not only
+the SVML library (``intel-cmplr-lib-rt`` on PyPI).
+
+All compute the same sums; their agreement with the core is printed.
 ``python -m sfxlin.benchmarks.compiled_kernel``.
 """
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import numpy as np
@@ -118,7 +129,83 @@ def _numba_kernels():
                             r += s[i] * p[i]
                         out[g, col, f] += r
 
-    return specialised, generic
+    @njit(nogil=True, fastmath={"reassoc", "contract"})
+    def logits(A, X, g0, g1, c0, t0, t1, out):
+        for g in range(g0, g1):
+            for col in range(c0, A.shape[1]):
+                o = out[g - g0, col - c0]
+                x, a = X[g, 0, t0:t1], A[g, col, 0]
+                for i in range(o.size):
+                    o[i] = a * x[i]
+                for k in range(1, A.shape[2]):
+                    x, a = X[g, k, t0:t1], A[g, col, k]
+                    for i in range(o.size):
+                        o[i] += a * x[i]
+
+    @njit(nogil=True, fastmath={"reassoc", "contract"})
+    def moments(w, P, g0, g1, c0, t0, t1, out):
+        for g in range(g0, g1):
+            for col in range(w.shape[1]):
+                e = w[g - g0, col]
+                for f in range(P.shape[1]):
+                    p, r = P[g, f, t0:t1], 0.0
+                    for i in range(e.size):
+                        r += e[i] * p[i]
+                    out[g, c0 + col, f] += r
+
+    return specialised, generic, (logits, moments)
+
+
+def _around_np_exp(A, X, phi, reach, logits, moments, out, work, cache_bytes=softmax_core.CACHE_BYTES):
+    """The core's blocks and group chunks (whole column suffixes, no column split), the logits and
+    the moments by the numba loops ``logits`` and ``moments``, ``np.exp`` in place between."""
+    G, C, _ = A.shape
+    out[...] = 0.0
+    first = np.searchsorted(reach, np.arange(len(LS)), side="left")
+    for b, (lo, hi) in enumerate(zip((0,) + LS[:-1], LS)):
+        c0 = int(first[b])
+        step = max(1, min(hi - lo, cache_bytes // (8 * (C - c0))))
+        gc = max(1, min(G, cache_bytes // (8 * (C - c0) * step)))
+        for t0 in range(lo, hi, step):
+            t1 = min(hi, t0 + step)
+            for g0 in range(0, G, gc):
+                g1 = min(G, g0 + gc)
+                s = work.setdefault((g1 - g0, C - c0, t1 - t0), np.empty((g1 - g0, C - c0, t1 - t0)))
+                logits(A, X, g0, g1, c0, t0, t1, s)
+                np.exp(s, out=s)
+                moments(s, phi, g0, g1, c0, t0, t1, out)
+    return out
+
+
+def _xla_arm(A, X, phi, reach):
+    """The block sums as one jitted JAX function on one XLA thread, or None without JAX; and the
+    device JAX runs on."""
+    os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+    try:
+        from sfxlin.models._jax import jax, jnp
+    except ImportError:
+        return None
+    first = np.searchsorted(reach, np.arange(len(LS)), side="left")
+
+    def block_sums(A, X, phi):
+        P = jnp.zeros((A.shape[0], A.shape[1], phi.shape[1]))
+        for b, (lo, hi) in enumerate(zip((0,) + LS[:-1], LS)):
+            c0 = int(first[b])
+            w = jnp.exp(jnp.einsum("gck,gkt->gct", A[:, c0:], X[:, :, lo:hi]))
+            P = P.at[:, c0:].add(jnp.einsum("gct,gft->gcf", w, phi[:, :, lo:hi]))
+        return P
+
+    fn, args = jax.jit(block_sums), [jnp.asarray(a) for a in (A, X, phi)]
+    return (lambda: fn(*args).block_until_ready()), str(jax.devices()[0])
+
+
+def _svml_usable():
+    """Whether numba's llvmlite was built with SVML support (None without numba)."""
+    try:
+        import llvmlite.binding
+    except ImportError:
+        return None
+    return bool(getattr(llvmlite.binding.targets, "has_svml", lambda: False)())
 
 
 def _best(fn, repeats):
@@ -145,13 +232,25 @@ def bench_compiled(repeats=20, verbose=True):
     arms = {"np.exp floor": lambda: np.exp(s, out=out_exp), "softmax_core (numpy)": core}
     kernels = _numba_kernels()
     agree = {}
+
+    def check(name, value):
+        agree[name] = float(np.max(np.abs(np.asarray(value) - ref)) / np.max(np.abs(ref)))
+
     if kernels is not None:
         ends = np.asarray(LS)[reach].astype(np.int64)
-        outs = {name: np.zeros(ref.shape) for name in ("numba specialised", "numba generic")}
-        for name, k in zip(outs, kernels):
+        outs = {name: np.zeros(ref.shape) for name in ("numba specialised", "numba generic", "numba around np.exp")}
+        for name, k in zip(outs, kernels[:2]):
             k(A, X, phi, ends, outs[name])                     # compile
-            agree[name] = float(np.max(np.abs(outs[name] - ref)) / np.max(np.abs(ref)))
+            check(name, outs[name])
             arms[name] = (lambda k=k, o=outs[name]: k(A, X, phi, ends, o))
+        around = (lambda o=outs["numba around np.exp"], w={}: _around_np_exp(A, X, phi, reach, *kernels[2], o, w))
+        check("numba around np.exp", around())                 # compiles
+        arms["numba around np.exp"] = around
+    xla = _xla_arm(A, X, phi, reach)
+    if xla is not None:
+        name = f"XLA (JAX, {xla[1]})"
+        check(name, xla[0]())                                  # compiles
+        arms[name] = xla[0]
     times = {name: math.inf for name in arms}
     for _ in range(repeats):
         for name, fn in arms.items():
@@ -161,10 +260,12 @@ def bench_compiled(repeats=20, verbose=True):
         print(f"softmax moments of one C3 engine step ({n_exp:,} logits, 7 features), best of {repeats}, interleaved:")
         for name, t in times.items():
             extra = f"   agrees with the core to {agree[name]:.1e}" if name in agree else ""
-            print(f"  {name:<22} {t:7.3f} ms   {t / floor:5.2f}x the floor   {times['softmax_core (numpy)'] / t:5.2f}x "
+            print(f"  {name:<24} {t:7.3f} ms   {t / floor:5.2f}x the floor   {times['softmax_core (numpy)'] / t:5.2f}x "
                   f"the core's speed{extra}")
         if kernels is None:
             print("  (numba not installed: pip install numba to time the compiled kernels)")
+        else:
+            print(f"  numba with Intel SVML possible here: {_svml_usable()} (llvmlite.binding.targets.has_svml)")
     return dict(ms=times, ratio_to_floor={k: v / floor for k, v in times.items()}, agreement=agree, n_exp=n_exp)
 
 
