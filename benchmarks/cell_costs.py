@@ -7,6 +7,12 @@ with the other grid dims as fixed effects, and its standard error: statsmodels O
 
 Durations are wall seconds of each task as the scheduler saw it (on processes: pickling
 included); on a shared machine they carry its load. Only blocks of one cell enter the fits.
+
+And how far the cells are from the ``np.exp`` floor (:func:`floor_share`): a file of ``sfxlin run``
+records each cell's kernel seconds (``cell_seconds``) and the logits it exponentiated in the
+softmax core (``cell_exponentials``); ``np.exp`` of that many logits, timed in this process
+(:func:`exp_seconds_per_logit`), is the least any exact float64 engine computing them could take.
+The JAX models' softmax is not counted (it runs in XLA, not in the core).
 """
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ import sys
 
 import numpy as np
 
-__all__ = ["timeline", "utilisation", "growth", "summary"]
+__all__ = ["exp_seconds_per_logit", "floor_share", "growth", "summary", "timeline", "utilisation"]
 
 _RANGE = re.compile(r"(\w+)\[(\d+):(\d+)\]")
 _PART = re.compile(r"^(\w+):")
@@ -82,8 +88,38 @@ def growth(rows, dim):
     return float(fit.params[1]), float(fit.bse[1]), len(cells), values
 
 
-def summary(ds):
-    """The lines :func:`main` prints for one results file."""
+def exp_seconds_per_logit(n=785_664, repeats=20):
+    """Seconds of ``np.exp`` per float64 logit on this machine now: the best of ``repeats`` calls
+    on ``n`` logits in [-10, 0] (the size of one C3 engine step, as ``sfxlin bench c3``'s floor)."""
+    import time
+
+    x = np.random.default_rng(0).uniform(-10.0, 0.0, n)
+    out = np.empty_like(x)
+    best = np.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.exp(x, out=out)
+        best = min(best, time.perf_counter() - start)
+    return best / n
+
+
+def floor_share(ds, per_logit):
+    """``(cell seconds, logits, floor seconds)`` of the cells that record both (``cell_seconds``
+    and ``cell_exponentials``), the floor being ``logits * per_logit``; None when the file records
+    no exponentials (made before they were counted, or merged)."""
+    if "cell_exponentials" not in ds.attrs or "cell_seconds" not in ds.attrs:
+        return None
+    key = lambda part, coords: (part, json.dumps(coords, sort_keys=True))
+    seconds = {key(p, c): s for p, c, s in json.loads(ds.attrs["cell_seconds"])}
+    pairs = [(seconds.get(key(p, c)), n) for p, c, n in json.loads(ds.attrs["cell_exponentials"])]
+    pairs = [(s, n) for s, n in pairs if s is not None and n is not None]
+    cell_seconds, logits = sum(s for s, _n in pairs), sum(n for _s, n in pairs)
+    return cell_seconds, logits, logits * per_logit
+
+
+def summary(ds, per_logit=None):
+    """The lines :func:`main` prints for one results file (with the floor when ``per_logit``, the
+    seconds of ``np.exp`` per logit, is given)."""
     rows = timeline(ds)
     cell_seconds, n_workers, span, busy, tail = utilisation(rows)
     lines = [f"{ds.attrs.get('experiment', '?')}: wall {float(ds.attrs.get('wall_seconds', np.nan)):.1f} s "
@@ -101,6 +137,14 @@ def summary(ds):
             if g is not None:
                 fits.append(f"{dim} {g[0]:+.2f} +- {g[1]:.2f} (values {', '.join(f'{v:g}' for v in g[3])})")
         lines.append(line + ("; cost ~ " + "; ".join(fits) if fits else ""))
+    share = None if per_logit is None else floor_share(ds, per_logit)
+    if share is not None:
+        cell_seconds, logits, floor = share
+        lines.append(f"  floor: {logits:,} logits exponentiated in the softmax core; np.exp of as many takes "
+                     f"{floor:.1f} s here ({per_logit * 1e9:.2f} ns a logit), {floor / cell_seconds:.1%} of the "
+                     f"cells' {cell_seconds:.1f} kernel seconds")
+    elif per_logit is not None:
+        lines.append("  floor: the file records no cell_exponentials")
     return lines
 
 
@@ -110,10 +154,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", help="results files (.nc) written by sfxlin run")
     args = parser.parse_args(argv)
+    per_logit = exp_seconds_per_logit()
     for path in args.files:
         with xr.open_dataset(path) as ds:
             try:
-                print("\n".join(summary(ds)))
+                print("\n".join(summary(ds, per_logit)))
             except ValueError as exc:
                 print(f"{path}: {exc}")
     return 0

@@ -324,6 +324,7 @@ def run_experiment(experiment, config, out_dir, name, args):
         ds, wall, label = compute(lazy, scheduler=local, workers=args.workers,
                                   address=args.scheduler, progress=not args.quiet, verbose=args.verbose)
         ds.attrs["cell_seconds"] = json.dumps(store.cell_seconds())   # what each cell cost when computed
+        ds.attrs["cell_exponentials"] = json.dumps(store.cell_exponentials())
         save(ds, path)
         if not args.quiet:
             print(f"wrote {path} in {wall:.1f} s ({label})\n")
@@ -698,12 +699,14 @@ def schema_markdown():
              "`scheduler`, `history`, and `criteria` (JSON: the predeclared criteria of the verdict table).",
              "A file of `sfxlin run` also has `cell_seconds` (JSON `[[part, {dim: value}, seconds], ...]`: what",
              "each cell's kernel took when it was computed, by this run or by the earlier run whose kept cell it",
-             "served; null for a cell kept without a record) and, on a local scheduler, `cell_timeline` (JSON",
+             "served; null for a cell kept without a record), `cell_exponentials` (the same rows with the count of",
+             "logits each cell's kernel exponentiated in the softmax core, `sfxlin.softmax_core`: what its",
+             "`np.exp` floor is) and, on a local scheduler, `cell_timeline` (JSON",
              "`[[block, thread, start, end], ...]`: when each block of cells ran in this run).", "",
              "A file merged from runs over parts of one grid (`sfxlin merge A.nc B.nc -o C.nc`, `sfxlin.engine.merge`)",
              "has the merged `config`, `overrides` and `n_cells`, one more `history` line, and `merged_from`",
              "(JSON: each input's path, sha256, `created`, `git_revision`, and its `wall_seconds`, `scheduler`,",
-             "`cell_timeline` and `cell_seconds`, which the merged file does not carry).", "",
+             "`cell_timeline`, `cell_seconds` and `cell_exponentials`, which the merged file does not carry).", "",
              f"The files follow the CF conventions (attr `Conventions = \"{CONVENTIONS}\"`; `ncdump -h FILE.nc`",
              "shows them): every coordinate and variable has a `long_name` and a `description` (sentences",
              "ending with a full stop), and `units` where the quantity has one (`tokens`, `steps`, ...); a flag",

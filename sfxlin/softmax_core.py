@@ -33,6 +33,10 @@ C3 engine, whose parameters differ per prompt length) are skipped beyond it: ``r
 non-decreasing, so that the columns active in block ``b`` are a suffix. A column's prefix sums
 past its reach stay those of its reach; ``at_reach`` returns only those.
 
+Every logit it exponentiates is counted, per thread (:func:`exponentials`): the engine records
+the count of each cell next to its seconds (``cell_exponentials``), so a run's distance from the
+``np.exp`` floor can be read from its file (``python -m sfxlin.benchmarks.cell_costs``).
+
 Why numpy and not a compiled kernel: measured side by side in one run (docs/performance.md,
 section 9, ``python -m sfxlin.benchmarks.compiled_kernel``), a numba kernel fusing logits, an
 exponential and the moments in one pass reaches 1.20x this core's speed on a quiet machine only
@@ -41,14 +45,26 @@ compile per process for that.
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
-__all__ = ["prefix_moments", "normalised"]
+__all__ = ["exponentials", "prefix_moments", "normalised"]
 
 #: bytes of logits per batched product (keeps the exp / product working set in cache)
 CACHE_BYTES = 1 << 20
 #: largest M * N * K of one BLAS product: OpenBLAS runs smaller products single-threaded
 GEMM_MNK = 200_000
+
+
+_tally = threading.local()
+
+
+def exponentials() -> int:
+    """How many logits :func:`prefix_moments` has exponentiated in the calling thread since it
+    started: a cost meter (a cell's count is the difference before and after its kernel; every
+    softmax of the package but the JAX models' runs through this core)."""
+    return getattr(_tally, "n", 0)
 
 
 def _buffer(work, shape):
@@ -145,6 +161,7 @@ def prefix_moments(phi, edges, *, A=None, X=None, logits=None, reach=None, shift
                         mx = s.max(axis=-1)
                         s -= mx[..., None]
                     np.exp(s, out=s)
+                    _tally.n = getattr(_tally, "n", 0) + s.size
                     part = s @ np.swapaxes(phi[g0:g1, :, t0:t1], 1, 2)           # (gc, cc, F)
                     if ones:
                         part = np.concatenate([s.sum(axis=-1)[..., None], part], axis=-1)

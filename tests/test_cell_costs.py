@@ -49,3 +49,23 @@ def test_summary_of_a_real_sweep_and_a_file_without_timeline(toy, toy_config):
     assert any("part 'main'" in line and "U_norm" in line for line in lines)
     with pytest.raises(ValueError, match="no cell_timeline"):
         cell_costs.timeline(xr.Dataset())
+
+
+def test_floor_share_pairs_each_cells_seconds_with_its_logits():
+    ds = xr.Dataset()
+    ds.attrs["cell_seconds"] = json.dumps([["", {"d": 2}, 1.0], ["", {"d": 4}, 3.0], ["q", {}, None]])
+    ds.attrs["cell_exponentials"] = json.dumps([["", {"d": 4}, 600], ["", {"d": 2}, 400], ["q", {}, 50]])
+    assert cell_costs.floor_share(ds, 1e-3) == (4.0, 1000, pytest.approx(1.0))   # the unrecorded cell is left out
+    assert cell_costs.floor_share(xr.Dataset(attrs={"cell_seconds": "[]"}), 1e-3) is None
+    assert 0 < cell_costs.exp_seconds_per_logit(n=1000, repeats=2) < 1e-6
+
+
+def test_a_runs_file_prints_its_floor(tmp_path):
+    from sfxlin.cli import main
+
+    assert main(["run", "c1_kernels", "--profile", "quick", "--quiet", "--out", str(tmp_path)]) == 0
+    with xr.open_dataset(tmp_path / "c1_kernels.nc") as ds:
+        seconds, logits, floor = cell_costs.floor_share(ds, 1e-9)
+        lines = cell_costs.summary(ds, 1e-9)
+    assert logits > 0 and floor == pytest.approx(logits * 1e-9) and seconds > 0
+    assert any(line.startswith("  floor: ") and f"{logits:,} logits" in line for line in lines)

@@ -63,9 +63,14 @@ def test_a_rerun_serving_every_cell_keeps_the_first_runs_cost_laws(tmp_path):
     first = fit_laws(C1, tmp_path / "c1_limit.nc")
     with xr.open_dataset(tmp_path / "c1_limit.nc") as ds:
         seconds, timeline = ds.attrs["cell_seconds"], json.loads(ds.attrs["cell_timeline"])
+        exponentials = ds.attrs["cell_exponentials"]
+    counts = json.loads(exponentials)
+    assert [(p, c) for p, c, _n in counts] == [(p, c) for p, c, _s in json.loads(seconds)]
+    assert all(n > 0 for p, _c, n in counts if p == "") and all(n == 0 for p, _c, n in counts if p)
     assert main(run) == 0                                  # every cell kept: read, not computed
     with xr.open_dataset(tmp_path / "c1_limit.nc") as ds:
         assert ds.attrs["cell_seconds"] == seconds
+        assert ds.attrs["cell_exponentials"] == exponentials
         reread = json.loads(ds.attrs["cell_timeline"])
     assert sum(e - s for _b, _w, s, e in reread) < sum(e - s for _b, _w, s, e in timeline)
     again = fit_laws(C1, tmp_path / "c1_limit.nc")

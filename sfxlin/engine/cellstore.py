@@ -10,8 +10,9 @@ it does not belong to. The kept cells outlive the run (``--fresh`` discards them
 
 Each file also records the seconds its kernel took when it was computed (:meth:`CellStore.cell_seconds`:
 a run that serves kept cells records what they cost to compute, not what it cost to read them,
-so the cost laws of ``sfxlin run --plan`` survive a rerun) and the code fingerprint it was
-computed with, so :func:`survey` tells the
+so the cost laws of ``sfxlin run --plan`` survive a rerun), the logits its kernel exponentiated
+in the softmax core (:meth:`CellStore.cell_exponentials`: its distance from the ``np.exp`` floor)
+and the code fingerprint it was computed with, so :func:`survey` tells the
 cells the current code can still serve from the stale ones (``sfxlin cells``), and
 :func:`prune` removes those.
 
@@ -44,7 +45,8 @@ __all__ = ["CellStore", "KeptCells", "cell_fingerprint", "code_fingerprint", "ex
 _FINGERPRINT_KEY = "__cell_fingerprint__"
 _CODE_KEY = "__code_fingerprint__"
 _SECONDS_KEY = "__seconds__"
-_META_KEYS = (_FINGERPRINT_KEY, _CODE_KEY, _SECONDS_KEY)
+_EXPONENTIALS_KEY = "__exponentials__"
+_META_KEYS = (_FINGERPRINT_KEY, _CODE_KEY, _SECONDS_KEY, _EXPONENTIALS_KEY)
 
 
 @functools.lru_cache(maxsize=None)
@@ -136,15 +138,18 @@ class CellStore:
             path.unlink(missing_ok=True)
             return None
 
-    def save(self, cell, outputs, part="", seconds=None):
+    def save(self, cell, outputs, part="", seconds=None, exponentials=None):
         """Keep one finished cell of ``part`` (the folder is made by the first save), with the
-        ``seconds`` its kernel took when given."""
+        ``seconds`` its kernel took and the ``exponentials`` it computed in the softmax core
+        (:func:`sfxlin.softmax_core.exponentials`) when given."""
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self._path(cell, part)
         tmp = path.with_name(f".{path.stem}.{os.getpid()}.{threading.get_ident()}.partial.npz")
         meta = {_FINGERPRINT_KEY: np.array(path.stem[len("cell_"):]), _CODE_KEY: np.array(self.code)}
         if seconds is not None:
             meta[_SECONDS_KEY] = np.float64(seconds)
+        if exponentials is not None:
+            meta[_EXPONENTIALS_KEY] = np.int64(exponentials)
         try:
             np.savez(tmp, **meta, **outputs)
             os.replace(tmp, path)
@@ -156,11 +161,16 @@ class CellStore:
         """``[[part, {dim: value}, seconds or None], ...]`` for every cell of this configuration:
         the seconds its kernel took when it was computed, by this run or an earlier one; None for a
         cell not kept, or kept by a version that did not record them."""
-        rows = []
-        for key, (part, cell) in self._cells.items():
-            rows.append([part, {dim: _json_default(v) if isinstance(v, np.generic) else v for dim, v in cell.items()},
-                         _recorded_seconds(self._path_of_key(key))])
-        return rows
+        return self._recorded_rows(_SECONDS_KEY, float)
+
+    def cell_exponentials(self) -> list:
+        """``[[part, {dim: value}, count or None], ...]``: the logits each cell's kernel exponentiated
+        in the softmax core when it was computed (None as in :meth:`cell_seconds`)."""
+        return self._recorded_rows(_EXPONENTIALS_KEY, int)
+
+    def _recorded_rows(self, key, cast):
+        return [[part, {dim: _json_default(v) if isinstance(v, np.generic) else v for dim, v in cell.items()},
+                 _recorded(self._path_of_key(name), key, cast)] for name, (part, cell) in self._cells.items()]
 
     def count(self) -> int:
         """How many cells of this configuration are kept."""
@@ -201,12 +211,12 @@ def _recorded_code(path):
         return None
 
 
-def _recorded_seconds(path):
-    """The seconds a kept cell file records, or None (absent, unreadable, or written before files
-    recorded them)."""
+def _recorded(path, key, cast):
+    """The value a kept cell file records under ``key`` (as ``cast``), or None (absent, unreadable,
+    or written before files recorded it)."""
     try:
         with np.load(path, allow_pickle=False) as data:
-            return float(data[_SECONDS_KEY]) if _SECONDS_KEY in data.files else None
+            return cast(data[key]) if key in data.files else None
     except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile, zlib.error):
         return None
 

@@ -21,8 +21,8 @@ The merged attrs: ``config``, ``profile``, ``overrides`` (the ``--set`` that rer
 configuration) and ``n_cells`` of the merged grid; ``history`` the files' lines plus one for the
 merge; ``git_revision``, ``sfxlin_version`` and ``library_versions`` the common value or
 ``"mixed: a, b"``; ``merged_from`` (JSON) each input's path, sha256, creation, revision and the
-per-run attrs that no longer describe the merged file (``cell_timeline``, ``cell_seconds``, ``wall_seconds``,
-``scheduler``). Anything else comes from the first file. A refusal is a
+per-run attrs that no longer describe the merged file (``cell_timeline``, ``cell_seconds``,
+``cell_exponentials``, ``wall_seconds``, ``scheduler``). Anything else comes from the first file. A refusal is a
 :class:`~sfxlin.engine.storage.ResultsError` of one line naming the file(s) and what differs.
 """
 from __future__ import annotations
@@ -47,7 +47,7 @@ __all__ = ["merge", "merge_files"]
 #: attrs that must be equal in every file (beyond the configuration)
 MUST_AGREE = ("criteria", "input_files")
 #: attrs of one run's execution: kept per input in ``merged_from``, not at the top
-PER_RUN = ("cell_timeline", "cell_seconds", "wall_seconds", "scheduler")
+PER_RUN = ("cell_timeline", "cell_seconds", "cell_exponentials", "wall_seconds", "scheduler")
 #: provenance attrs recorded per input in ``merged_from``
 PROVENANCE = ("created", "git_revision", "sfxlin_version", "profile", "overrides", "library_versions")
 
@@ -343,5 +343,6 @@ def _input_record(ds, source) -> dict:
             value = ds.attrs[key]
             value = value.item() if hasattr(value, "item") else value
             record[key] = json.loads(value) if key in ("overrides", "library_versions", "cell_timeline", "cell_seconds",
+                                                       "cell_exponentials",
                                                        "merged_from") else value
     return record

@@ -48,6 +48,7 @@ import xarray as xr
 from .params import digest_key, file_digests
 from ..realdata import check_unchanged
 from .schema import CONVENTIONS, coord_attrs
+from .. import softmax_core
 from ..threads import single_threaded_blas
 
 __all__ = ["Variable", "Part", "Experiment", "CellError", "Out", "build", "cell_label", "cell_rng", "coordinate_key",
@@ -355,10 +356,11 @@ def _run_block(experiment, config, part, ranges, store=None):
         cell = _cell_at(grid, idx)
         out = store.load(cell, part) if store is not None else None
         if out is None:
-            start = time.perf_counter()
+            start, n_exp = time.perf_counter(), softmax_core.exponentials()
             out = run_cell(experiment, config, cell, part)
             if store is not None:
-                store.save(cell, out, part, seconds=time.perf_counter() - start)
+                store.save(cell, out, part, seconds=time.perf_counter() - start,
+                           exponentials=softmax_core.exponentials() - n_exp)
         results.append(out)
     out = {}
     for var in experiment.part_variables(part):
