@@ -11,8 +11,8 @@ benchmark times, in one process and interleaved (best of ``repeats``):
   compiled kernels fusing logits, exponential and moments in one pass over the tokens, with an
   exponential of their own (Cody-Waite reduction, degree-13 Taylor polynomial, exponent by bit
   manipulation: 1 ulp, vectorised by LLVM; numba's wheels have no SVML):
-  - *specialised*: 3 logit coefficients and 7 moment accumulators written out as scalars (the
-    fastest form found, but one kernel per feature count);
+  - *specialised*: the logit coefficients and the moment accumulators written out as scalars, a
+    kernel generated per (logit coordinates, features) (the fastest form found);
   - *generic*: any number of features, through a cache-sized buffer of exponentials.
 
 * with numba, *around np.exp*: the core's blocks and chunks, its two products written as numba
@@ -25,8 +25,12 @@ Whether numba could use Intel's vectorised SVML exponential instead of its own i
 numba needs an llvmlite built with SVML support (``llvmlite.binding.targets.has_svml()``), not only
 the SVML library (``intel-cmplr-lib-rt`` on PyPI).
 
-All compute the same sums; their agreement with the core is printed.
-``python -m sfxlin.benchmarks.compiled_kernel``.
+All compute the same sums; their agreement with the core is printed. Then, with numba, the
+feature sweep (:func:`feature_sweep`): the core against the specialised kernel for the feature
+counts the package uses (``K`` logit coordinates including the carried shift, ``F`` features:
+C3 at d = 3 has ``K = 4`` and ``F = 7`` or ``10``, at d = 8 ``K = 9`` and ``F = 17``), each on
+the same C3 prompt structure, since a compiled kernel pays only while its accumulators stay in
+registers. ``python -m sfxlin.benchmarks.compiled_kernel``.
 """
 from __future__ import annotations
 
@@ -38,12 +42,17 @@ import numpy as np
 
 from sfxlin import softmax_core
 
-__all__ = ["bench_compiled"]
+__all__ = ["bench_compiled", "feature_sweep", "specialised_source"]
+
+#: (K logit coordinates, F features) of the feature sweep
+SHAPES = ((3, 4), (4, 7), (4, 10), (4, 15), (9, 17))
 
 LS = tuple(8 * 2**k for k in range(10))
 
 
-def _workload(seed=0, G=48, q=2, d=3, F=7):
+def _workload(seed=0, G=48, q=2, d=3, F=7, shift=False):
+    """``A (G, C, K), X (G, K, T), phi (G, F, T), reach (C,)`` of the C3 prompt structure; with
+    ``shift`` the first logit coordinate is the constant 1 (the carried shift: ``K = d + 1``)."""
     rng = np.random.default_rng(seed)
     T = LS[-1]
     X = rng.standard_normal((G, d, T))
@@ -51,12 +60,35 @@ def _workload(seed=0, G=48, q=2, d=3, F=7):
     phi[:, 0] = 1.0
     C = len(LS) * q
     A = 0.3 * rng.standard_normal((G, C, d))
+    if shift:
+        X = np.concatenate([np.ones((G, 1, T)), X], axis=1)
+        A = np.concatenate([np.full((G, C, 1), -0.5), A], axis=2)
     reach = np.repeat(np.arange(len(LS)), q)
     return A, X, phi, reach
 
 
+def specialised_source(K, F):
+    """Python source of ``kernel(A, X, P, ends, out)`` for ``K`` logit coefficients and ``F``
+    moments: ``out[g, c, f] = sum_{t < ends[c]} fexp(A[g, c] . X[g, :, t]) P[g, f, t]``, its
+    coefficients, feature rows and accumulators written out as scalars (``fexp`` is looked up in
+    the namespace it is executed in)."""
+    acc = [f"a{f}" for f in range(F)]
+    lines = ["def kernel(A, X, P, ends, out):",
+             "    for g in range(A.shape[0]):",
+             "        " + "".join(f"x{k}, " for k in range(K)) + "= " + ", ".join(f"X[g, {k}]" for k in range(K)),
+             "        " + "".join(f"p{f}, " for f in range(F)) + "= " + ", ".join(f"P[g, {f}]" for f in range(F)),
+             "        for col in range(A.shape[1]):",
+             "            " + "".join(f"b{k}, " for k in range(K)) + "= " + ", ".join(f"A[g, col, {k}]" for k in range(K)),
+             "            " + " = ".join(acc) + " = 0.0",
+             "            for t in range(ends[col]):",
+             "                e = fexp(" + " + ".join(f"b{k} * x{k}[t]" for k in range(K)) + ")"]
+    lines += [f"                {a} += e * p{f}[t]" for f, a in enumerate(acc)]
+    lines += [f"            out[g, col, {f}] = {a}" for f, a in enumerate(acc)]
+    return "\n".join(lines)
+
+
 def _numba_kernels():
-    """The two compiled kernels, or None without numba."""
+    """``(specialised(K, F) -> kernel, generic kernel, (logits, moments) loops)``, or None without numba."""
     try:
         from llvmlite import ir
         from numba import njit, types
@@ -87,25 +119,11 @@ def _numba_kernels():
             p = p * r + c[i]
         return p * as_float((as_int(t) << 52) + one)
 
-    @njit(nogil=True, fastmath={"reassoc", "contract"})
-    def specialised(A, X, P, ends, out):
-        for g in range(A.shape[0]):
-            x1, x2, x3 = X[g, 0], X[g, 1], X[g, 2]
-            p0, p1, p2, p3, p4, p5, p6 = P[g, 0], P[g, 1], P[g, 2], P[g, 3], P[g, 4], P[g, 5], P[g, 6]
-            for col in range(A.shape[1]):
-                b1, b2, b3 = A[g, col, 0], A[g, col, 1], A[g, col, 2]
-                a0 = a1 = a2 = a3 = a4 = a5 = a6 = 0.0
-                for t in range(ends[col]):
-                    e = fexp(b1 * x1[t] + b2 * x2[t] + b3 * x3[t])
-                    a0 += e * p0[t]
-                    a1 += e * p1[t]
-                    a2 += e * p2[t]
-                    a3 += e * p3[t]
-                    a4 += e * p4[t]
-                    a5 += e * p5[t]
-                    a6 += e * p6[t]
-                out[g, col, 0], out[g, col, 1], out[g, col, 2], out[g, col, 3] = a0, a1, a2, a3
-                out[g, col, 4], out[g, col, 5], out[g, col, 6] = a4, a5, a6
+    def specialised(K, F):
+        """The kernel of :func:`specialised_source` for ``K`` and ``F``, compiled at its first call."""
+        namespace = {"fexp": fexp}
+        exec(specialised_source(K, F), namespace)
+        return njit(nogil=True, fastmath={"reassoc", "contract"})(namespace["kernel"])
 
     @njit(nogil=True, fastmath={"reassoc", "contract"})
     def generic(A, X, P, ends, out):
@@ -239,7 +257,7 @@ def bench_compiled(repeats=20, verbose=True):
     if kernels is not None:
         ends = np.asarray(LS)[reach].astype(np.int64)
         outs = {name: np.zeros(ref.shape) for name in ("numba specialised", "numba generic", "numba around np.exp")}
-        for name, k in zip(outs, kernels[:2]):
+        for name, k in zip(outs, (kernels[0](A.shape[2], phi.shape[1]), kernels[1])):
             k(A, X, phi, ends, outs[name])                     # compile
             check(name, outs[name])
             arms[name] = (lambda k=k, o=outs[name]: k(A, X, phi, ends, o))
@@ -269,5 +287,42 @@ def bench_compiled(repeats=20, verbose=True):
     return dict(ms=times, ratio_to_floor={k: v / floor for k, v in times.items()}, agreement=agree, n_exp=n_exp)
 
 
+def feature_sweep(shapes=SHAPES, repeats=20, verbose=True):
+    """The core against the specialised kernel per ``(K, F)`` of ``shapes`` (with the carried
+    shift), each beside the ``np.exp`` floor, interleaved (best of ``repeats``); None without
+    numba, else ``{(K, F): dict(core=..., specialised=..., agreement=...)}`` (times in ms)."""
+    kernels = _numba_kernels()
+    if kernels is None:
+        return None
+    n_exp = 48 * 2 * sum(LS)
+    s = np.random.default_rng(1).uniform(-10.0, 0.0, n_exp)
+    out_exp = np.empty_like(s)
+    result = {}
+    for K, F in shapes:
+        A, X, phi, reach = _workload(d=K - 1, F=F, shift=True)
+        work, ends = {}, np.asarray(LS)[reach].astype(np.int64)
+        core = lambda: softmax_core.prefix_moments(phi, (0,) + LS, A=A, X=X, reach=reach, shifted=True,
+                                                   at_reach=True, work=work)[1]
+        ref, out, kernel = core(), np.zeros((A.shape[0], A.shape[1], F)), kernels[0](K, F)
+        kernel(A, X, phi, ends, out)                           # compile
+        arms = {"floor": lambda: np.exp(s, out=out_exp), "core": core,
+                "specialised": lambda: kernel(A, X, phi, ends, out)}
+        times = {name: math.inf for name in arms}
+        for _ in range(repeats):
+            for name, fn in arms.items():
+                times[name] = min(times[name], _best(fn, 1))
+        agree = float(np.max(np.abs(out - ref)) / np.max(np.abs(ref)))
+        result[(K, F)] = dict(times, agreement=agree)
+        if verbose:
+            f = times["floor"]
+            print(f"  K = {K}, F = {F:2d}: floor {f:.3f} ms, core {times['core'] / f:5.2f}x the floor, specialised "
+                  f"{times['specialised'] / f:5.2f}x ({times['core'] / times['specialised']:.2f}x the core's speed), "
+                  f"agrees to {agree:.1e}")
+    return result
+
+
 if __name__ == "__main__":  # pragma: no cover
     bench_compiled()
+    print("feature sweep: the core against a specialised compiled kernel per feature count (C3 prompts, carried shift):")
+    if feature_sweep() is None:
+        print("  (numba not installed)")
