@@ -40,10 +40,13 @@ def _single(U, v):
     return M.Transformer.single_head(U.shape[-1]), {"U": U[None, None], "v": v}
 
 
-def test_import_sfxlin_and_the_cli_do_not_import_jax():
+def test_import_sfxlin_and_the_cli_import_neither_jax_nor_dask_array():
+    """Every ``sfxlin`` process (and process-pool worker) pays its imports: JAX loads with the
+    first model only, dask.array with the first sweep built (``sfxlin.engine.sweep``)."""
     code = ("import sys, sfxlin, sfxlin.cli, sfxlin.engine.experiments as e; e.experiments(); "
             "import sfxlin.pipelines.c3_deep, sfxlin.analysis.c3_deep; "
-            "assert 'jax' not in sys.modules and 'optax' not in sys.modules, 'jax imported'")
+            "assert 'jax' not in sys.modules and 'optax' not in sys.modules, 'jax imported'; "
+            "assert 'dask.array' not in sys.modules, 'dask.array imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

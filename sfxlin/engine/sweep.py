@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import dask
-import dask.array as da
 import numpy as np
 import xarray as xr
 
@@ -446,6 +445,8 @@ def _part_variables(experiment, config, part, grid, inner, chunks, store):
         inner_shape = tuple(len(inner[d]) for d in inner_dims)
 
         def piece(combo, var=var, inner_shape=inner_shape):
+            import dask.array as da  # ~0.6 s of imports, paid only by a process that builds a sweep
+
             shape = tuple(len(per_dim[k][c]) for k, c in enumerate(combo)) + inner_shape
             return da.from_delayed(blocks[combo][var.name], shape=shape, dtype=var.dtype)
 
@@ -478,6 +479,8 @@ def criteria_of(experiment) -> list[dict]:
 
 def _assemble(flat, sizes, axis=0):
     """Concatenate a row-major list of blocks over a grid of ``sizes`` blocks (leading axes)."""
+    import dask.array as da  # see _part_variables
+
     if not sizes:  # a part without grid dims: one block, one cell
         return flat[0]
     if len(sizes) == 1:
