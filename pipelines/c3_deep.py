@@ -187,6 +187,36 @@ def train_kernel(cell, rng, config):
             "norm_inf": np.linalg.norm(inf["theta"][-1])}
 
 
+def cell_work(config, part):
+    """Work of one cell of ``part`` in its non-grid parameters (``sfxlin run --plan``'s cost law,
+    :mod:`sfxlin.engine.plan`; the grid dims' costs, heads and depth among them, are fitted).
+
+    Main part (a), in token pairs: past the first layer every layer attends each of the ``L`` tokens
+    to all ``L``, ``2 n_pairs (depth_max - 1) sum L^2`` over the prompt lengths (``n_pairs`` counts the
+    pairs, the factor 2 is in the constants), plus ``MAIN_LINEAR_WORK`` per token and layer (the
+    query's read-out, the moments) and ``MAIN_OVERHEAD_WORK``; the queries are not in it (8 in place
+    of 2 did not raise a cell's cost). Training part (b), in optimiser steps: ``2 len(L_train) + 1``
+    runs (softmax and linear at every ``L``, the limit) of ``n_steps`` steps, each step the jitted
+    call's fixed cost, plus ``RUN_OVERHEAD_STEPS`` per run; the array sizes are not in it (16 pairs x
+    16 queries at L_max 128 in place of 2 x 4 at 16 cost 1.5 times as much a step)."""
+    if part == "train":
+        return (2 * len(config["L_train"]) + 1) * (config["n_steps"] + RUN_OVERHEAD_STEPS)
+    Ls, P, K = config["L"], config["n_pairs"], config["depth_max"]
+    return P * (K - 1) * sum(L * L for L in Ls) + MAIN_LINEAR_WORK * P * K * sum(Ls) + MAIN_OVERHEAD_WORK
+
+
+#: the main part's constants: warm CPU seconds of the quick cell heads=1 (``python -m sfxlin.engine.plan c3_deep
+#: --set ...``) under 8 configurations (L 8 .. 8192 in nested grids up to 3 .. 8 values, n_pairs 2 and 8,
+#: depth_max 2 and 4) fitted (least relative squares) to 4.6e-9 s per token pair, 6.3e-6 s per token and layer
+#: and 0.011 s: every one within 0.73 .. 1.35 of it
+MAIN_LINEAR_WORK = 1_350
+MAIN_OVERHEAD_WORK = 2_400_000
+#: a training run's fixed cost in steps: the quick cell depth=1, heads=1 with 10 and 40 steps costs 2.3e-4 s a step
+#: and run and 7 ms a run (3 L_train), at 16 pairs x 16 queries and 5 L_train up to 128 with 40 and 160 steps 3.0e-4
+#: s and 11 ms (``python -m sfxlin.engine.plan c3_deep --part train --set ...``)
+RUN_OVERHEAD_STEPS = 35
+
+
 _A = ("heads", "seed")
 _B = ("depth", "heads", "seed")
 VARIABLES = (
