@@ -189,6 +189,33 @@ def rf_study(cell, rng, config):
     return {"rf_sq_error": Out(err, ("rf_draw",)), "rf_constant": np.float64(rf_feature_constant(S, I, a))}
 
 
+def cell_work(config, part):
+    """Work of one cell of ``part`` in its non-grid parameters (``sfxlin run --plan``'s cost law,
+    :mod:`sfxlin.engine.plan`; the grid dims' costs, ``rf_m`` among them, are fitted). Main part:
+    each query evaluates ``n_prompts`` prompts of ``L_max`` tokens in one prefix pass, plus
+    ``MAIN_OVERHEAD_WORK``, a cell's fixed cost (the limits and the delta-method constants per L)
+    in the same units; ``rf_m_attention`` is not in it (``rf_softmax`` is one kernel of the grid,
+    whose mean cost the law fits). Stein part: the tensor rule's ``stein_nodes ** D`` nodes per
+    kernel, plus ``STEIN_OVERHEAD_WORK``. Random-feature part: ``rf_draws`` feature draws, plus
+    ``RF_OVERHEAD_WORK``."""
+    if part == "stein":
+        return config["stein_nodes"] ** len(config["Sigma"]) + STEIN_OVERHEAD_WORK
+    if part == "rf":
+        return config["rf_draws"] + RF_OVERHEAD_WORK
+    return config["n_queries"] * config["n_prompts"] * max(config["L"]) + MAIN_OVERHEAD_WORK
+
+
+#: a main cell's fixed cost in :func:`cell_work` units: warm CPU seconds of the cell kernel=softmax, r=0.5
+#: (``python -m sfxlin.engine.plan c1_kernels --cell kernel=softmax,r=0.5 --set ...`` over L_max 256 .. 16384,
+#: n_queries x n_prompts 3x8 .. 8x16) follow 0.0041 s + 5.3e-8 s per unit of work: 0.0041 / 5.3e-8
+MAIN_OVERHEAD_WORK = 77_000
+#: the Stein cell's fixed cost: 10^3 .. 90^3 nodes (D = 2, 3, 4) follow about 0.0037 s + 6.3e-7 s per node
+STEIN_OVERHEAD_WORK = 6_000
+#: a random-feature cell's fixed cost, in draws: 0.002 s, against 1.9e-6 s per draw at m = 16 and 3.0e-5 at
+#: m = 256 (1200 and 64 draws): the value at m = 64, where the part's cells are in the middle
+RF_OVERHEAD_WORK = 300
+
+
 VARIABLES = (
     Variable("mse", ("kernel", "r", "L", "seed"), "mean squared error to the kernel's own limit",
              "mean over queries and prompts of ||f_L(q) - f_inf(q)||^2, f_inf the exact limit (Stein gain; "

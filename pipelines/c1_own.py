@@ -274,6 +274,30 @@ def exact(cell, rng, config):
     }
 
 
+def cell_work(config, part):
+    """Work of one cell of ``part`` in its non-grid parameters (``sfxlin run --plan``'s cost law,
+    :mod:`sfxlin.engine.plan`; the grid dims' costs are fitted), from the configuration's tokens and
+    query set (:func:`setup`, read once per process). Main part: every prompt of ``L_max`` tokens is
+    evaluated at every query in one prefix pass, ``n_prompts * L_max * queries``, plus
+    ``MAIN_OVERHEAD_WORK``, a cell's fixed cost (the exact limits at the query set) in the same units.
+    Exact part: a softmax over the whole file and the influence functions per query, ``n * queries``,
+    plus ``EXACT_OVERHEAD_WORK``."""
+    s = setup(config)
+    Q = s.q.shape[0]
+    if part == E:
+        return s.n * Q + EXACT_OVERHEAD_WORK
+    return config["n_prompts"] * max(config["L"]) * Q + MAIN_OVERHEAD_WORK
+
+
+#: a main cell's fixed cost in :func:`cell_work` units: warm CPU seconds of the cell sampling=iid
+#: (``python -m sfxlin.engine.plan c1_own --cell sampling=iid --set ...``, built-in tokens, over L_max 128 .. 2048,
+#: n_prompts x queries 12x8 and 64x32) follow about 0.005 s + 6e-9 s per unit of work
+MAIN_OVERHEAD_WORK = 900_000
+#: the exact cell's fixed cost: 2 .. 128 queries of the digits and wine sets follow 0.0034 s + 1.2e-7 s per
+#: token and query (``python -m sfxlin.engine.plan c1_own --part exact --set n_queries=...``)
+EXACT_OVERHEAD_WORK = 29_000
+
+
 E = "exact"
 VARIABLES = (
     Variable("mse", ("sampling", "seed", "prompt", "L"), "squared error to the exact limit",

@@ -104,6 +104,21 @@ def kernel(cell, rng, config):
     }
 
 
+def cell_work(config, part):
+    """Work of one cell in its non-grid parameters (``sfxlin run --plan``'s cost law,
+    :mod:`sfxlin.engine.plan`; the grid dims' costs, the data set's size among them, are fitted):
+    each query evaluates ``n_prompts`` prompts of ``L_max`` tokens in one prefix pass, plus
+    ``CELL_OVERHEAD_WORK``, a cell's fixed cost (the token set, the exact limits over the whole set
+    and the SNIS constants) in the same units."""
+    return config["n_queries"] * config["n_prompts"] * max(config["L"]) + CELL_OVERHEAD_WORK
+
+
+#: a cell's fixed cost in :func:`cell_work` units: warm CPU seconds of the cells digits, D=5 and wine, D=2
+#: (``python -m sfxlin.engine.plan c1_real --cell dataset=digits,D=5,U_norm=0.1 --set ...`` over L_max 256 ..
+#: 8192, n_queries x n_prompts 6x8 and 16x16) follow 0.009 .. 0.011 s + 3.3 .. 3.7e-8 s per unit of work
+CELL_OVERHEAD_WORK = 290_000
+
+
 VARIABLES = (
     Variable("mse", ("dataset", "D", "U_norm", "L", "seed"), "mean squared error to the exact empirical limit",
              "mean over queries and prompts of ||f_L(q) - grad K_mu(U q)||^2, mu the data set's empirical law "

@@ -60,6 +60,7 @@ from sfxlin.concentration import SETTINGS, covariance, gradient_concentration, o
 from sfxlin.engine.params import Param, Profiles
 from sfxlin.stability import concentration_constant, gradient_gap_trajectory
 from sfxlin.engine.sweep import Experiment, Part, Variable, substream
+from sfxlin.pipelines.c2_threshold import trajectory_work
 
 NAME = "c2_concentration"
 
@@ -222,6 +223,39 @@ def constants_kernel(cell, rng, config):
     Sigma = covariance(cell["setting"], 1.0, config["traj_d"])
     return {"traj_trace_inv_sq": np.sum(np.diag(Sigma) ** -2.0),
             "traj_concentration_constant": concentration_constant(Sigma)}
+
+
+def cell_work(config, part):
+    """Work of one cell of ``part`` in its non-grid parameters (``sfxlin run --plan``'s cost law,
+    :mod:`sfxlin.engine.plan`; the grid dims' costs are fitted), in token visits of the tail part's
+    prefix passes. Main part: the tails, ``tail_queries * tail_prompts * L_max``, the two CLT Monte
+    Carlos, ``CLT_WORK`` per draw and query, and the gradients, ``GRAD_VISIT_WORK`` per token visit of
+    the ``setting x scale x grad_draws`` prompt sets at every ``L`` (one softmax(L) gradient each, over
+    ``2 grad_pairs x grad_queries`` items and ``L`` tokens) and ``GRAD_CALL_WORK`` per such gradient,
+    plus ``MAIN_OVERHEAD_WORK``. Trajectory part: :func:`~sfxlin.pipelines.c2_threshold.trajectory_work`
+    (its own units). The constants part draws nothing: None (what it cost)."""
+    if part == "trajectory":
+        return trajectory_work(config["L"], config["traj_pairs"], config["traj_queries"], config["traj_replicates"],
+                               config["traj_steps"], config["traj_ckpt_every"])
+    if part:
+        return None
+    Ls, Q = config["L"], config["tail_queries"]
+    sets = len(SETTINGS) * len(config["grad_scales"]) * config["grad_draws"]
+    return (Q * config["tail_prompts"] * max(Ls) + CLT_WORK * Q * config["clt_draws"]
+            + sets * (GRAD_VISIT_WORK * 2 * config["grad_pairs"] * config["grad_queries"] * sum(Ls)
+                      + GRAD_CALL_WORK * len(Ls))
+            + MAIN_OVERHEAD_WORK)
+
+
+#: :func:`cell_work`'s main-part constants: warm CPU seconds of the cell d=3, U_norm=0.1 under 10 configurations
+#: (``python -m sfxlin.engine.plan c2_concentration --cell d=3,U_norm=0.1,seed=0 --set ...``: tail_prompts 16 ..
+#: 4096, clt_draws 1e4 .. 2e5, grad_draws 1 .. 32, grad_pairs x grad_queries 4x2 and 8x4, L_max 256 and 2048)
+#: fitted (least relative squares) to 7.7e-8 s per tail token visit, 1.5e-7 s per CLT draw, 1.2e-8 s per
+#: gradient token visit, 1.6e-4 s per gradient and 0.0095 s: every configuration within 0.90 .. 1.11 of it
+CLT_WORK = 2
+GRAD_VISIT_WORK = 0.16
+GRAD_CALL_WORK = 2_100
+MAIN_OVERHEAD_WORK = 120_000
 
 
 _TAIL = ("d", "U_norm", "seed", "query", "L", "level")

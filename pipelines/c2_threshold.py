@@ -214,6 +214,37 @@ def family_constants_kernel(cell, rng, inputs):
             "gap_constant_family": np.float64(K), "gap_constant_family_se": np.float64(se)}
 
 
+def trajectory_work(Ls, n_pairs, n_queries, n_replicates, n_steps, ckpt_every):
+    """Work of one :func:`sfxlin.stability.gradient_gap_trajectory` call, in token visits of its gap
+    (also the trajectory part of ``c2_concentration``): at each of the ``n_steps / ckpt_every + 1``
+    checkpoints and for each prompt set, one prefix pass over the ``L_max`` tokens of every pair and
+    query; each gradient step of ``linear(inf)`` costs ``STEP_WORK`` of them (it reads no token), a
+    call ``CALL_WORK`` (the tasks, the Bayes optimum, the logit factors)."""
+    checkpoints = n_steps // ckpt_every + 1
+    return n_replicates * checkpoints * n_pairs * n_queries * max(Ls) + STEP_WORK * n_steps + CALL_WORK
+
+
+#: :func:`trajectory_work`'s constants: warm CPU seconds of 9 calls (``n_pairs`` 4 .. 48, ``L_max`` 256 .. 4096,
+#: ``n_steps`` 200 .. 5000, checkpoints every 50 .. 1000 steps, 1 .. 6 prompt sets; d = 3) fitted (least relative
+#: squares) to 1.8e-8 s per token visit + 5.8e-5 s per step + 0.0098 s: every call within 0.63 .. 1.24 of it
+STEP_WORK = 3_200
+CALL_WORK = 540_000
+
+
+def cell_work(config, part):
+    """Work of one cell of ``part`` in its non-grid parameters (``sfxlin run --plan``'s cost law,
+    :mod:`sfxlin.engine.plan`; the grid dims' costs are fitted): the main and families parts are one
+    :func:`trajectory_work` each (the families with ``family_steps`` and ``family_ckpt_every``). The
+    constants parts draw ``gap_samples`` Monte Carlo moments: None (a few milliseconds a cell, what they
+    cost in the paper file)."""
+    common = (config["L"], config["n_pairs"], config["n_queries"], config["n_replicates"])
+    if part == "":
+        return trajectory_work(*common, config["n_steps"], config["ckpt_every"])
+    if part == "families":
+        return trajectory_work(*common, config["family_steps"], config["family_ckpt_every"])
+    return None
+
+
 _FAM = ("family", "tau", "family_seed")
 _INF_NOTE = "; +inf by design for tau <= 4 (the expectation diverges)."
 

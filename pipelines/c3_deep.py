@@ -187,6 +187,41 @@ def train_kernel(cell, rng, config):
             "norm_inf": np.linalg.norm(inf["theta"][-1])}
 
 
+def cell_work(config, part):
+    """Work of one cell of ``part`` in its non-grid parameters (``sfxlin run --plan``'s cost law,
+    :mod:`sfxlin.engine.plan`; the grid dims' costs, heads among them, are fitted).
+
+    Main part (a), in token pairs: past the first layer every layer attends each of the ``L`` tokens
+    to all ``L``, ``n_pairs (depth_max - 1) sum L^2`` over the prompt lengths, plus
+    ``MAIN_LINEAR_WORK`` per pair, token and layer (the query's read-out, the moments), the JAX
+    compilation of every kernel at every ``L`` (``COMPILE_WORK`` each) and ``MAIN_OVERHEAD_WORK``; the
+    queries are not in it (8 in place of 2 did not raise a cell's cost). The compilation is paid once
+    per process and array shape, so a cell whose shapes another cell of the same process compiled
+    costs less (at the paper's sizes the compilation is a few seconds of cells of 144 .. 522 s; at
+    the quick sizes it is nearly all of a cell).
+
+    Training part (b): None (it costs what its paper cells cost). Its warm cost follows
+    ``(2 len(L_train) + 1) * (n_steps + 35)`` jitted steps (0.23 .. 0.30 ms a step, 7 .. 11 ms a run
+    more), but a cell whose shapes are new compiles 11 runs for about 5.8 s where its warm work takes
+    0.24 s (the quick cell with 16 pairs x 16 queries, L_train up to 128, 40 steps), and the paper
+    cells mix compiling and compiled ones (1.6 .. 18.9 s): no per-cell work holds within a factor 3."""
+    if part == "train":
+        return None
+    Ls, P, K = config["L"], config["n_pairs"], config["depth_max"]
+    return (P * (K - 1) * sum(L * L for L in Ls) + MAIN_LINEAR_WORK * P * K * sum(Ls)
+            + COMPILE_WORK * len(KERNELS) * len(Ls) + MAIN_OVERHEAD_WORK)
+
+
+#: the main part's constants: warm CPU seconds of the quick cell heads=1 (``python -m sfxlin.engine.plan c3_deep
+#: --set ...``) under 8 configurations (L 8 .. 8192 in nested grids of 3 .. 8 values, n_pairs 2 and 8,
+#: depth_max 2 and 4) fitted (least relative squares) to 4.6e-9 s per token pair, 6.3e-6 s per token and layer
+#: and 0.011 s: every one within 0.73 .. 1.35 of it; the quick cell's first computation in a process took 2.71 s,
+#: its second 0.008 s: 0.45 s per compiled (kernel, L), 1e8 token pairs
+MAIN_LINEAR_WORK = 1_350
+MAIN_OVERHEAD_WORK = 2_400_000
+COMPILE_WORK = 100_000_000
+
+
 _A = ("heads", "seed")
 _B = ("depth", "heads", "seed")
 VARIABLES = (

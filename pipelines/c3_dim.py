@@ -213,6 +213,16 @@ _G = ("setting", "d", "seed")
 _GM = _G + ("model",)
 _CAP = " NaN by design at an L above the cell's cap (L_caps)."
 
+def cell_work(config, part):
+    """None: no declared work holds (``sfxlin run --plan`` takes a cell to cost what the paper cells
+    cost). A cell's steps ``T`` are found by the stop rule (``tol``, ``lr``, ``T_max``): 150 .. 4325
+    across the 18 paper cells, and a quick run's ``T_max`` = 200 caps most of them, so ``T_max`` in a
+    work formula would put a quick cell at 1/40 of a paper one where it costs about 1/5; and a cell's
+    pairs and ``L`` follow its own ``d`` (``n_pairs(d)``, ``L_caps``), which a per-part work cannot
+    see."""
+    return None
+
+
 VARIABLES = (
     Variable("T_conv", _G, "steps trained T", "the first check (every check_every steps) at which the exact "
              "population risk of theta_inf(t) is <= tol x that of the Eq. 9 init; T_max when never (converged = 0).",

@@ -45,7 +45,7 @@ import numpy as np
 from sfxlin import icl, laws, training
 from sfxlin.engine.params import Param, Profiles
 from sfxlin.engine.sweep import Experiment, Part, Variable
-from sfxlin.pipelines.c3_transfer import sigmas_are_d_by_d
+from sfxlin.pipelines.c3_transfer import sigmas_are_d_by_d, train_work
 
 NAME = "c3_horizon"
 SETTINGS = ("isotropic", "anisotropic")
@@ -121,6 +121,20 @@ def kernel(cell, rng, config):
         if not np.all(np.isfinite(arr)):
             raise FloatingPointError(f"non-finite values in {name}")
     return out
+
+
+def cell_work(config, part):
+    """Work of one cell in its non-grid parameters (``sfxlin run --plan``'s cost law,
+    :mod:`sfxlin.engine.plan`; the grid dims' costs are fitted): the run's
+    :func:`~sfxlin.pipelines.c3_transfer.train_work` (the log-spaced checkpoints only store
+    parameters) plus ``CELL_OVERHEAD_WORK``, in the same units."""
+    return train_work(config["n_steps"], config["n_pairs"], config["n_queries"], config["L"]) + CELL_OVERHEAD_WORK
+
+
+#: a cell's fixed cost in :func:`cell_work` units: warm CPU seconds of the quick cell isotropic, seed 0 under 4
+#: configurations (``python -m sfxlin.engine.plan c3_horizon --set ...``: n_steps 10 .. 400, n_pairs 3 and 12,
+#: L_max 32 and 512) follow 0.0044 s + 5.4e-9 s per unit (every one within 0.78 .. 1.08 of it)
+CELL_OVERHEAD_WORK = 800_000
 
 
 _G, _GM = ("setting", "seed"), ("setting", "seed", "model")

@@ -44,6 +44,7 @@ import numpy as np
 from sfxlin import baselines, bayes, covariance, icl, laws, training
 from sfxlin.engine.params import Param, Profiles
 from sfxlin.engine.sweep import Experiment, Part, Variable
+from sfxlin.pipelines.c3_transfer import heldout_work, train_work
 
 NAME = "c3_landscape"
 MODELS = ("softmax", "linear")
@@ -146,6 +147,26 @@ def covariance_kernel(cell, rng, config):
     """Summary figures of ``Sigma = covariance.from_spec(covariance, d)``."""
     summ = covariance.summary(covariance.from_spec(cell["covariance"], cell["d"]))
     return {f"Sigma_{k}": np.float64(summ[k]) for k in covariance.SUMMARY_KEYS}
+
+
+def cell_work(config, part):
+    """Work of one cell of ``part`` in its non-grid parameters (``sfxlin run --plan``'s cost law,
+    :mod:`sfxlin.engine.plan`; the grid dims' costs, d and the label noise among them, are fitted): the
+    main run's :func:`~sfxlin.pipelines.c3_transfer.train_work`, the held-out risks at the init and at
+    ``T`` (:func:`~sfxlin.pipelines.c3_transfer.heldout_work`, ``L_eval = L_max``) and
+    ``CELL_OVERHEAD_WORK``, in the same units. The covariance part draws nothing: None (what it cost)."""
+    if part:
+        return None
+    Ls = config["L"]
+    return (train_work(config["n_steps"], config["n_pairs"], config["n_queries"], Ls)
+            + heldout_work(2, config["heldout_pairs"], config["heldout_queries"], Ls, Ls[-1]) + CELL_OVERHEAD_WORK)
+
+
+#: a cell's fixed cost in :func:`cell_work` units: warm CPU seconds of the quick cell isotropic, d = 2 under 5
+#: configurations (``python -m sfxlin.engine.plan c3_landscape --set ...``: n_steps 20 .. 400, n_pairs 3 and 12,
+#: L_max 64 .. 512, heldout_pairs x heldout_queries 8x2 and 64x4) follow 0.0071 s + 5.8e-9 s per unit
+#: (every one within 0.85 .. 1.23 of it)
+CELL_OVERHEAD_WORK = 1_200_000
 
 
 _G = ("covariance", "noise", "d", "mean_norm", "seed")

@@ -40,6 +40,7 @@ import numpy as np
 from sfxlin import icl, training
 from sfxlin.engine.params import Param, Profiles
 from sfxlin.engine.sweep import Experiment, Part, Variable
+from sfxlin.pipelines.c3_transfer import HELDOUT_VISIT_WORK, train_work
 from sfxlin.laws import Empirical
 from sfxlin.realdata import DATASETS, token_set
 
@@ -137,6 +138,28 @@ def kernel(cell, rng, config):
         if not np.all(np.isfinite(arr)):
             raise FloatingPointError(f"non-finite values in {name}")
     return out
+
+
+def cell_work(config, part):
+    """Work of one cell in its non-grid parameters (``sfxlin run --plan``'s cost law,
+    :mod:`sfxlin.engine.plan`; the grid dims' costs are fitted) in
+    :func:`~sfxlin.pipelines.c3_transfer.train_work` units: the run, whose softmax(inf) reads the
+    whole support of the data set (``support``: the mean number of atoms over ``datasets``), the
+    held-out risks every ``heldout_every`` steps (softmax(L) at its ``L``, and two softmax(inf)
+    evaluations over the support, ``HELDOUT_VISIT_WORK`` per token visit) and ``CELL_OVERHEAD_WORK``."""
+    Ls = config["L"]
+    support = float(np.mean([token_set(name, 1).shape[0] for name in config["datasets"]]))
+    evals = config["n_steps"] // config["heldout_every"] + 1
+    return (train_work(config["n_steps"], config["n_pairs"], config["n_queries"], Ls, support)
+            + HELDOUT_VISIT_WORK * evals * config["heldout_pairs"] * config["heldout_queries"] * (sum(Ls) + 2 * support)
+            + CELL_OVERHEAD_WORK)
+
+
+#: a cell's fixed cost in :func:`cell_work` units: warm CPU seconds of the quick cell wine, d = 3 under 5
+#: configurations (``python -m sfxlin.engine.plan c3_real --cell dataset=wine,d=3,seed=0 --set ...``: n_steps
+#: 20 .. 400, n_pairs 2 and 12, L_max 64 and 512, heldout_pairs x heldout_queries 4x2 and 32x4) follow
+#: 0.016 s + 4.7e-9 s per unit (every one within 0.76 .. 1.35 of it)
+CELL_OVERHEAD_WORK = 3_500_000
 
 
 _G = ("dataset", "d", "seed")

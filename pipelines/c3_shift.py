@@ -41,7 +41,7 @@ import numpy as np
 from sfxlin import icl, laws, shift, training
 from sfxlin.engine.params import Param, Profiles
 from sfxlin.engine.sweep import Experiment, Part, Variable
-from sfxlin.pipelines.c3_transfer import sigmas_are_d_by_d
+from sfxlin.pipelines.c3_transfer import sigmas_are_d_by_d, train_work
 
 NAME = "c3_shift"
 SETTINGS = ("isotropic", "anisotropic")
@@ -141,6 +141,29 @@ def kernel(cell, rng, config):
         if not np.all(finite):
             raise FloatingPointError(f"non-finite values in {name}")
     return out
+
+
+def cell_work(config, part):
+    """Work of one cell in its non-grid parameters (``sfxlin run --plan``'s cost law,
+    :mod:`sfxlin.engine.plan`; the grid dims' costs are fitted) in
+    :func:`~sfxlin.pipelines.c3_transfer.train_work` units: the training (softmax(L) at every ``L``
+    and linear(inf)), then per shift every trained theta (``len(L) + 1``) evaluated on the
+    ``2 heldout_pairs x heldout_queries`` shifted items at every ``L_eval`` (``EVAL_VISIT_WORK`` per token
+    visit) and its fixed cost ``SHIFT_WORK`` (the shifted prompts, the ridge and PGD baselines), plus
+    ``CELL_OVERHEAD_WORK``."""
+    Ls, Le = config["L"], config["L_eval"]
+    evals = len(config["shifts"]) * (len(Ls) + 1) * 2 * config["heldout_pairs"] * config["heldout_queries"] * sum(Le)
+    return (train_work(config["n_steps"], config["n_pairs"], config["n_queries"], Ls) + EVAL_VISIT_WORK * evals
+            + SHIFT_WORK * len(config["shifts"]) + CELL_OVERHEAD_WORK)
+
+
+#: :func:`cell_work`'s constants: warm CPU seconds of the quick cell isotropic, seed 0 under 9 configurations
+#: (``python -m sfxlin.engine.plan c3_shift --set ...``: n_steps 10 .. 400, 1 .. 6 shifts, heldout_pairs x
+#: heldout_queries 4x2 .. 128x4, L_eval up to 2048) fitted (least relative squares) to 4.1e-9 s per training token
+#: visit, 1.5e-8 s per evaluated token visit, 0.0025 s per shift and 0.0041 s: every one within 0.64 .. 1.06 of it
+EVAL_VISIT_WORK = 3.6
+SHIFT_WORK = 620_000
+CELL_OVERHEAD_WORK = 1_000_000
 
 
 _G = ("setting", "seed")

@@ -333,6 +333,60 @@ def _perturbed_run(tasks, Ls, d, Sigma, direction, U, v, config, kw):
     }
 
 
+# --------------------------------------------------------------------------- cost (sfxlin run --plan)
+
+
+def train_work(n_steps, n_pairs, n_queries, Ls, support=0):
+    """Work of :func:`sfxlin.training.train_all_arrays` (softmax(L) at every ``L``, linear models),
+    in token visits (docs/performance.md section 5; shared by the C3 pipelines): a step reads the
+    ``sum L`` tokens of every antithetic pair and query (the partners share them; ``support``: the
+    atoms of a softmax(inf) model on an empirical law, one more "prompt"), plus ``BLOCK_WORK`` per
+    pair, query and prompt length (the per-L bookkeeping) and ``STEP_WORK`` (the step's fixed cost:
+    the linear models, the parameter updates)."""
+    n_blocks = len(Ls) + (support > 0)
+    return n_steps * (n_pairs * n_queries * (sum(Ls) + support + BLOCK_WORK * n_blocks) + STEP_WORK)
+
+
+def heldout_work(n_evals, n_pairs, n_queries, Ls, L_eval):
+    """Work of ``n_evals`` calls of :func:`sfxlin.training.heldout_risks` in :func:`train_work` units:
+    every softmax(L) at its ``L`` and, with linear(inf), at ``L_eval``, ``HELDOUT_VISIT_WORK`` per
+    token visit (one engine call per model at ``L_eval``)."""
+    return HELDOUT_VISIT_WORK * n_evals * n_pairs * n_queries * (sum(Ls) + (len(Ls) + 1) * L_eval)
+
+
+#: :func:`train_work`'s constants: warm CPU seconds of ``train_all_arrays`` (softmax, linear, linear_inf; d = 3)
+#: at 8 configurations (n_pairs 2 .. 48, L_max 64 .. 4096, 20 and 100 steps; the per-step cost from the
+#: difference) fitted to 4.7e-9 s per token visit + 6.5e-7 s per (pair, query, L) block + 3.9e-4 s a step:
+#: every configuration within 0.74 .. 1.21 of it, but the smallest (2 pairs, L_max 64: 2.06)
+BLOCK_WORK = 140
+STEP_WORK = 83_000
+#: a held-out token visit in training visits: c3_transfer cells with 4 .. 16 M held-out visits (heldout_pairs 64 and
+#: 256 x 4 queries, L_eval 1024 and 4096) cost 1.0 .. 1.2e-8 s per visit more than without, 2.2 times 4.7e-9
+HELDOUT_VISIT_WORK = 2.2
+
+
+def cell_work(config, part):
+    """Work of one cell in its non-grid parameters (``sfxlin run --plan``'s cost law,
+    :mod:`sfxlin.engine.plan`; the grid dims' costs are fitted): the main run's
+    :func:`train_work` (twice with ``perturbed_run``), the held-out evaluations
+    (:func:`heldout_work`, every ``heldout_every`` steps) and ``CELL_OVERHEAD_WORK``, a cell's fixed
+    cost (the tasks, the baselines, the off-block curvature along the checkpoints) in the same units.
+    A cell outside the protocol (a control seed beyond ``n_seeds_control``) computes nothing; the law's
+    mean over the paper cells counts them as they were."""
+    Ls = config["L"]
+    runs = 2 if config["perturbed_run"] else 1
+    evals = config["n_steps"] // config["heldout_every"] + 1
+    return (runs * train_work(config["n_steps"], config["n_pairs"], config["n_queries"], Ls)
+            + heldout_work(evals, config["heldout_pairs"], config["heldout_queries"], Ls, config["L_eval"])
+            + CELL_OVERHEAD_WORK)
+
+
+#: a cell's fixed cost in :func:`cell_work` units: warm CPU seconds of the quick cell isotropic, seed 0 with 20 steps
+#: (``python -m sfxlin.engine.plan c3_transfer --set perturbed_run=false,n_steps=20,heldout_every=20``: 0.016 s)
+#: less its 1.8 M units of training at 4.7e-9 s
+CELL_OVERHEAD_WORK = 1_500_000
+
+
 # --------------------------------------------------------------------------- declarations
 
 _NAN = " NaN where in_protocol = 0 (a cell outside the protocol, not computed)."
