@@ -1,7 +1,11 @@
-"""Shared fixtures: the toy experiment, a laziness guard, a computed toy dataset."""
+"""Shared fixtures: the toy experiment, a laziness guard, a computed toy dataset; one fresh JAX
+compilation cache for the whole run."""
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +15,18 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import toy_experiment  # noqa: E402
+
+# one JAX compilation cache (sfxlin.models._jax) for every process of this run, made here by the
+# controlling process before any imports JAX: xdist workers, pool workers and CLI subprocesses
+# inherit it through the environment, so a program compiled by one is loaded by the others; fresh,
+# so no run of the suite depends on a cache an earlier run left, or writes into the user's
+# (SFXLIN_JAX_CACHE set beforehand is kept: =off measures the suite without the cache)
+if "PYTEST_XDIST_WORKER" not in os.environ and "SFXLIN_JAX_CACHE" not in os.environ:
+    _JAX_CACHE = tempfile.mkdtemp(prefix="sfxlin-tests-jax-cache-")
+    os.environ["SFXLIN_JAX_CACHE"] = _JAX_CACHE
+
+    def pytest_unconfigure(config):
+        shutil.rmtree(_JAX_CACHE, ignore_errors=True)
 
 
 from sfxlin.testing import DaskComputed, raise_if_dask_computes  # noqa: E402,F401  (re-exported for the tests)

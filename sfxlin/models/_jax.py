@@ -1,11 +1,29 @@
-"""The one place sfxlin imports JAX: with float64 enabled before any array is made.
+"""The one place sfxlin imports JAX: with float64 enabled before any array is made, and compiled
+programs kept on disk between processes.
 
 ``import sfxlin`` and the command line never import this module; :mod:`sfxlin.models` does, and
 the JAX weights of :mod:`sfxlin.kernels` at their first call.
 ``jax_enable_x64`` is a JAX-wide switch: it changes the default dtype of JAX arrays made in this
 process (to float64) and nothing outside JAX.
+
+**Compilation cache.** Every process that runs the model family compiles its programs anew: a
+quick ``c3_deep`` run compiles about 20, in every pool worker, each under JAX's own 1 s threshold
+for its persistent cache (switched on alone, that cache kept none of them). Unless the user
+configured JAX's cache (``JAX_COMPILATION_CACHE_DIR``), this module turns it on in
+:func:`cache_dir` with no compile-time threshold, so later processes load the compiled programs
+(docs/performance.md section 9 has the measured gain). A loaded program is the compiled one: the
+bits do not change (tests/test_jax_cache.py). JAX keys an entry on the program, its compile
+options, the backend and the jax/jaxlib versions.
+
+``SFXLIN_JAX_CACHE=off`` turns it off; ``SFXLIN_JAX_CACHE=DIR`` moves it. A cache folder is
+trusted code: keep it where only you write (JAX's own warning). A quick ``c3_deep`` run adds about
+300 kB; the folder is bounded by :data:`CACHE_MAX_BYTES` and can be deleted at any time.
 """
 from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
 
 import jax
 
@@ -13,4 +31,39 @@ jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402  (after the float64 switch)
 
-__all__ = ["jax", "jnp"]
+__all__ = ["jax", "jnp", "cache_dir", "CACHE_MAX_BYTES"]
+
+#: bound of the cache folder: JAX evicts the least recently used programs beyond it. Setting a bound
+#: also makes JAX take a file lock (the ``filelock`` package) around every read and write of the
+#: folder, so a worker never reads an entry another worker is still writing
+CACHE_MAX_BYTES = 1 << 30
+
+
+def cache_dir(environ=os.environ):
+    """The folder of the compilation cache this module sets up: ``$SFXLIN_JAX_CACHE``, else
+    ``$XDG_CACHE_HOME/sfxlin/jax`` (``~/.cache/sfxlin/jax``); None when ``SFXLIN_JAX_CACHE=off``
+    or when the user set JAX's own ``JAX_COMPILATION_CACHE_DIR`` (then JAX's settings apply)."""
+    if environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return None
+    chosen = environ.get("SFXLIN_JAX_CACHE", "")
+    if chosen.lower() == "off":
+        return None
+    if chosen:
+        return Path(chosen).expanduser()
+    return Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sfxlin" / "jax"
+
+
+def _enable_cache(folder):
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        warnings.warn(f"sfxlin: JAX compilation cache off: cannot create {folder} ({exc}); programs are compiled "
+                      "in every process (SFXLIN_JAX_CACHE=DIR moves the cache, =off silences this)", stacklevel=3)
+        return
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
+
+
+if cache_dir() is not None and not jax.config.jax_compilation_cache_dir:
+    _enable_cache(cache_dir())
