@@ -87,6 +87,9 @@ def test_scheduler_labels():
     ({"scheduler": "distributed"}, "unknown scheduler"),
     ({"workers": 0}, "workers must be >= 1"),
     ({"workers": -2}, "workers must be >= 1"),
+    ({"scheduler": "processes", "workers": 2}, "at most one of scheduler, workers and address, got scheduler and workers"),
+    ({"scheduler": "threads", "address": "tcp://node1:8786"}, "got scheduler and address"),
+    ({"workers": 2, "address": "tcp://node1:8786"}, "got workers and address"),
 ])
 def test_bad_arguments(toy, toy_config, kwargs, match):
     ds = build(toy.EXPERIMENT, toy_config)

@@ -181,7 +181,9 @@ def compute(ds: xr.Dataset, scheduler=None, workers=None, address=None, progress
     attrs record ``wall_seconds``, ``scheduler`` and, on a local scheduler, ``cell_timeline``
     (JSON of :class:`CellTimeline`: each block of cells with its thread, start and end).
 
-    Shows a progress bar counting blocks of cells with an ETA locally (:class:`CellProgress`),
+    At most one of ``scheduler`` (a local one), ``workers`` (a new LocalCluster of that many
+    processes) and ``address`` (an existing cluster) is given: ValueError otherwise, since the
+    others would be ignored. Shows a progress bar counting blocks of cells with an ETA locally (:class:`CellProgress`),
     the distributed progress bar (one bar per task kind, ``*-block`` being the cells) under a
     Client, unless ``progress`` is False.
     """
@@ -189,6 +191,10 @@ def compute(ds: xr.Dataset, scheduler=None, workers=None, address=None, progress
         raise ValueError(f"unknown scheduler {scheduler!r}; expected one of {LOCAL_SCHEDULERS}")
     if workers is not None and int(workers) < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
+    chosen = [name for name, value in (("scheduler", scheduler), ("workers", workers), ("address", address))
+              if value is not None]
+    if len(chosen) > 1:   # each picks where the cells run: a second one would be silently ignored
+        raise ValueError(f"give at most one of scheduler, workers and address, got {' and '.join(chosen)}")
     label = scheduler_label(scheduler, workers, address)
     start = time.perf_counter()
     with _client(workers, address) as client:
