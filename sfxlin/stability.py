@@ -136,14 +136,8 @@ def gap_constant(Sigma, n_queries, rng, n_samples=1 << 18):
 def _features(X):
     """Token features ``[1, x_1..x_d, x_i x_j (i <= j)]``: ``X (..., L, d) -> (..., L, nf)``."""
     d = X.shape[-1]
-    Phi = np.empty(X.shape[:-1] + (1 + d + d * (d + 1) // 2,))
-    Phi[..., 0] = 1.0
-    Phi[..., 1:d + 1] = X
-    k = d + 1
-    for i in range(d):   # row i of the upper triangle, written in place (no gathered copies of X)
-        np.multiply(X[..., i:i + 1], X[..., i:], out=Phi[..., k:k + d - i])
-        k += d - i
-    return Phi
+    iu = np.triu_indices(d)
+    return np.concatenate([np.ones(X.shape[:-1] + (1,)), X, X[..., iu[0]] * X[..., iu[1]]], axis=-1)
 
 
 def _group_size(tasks):
