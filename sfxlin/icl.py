@@ -393,13 +393,14 @@ def _softmax_moments(U, Z, z_q, v=None, weights=None):
     phi = np.empty((n, nf, L))
     phi[:, 0] = 1.0
     phi[:, 1:D + 1] = X
+    Xc = phi[:, 1:D + 1]          # the same values, tokens contiguous: the products below read these
     if pairs:
         k = D + 1
         for i in range(D):
-            np.multiply(X[:, i:i + 1], X[:, i:], out=phi[:, k:k + D - i])
+            np.multiply(Xc[:, i:i + 1], Xc[:, i:], out=phi[:, k:k + D - i])
             k += D - i
     elif v is not None:
-        np.multiply(X, (v @ X)[:, None], out=phi[:, D + 1:])
+        np.multiply(Xc, (v @ X)[:, None], out=phi[:, D + 1:])
     weights = token_weights(weights, L)
     if weights is not None:
         phi *= weights

@@ -284,6 +284,7 @@ class Gaussian(Law):
         eigval = np.where(eigval <= self.D * np.finfo(float).eps * max(eigval.max(), 0.0), 0.0, eigval)
         self._root = eigvec * np.sqrt(eigval)  # cov = root @ root.T
         self._std = np.sqrt(np.diag(cov)) if np.array_equal(cov, np.diag(np.diag(cov))) else None
+        self._unit = self._std is not None and bool(np.all(self._std == 1.0))   # x * 1.0 is x, bit for bit
 
     @classmethod
     def isotropic(cls, D, sigma=1.0):
@@ -311,9 +312,12 @@ class Gaussian(Law):
     def sample(self, rng, shape=()):
         shape = _check_shape(shape)
         g = rng.standard_normal(shape + (self.D,))
-        if self._std is not None:  # diagonal covariance: no matmul
-            return self.mean + g * self._std
-        return self.mean + g @ self._root.T
+        if self._std is None:
+            g = g @ self._root.T
+        elif not self._unit:   # diagonal covariance: no matmul (and no product by a unit std)
+            g *= self._std
+        g += self.mean         # in place: the bits of mean + g, without a temporary
+        return g
 
     def tilted_mean(self, a):
         a = _check_a(a, self.D)

@@ -144,26 +144,47 @@ def _group_size(tasks):
     return 2 if tasks.paired else 1
 
 
-def _softmax_moments_all(U, tasks, XT, Phi, Ls):
-    """``E_p x (t, n, q, L, d)`` and ``E_p x x^T (t, n, q, L, d, d)`` of ``softmax(L)`` at the
-    parameters ``U (t, D, D)`` on the prompt covariates of each group of tasks sharing them
-    (antithetic pairs when ``tasks.paired``): ``XT (groups, d, L_max)``, features
-    ``Phi (groups, L_max, nf)``; labels are ``w^T x`` (noiseless)."""
+def _param_terms(U, v, tasks):
+    """The prompt-free terms of the gap at the parameters ``U (t, D, D)``, ``v (t, D)``, computed
+    once and shared by every prompt set: the logit coefficients of each group's columns ``Bp``
+    (:func:`_softmax_moments_all`) and ``u``, ``r_inf h``, ``r_inf Gamma_w v`` of linear(inf)
+    (:func:`_grad_diff`)."""
     d, n, q = tasks.d, tasks.n_tasks, tasks.n_queries
     nt = U.shape[0]
     g = _group_size(tasks)
     npair = n // g
-    edges = (0,) + tuple(Ls)
-    nL = len(Ls)
-    xq = tasks.x_q                                                  # (n, q, d)
+    Sigma, w, xq, yq = tasks.Sigma, tasks.w, tasks.x_q, tasks.y_q
     a = np.einsum("tij,nqj->tnqi", U[:, :, :d], xq)                 # a = U z_q  (t, n, q, D)
-    b = a[..., :d] + a[..., d:] * tasks.w[None, :, None, :]         # (t, n, q, d)
+    b = a[..., :d] + a[..., d:] * w[None, :, None, :]               # logit coefficients (t, n, q, d)
     shared = g == 2 and not np.any(U[:, d, :d])                     # partners: identical logits
     ge = 1 if shared else g
     # columns per pair: (t, partner, query)
     Bfull = b.reshape(nt, npair, g, q, d)[:, :, :ge]                 # (t, npair, ge, q, d)
     Bp = np.ascontiguousarray(Bfull.transpose(1, 0, 2, 3, 4)).reshape(npair, nt * ge * q, d)
-    _, P = softmax_core.prefix_moments(np.swapaxes(Phi, 1, 2), edges, A=Bp, X=XT)   # (nL, npair, C, nf)
+    u = v[:, None, :d] + v[:, None, d:] * w[None]                   # z . v = x . u   (t, n, d)
+    # linear(inf): h = Gamma_w a = (Sigma b, w . Sigma b), Gamma_w v = (Sigma u, w . Sigma u)
+    Sb = b @ Sigma
+    Su = u @ Sigma
+    h = np.concatenate([Sb, np.einsum("tnqi,ni->tnq", Sb, w)[..., None]], axis=-1)
+    Gv = np.concatenate([Su, np.einsum("tni,ni->tn", Su, w)[..., None]], axis=-1)   # (t, n, D)
+    r_inf = np.einsum("tnqi,tni->tnq", Sb, u) - yq                  # (t, n, q)
+    return {"nt": nt, "ge": ge, "Bp": Bp, "u": u,
+            "rh": (r_inf[..., None] * h)[:, :, :, None, :],                       # (t, n, q, 1, D)
+            "rGv": r_inf[..., None, None] * Gv[:, :, None, None, :]}               # (t, n, q, 1, D)
+
+
+def _softmax_moments_all(terms, tasks, XT, Phi, Ls):
+    """``E_p x (t, n, q, L, d)`` and ``E_p x x^T (t, n, q, L, d, d)`` of ``softmax(L)`` at the
+    parameters of ``terms`` (:func:`_param_terms`) on the prompt covariates of each group of tasks
+    sharing them (antithetic pairs when ``tasks.paired``): ``XT (groups, d, L_max)``, features
+    ``Phi (groups, L_max, nf)``; labels are ``w^T x`` (noiseless)."""
+    d, n, q = tasks.d, tasks.n_tasks, tasks.n_queries
+    nt, ge = terms["nt"], terms["ge"]
+    g = _group_size(tasks)
+    npair = n // g
+    edges = (0,) + tuple(Ls)
+    nL = len(Ls)
+    _, P = softmax_core.prefix_moments(np.swapaxes(Phi, 1, 2), edges, A=terms["Bp"], X=XT)   # (nL, npair, C, nf)
     out = softmax_core.normalised(P).transpose(1, 2, 0, 3).reshape(npair, nt, ge, q, nL, -1)
     if ge != g:
         out = np.broadcast_to(out, (npair, nt, g, q, nL, out.shape[-1]))
@@ -173,20 +194,13 @@ def _softmax_moments_all(U, tasks, XT, Phi, Ls):
     return m1, m2
 
 
-def _grad_diff(U, v, tasks, m1, m2):
-    """Per task ``grad R_L - grad R_inf``: ``dU (t, n, L, D, d)`` (the last column of the ``U``
-    gradient, ``z_q[d] = 0``, is identically 0 and omitted) and ``dv (t, n, L, D)``."""
-    d, q = tasks.d, tasks.n_queries
-    Sigma, w, xq, yq = tasks.Sigma, tasks.w, tasks.x_q, tasks.y_q
-    a = np.einsum("tij,nqj->tnqi", U[:, :, :d], xq)                 # (t, n, q, D)
-    b = a[..., :d] + a[..., d:] * w[None, :, None, :]               # logit coefficients
-    u = v[:, None, :d] + v[:, None, d:] * w[None]                   # z . v = x . u   (t, n, d)
-    # linear(inf): h = Gamma_w a = (Sigma b, w . Sigma b), Gamma_w v = (Sigma u, w . Sigma u)
-    Sb = b @ Sigma
-    Su = u @ Sigma
-    h = np.concatenate([Sb, np.einsum("tnqi,ni->tnq", Sb, w)[..., None]], axis=-1)
-    Gv = np.concatenate([Su, np.einsum("tni,ni->tn", Su, w)[..., None]], axis=-1)   # (t, n, D)
-    r_inf = np.einsum("tnqi,tni->tnq", Sb, u) - yq                  # (t, n, q)
+def _grad_diff(terms, tasks, m1, m2):
+    """Per task ``grad R_L - grad R_inf`` at the parameters of ``terms`` (:func:`_param_terms`):
+    ``dU (t, n, L, D, d)`` (the last column of the ``U`` gradient, ``z_q[d] = 0``, is identically
+    0 and omitted) and ``dv (t, n, L, D)``."""
+    q = tasks.n_queries
+    w, xq, yq = tasks.w, tasks.x_q, tasks.y_q
+    u = terms["u"]
     # softmax(L): mbar = (m1, w . m1), E_p[z (z . v)] = (m2 u, w . m2 u)
     pred = np.einsum("tnqli,tni->tnql", m1, u)
     r = pred - yq[None, :, :, None]                                 # (t, n, q, L)
@@ -194,32 +208,43 @@ def _grad_diff(U, v, tasks, m1, m2):
     mbar = np.concatenate([m1, np.einsum("tnqli,ni->tnql", m1, w)[..., None]], axis=-1)
     Ezv = np.concatenate([m2u, np.einsum("tnqli,ni->tnql", m2u, w)[..., None]], axis=-1)
     Cv = Ezv - mbar * pred[..., None]                               # C v   (t, n, q, L, D)
-    dv = (r[..., None] * mbar - (r_inf[..., None] * h)[:, :, :, None, :]).mean(axis=2)  # (t, n, L, D)
-    c = r[..., None] * Cv - (r_inf[..., None, None] * Gv[:, :, None, None, :])          # (t, n, q, L, D)
+    dv = (r[..., None] * mbar - terms["rh"]).mean(axis=2)           # (t, n, L, D)
+    c = r[..., None] * Cv - terms["rGv"]                            # (t, n, q, L, D)
     dU = np.einsum("tnqli,nqj->tnlij", c, xq) / q                   # (t, n, L, D, d); column d is 0
     return dU, dv
 
 
-def _gap_sums(U, v, tasks, X, Ls, t_chunk=None):
-    """Sums over tasks of the squared gaps for one prompt set given by its group covariates
-    ``X (groups, L_max, d)``: ``(task (nt, nL), risk (nt, nL))`` where ``task`` is the mean over
-    tasks of ``||grad R_L^task - grad R_inf^task||^2`` and ``risk`` is ``||mean over tasks of the
-    difference||^2``."""
-    d = tasks.d
-    nt, nL = U.shape[0], len(Ls)
-    X = np.ascontiguousarray(X, dtype=float)
-    XT = np.ascontiguousarray(X.transpose(0, 2, 1))
-    Phi = _features(X)
-    if t_chunk is None:   # bound the (t, n, q, L, d, d) moment arrays to ~32 MB
+def _param_chunks(U, v, tasks, nL, t_chunk=None):
+    """The parameter points in chunks (``t_chunk`` bounds the points evaluated together; default:
+    the ``(t, n, q, L, d, d)`` moment arrays within ~32 MB), each ``(slice, _param_terms)``."""
+    d, nt = tasks.d, U.shape[0]
+    if t_chunk is None:
         per_t = tasks.n_tasks * tasks.n_queries * nL * (d * d + 4 * (d + 1)) * 8
         t_chunk = int(max(1, min(nt, (32 << 20) // max(per_t, 1))))
-    sq_task = np.empty((nt, nL))
-    sq_risk = np.empty((nt, nL))
+    chunks = []
     with np.errstate(under="ignore"):
         for lo in range(0, nt, t_chunk):
             sl = slice(lo, min(nt, lo + t_chunk))
-            m1, m2 = _softmax_moments_all(U[sl], tasks, XT, Phi, Ls)
-            dU, dv = _grad_diff(U[sl], v[sl], tasks, m1, m2)
+            chunks.append((sl, _param_terms(U[sl], v[sl], tasks)))
+    return chunks
+
+
+def _gap_sums(chunks, tasks, X, Ls):
+    """Sums over tasks of the squared gaps for one prompt set given by its group covariates
+    ``X (groups, L_max, d)``, at the parameter points of ``chunks`` (:func:`_param_chunks`):
+    ``(task (nt, nL), risk (nt, nL))`` where ``task`` is the mean over tasks of
+    ``||grad R_L^task - grad R_inf^task||^2`` and ``risk`` is ``||mean over tasks of the
+    difference||^2``."""
+    nt, nL = chunks[-1][0].stop, len(Ls)
+    X = np.ascontiguousarray(X, dtype=float)
+    XT = np.ascontiguousarray(X.transpose(0, 2, 1))
+    Phi = _features(X)
+    sq_task = np.empty((nt, nL))
+    sq_risk = np.empty((nt, nL))
+    with np.errstate(under="ignore"):
+        for sl, terms in chunks:
+            m1, m2 = _softmax_moments_all(terms, tasks, XT, Phi, Ls)
+            dU, dv = _grad_diff(terms, tasks, m1, m2)
             sq_task[sl] = (np.sum(dU ** 2, axis=(-2, -1)) + np.sum(dv ** 2, axis=-1)).mean(axis=1)
             sq_risk[sl] = np.sum(dU.mean(axis=1) ** 2, axis=(-2, -1)) + np.sum(dv.mean(axis=1) ** 2, axis=-1)
     return sq_task, sq_risk
@@ -283,8 +308,9 @@ def gradient_gap(U, v, tasks, prompts, Ls, *, kind="task", t_chunk=None):
         raise ValueError("tasks.paired but antithetic partners do not share their prompt covariates")
     sq_task = np.zeros((U.shape[0], len(Ls)))
     sq_risk = np.zeros((U.shape[0], len(Ls)))
+    chunks = _param_chunks(U, v, tasks, len(Ls), t_chunk)   # the prompt-free terms, once for every set
     for xr_ in x:
-        a, b = _gap_sums(U, v, tasks, xr_[::g], Ls, t_chunk)
+        a, b = _gap_sums(chunks, tasks, xr_[::g], Ls)
         sq_task += a
         sq_risk += b
     return _finish(sq_task, sq_risk, prompts.shape[0], kind)
@@ -348,9 +374,10 @@ def gradient_gap_trajectory(rng, Sigma, Ls, *, n_pairs, n_queries, n_replicates,
     v = np.asarray(v, dtype=float)
     sq_task = np.zeros((U.shape[0], len(Ls)))
     sq_risk = np.zeros((U.shape[0], len(Ls)))
+    chunks = _param_chunks(U, v, tasks, len(Ls))   # the prompt-free terms, once for every replicate
     for r in range(int(n_replicates)):   # replicate 0: the tasks' own prompts; then fresh covariates
         X = tasks.Z[::2, :, :d] if r == 0 else np.asarray(law.sample(rng, (n_pairs, Ls[-1])), dtype=float)
-        a, b = _gap_sums(U, v, tasks, X, Ls)
+        a, b = _gap_sums(chunks, tasks, X, Ls)
         sq_task += a
         sq_risk += b
     gaps = _finish(sq_task, sq_risk, int(n_replicates), "both", label)

@@ -278,8 +278,10 @@ class _ItemSum:
     ``N = n_tasks * n_queries``): plain, or antithetic partners first (tasks ``2i`` and
     ``2i + 1``), which makes the sum of exactly opposite contributions exactly zero.
 
-    ``total(T (..., N)) -> (...)``; ``outer(T (..., N), X (N, m)) = sum_n T[..., n] X[n] ->
-    (..., m)`` for an item array ``X`` equal across antithetic partners (e.g. query points).
+    ``total(T (..., N)) -> (...)``; ``outer(T (..., N), items(X)) = sum_n T[..., n] X[n] ->
+    (..., m)`` for an item array ``X (N, m)`` equal across antithetic partners (e.g. query points):
+    ``items(X)``, the rows the sum reads (the first partner's when ``pair_first``), is taken once
+    by the caller, not at every step.
     """
 
     def __init__(self, n_tasks, n_queries, pair_first):
@@ -294,10 +296,13 @@ class _ItemSum:
     def total(self, T):
         return self._fold(T).sum(axis=-1)
 
-    def outer(self, T, X):
-        if self.pair_first:
-            X = X.reshape((self.n // 2, 2 * self.q) + X.shape[1:])[:, : self.q].reshape((-1,) + X.shape[1:])
-        return self._fold(T) @ X
+    def items(self, X):
+        if not self.pair_first:
+            return X
+        return X.reshape((self.n // 2, 2 * self.q) + X.shape[1:])[:, : self.q].reshape((-1,) + X.shape[1:])
+
+    def outer(self, T, X_items):
+        return self._fold(T) @ X_items
 
 
 class SoftmaxPrefixEngine:
@@ -363,6 +368,7 @@ class SoftmaxPrefixEngine:
         self.XQ = tasks.x_q.reshape(self.N, d)                  # (N, d)
         self.YQ = tasks.y_q.reshape(self.N)
         self.sum_items = _ItemSum(n, q, pair_first)
+        self.XQ_items = self.sum_items.items(self.XQ)
         iu = np.triu_indices(d)
         nquad = len(iu[0])
         # feature rows: [x_i y (d) | 1 | x_i (d) | x_i x_j (nquad)]
@@ -516,8 +522,8 @@ class SoftmaxPrefixEngine:
         gv[:, :d] = s.total(rm1).T / N
         gv[:, d] = s.total((rm1 * WT[:, None, :]).sum(axis=0)) / N
         gU = np.zeros((nL, D, D))                                  # z_q = (x_q, 0): last column 0
-        gU[:, :d, :d] = s.outer(rc, self.XQ).transpose(1, 0, 2) / N
-        gU[:, d, :d] = s.outer((rc * WT[:, None, :]).sum(axis=0), self.XQ) / N
+        gU[:, :d, :d] = s.outer(rc, self.XQ_items).transpose(1, 0, 2) / N
+        gU[:, d, :d] = s.outer((rc * WT[:, None, :]).sum(axis=0), self.XQ_items) / N
         return risk, gU, gv
 
 
@@ -539,6 +545,7 @@ class LinearEngine:
         if pair_first and (pair_structure(tasks) if _group is None else _group) != 2:
             raise ValueError("pair_first needs tasks in exact antithetic pairs sharing covariates")
         self.sum_items = _ItemSum(n, q, pair_first)
+        self.zq_items = self.sum_items.items(self.zq)
 
     def step(self, U, v):
         nL, n, q, D, N = U.shape[0], self.n, self.q, self.D, self.N
@@ -555,7 +562,7 @@ class LinearEngine:
         s = self.sum_items
         risk = 0.5 * s.total(r * r) / N
         gv = s.total(r[:, None, :] * h) / N
-        gU = s.outer(rGtv, self.zq) / N
+        gU = s.outer(rGtv, self.zq_items) / N
         return risk, gU, gv
 
 

@@ -30,8 +30,9 @@ def finite_array(x, name) -> np.ndarray:
     """``x`` as a float64 array with finite entries only; ``ValueError`` naming ``name``, the number
     of non-finite entries and the first one's index otherwise (``TypeError`` if not numeric)."""
     a = numeric_array(x, name)
-    bad = ~np.isfinite(a)
-    if bad.any():
+    finite = np.isfinite(a)
+    if not finite.all():   # (the mask is inverted only to report the bad entries)
+        bad = ~finite
         first = tuple(int(i) for i in np.argwhere(bad)[0])
         raise ValueError(f"{name} must be finite: {int(bad.sum())} non-finite entries, the first ({a[first]}) "
                          f"at index {first}")

@@ -332,6 +332,19 @@ def test_operand_shape_errors_name_the_argument(fn, which, bad, match):
         fn(**args)
 
 
+def test_finite_array_passes_finite_input_and_locates_the_first_bad_entry():
+    from sfxlin.validation import finite_array
+
+    x = np.arange(12).reshape(3, 4)
+    got = finite_array(x, "Z")
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, x)
+    bad = x.astype(float)
+    bad[1, 2], bad[2, 0] = np.inf, np.nan
+    with pytest.raises(ValueError, match=r"Z must be finite: 2 non-finite entries, the first \(inf\) at index \(1, 2\)"):
+        finite_array(bad, "Z")
+
+
 @pytest.mark.parametrize("Ls, match", [
     ([5, 3], "increasing"),
     ([2, 2, 4], "increasing"),

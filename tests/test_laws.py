@@ -95,6 +95,23 @@ def test_sample_is_reproducible_from_the_seed():
     np.testing.assert_array_equal(law.sample(_rng(6), (4, 2)), law.sample(_rng(6), (4, 2)))
 
 
+@pytest.mark.parametrize("mean, cov", [(np.zeros(3), 1.0), ([0.5, -1.0, 2.0], [4.0, 1.0, 0.25]),
+                                       ([0.5, -1.0, 2.0], [[2.0, 0.3, 0.0], [0.3, 1.0, -0.2], [0.0, -0.2, 0.5]])],
+                         ids=["unit", "diagonal", "full"])
+def test_gaussian_sample_is_mean_plus_scaled_standard_normals(mean, cov):
+    """The draws are ``mean + g * std`` (diagonal cov) or ``mean + g @ root.T`` (full), ``g`` the
+    generator's standard normals: the same operations, so bit for bit (in place or not)."""
+    law = Gaussian(mean=mean, cov=cov, D=3)
+    g = _rng(8).standard_normal((5, 7, 3))
+    S = np.asarray(law.cov)
+    if np.array_equal(S, np.diag(np.diag(S))):
+        want = law.mean + g * np.sqrt(np.diag(S))
+    else:
+        lam, V = np.linalg.eigh(0.5 * (S + S.T))
+        want = law.mean + g @ (V * np.sqrt(lam)).T
+    np.testing.assert_array_equal(law.sample(_rng(8), (5, 7)), want)
+
+
 def test_singular_gaussian_samples_stay_in_the_range_of_cov():
     """Rank-1 cov v v^T: every sample is a multiple of v (to rounding)."""
     v = np.array([1.0, 2.0, -1.0])

@@ -75,6 +75,14 @@ def test_gap_matches_naive_loops(block, monkeypatch):
     np.testing.assert_allclose(default["risk"], got["risk"], rtol=1e-14, atol=0)
 
 
+def test_features_are_one_x_and_the_upper_products():
+    """The token features ``[1, x_1..x_d, x_i x_j (i <= j)]`` against a plain loop (same products: exact)."""
+    X = np.random.default_rng(4).standard_normal((3, 5, 4))
+    want = [np.ones(X.shape[:-1])] + [X[..., i] for i in range(4)]
+    want += [X[..., i] * X[..., j] for i in range(4) for j in range(i, 4)]
+    np.testing.assert_array_equal(stability._features(X), np.stack(want, axis=-1))
+
+
 def test_gap_survives_huge_logits():
     """Raw logits of order 1e3: the online max-shift keeps every prefix finite and exact."""
     rng = np.random.default_rng(3)
