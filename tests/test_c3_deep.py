@@ -157,6 +157,33 @@ def test_cells_in_threads_give_the_same_bits():
             np.testing.assert_array_equal(o[k], a, err_msg=k)
 
 
+def test_a_part_a_cell_in_one_thread_never_silences_the_warnings_of_another():
+    """Part (a) skips the rate check (``check_rate=False``) instead of wrapping its calls in
+    ``warnings.catch_warnings``, which changes the process-wide filters: a part (b) cell in another
+    thread (the default scheduler) lost its RateConditionWarning while a part (a) cell ran."""
+    model = M.Transformer.single_head(4)
+    bad = {"U": 3.0 * np.eye(4)[None, None], "v": np.ones(4)}            # lambda ~ 9 on N(0, I) tokens
+    rng = np.random.default_rng(0)
+    Z, z_q = rng.standard_normal((1, 16, 4)), rng.standard_normal((1, 2, 4))
+    config, done, calls = _config(), threading.Event(), [0]
+
+    def part_a():
+        run_cell(c3_deep.EXPERIMENT, config, {"heads": 1, "seed": 0})
+        done.set()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", M.RateConditionWarning)
+        M.predict(model, "softmax", bad, Z, z_q)                             # compiled before the race
+        worker = threading.Thread(target=part_a)
+        worker.start()
+        while not done.is_set() or calls[0] < 20:
+            M.predict(model, "softmax", bad, Z, z_q)
+            calls[0] += 1
+        worker.join()
+    got = [w for w in caught if issubclass(w.category, M.RateConditionWarning)]
+    assert len(got) == calls[0] + 1, f"{calls[0] + 1 - len(got)} of {calls[0] + 1} warnings lost"
+
+
 def test_analysis_recovers_the_synthetic_rates_and_constants(tmp_path):
     ds = synthetic.c3_deep()
     r = A.rates(ds)

@@ -396,6 +396,19 @@ def test_no_warning_below_the_bound_or_without_softmax():
         M.risk(model, "limit", bad, tasks)
 
 
+def test_check_rate_false_skips_only_the_warning():
+    import warnings
+
+    model, p, tasks = _one_bad_head(1.72)
+    with pytest.warns(M.RateConditionWarning):
+        want = M.predict_layers(model, "softmax", p, tasks.Z, tasks.z_q, moments=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", M.RateConditionWarning)
+        got = M.predict_layers(model, "softmax", p, tasks.Z, tasks.z_q, moments=True, check_rate=False)
+    for g, w in zip(got, want):                                             # the same compiled program
+        np.testing.assert_array_equal(g, w)
+
+
 # ------------------------------------------------------------------ blocked attention (Transformer.block)
 #: (L, block, n_layers, n_heads): a block that does not divide L (a tail block), one that does, a block of 1
 BLOCK_CASES = [(37, 8, 2, 2), (64, 16, 2, 1), (9, 1, 1, 2)]

@@ -408,22 +408,26 @@ def _warn_rate_condition(model, kern, params, Z, stacklevel):
                       "deep limit need not fall like 1/L", RateConditionWarning, stacklevel=stacklevel)
 
 
-def predict_layers(model, kern, params, Z, z_q, moments=False):
+def predict_layers(model, kern, params, Z, z_q, moments=False, check_rate=True):
     """Read-outs ``v . z_q^{(l)}`` after every layer ``l = 1..K``: ``(K, n, q)`` numpy.
     ``Z (n, L, D)`` prompts, ``z_q (n, q, D)`` queries; ``kern`` a :class:`sfxlin.kernels.Kernel`
     or its name.
     ``moments=True``: also the second moments ``Z_l^T Z_l / L`` of the prompt tokens entering
     every layer, ``(K, n, D, D)`` (layer 1: the prompt's ``Ghat_L``). Softmax: a
     :class:`RateConditionWarning` when a head has ``lambda >= 1/2`` on these prompts
-    (:func:`head_lambdas` with ``Sigma_1 = Z^T Z / L``)."""
-    return _predict_layers(model, kern, params, Z, z_q, moments)
+    (:func:`head_lambdas` with ``Sigma_1 = Z^T Z / L``), unless ``check_rate`` is False: for a
+    caller whose own check is on the population covariances, since the prompts' empirical moment
+    overstates ``lambda`` at small ``L``. (Not ``warnings.catch_warnings`` around the call: it
+    changes the process-wide filters, and silences the warnings of every other thread meanwhile.)"""
+    return _predict_layers(model, kern, params, Z, z_q, moments, check_rate)
 
 
-def _predict_layers(model, kern, params, Z, z_q, moments):
+def _predict_layers(model, kern, params, Z, z_q, moments, check_rate=True):
     """:func:`predict_layers`, called by the public functions (the warning names their caller)."""
     Z, z_q = _arrays(Z, z_q, model.D)
     kern, params = as_kernel(kern), model.params(**params)
-    _warn_rate_condition(model, kern, params, Z, stacklevel=4)
+    if check_rate:
+        _warn_rate_condition(model, kern, params, Z, stacklevel=4)
     out = _layers_jit(model, kern, params, Z, z_q, bool(moments))
     return tuple(np.asarray(a) for a in out) if moments else np.asarray(out)
 
