@@ -14,8 +14,8 @@ pytest.importorskip("jax")
 
 from sfxlin.models._jax import cache_dir  # noqa: E402
 
-# one risk and gradient of a 2-layer, 2-head softmax model: the float64 bits as hex, the cache folder JAX was given, the programs it asked the cache for
-# and how many it found there
+# one risk and gradient of a 2-layer, 2-head softmax model: the float64 bits as hex, the cache
+# folder JAX was given, the programs it asked the cache for and how many it found there
 PROGRAM = """
 import json, sys
 import numpy as np
@@ -29,17 +29,24 @@ model = models.Transformer(4, 2, 2)
 p = model.init(np.random.default_rng(1), U_scale=0.3)
 r, g = models.risk_and_grad(model, "softmax", p, tasks, 16)
 out = [np.float64(r).tobytes().hex()] + [np.ascontiguousarray(g[k]).tobytes().hex() for k in sorted(g)]
-print(json.dumps({"bits": out, "dir": jax.config.jax_compilation_cache_dir, "requests": events.count("/jax/compilation_cache/compile_requests_use_cache"),
+print(json.dumps({"bits": out, "dir": jax.config.jax_compilation_cache_dir,
+                  "requests": events.count("/jax/compilation_cache/compile_requests_use_cache"),
                   "hits": events.count("/jax/compilation_cache/cache_hits")}))
 """
 
 
-def _run(**env):
+def _python(code, **env):
+    """``code`` run by a fresh Python under this environment less both cache variables, plus
+    ``env``: its ``(stdout, stderr)``."""
     full = {k: v for k, v in os.environ.items() if k not in ("SFXLIN_JAX_CACHE", "JAX_COMPILATION_CACHE_DIR")}
     full.update(env)
-    done = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, env=full, timeout=300)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=300)
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.splitlines()[-1])
+    return done.stdout, done.stderr
+
+
+def _run(**env):
+    return json.loads(_python(PROGRAM, **env)[0].splitlines()[-1])
 
 
 def test_the_folder_follows_the_environment(tmp_path):
@@ -56,12 +63,8 @@ def test_the_folder_follows_the_environment(tmp_path):
 def _configured(**env):
     """What a fresh process that imports ``sfxlin.models._jax`` under ``env`` configures: JAX's
     cache folder and the process's stderr."""
-    full = {k: v for k, v in os.environ.items() if k not in ("SFXLIN_JAX_CACHE", "JAX_COMPILATION_CACHE_DIR")}
-    full.update(env)
-    done = subprocess.run([sys.executable, "-c", "import sfxlin.models._jax as j; print(j.jax.config.jax_compilation_cache_dir)"],
-                          capture_output=True, text=True, env=full, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip(), done.stderr
+    out, err = _python("import sfxlin.models._jax as j; print(j.jax.config.jax_compilation_cache_dir)", **env)
+    return out.strip(), err
 
 
 @pytest.mark.slow

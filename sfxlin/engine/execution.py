@@ -183,7 +183,9 @@ def compute(ds: xr.Dataset, scheduler=None, workers=None, address=None, progress
 
     At most one of ``scheduler`` (a local one), ``workers`` (a new LocalCluster of that many
     processes) and ``address`` (an existing cluster) is given: ValueError otherwise, since the
-    others would be ignored. Shows a progress bar counting blocks of cells with an ETA locally (:class:`CellProgress`),
+    others would be ignored.
+
+    Shows a progress bar counting blocks of cells with an ETA locally (:class:`CellProgress`),
     the distributed progress bar (one bar per task kind, ``*-block`` being the cells) under a
     Client, unless ``progress`` is False.
     """

@@ -65,5 +65,6 @@ def _enable_cache(folder):
     jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
 
 
-if cache_dir() is not None and not jax.config.jax_compilation_cache_dir:
-    _enable_cache(cache_dir())
+_folder = cache_dir()
+if _folder is not None and not jax.config.jax_compilation_cache_dir:
+    _enable_cache(_folder)
