@@ -606,7 +606,7 @@ def cmd_verify(args):
     """``sfxlin verify FILE...``: one line per recomputed cell, exit status 1 when a cell is beyond
     ``--rtol`` (:mod:`sfxlin.engine.verify`)."""
     from .engine.sweep import cell_label
-    from .engine.verify import DEFAULT_RTOL, iter_verify
+    from .engine.verify import DEFAULT_RTOL, iter_verify, kernel_note
 
     rtol = DEFAULT_RTOL if args.rtol is None else args.rtol
     if not rtol >= 0:
@@ -614,7 +614,13 @@ def cmd_verify(args):
     status = 0
     for name in args.files:
         path = results_path(name)
-        for check in iter_verify(path, cells=args.cells):
+
+        def say_kernel(attrs, stem=path.stem):
+            note = kernel_note(attrs)
+            if note:
+                print(f"{stem}: {note}", flush=True)
+
+        for check in iter_verify(path, cells=args.cells, on_open=say_kernel):
             where = cell_label(path.stem + (f"/{check.part}" if check.part else ""), check.cell)
             worst = check.worst
             if check.identical:
@@ -695,8 +701,11 @@ def schema_markdown():
              f"(schema version {SCHEMA_VERSION}); a test keeps this file in step with the code.", "",
              "Every file carries the provenance attrs `experiment`, `profile`, `overrides`, `config` (JSON of",
              "every parameter: `sfxlin run EXP --profile P` with these values reruns it), `sfxlin_version`,",
-             "`sfxlin_schema_version`, `git_revision`, `library_versions`, `created` (UTC), `wall_seconds`,",
-             "`scheduler`, `history`, and `criteria` (JSON: the predeclared criteria of the verdict table).",
+             "`sfxlin_schema_version`, `git_revision`, `library_versions` (JSON: python, numpy, xarray, dask,",
+             "netCDF4, scikit-learn, jax, jaxlib, optax, and `blas`, the BLAS and the kernel it ran, e.g.",
+             "`openblas 0.3.31.188.0 SkylakeX`: `sfxlin verify` says when it recomputes under another),",
+             "`created` (UTC), `wall_seconds`, `scheduler`, `history`, and `criteria` (JSON: the predeclared",
+             "criteria of the verdict table).",
              "A file of `sfxlin run` also has `cell_seconds` (JSON `[[part, {dim: value}, seconds], ...]`: what",
              "each cell's kernel took when it was computed, by this run or by the earlier run whose kept cell it",
              "served; null for a cell kept without a record), `cell_exponentials` (the same rows with the count of",

@@ -6,6 +6,7 @@ import errno
 import hashlib
 import json
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +68,13 @@ def test_provenance_attrs(toy):
     assert attrs["git_revision"]
     versions = json.loads(attrs["library_versions"])
     assert {"numpy", "xarray", "dask", "netCDF4", "python"} <= set(versions)
+    import jax
+    import jaxlib
+    import optax
+
+    assert (versions["jax"], versions["jaxlib"], versions["optax"]) == (jax.__version__, jaxlib.__version__,
+                                                                        optax.__version__)
+    assert versions["blas"].startswith("openblas ")   # the numpy wheels' BLAS
     for value in attrs.values():  # every attr is netCDF-storable
         assert isinstance(value, (str, int, float)), value
 
@@ -325,3 +333,15 @@ def test_an_output_folder_that_cannot_be_made_is_named_absolute(results, tmp_pat
         save(results, Path("blocker") / "sub" / "toy.nc")
     assert str(info.value).startswith(f"cannot create output folder {tmp_path / 'cwd' / 'blocker' / 'sub'}: ")
 
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
+                    reason="OPENBLAS_CORETYPE names x86-64 kernels (Haswell, Sandybridge)")
+@pytest.mark.parametrize("kernel", ["Haswell", "Sandybridge"])
+def test_the_blas_kernel_recorded_is_the_one_openblas_was_told_to_use(kernel):
+    """The file records the kernel that computed it: a process started with ``OPENBLAS_CORETYPE``
+    (OpenBLAS's own switch, the independent truth here) records that kernel."""
+    code = "from sfxlin.engine.storage import blas_kernel; print(blas_kernel())"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "OPENBLAS_CORETYPE": kernel},
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out.startswith("openblas ") and out.endswith(" " + kernel), out

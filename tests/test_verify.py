@@ -40,6 +40,31 @@ def test_a_fresh_file_is_bit_identical(quick_file, capsys):
     assert {line.split("[")[0] for line in lines} == {"c1_kernels", "c1_kernels/stein", "c1_kernels/rf"}
 
 
+def _with_blas(src, dst, blas):
+    """``src`` with its recorded BLAS kernel replaced by ``blas`` (None: removed, as in files written
+    before the kernel was recorded)."""
+    ds = xr.load_dataset(src)
+    versions = json.loads(ds.attrs["library_versions"])
+    versions.pop("blas")
+    if blas is not None:
+        versions["blas"] = blas
+    ds.attrs["library_versions"] = json.dumps(versions)
+    ds.to_netcdf(dst)
+    return dst
+
+
+def test_a_file_of_another_blas_kernel_says_so_before_its_cells(quick_file, tmp_path, capsys):
+    here = json.loads(xr.open_dataset(quick_file).attrs["library_versions"])["blas"]
+    other = _with_blas(quick_file, tmp_path / "other.nc", "openblas 0.3.0 Imaginary")
+    assert main(["verify", str(other)]) == 0            # the same bits: the note explains, it does not fail
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("other: computed under BLAS openblas 0.3.0 Imaginary, recomputed under " + here)
+    assert "section 10" in lines[0] and all("bit-identical" in line for line in lines[1:])
+    older = _with_blas(quick_file, tmp_path / "older.nc", None)
+    assert main(["verify", str(older)]) == 0            # a file that records no kernel: nothing to say
+    assert all("bit-identical" in line for line in capsys.readouterr().out.splitlines())
+
+
 def test_a_value_moved_beyond_rtol_fails_naming_the_variable(quick_file, tmp_path, capsys):
     moved = _perturbed(quick_file, tmp_path / "moved.nc", "mse", 1e-8)
     assert main(["verify", str(moved)]) == 1

@@ -14,7 +14,7 @@ import xarray as xr
 from .._version import __version__
 from .schema import SCHEMA_VERSION
 
-__all__ = ["save", "ensure_writable", "open_results", "results_path", "provenance", "input_files",
+__all__ = ["save", "ensure_writable", "blas_kernel", "open_results", "results_path", "provenance", "input_files",
            "changed_input_files", "default_results_dir", "FOLDER_RULE", "RESULTS_ENV", "ResultsError"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]   # sfxlin/engine/storage.py -> the source tree
@@ -37,15 +37,30 @@ def _git_revision():
     return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
+def blas_kernel() -> str:
+    """The BLAS this process's numpy runs and the kernel it chose for this CPU, e.g.
+    ``"openblas 0.3.31.188.0 SkylakeX"`` (threadpoolctl's view of the loaded libraries; several are
+    joined by ``"; "``, ``"none found"`` if none). OpenBLAS picks its kernel per CPU, or as
+    ``OPENBLAS_CORETYPE`` says, and a kernel can move the last bits of a product: results agree across
+    kernels to 1e-10, bits only under one (docs/performance.md section 10)."""
+    from threadpoolctl import threadpool_info
+
+    found = [" ".join(str(lib[key]) for key in ("internal_api", "version", "architecture") if lib.get(key))
+             for lib in threadpool_info() if lib.get("user_api") == "blas"]
+    return "; ".join(dict.fromkeys(found)) or "none found"
+
+
 def _library_versions():
     import dask
     import netCDF4
 
     from importlib.metadata import version
 
-    # scikit-learn: the source of c1_real's bundled data sets (its version read without importing it)
+    # scikit-learn: the source of c1_real's bundled data sets; jax, jaxlib and optax: the model family
+    # (sfxlin.models); their versions read without importing them
     return {"python": sys.version.split()[0], "numpy": np.__version__, "xarray": xr.__version__,
-            "dask": dask.__version__, "netCDF4": netCDF4.__version__, "scikit-learn": version("scikit-learn")}
+            "dask": dask.__version__, "netCDF4": netCDF4.__version__, "blas": blas_kernel(),
+            **{name: version(name) for name in ("scikit-learn", "jax", "jaxlib", "optax")}}
 
 
 def provenance(experiment, config, call=None):

@@ -11,6 +11,11 @@ so that a value that is zero up to rounding (the risk of least squares on noisel
 1e-30; an off-block mass of 1e-17) is not judged by its own size. NaN must meet NaN; integers and
 flags must be equal.
 
+A file records the BLAS kernel that computed it (``library_versions["blas"]``, e.g. ``openblas
+0.3.31.188.0 SkylakeX``); where this process runs another (another CPU, or ``OPENBLAS_CORETYPE``),
+:func:`kernel_note` says so, since cells whose trajectories amplify rounding then move beyond the
+last bits (docs/performance.md section 10).
+
 The cells checked are the cheapest ones by what the file records they cost (its ``cell_seconds``
 or ``cell_timeline``, :func:`sfxlin.engine.plan.timeline_rows`), so that a check of every shipped
 file takes seconds; ``cells`` per part, in grid order where the file records no cost.
@@ -25,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["CellCheck", "VariableCheck", "choose_cells", "iter_verify", "verify_file", "DEFAULT_RTOL"]
+__all__ = ["CellCheck", "VariableCheck", "choose_cells", "iter_verify", "kernel_note", "verify_file", "DEFAULT_RTOL"]
 
 #: what the determinism contract promises across code versions and CPUs
 DEFAULT_RTOL = 1e-10
@@ -116,17 +121,34 @@ def _scale(values):
     return float(np.max(np.abs(values[np.isfinite(values)]), initial=0.0))
 
 
+def kernel_note(attrs) -> str | None:
+    """Why bits may differ here: a sentence when the BLAS kernel the file records (its attrs'
+    ``library_versions``) is not the one this process runs; None when they are the same, or the file
+    records none (files written before the kernel was recorded)."""
+    from .storage import blas_kernel
+
+    recorded = json.loads(attrs.get("library_versions", "{}")).get("blas")
+    here = blas_kernel()
+    if recorded is None or recorded == here:
+        return None
+    return (f"computed under BLAS {recorded}, recomputed under {here}: another kernel rounds products "
+            "differently, so a cell may be within 1e-10 instead of bit-identical, and a trajectory that "
+            "amplifies rounding may move further (docs/performance.md section 10)")
+
+
 def verify_file(path, cells=1, where=None) -> list:
     """The list of :func:`iter_verify`."""
     return list(iter_verify(path, cells, where))
 
 
-def iter_verify(path, cells=1, where=None):
+def iter_verify(path, cells=1, where=None, on_open=None):
     """Recompute ``cells`` cells per part of the results file ``path`` (:func:`choose_cells`; only
     cells whose coordinates match ``where``, ``{dim: value}``, where a part has those dims) with
     the installed code and compare them with the file: yields one :class:`CellCheck` as each cell
     is done. ValueError, before any cell, when the file cannot be checked (no sfxlin provenance, an
-    unknown experiment, a token file changed since the run)."""
+    unknown experiment, a token file changed since the run). ``on_open(attrs)``, if given, is called
+    with the file's attrs once it is known to be checkable, before the first cell (the command line
+    prints :func:`kernel_note` there)."""
     import xarray as xr
 
     from .experiments import get
@@ -145,6 +167,8 @@ def iter_verify(path, cells=1, where=None):
     if changed:
         raise ValueError(f"{path} read token files that changed since ({'; '.join(changed)}): its cells cannot be "
                          "recomputed")
+    if on_open is not None:
+        on_open(dict(ds.attrs))
     scales = {name: _scale(ds[name].values) for name in ds.data_vars}
     for part, cell in choose_cells(experiment, config, ds, cells, where):
         start = time.perf_counter()
