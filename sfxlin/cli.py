@@ -297,6 +297,18 @@ def cmd_run(args):
     return strict_status(rows, out_dir / f"{name}.nc") if args.strict else 0
 
 
+def _declared_processes(experiment, config, out_dir, fresh):
+    """``(scheduler, why)`` for an experiment that declares processes, run without a scheduler:
+    threads for a sweep too small to pay for the pool (:func:`sfxlin.engine.plan.small_sweep_scheduler`)."""
+    from .engine.plan import make_plan, small_sweep_scheduler
+
+    try:
+        plan = make_plan(experiment, config, out_dir, fresh=fresh)
+    except Exception as exc:  # an estimate that cannot be made never stops the run: it keeps the declaration
+        return "processes", f"the experiment's; no cost estimate ({type(exc).__name__}: {exc})"
+    return small_sweep_scheduler(plan)
+
+
 def run_experiment(experiment, config, out_dir, name, args):
     """Compute ``experiment`` under ``config`` into ``out_dir/name.nc`` (and its figure), keeping
     every finished cell in ``out_dir/.EXP.cells``, then print its tables; ``args`` holds the
@@ -321,6 +333,10 @@ def run_experiment(experiment, config, out_dir, name, args):
                  if kept else ""), flush=True)
     try:
         local = args.local_scheduler or (None if args.workers or args.scheduler else experiment.scheduler)
+        if local == "processes" and not args.local_scheduler:
+            local, why = _declared_processes(experiment, config, out_dir, args.fresh)
+            if not args.quiet:
+                print(f"local scheduler: {local}: {why}", flush=True)
         ds, wall, label = compute(lazy, scheduler=local, workers=args.workers,
                                   address=args.scheduler, progress=not args.quiet, verbose=args.verbose)
         ds.attrs["cell_seconds"] = json.dumps(store.cell_seconds())   # what each cell cost when computed
@@ -747,7 +763,8 @@ def _run_options(sub):
     where.add_argument("--scheduler", help="address of an existing dask.distributed scheduler (tcp://host:8786)")
     where.add_argument("--local-scheduler", choices=["threads", "synchronous", "processes"],
                        help="a local dask scheduler (default: the experiment's, threads on all cores unless it "
-                            "declares processes: sfxlin list)")
+                            "declares processes: sfxlin list; a sweep expected to cost under 10 CPU s runs on "
+                            "threads even then)")
     sub.add_argument("--chunks", action="append", metavar="DIM=N", help="cells per dask task along a grid dim")
     sub.add_argument("--strict", action="store_true",
                      help=f"exit with status {FAILED} when a verdict FAILs (INCONCLUSIVE and NOT JUDGED do not; "

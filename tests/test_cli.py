@@ -53,8 +53,10 @@ def test_list_shows_experiments_parameters_and_profiles(capsys):
     assert all("[int, >= 0]" in line for line in seeds), seeds  # numpy takes no negative seed: the rule is shown
 
 
-def test_run_takes_the_experiments_scheduler_unless_one_is_asked(tmp_path, monkeypatch):
-    """c3_transfer declares processes; --local-scheduler and --workers take precedence."""
+def test_run_takes_the_experiments_scheduler_unless_one_is_asked(tmp_path, monkeypatch, capsys):
+    """c3_transfer declares processes, which its paper sweep keeps (about 80 CPU s expected) and
+    its quick sweep (about 1 s) replaces by threads, saying why; --local-scheduler and --workers
+    take precedence."""
     import sfxlin.engine.execution as execution
 
     seen = []
@@ -64,10 +66,37 @@ def test_run_takes_the_experiments_scheduler_unless_one_is_asked(tmp_path, monke
         raise KeyboardInterrupt
 
     monkeypatch.setattr(execution, "compute", compute)
-    for extra in ([], ["--local-scheduler", "threads"], ["--workers", "2"]):
+    for extra in (["--profile", "paper"], ["--local-scheduler", "threads"], ["--workers", "2"], ["--profile", "quick"],
+                  ["--profile", "quick", "--local-scheduler", "processes"]):
         main(["run", "c3", "--quiet", "--out", str(tmp_path), "--fresh", *extra])
     main(["run", "c1", "--quiet", "--out", str(tmp_path), "--fresh"])
-    assert seen == [("processes", None), ("threads", None), (None, 2), (None, None)]
+    assert seen == [("processes", None), ("threads", None), (None, 2), ("threads", None), ("processes", None),
+                    (None, None)]
+    main(["run", "c3", "--profile", "quick", "--out", str(tmp_path), "--fresh"])
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("local scheduler:")]
+    assert len(said) == 1 and said[0].startswith("local scheduler: threads: this sweep is expected to cost ")
+    assert "--local-scheduler processes forces it" in said[0]
+
+
+def test_a_sweep_whose_cost_cannot_be_estimated_keeps_the_declared_processes(tmp_path, monkeypatch, capsys):
+    import sfxlin.engine.execution as execution
+    import sfxlin.engine.plan as plan
+
+    seen = []
+
+    def compute(ds, scheduler=None, workers=None, **kw):
+        seen.append(scheduler)
+        raise KeyboardInterrupt
+
+    def make_plan(*args, **kw):
+        raise OSError("the shipped file is unreadable")
+
+    monkeypatch.setattr(execution, "compute", compute)
+    monkeypatch.setattr(plan, "make_plan", make_plan)
+    main(["run", "c3", "--profile", "quick", "--out", str(tmp_path), "--fresh"])
+    assert seen == ["processes"]
+    assert ("local scheduler: processes: the experiment's; no cost estimate (OSError: the shipped file is unreadable)"
+            in capsys.readouterr().out)
 
 
 def test_info_prints_dims_coordinates_and_provenance(tmp_path, capsys):

@@ -1,5 +1,6 @@
 """``sfxlin run EXP --plan``: cells, kept cells, expected CPU and wall seconds, nothing computed."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -7,7 +8,8 @@ import xarray as xr
 
 from sfxlin.cli import main
 from sfxlin.engine.experiments import get
-from sfxlin.engine.plan import CostLaw, fit_part, make_plan, shipped_file, timeline_rows
+from sfxlin.engine.plan import (POOL_PAYS_CPU_SECONDS, CostLaw, PartPlan, Plan, fit_part, make_plan, shipped_file,
+                                small_sweep_scheduler, timeline_rows)
 from sfxlin.engine.sweep import Experiment, Part, Variable
 
 
@@ -128,3 +130,14 @@ def test_estimate_within_a_factor_3_of_the_real_run(quick_run, tmp_path):
     for p in plan.parts:
         assert 1 / 3 < p.cpu_seconds / measured[p.part] < 3, (p.part, p.cpu_seconds, measured[p.part])
     assert 1 / 3 < plan.cpu_seconds / sum(measured.values()) < 3
+
+
+@pytest.mark.parametrize("cpu, scheduler", [(None, "processes"), (0.0, "threads"), (9.99, "threads"),
+                                            (POOL_PAYS_CPU_SECONDS, "processes"), (500.0, "processes")])
+def test_a_sweep_too_small_for_a_process_pool_runs_on_threads(cpu, scheduler):
+    """Below POOL_PAYS_CPU_SECONDS of expected CPU (a quick profile, a rerun whose cells are kept)
+    threads; at or above it, or with no estimate, the declared processes."""
+    part = PartPlan("", cells=4, kept=0, cpu_seconds=cpu, law=None)
+    chosen, why = small_sweep_scheduler(Plan("c3_transfer", "quick", (part,), 2, Path("."), None))
+    assert chosen == scheduler
+    assert ("no cost estimate" in why) == (cpu is None)

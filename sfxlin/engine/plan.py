@@ -38,7 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["CostLaw", "PartPlan", "Plan", "fit_laws", "format_plan", "make_plan", "shipped_file", "timeline_rows"]
+__all__ = ["CostLaw", "PartPlan", "Plan", "POOL_PAYS_CPU_SECONDS", "fit_laws", "format_plan", "make_plan",
+           "shipped_file", "small_sweep_scheduler", "timeline_rows"]
 
 _RANGE = re.compile(r"(\w+)\[(\d+):(\d+)\]")
 _PART = re.compile(r"^(\w+):")
@@ -255,6 +256,28 @@ def make_plan(experiment, config, out_dir, workers=None, fresh=False, results_di
         parts.append(PartPlan(part.name, cells, kept, cpu, law))
     return Plan(experiment.name, config.profile if hasattr(config, "profile") else "", tuple(parts),
                 int(workers or os.cpu_count() or 1), folder, None if path is None else str(path), fresh, tuple(notes))
+
+
+#: expected CPU seconds of a sweep below which a local process pool costs more than it saves: its
+#: two workers' start-up (about 2.5 CPU s and 1-2 s of wall on the quick profiles) against the ~30%
+#: that a cell of many small numpy calls loses to the GIL beside another on threads
+#: (docs/performance.md section 8): 0.15 E = 1.5 s at E = 10 s
+POOL_PAYS_CPU_SECONDS = 10.0
+
+
+def small_sweep_scheduler(plan: Plan) -> tuple[str | None, str]:
+    """The local scheduler for a run of an experiment that declares processes, when the run names
+    none: ``("threads", why)`` when the plan expects the cells to compute to cost less than
+    :data:`POOL_PAYS_CPU_SECONDS` of CPU (a quick profile, a rerun whose cells are kept), else
+    ``("processes", why)``; processes also when the plan has no estimate. The bits are the same on
+    either (the determinism contract): only the time changes."""
+    cpu = plan.cpu_seconds
+    if cpu is None:
+        return "processes", "the experiment's; no cost estimate for this sweep"
+    if cpu < POOL_PAYS_CPU_SECONDS:
+        return "threads", (f"this sweep is expected to cost {cpu:.1f} CPU s and the experiment's process pool pays "
+                           f"from {POOL_PAYS_CPU_SECONDS:g} s; --local-scheduler processes forces it")
+    return "processes", f"the experiment's; this sweep is expected to cost {cpu:.0f} CPU s"
 
 
 def _secs(value):
