@@ -345,3 +345,33 @@ def test_the_blas_kernel_recorded_is_the_one_openblas_was_told_to_use(kernel):
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "OPENBLAS_CORETYPE": kernel},
                          capture_output=True, text=True, check=True).stdout.strip()
     assert out.startswith("openblas ") and out.endswith(" " + kernel), out
+
+
+def test_the_blas_recorded_is_numpys_whatever_was_imported_before():
+    """scipy loads its own OpenBLAS when imported (statsmodels, the quadratures): the record names
+    numpy's alone, the same whether scipy came first or not at all."""
+    code = ("import sys\nif sys.argv[1] == 'scipy':\n    import scipy.linalg\n"
+            "from sfxlin.engine.storage import blas_kernel; print(blas_kernel())")
+    out = {first: subprocess.run([sys.executable, "-c", code, first], capture_output=True, text=True,
+                                 check=True).stdout.strip() for first in ("scipy", "numpy")}
+    assert out["scipy"] == out["numpy"] and ";" not in out["numpy"], out
+
+
+def test_the_blas_filter_keeps_numpys_library_in_any_order(monkeypatch):
+    import threadpoolctl
+
+    from sfxlin.engine.storage import blas_kernel
+
+    site = Path(np.__file__).resolve().parent.parent
+    numpys = {"user_api": "blas", "internal_api": "openblas", "version": "0.3.31", "architecture": "Haswell",
+              "filepath": str(site / "numpy.libs" / "libscipy_openblas64_.so")}
+    scipys = {"user_api": "blas", "internal_api": "openblas", "version": "0.3.30", "architecture": "Zen",
+              "filepath": str(site / "scipy.libs" / "libscipy_openblas.so")}
+    omp = {"user_api": "openmp", "internal_api": "openmp", "version": None, "filepath": "/usr/lib/libgomp.so"}
+    for libs in ([numpys, scipys, omp], [omp, scipys, numpys]):
+        monkeypatch.setattr(threadpoolctl, "threadpool_info", lambda libs=libs: libs)
+        assert blas_kernel() == "openblas 0.3.31 Haswell"
+    monkeypatch.setattr(threadpoolctl, "threadpool_info", lambda: [scipys, omp])   # numpy's not told apart
+    assert blas_kernel() == "openblas 0.3.30 Zen"
+    monkeypatch.setattr(threadpoolctl, "threadpool_info", lambda: [omp])
+    assert blas_kernel() == "none found"

@@ -38,16 +38,24 @@ def _git_revision():
 
 
 def blas_kernel() -> str:
-    """The BLAS this process's numpy runs and the kernel it chose for this CPU, e.g.
-    ``"openblas 0.3.31.188.0 SkylakeX"`` (threadpoolctl's view of the loaded libraries; several are
-    joined by ``"; "``, ``"none found"`` if none). OpenBLAS picks its kernel per CPU, or as
-    ``OPENBLAS_CORETYPE`` says, and a kernel can move the last bits of a product: results agree across
-    kernels to 1e-10, bits only under one (docs/performance.md section 10)."""
+    """The BLAS numpy runs in this process and the kernel it chose for this CPU, e.g.
+    ``"openblas 0.3.31.188.0 SkylakeX"`` (threadpoolctl's view of the loaded libraries). Only numpy's:
+    scipy brings its own OpenBLAS once imported, which computes none of the kernels' products and
+    would make the record depend on what was imported before. Where numpy's cannot be told apart
+    (a BLAS outside numpy's folders), every loaded BLAS, sorted and joined by ``"; "``; ``"none
+    found"`` if none. OpenBLAS picks its kernel per CPU, or as ``OPENBLAS_CORETYPE`` says, and a
+    kernel can move the last bits of a product: results agree across kernels to 1e-10, bits only
+    under one (docs/performance.md section 10)."""
     from threadpoolctl import threadpool_info
 
-    found = [" ".join(str(lib[key]) for key in ("internal_api", "version", "architecture") if lib.get(key))
-             for lib in threadpool_info() if lib.get("user_api") == "blas"]
-    return "; ".join(dict.fromkeys(found)) or "none found"
+    libs = [lib for lib in threadpool_info() if lib.get("user_api") == "blas"]
+    numpy_dir = Path(np.__file__).resolve().parent
+    # a wheel's own libraries sit in numpy.libs beside the package (or inside it)
+    own = [lib for lib in libs if Path(lib["filepath"]).resolve().parent.name == "numpy.libs"
+           or numpy_dir in Path(lib["filepath"]).resolve().parents]
+    found = sorted({" ".join(str(lib[key]) for key in ("internal_api", "version", "architecture") if lib.get(key))
+                    for lib in own or libs})
+    return "; ".join(found) or "none found"
 
 
 def _library_versions():
