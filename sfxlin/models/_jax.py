@@ -1,10 +1,18 @@
-"""The one place sfxlin imports JAX: with float64 enabled before any array is made, and compiled
-programs kept on disk between processes.
+"""The one place sfxlin imports JAX: with float64 enabled before any array is made, on the CPU
+unless asked otherwise, and compiled programs kept on disk between processes.
 
 ``import sfxlin`` and the command line never import this module; :mod:`sfxlin.models` does, and
 the JAX weights of :mod:`sfxlin.kernels` at their first call.
 ``jax_enable_x64`` is a JAX-wide switch: it changes the default dtype of JAX arrays made in this
 process (to float64) and nothing outside JAX.
+
+**Platform.** The model family runs on the CPU, the platform its tests run on, even where JAX would
+find another: :func:`platforms` gives JAX ``"cpu"`` unless ``SFXLIN_JAX_PLATFORMS`` names others
+(``cuda``, ``cuda,cpu``: JAX's ``jax_platforms`` syntax), or the user set JAX's own
+``JAX_PLATFORMS``. Nothing in :mod:`sfxlin.models` is specific to the CPU, so the same code runs
+where JAX sees a GPU (``pip install 'jax[cuda12]'``, then ``SFXLIN_JAX_PLATFORMS=cuda``); that path is
+not tested here (no GPU), and its float64 results are held to the 1e-10 of the determinism
+contract, not to the CPU's bits. A platform JAX cannot start fails at import, naming the variable.
 
 **Compilation cache.** Every process that runs the model family compiles its programs anew: a
 quick ``c3_deep`` run compiles about 20, in every pool worker, each under JAX's own 1 s threshold
@@ -31,7 +39,7 @@ jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402  (after the float64 switch)
 
-__all__ = ["jax", "jnp", "cache_dir", "CACHE_MAX_BYTES"]
+__all__ = ["jax", "jnp", "cache_dir", "platforms", "CACHE_MAX_BYTES"]
 
 #: bound of the cache folder: JAX evicts the least recently used programs beyond it. Setting a bound
 #: also makes JAX take a file lock (the ``filelock`` package) around every read and write of the
@@ -64,6 +72,32 @@ def _enable_cache(folder):
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
 
+
+def platforms(environ=os.environ):
+    """The platforms this module gives JAX (its ``jax_platforms``): ``$SFXLIN_JAX_PLATFORMS``, else
+    ``"cpu"``; None when the user set JAX's own ``JAX_PLATFORMS`` (then JAX's setting applies)."""
+    if environ.get("JAX_PLATFORMS"):
+        return None
+    return environ.get("SFXLIN_JAX_PLATFORMS", "").strip() or "cpu"
+
+
+def _set_platforms(chosen):
+    # ignored by JAX if the process already started a backend (the user's own JAX work came first)
+    jax.config.update("jax_platforms", chosen)
+    if chosen == "cpu":
+        return
+    try:
+        jax.devices()
+    except Exception as exc:   # a missing plugin raises a bare AssertionError in jax 0.10
+        why = type(exc).__name__ + (f": {exc}" if str(exc) else "")
+        raise RuntimeError(f"SFXLIN_JAX_PLATFORMS={chosen}: JAX cannot start it ({why}); "
+                           "a GPU needs JAX's CUDA wheels (pip install 'jax[cuda12]'); unset the variable to run "
+                           "on the CPU") from exc
+
+
+_chosen = platforms()
+if _chosen is not None:
+    _set_platforms(_chosen)
 
 _folder = cache_dir()
 if _folder is not None and not jax.config.jax_compilation_cache_dir:
