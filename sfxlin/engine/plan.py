@@ -265,7 +265,7 @@ def make_plan(experiment, config, out_dir, workers=None, fresh=False, results_di
 POOL_PAYS_CPU_SECONDS = 10.0
 
 
-def small_sweep_scheduler(plan: Plan) -> tuple[str | None, str]:
+def small_sweep_scheduler(plan: Plan) -> tuple[str, str]:
     """The local scheduler for a run of an experiment that declares processes, when the run names
     none: ``("threads", why)`` when the plan expects the cells to compute to cost less than
     :data:`POOL_PAYS_CPU_SECONDS` of CPU (a quick profile, a rerun whose cells are kept), else

@@ -50,9 +50,12 @@ def blas_kernel() -> str:
 
     libs = [lib for lib in threadpool_info() if lib.get("user_api") == "blas"]
     numpy_dir = Path(np.__file__).resolve().parent
-    # a wheel's own libraries sit in numpy.libs beside the package (or inside it)
-    own = [lib for lib in libs if Path(lib["filepath"]).resolve().parent.name == "numpy.libs"
-           or numpy_dir in Path(lib["filepath"]).resolve().parents]
+
+    def numpys(lib):   # a wheel's own libraries sit in numpy.libs beside the package (or inside it)
+        where = Path(lib["filepath"]).resolve()
+        return where.parent.name == "numpy.libs" or numpy_dir in where.parents
+
+    own = [lib for lib in libs if numpys(lib)]
     found = sorted({" ".join(str(lib[key]) for key in ("internal_api", "version", "architecture") if lib.get(key))
                     for lib in own or libs})
     return "; ".join(found) or "none found"
