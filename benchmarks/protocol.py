@@ -20,13 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
+
+from ._child import run_child
 
 __all__ = ["bench_protocol", "seed_loop"]
 
@@ -72,14 +72,6 @@ def seed_loop(path):
     return worst
 
 
-def _timed(cmd):
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    return time.perf_counter() - start, proc.stdout
-
-
 def bench_protocol(n_steps=None, heldout_every=None, out=None, verbose=True):
     """Time the C3 paper protocol as a sweep and as a seed-style loop (see the module docstring);
     returns ``dict(sweep_s, loop_s, ratio, max_rel_diff, load)``. Raises AssertionError if the
@@ -91,9 +83,9 @@ def bench_protocol(n_steps=None, heldout_every=None, out=None, verbose=True):
         sets += ["--set", f"heldout_every={int(heldout_every)}"]
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(out or tmp)
-        sweep_s, _ = _timed([sys.executable, "-m", "sfxlin.cli", "run", "c3", "--profile", "paper", *sets,
+        sweep_s, _, _ = run_child([sys.executable, "-m", "sfxlin.cli", "run", "c3", "--profile", "paper", *sets,
                              "--out", str(folder), "--fresh", "--force", "--quiet"])
-        loop_s, text = _timed([sys.executable, "-m", "sfxlin.benchmarks.protocol", "--seed-loop",
+        loop_s, _, text = run_child([sys.executable, "-m", "sfxlin.benchmarks.protocol", "--seed-loop",
                                str(folder / "c3_transfer.nc")])
     diff = float(text.split()[-1])
     res = dict(sweep_s=sweep_s, loop_s=loop_s, ratio=loop_s / sweep_s, max_rel_diff=diff, load=os.getloadavg())
