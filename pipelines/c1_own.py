@@ -144,6 +144,8 @@ class Setup:
             raise ValueError(f"queries: the query file's rows have dimension {q.shape[1]} (shape {q.shape}), the "
                              f"tokens' D = {self.D}")
         self.q = q
+        for shared in (self.U, self.V, self.q):  # every cell of the process reads these
+            shared.flags.writeable = False
 
 
 def head_rng(root_seed):

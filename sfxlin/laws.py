@@ -30,6 +30,7 @@ raises :class:`FloatOverflowError` (a ``ValueError``), never returns inf or NaN.
 from __future__ import annotations
 
 import abc
+import threading
 
 import numpy as np
 
@@ -40,6 +41,31 @@ __all__ = ["Law", "LAWS", "Gaussian", "Rademacher", "Uniform", "StudentT", "Gaus
            "NoLimitError", "FloatOverflowError", "law_from_name", "covariate_law"]
 
 SQRT3 = np.sqrt(3.0)
+
+
+_BUILD_LOCK = threading.RLock()
+"""Held while a lazily built value of a law is made (:func:`_built`): a law is shared by the cells
+that run on threads, and a value one of them is building must not be seen half-built by another."""
+
+
+def _built(law, attr, build):
+    """The lazily built value ``law.<attr>`` (``None`` until built): made once by ``build()`` under
+    :data:`_BUILD_LOCK`, then published in one assignment, so that every thread sees either nothing
+    or the whole value, and all of them the same object. ``build`` returns it complete (its arrays
+    read-only: cells share it)."""
+    value = getattr(law, attr)
+    if value is None:
+        with _BUILD_LOCK:
+            value = getattr(law, attr)
+            if value is None:
+                value = build()
+                setattr(law, attr, value)
+    return value
+
+
+def _read_only(array):
+    array.flags.writeable = False
+    return array
 
 
 class NoLimitError(ValueError):
@@ -871,7 +897,7 @@ class Empirical(Law):
         if self.weights is not None:
             cum = np.cumsum(self.weights)
             self._cum_weights = cum / cum[-1]
-        self._mean = self._cov = self._phi = None
+        self._mean = self._cov = self._support_pair = None   # built on first use (:func:`_built`)
 
     @classmethod
     def isotropic(cls, D, sigma=1.0):
@@ -903,22 +929,22 @@ class Empirical(Law):
     @property
     def mean(self):
         """``sum_i pi_i z_i``."""
-        if self._mean is None:
-            self._mean = self.samples.mean(axis=0) if self.weights is None else self.weights @ self.samples
-        return self._mean
+        return _built(self, "_mean", lambda: _read_only(
+            self.samples.mean(axis=0) if self.weights is None else self.weights @ self.samples))
 
     @property
     def cov(self):
         """``sum_i pi_i (z_i - mean)(z_i - mean)^T`` (the law's covariance: divisor 1, not n - 1)."""
-        if self._cov is None:
-            C = np.zeros((self.D, self.D))
-            step = max(1, self.BLOCK // self.D)
-            for lo in range(0, self.n, step):
-                Y = self.samples[lo:lo + step] - self.mean
-                pi = self._pi(lo, lo + step)
-                C += (Y / self.n if pi is None else Y * pi[:, None]).T @ Y
-            self._cov = 0.5 * (C + C.T)
-        return self._cov
+        return _built(self, "_cov", self._build_cov)
+
+    def _build_cov(self):
+        C = np.zeros((self.D, self.D))
+        step = max(1, self.BLOCK // self.D)
+        for lo in range(0, self.n, step):
+            Y = self.samples[lo:lo + step] - self.mean
+            pi = self._pi(lo, lo + step)
+            C += (Y / self.n if pi is None else Y * pi[:, None]).T @ Y
+        return _read_only(0.5 * (C + C.T))
 
     def sample(self, rng, shape=()):
         """Tokens drawn with replacement. Draw order: ``rng.integers(0, n, shape)`` (equal weights)
@@ -942,17 +968,19 @@ class Empirical(Law):
     def _support(self):
         """The support as :func:`sfxlin.softmax_core.prefix_moments` sees it, built once: the
         features ``pi_i [1, z_i]`` (``[1, z_i]`` for equal weights, ``1/n`` applied to the sum)
-        ``(1, D + 1, n)`` and ``max_i |z_i|`` (``|a.z_i| <= |a| max_i |z_i|``)."""
-        if self._phi is None:
-            Y = np.empty((self.n, self.D + 1))
-            Y[:, 0] = 1.0
-            Y[:, 1:] = self.samples
-            if self.weights is not None:
-                Y *= self.weights[:, None]
-            self._phi = Y.T[None]
-            with np.errstate(over="ignore"):  # inf: no bound, the logits are then checked one by one
-                self._zmax = np.sqrt(np.einsum("ij,ij->i", self.samples, self.samples).max())
-        return self._phi, self._zmax
+        ``(1, D + 1, n)`` and ``max_i |z_i|`` (``|a.z_i| <= |a| max_i |z_i|``), as one pair (built
+        and published together: a cell never sees one without the other)."""
+        return _built(self, "_support_pair", self._build_support)
+
+    def _build_support(self):
+        Y = np.empty((self.n, self.D + 1))
+        Y[:, 0] = 1.0
+        Y[:, 1:] = self.samples
+        if self.weights is not None:
+            Y *= self.weights[:, None]
+        with np.errstate(over="ignore"):  # inf: no bound, the logits are then checked one by one
+            zmax = np.sqrt(np.einsum("ij,ij->i", self.samples, self.samples).max())
+        return _read_only(Y.T[None]), zmax
 
     def _tilt(self, A):
         """The softmax over the support for queries ``A`` ``(m, D)`` (one group of
