@@ -50,7 +50,7 @@ from ._version import __version__
 from .engine.experiments import ENV, experiments
 from .engine.experiments import get as get_experiment
 from .engine.storage import (FOLDER_RULE, RESULTS_ENV, ResultsError, changed_input_files, default_results_dir,
-                      ensure_writable, results_path, save)
+                      ensure_writable, record_cell_kernels, results_path, save)
 
 __all__ = ["main"]
 
@@ -337,10 +337,11 @@ def run_experiment(experiment, config, out_dir, name, args):
             local, why = _declared_processes(experiment, config, out_dir, args.fresh)
             if not args.quiet:
                 print(f"local scheduler: {local}: {why}", flush=True)
-        ds, wall, label = compute(lazy, scheduler=local, workers=args.workers,
-                                  address=args.scheduler, progress=not args.quiet, verbose=args.verbose)
+        ds, wall, label = compute(lazy, scheduler=local, workers=args.workers, address=args.scheduler,
+                                  progress=not args.quiet, verbose=args.verbose, store=store)
         ds.attrs["cell_seconds"] = json.dumps(store.cell_seconds())   # what each cell cost when computed
         ds.attrs["cell_exponentials"] = json.dumps(store.cell_exponentials())
+        record_cell_kernels(ds, store.blas_kernels())
         save(ds, path)
         if not args.quiet:
             print(f"wrote {path} in {wall:.1f} s ({label})\n")

@@ -16,9 +16,13 @@ and the code fingerprint it was computed with, so :func:`survey` tells the
 cells the current code can still serve from the stale ones (``sfxlin cells``), and
 :func:`prune` removes those.
 
-Every file is written atomically (temporary file + rename) by whichever process computed it: no
-two processes write the same file, no HDF5 file is shared, and a writer killed mid-write leaves
-no file under the final name. A damaged file (truncated, foreign) is recomputed.
+Every file is written atomically (temporary file + rename), and a writer killed mid-write leaves
+no file under the final name. A damaged file (truncated, foreign) is recomputed. On the local
+schedulers the process that computed a cell writes it (the folder is absolute, so a pool worker
+writes where the run asked); on a dask cluster the client does, as each cell arrives
+(:mod:`sfxlin.engine.cluster`): a worker never writes, so the cells land in ``--out`` whatever
+the workers' folders or file systems, and a worker that tries is refused
+(:class:`WorkerWriteError`). Each file records the BLAS kernel that computed it too.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ import itertools
 import json
 import os
 import shutil
+import sys
 import threading
 import zipfile
 import zlib
@@ -40,13 +45,20 @@ import numpy as np
 from .schema import SCHEMA_VERSION
 from .sweep import coordinate_text
 
-__all__ = ["CellStore", "KeptCells", "cell_fingerprint", "code_fingerprint", "experiment_code", "prune", "survey"]
+__all__ = ["CellStore", "KeptCells", "WorkerWriteError", "cell_fingerprint", "code_fingerprint", "experiment_code",
+           "prune", "survey"]
 
 _FINGERPRINT_KEY = "__cell_fingerprint__"
 _CODE_KEY = "__code_fingerprint__"
 _SECONDS_KEY = "__seconds__"
 _EXPONENTIALS_KEY = "__exponentials__"
-_META_KEYS = (_FINGERPRINT_KEY, _CODE_KEY, _SECONDS_KEY, _EXPONENTIALS_KEY)
+_BLAS_KEY = "__blas__"
+_META_KEYS = (_FINGERPRINT_KEY, _CODE_KEY, _SECONDS_KEY, _EXPONENTIALS_KEY, _BLAS_KEY)
+
+
+class WorkerWriteError(RuntimeError):
+    """A cell store written from a dask.distributed worker: on a cluster the client writes the cells
+    (``compute(ds, address=..., store=store)``), since a worker's folder may not be the run's."""
 
 
 @functools.lru_cache(maxsize=None)
@@ -98,7 +110,8 @@ class CellStore:
     """
 
     def __init__(self, folder, experiment, config, fresh: bool = False):
-        self.folder = Path(folder)
+        self.folder = Path(folder).absolute()   # the caller's folder, whichever process writes
+        self.experiment, self.config = experiment, config
         self.experiment_name = experiment.name
         self.code = experiment_code(experiment)
         self._names, self._cells = {}, {}
@@ -114,6 +127,10 @@ class CellStore:
 
     def __repr__(self):
         return f"CellStore({str(self.folder)!r}, {self.count()} of {len(self._names)} cells kept)"
+
+    def fingerprint(self, cell, part="") -> str:
+        """The fingerprint of ``cell`` of ``part`` (its file's name)."""
+        return self._names[_cell_key(cell, part)]
 
     def _path(self, cell, part="") -> Path:
         return self._path_of_key(_cell_key(cell, part))
@@ -138,14 +155,33 @@ class CellStore:
             path.unlink(missing_ok=True)
             return None
 
-    def save(self, cell, outputs, part="", seconds=None, exponentials=None):
+    def is_kept(self, cell, part="") -> bool:
+        """Whether ``cell`` of ``part`` has a kept file that names its fingerprint (read without its
+        outputs; :meth:`load` still recomputes a file damaged beyond its directory)."""
+        path = self._path(cell, part)
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                return str(data[_FINGERPRINT_KEY]) == path.stem[len("cell_"):]
+        except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile, zlib.error):
+            return False
+
+    def missing(self) -> list:
+        """``[(part, cell), ...]``: the cells of this configuration not kept (:meth:`is_kept`), in
+        grid order."""
+        return [(part, cell) for part, cell in self._cells.values() if not self.is_kept(cell, part)]
+
+    def save(self, cell, outputs, part="", seconds=None, exponentials=None, blas=None):
         """Keep one finished cell of ``part`` (the folder is made by the first save), with the
-        ``seconds`` its kernel took and the ``exponentials`` it computed in the softmax core
-        (:func:`sfxlin.softmax_core.exponentials`) when given."""
+        ``seconds`` its kernel took, the ``exponentials`` it computed in the softmax core
+        (:func:`sfxlin.softmax_core.exponentials`) and the ``blas`` kernel that computed it when
+        given. Refused in a dask.distributed worker (:class:`WorkerWriteError`)."""
+        _refuse_in_a_worker(self.folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self._path(cell, part)
         tmp = path.with_name(f".{path.stem}.{os.getpid()}.{threading.get_ident()}.partial.npz")
         meta = {_FINGERPRINT_KEY: np.array(path.stem[len("cell_"):]), _CODE_KEY: np.array(self.code)}
+        if blas is not None:
+            meta[_BLAS_KEY] = np.array(blas)
         if seconds is not None:
             meta[_SECONDS_KEY] = np.float64(seconds)
         if exponentials is not None:
@@ -168,6 +204,11 @@ class CellStore:
         in the softmax core when it was computed (None as in :meth:`cell_seconds`)."""
         return self._recorded_rows(_EXPONENTIALS_KEY, int)
 
+    def blas_kernels(self) -> set:
+        """The BLAS kernels recorded by this configuration's cells, with None for a cell that
+        records none (not kept, or kept before cells recorded them)."""
+        return {row[2] for row in self._recorded_rows(_BLAS_KEY, str)}
+
     def _recorded_rows(self, key, cast):
         return [[part, {dim: _json_default(v) if isinstance(v, np.generic) else v for dim, v in cell.items()},
                  _recorded(self._path_of_key(name), key, cast)] for name, (part, cell) in self._cells.items()]
@@ -178,6 +219,19 @@ class CellStore:
 
     def discard(self):
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _refuse_in_a_worker(folder):
+    """:class:`WorkerWriteError` when called in a dask.distributed worker's task."""
+    worker = sys.modules.get("distributed.worker")
+    if worker is None:
+        return
+    try:
+        address = worker.get_worker().address
+    except ValueError:   # not in a worker's task
+        return
+    raise WorkerWriteError(f"the cell store {folder} is written by the client on a dask cluster, not by worker "
+                           f"{address} (whose folder may not be the run's): compute(ds, address=..., store=store)")
 
 
 def _cell_key(cell, part=""):

@@ -23,7 +23,7 @@ import dask
 import xarray as xr
 from dask.callbacks import Callback
 
-__all__ = ["compute", "scheduler_label", "CellProgress", "follow_parent"]
+__all__ = ["compute", "scheduler_label", "CellProgress", "LineProgress", "follow_parent"]
 
 LOCAL_SCHEDULERS = ("threads", "synchronous", "processes")
 
@@ -71,45 +71,41 @@ def _client(workers=None, address=None):
         yield client
 
 
-class CellProgress(Callback):
-    """Progress of a sweep in cells (not dask tasks), with elapsed time and ETA.
+class LineProgress:
+    """Progress in counted units (cells, or tasks of cells) with elapsed time and ETA.
 
-    Counts the tasks of blocks of cells of ``experiment`` (the engine names every block
-    ``<experiment>[/<part>]-block-<cells>-<token>``, :func:`block_name`). On a terminal, one bar redrawn in place (``\\r``); written to
-    a file or a pipe (``stream.isatty()`` false), whole lines: one at the start, then one each
-    time another ``LINE_FRACTION`` of the blocks has finished or ``LINE_SECONDS`` have passed
-    since the last line, and one when the last block finishes, so a log stays short and
-    readable. ``verbose`` adds one line per finished block.
+    On a terminal, one bar redrawn in place (``\\r``); written to a file or a pipe
+    (``stream.isatty()`` false), whole lines: one at the start, then one each time another
+    ``LINE_FRACTION`` of the units has finished or ``LINE_SECONDS`` have passed since the last
+    line, and one when the last finishes, so a log (a SLURM job's, a CI run's) stays short and
+    readable. ``verbose`` adds one line per finished unit that :meth:`advance` names.
     """
 
     LINE_FRACTION = 0.05
     LINE_SECONDS = 30.0
 
-    def __init__(self, experiment, total, stream=None, verbose=False, width=30):
-        super().__init__()
-        self.experiment, self.total, self.verbose, self.width = experiment, total, verbose, width
+    def __init__(self, unit="cells", stream=None, verbose=False, width=30):
+        self.unit, self.verbose, self.width = unit, verbose, width
         self.stream = stream or sys.stderr
         isatty = getattr(self.stream, "isatty", None)
         self.tty = bool(isatty and isatty())
-        self.done, self.start = 0, None
+        self.total, self.done, self.start = 0, 0, None
         self._line_done, self._line_time = 0, None
 
-    def _start(self, dsk):
-        self.start = time.perf_counter()
+    def begin(self, total):
+        self.total, self.done = total, 0
+        self.start, self._line_done, self._line_time = time.perf_counter(), 0, None
         self._draw()
 
-    def _posttask(self, key, result, dsk, state, worker_id):
-        name = key if isinstance(key, str) else str(key[0]) if isinstance(key, tuple) else str(key)
-        cells = block_name(name, self.experiment)
-        if cells is None:
-            return
+    def advance(self, what=None):
+        """One more unit finished (``what``: its name, for the verbose line)."""
         self.done += 1
-        if self.verbose:
-            line = f"  finished cells {cells} at {time.perf_counter() - self.start:.1f} s"
+        if self.verbose and what is not None:
+            line = f"  finished {what} at {time.perf_counter() - self.start:.1f} s"
             self.stream.write(f"\r{line}{' ' * 30}\n" if self.tty else f"{line}\n")
         self._draw()
 
-    def _finish(self, dsk, state, errored):
+    def end(self):
         if self.tty:
             self.stream.write("\n")
         self.stream.flush()
@@ -121,7 +117,7 @@ class CellProgress(Callback):
         if self.tty:
             eta = f"ETA {elapsed / frac * (1 - frac):5.0f} s" if 0 < frac < 1 else " " * 9
             bar = "#" * int(round(self.width * frac))
-            self.stream.write(f"\r[{bar:<{self.width}}] {self.done}/{self.total} tasks of cells, "
+            self.stream.write(f"\r[{bar:<{self.width}}] {self.done}/{self.total} {self.unit}, "
                               f"{elapsed:5.0f} s elapsed, {eta}")
         else:
             due = (self._line_time is None or self.done == self.total
@@ -131,8 +127,31 @@ class CellProgress(Callback):
                 return
             self._line_done, self._line_time = self.done, now
             eta = f", ETA {elapsed / frac * (1 - frac):.0f} s" if 0 < frac < 1 else ""
-            self.stream.write(f"{self.done}/{self.total} tasks of cells, {elapsed:.0f} s elapsed{eta}\n")
+            self.stream.write(f"{self.done}/{self.total} {self.unit}, {elapsed:.0f} s elapsed{eta}\n")
         self.stream.flush()
+
+
+class CellProgress(Callback):
+    """:class:`LineProgress` of a local sweep, counting the tasks of blocks of cells of
+    ``experiment`` (the engine names every block ``<experiment>[/<part>]-block-<cells>-<token>``,
+    :func:`block_name`), not dask tasks."""
+
+    def __init__(self, experiment, total, stream=None, verbose=False, width=30):
+        super().__init__()
+        self.experiment, self.total = experiment, total
+        self.lines = LineProgress("tasks of cells", stream, verbose, width)
+
+    def _start(self, dsk):
+        self.lines.begin(self.total)
+
+    def _posttask(self, key, result, dsk, state, worker_id):
+        name = key if isinstance(key, str) else str(key[0]) if isinstance(key, tuple) else str(key)
+        cells = block_name(name, self.experiment)
+        if cells is not None:
+            self.lines.advance(f"cells {cells}")
+
+    def _finish(self, dsk, state, errored):
+        self.lines.end()
 
 
 def block_name(key, experiment):
@@ -176,7 +195,7 @@ class CellTimeline(Callback):
             self.rows.append([block, thread, round(start, 3), round(time.perf_counter() - self.t0, 3)])
 
 
-def compute(ds: xr.Dataset, scheduler=None, workers=None, address=None, progress=True, verbose=False):
+def compute(ds: xr.Dataset, scheduler=None, workers=None, address=None, progress=True, verbose=False, store=None):
     """Compute ``ds`` and return ``(computed_ds, wall_seconds, scheduler_label)``; the result's
     attrs record ``wall_seconds``, ``scheduler`` and, on a local scheduler, ``cell_timeline``
     (JSON of :class:`CellTimeline`: each block of cells with its thread, start and end).
@@ -185,9 +204,15 @@ def compute(ds: xr.Dataset, scheduler=None, workers=None, address=None, progress
     processes) and ``address`` (an existing cluster) is given: ValueError otherwise, since the
     others would be ignored.
 
-    Shows a progress bar counting blocks of cells with an ETA locally (:class:`CellProgress`),
-    the distributed progress bar (one bar per task kind, ``*-block`` being the cells) under a
-    Client, unless ``progress`` is False.
+    ``store``: the :class:`~sfxlin.engine.cellstore.CellStore` ``ds`` was built with. On a cluster
+    (``workers`` or ``address``) it is required when ``ds`` has one: the cluster computes the cells
+    the store lacks and the client keeps each as it arrives (:func:`sfxlin.engine.cluster.fill`,
+    which also refuses workers running other code), then ``ds`` is assembled from the store here.
+    Without a store the cluster computes ``ds`` itself and the arrays come back to the client.
+
+    Shows progress in cells with an ETA (:class:`LineProgress`: a bar on a terminal, a line per 5%
+    in a file or pipe) unless ``progress`` is False; on an existing cluster it first prints the
+    address of its dashboard.
     """
     if scheduler is not None and scheduler not in LOCAL_SCHEDULERS:
         raise ValueError(f"unknown scheduler {scheduler!r}; expected one of {LOCAL_SCHEDULERS}")
@@ -199,18 +224,24 @@ def compute(ds: xr.Dataset, scheduler=None, workers=None, address=None, progress
         raise ValueError(f"give at most one of scheduler, workers and address, got {' and '.join(chosen)}")
     label = scheduler_label(scheduler, workers, address)
     start = time.perf_counter()
+    name = ds.attrs.get("experiment", "")
     with _client(workers, address) as client:
-        if client is not None:
+        if client is not None and progress and address and client.dashboard_link:
+            print(f"dask dashboard: {client.dashboard_link}", file=sys.stderr, flush=True)
+        if client is not None and store is not None:
+            from .cluster import fill
+
+            fill(client, store, LineProgress("cells", verbose=verbose) if progress else None)
+            # every cell is kept now: the blocks only read them (a file damaged meanwhile is recomputed here)
+            with dask.config.set({"scheduler": "synchronous"}):
+                result = ds.compute()
+        elif client is not None:
             persisted = ds.persist()
             if progress:
-                from distributed import progress as dist_progress
-
-                dist_progress(persisted, notebook=False)
-                print()
+                _follow(persisted, LineProgress("tasks", verbose=verbose))
             result = persisted.compute()
         else:
             bar = contextlib.nullcontext()
-            name = ds.attrs.get("experiment", "")
             if progress:
                 bar = CellProgress(name, _n_block_tasks(ds, name), verbose=verbose)
             timeline = CellTimeline(name)
@@ -226,3 +257,16 @@ def compute(ds: xr.Dataset, scheduler=None, workers=None, address=None, progress
     wall = time.perf_counter() - start
     result.attrs.update(wall_seconds=float(wall), scheduler=label)
     return result, wall, label
+
+
+def _follow(persisted, lines):
+    """Count the tasks of ``persisted`` (a Dataset persisted on a cluster) on ``lines`` as they finish."""
+    from distributed import as_completed, futures_of
+
+    futures = futures_of(persisted)
+    lines.begin(len(futures))
+    try:
+        for _ in as_completed(futures):
+            lines.advance()
+    finally:
+        lines.end()

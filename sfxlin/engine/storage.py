@@ -14,7 +14,7 @@ import xarray as xr
 from .._version import __version__
 from .schema import SCHEMA_VERSION
 
-__all__ = ["save", "ensure_writable", "blas_kernel", "open_results", "results_path", "provenance", "input_files",
+__all__ = ["save", "ensure_writable", "blas_kernel", "record_cell_kernels", "open_results", "results_path", "provenance", "input_files",
            "changed_input_files", "default_results_dir", "FOLDER_RULE", "RESULTS_ENV", "ResultsError"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]   # sfxlin/engine/storage.py -> the source tree
@@ -72,6 +72,18 @@ def _library_versions():
     return {"python": sys.version.split()[0], "numpy": np.__version__, "xarray": xr.__version__,
             "dask": dask.__version__, "netCDF4": netCDF4.__version__, "blas": blas_kernel(),
             **{name: version(name) for name in ("scikit-learn", "jax", "jaxlib", "optax")}}
+
+
+def record_cell_kernels(ds, kernels) -> None:
+    """Make ``library_versions.blas`` of ``ds`` name every BLAS kernel that computed its cells:
+    ``kernels`` (:meth:`~sfxlin.engine.cellstore.CellStore.blas_kernels`: those recorded by the kept
+    cells, which may differ from this process's on a cluster of mixed CPUs or for cells kept from a
+    run under another ``OPENBLAS_CORETYPE``; None, a cell that recorded none, counts as this
+    process's), sorted and joined by ``"; "``."""
+    versions = json.loads(ds.attrs.get("library_versions", "{}"))
+    if versions and kernels:
+        versions["blas"] = "; ".join(sorted({versions["blas"] if k is None else k for k in kernels}))
+        ds.attrs["library_versions"] = json.dumps(versions, sort_keys=True)
 
 
 def provenance(experiment, config, call=None):

@@ -358,8 +358,10 @@ def _run_block(experiment, config, part, ranges, store=None):
             start, n_exp = time.perf_counter(), softmax_core.exponentials()
             out = run_cell(experiment, config, cell, part)
             if store is not None:
+                from .storage import blas_kernel
+
                 store.save(cell, out, part, seconds=time.perf_counter() - start,
-                           exponentials=softmax_core.exponentials() - n_exp)
+                           exponentials=softmax_core.exponentials() - n_exp, blas=blas_kernel())
         results.append(out)
     out = {}
     for var in experiment.part_variables(part):
