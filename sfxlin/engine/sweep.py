@@ -34,10 +34,11 @@ import importlib
 import itertools
 import json
 import math
+import sys
 import time
 import types
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 import dask
@@ -138,6 +139,9 @@ class Experiment:
     scheduler ``sfxlin run`` uses when none is asked (None: threads); ``"processes"`` for a few long
     cells made of many small numpy calls, which contend for the GIL on two threads (C3: a cell takes
     ~30% longer beside another on threads; docs/performance.md). The bits do not depend on it.
+    ``module`` names the module that declares the experiment (default: the module whose code calls
+    ``Experiment(...)``, as for a ``namedtuple``); with its kernels' and analysis modules it is where
+    the cell store starts the import closure it fingerprints (:func:`sfxlin.engine.cellstore.experiment_code`).
     """
 
     name: str
@@ -151,8 +155,11 @@ class Experiment:
     title: str = ""
     analysis: str | None = None
     scheduler: str | None = None
+    module: str | None = field(default=None, compare=False)
 
     def __post_init__(self):
+        if self.module is None:   # frames: this method, the generated __init__, the caller
+            object.__setattr__(self, "module", sys._getframe(2).f_globals.get("__name__"))
         if self.scheduler not in (None, "threads", "synchronous", "processes"):
             raise ValueError(f"{self.name}: scheduler must be None, 'threads', 'synchronous' or 'processes', "
                              f"got {self.scheduler!r}")
