@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from sfxlin.engine.cellstore import code_fingerprint, experiment_code, import_closure
+from sfxlin.engine.cellstore import code_fingerprint, experiment_code
+from sfxlin.engine.closure import import_closure
 from sfxlin.engine.experiments import ENV, experiments
 from sfxlin.engine.params import Param
 from sfxlin.engine.sweep import Experiment, Part, Variable
