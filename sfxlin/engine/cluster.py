@@ -91,7 +91,7 @@ def _refuse(expected, got):
                              "versions): its cells are refused, none was kept")
 
 
-def absolute_inputs(experiment, config):
+def absolute_inputs(config):
     """``config`` with every file parameter's path made absolute in this process's folder (a
     ``file.nc:variable`` keeps its variable): what the workers read. The digests are the ones
     taken when ``config`` was made, so a worker reading another file is caught."""
@@ -127,7 +127,13 @@ def check_workers(client, experiment, config, expected):
     """Ask every connected worker for its :func:`origin` and whether it reads every input file of
     ``config`` as configured: :class:`WorkerMismatch` naming the first that does not."""
     files = {name: (config[name], sha256) for name, sha256 in getattr(config, "digests", {}).items()}
-    for address, (got, problems) in sorted(client.run(_check_worker, experiment, files).items()):
+    try:
+        answers = client.run(_check_worker, experiment, files)
+    except Exception as exc:   # a worker that cannot even load the experiment's code
+        raise WorkerMismatch(f"a worker cannot load {experiment.name}'s code ({type(exc).__name__}: {exc}); every "
+                             "worker needs the client's install (the same sfxlin checkout, the same outside "
+                             "experiment modules on its path)") from exc
+    for address, (got, problems) in sorted(answers.items()):
         _refuse(expected, {**got, "where": address})
         for name, why in problems.items():
             raise WorkerMismatch(f"{name}: worker {address} {why}; on a cluster every input file must be readable by "
@@ -152,7 +158,7 @@ def fill(client, store, progress=None, stream=None) -> set:
 
     experiment, config = store.experiment, store.config
     expected = origin(experiment)
-    remote = absolute_inputs(experiment, config)
+    remote = absolute_inputs(config)
     check_workers(client, experiment, remote, expected)
     todo = store.missing()
     if progress is not None:
@@ -169,6 +175,7 @@ def fill(client, store, progress=None, stream=None) -> set:
             _refuse(expected, got)
             store.save(cell, out, part, seconds=seconds, exponentials=exponentials, blas=got["blas"])
             kernels.add(got["blas"])
+            future.release()   # kept: the worker may forget it
             if progress is not None:
                 progress.advance()
     finally:
