@@ -26,6 +26,20 @@ options, the backend and the jax/jaxlib versions.
 ``SFXLIN_JAX_CACHE=off`` turns it off; ``SFXLIN_JAX_CACHE=DIR`` moves it. A cache folder is
 trusted code: keep it where only you write (JAX's own warning). A quick ``c3_deep`` run adds about
 300 kB; the folder is bounded by :data:`CACHE_MAX_BYTES` and can be deleted at any time.
+
+**One thread inside a program.** XLA's CPU backend runs a compiled program's matrix products
+(Eigen) and YNNPACK fusions on an intra-op thread pool sized when the backend starts:
+``PJRT_NPROC``, else ``NPROC``, else the CPUs the process may run on. A product with a long
+contracted dimension (``Z^T Z`` over 16384 tokens: linear attention, the token moments) is summed
+in pieces by thread, so its bits followed the pool: pools of 1, 2, 4 and 8 threads gave four
+different results, and a cache entry runs on the pool of the process that loads it. Unless the
+user set ``PJRT_NPROC``, this module sets it to :data:`POOL_THREADS` (one) in ``os.environ`` before
+JAX starts its backend; pool workers and subprocesses inherit it. Every sum of a compiled program
+then runs on one thread in one order, whatever the cores, ``NPROC``, load, scheduler or cache
+state; cells run in parallel on the engine's threads or processes instead. ``XLA_FLAGS`` is left
+as the user set it (``--xla_cpu_multi_thread_eigen=false`` does not reach the products of XLA's
+thunk runtime). A backend started before this import keeps its pool, with a warning. docs/deep.md
+has the measurements.
 """
 from __future__ import annotations
 
@@ -39,12 +53,34 @@ jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402  (after the float64 switch)
 
-__all__ = ["jax", "jnp", "cache_dir", "platforms", "CACHE_MAX_BYTES"]
+__all__ = ["jax", "jnp", "cache_dir", "platforms", "pool_threads", "CACHE_MAX_BYTES", "POOL_THREADS"]
 
 #: bound of the cache folder: JAX evicts the least recently used programs beyond it. Setting a bound
 #: also makes JAX take a file lock (the ``filelock`` package) around every read and write of the
 #: folder, so a worker never reads an entry another worker is still writing
 CACHE_MAX_BYTES = 1 << 30
+
+#: the threads of XLA's CPU thread pool (``PJRT_NPROC``) in every process of the model family
+POOL_THREADS = 1
+
+
+def pool_threads(environ=os.environ):
+    """The ``PJRT_NPROC`` this module gives XLA's CPU backend: :data:`POOL_THREADS` as a string;
+    None when the user set ``PJRT_NPROC`` (then the user's pool size applies, and the bits follow it)."""
+    if environ.get("PJRT_NPROC"):
+        return None
+    return str(POOL_THREADS)
+
+
+def _set_pool_threads(chosen, environ=os.environ):
+    """Set ``PJRT_NPROC`` to ``chosen`` for the backend JAX starts later; warn when it has started."""
+    environ["PJRT_NPROC"] = chosen
+    from jax._src import xla_bridge
+
+    if xla_bridge.backends_are_initialized():
+        warnings.warn(f"sfxlin: JAX's backend started before sfxlin.models was imported; its CPU thread pool keeps "
+                      f"its size instead of PJRT_NPROC={chosen}, so a cell's bits may depend on the number of "
+                      "cores (import sfxlin.models before any JAX work)", stacklevel=3)
 
 
 def cache_dir(environ=os.environ):
@@ -94,6 +130,10 @@ def _set_platforms(chosen):
                            "a GPU needs JAX's CUDA wheels (pip install 'jax[cuda12]'); unset the variable to run "
                            "on the CPU") from exc
 
+
+_threads = pool_threads()
+if _threads is not None:
+    _set_pool_threads(_threads)
 
 _chosen = platforms()
 if _chosen is not None:
