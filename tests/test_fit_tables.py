@@ -125,9 +125,10 @@ def test_the_generic_lookups_honour_a_module_written_outside():
     """A module with a verdicts of its own (flags of its own) is judged by it; one without goes
     through its CRITERIA; one with a text fit_table and no tables gives that text."""
     ds = synthetic.c1()
-    own = SimpleNamespace(CRITERIA=c1.CRITERIA, verdicts=lambda ds: ["own rows"], fit_table=lambda ds: "own text")
+    own = SimpleNamespace(CRITERIA=c1.CRITERIA, verdicts=lambda ds, resamples=100: ["own rows"],
+                          fit_table=lambda ds: "own text", figure=c1.figure)
     assert verdicts(ds, own) == ["own rows"] and fit_tables(ds, own) == "own text"
-    plain = SimpleNamespace(CRITERIA=c1.CRITERIA, fit_tables=c1.fit_tables)
+    plain = SimpleNamespace(CRITERIA=c1.CRITERIA, fit_tables=c1.fit_tables, figure=c1.figure)
     assert [r.verdict for r in verdicts(ds, plain)] == [r.verdict for r in c1.CRITERIA.verdicts(ds)]
     assert list(fit_tables(ds, plain)) == ["slopes", "paper_form", "ar1"]
 
