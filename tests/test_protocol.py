@@ -61,7 +61,8 @@ def test_an_experiment_that_is_not_one_is_refused(outside, monkeypatch):
 
 def test_an_analysis_module_that_cannot_be_found_is_refused_when_the_experiment_is_loaded(outside, monkeypatch):
     monkeypatch.setenv(ENV, outside("lost_pipeline", PIPELINE_SOURCE.format(name="lost", analysis="no_such_analysis")))
-    with pytest.raises(ValueError, match="'lost' .* names the analysis module 'no_such_analysis', which cannot be found"):
+    with pytest.raises(ValueError, match="'lost' .* names the analysis module 'no_such_analysis', which cannot be "
+                                         "found"):
         experiments()
 
 
