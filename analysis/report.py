@@ -26,8 +26,6 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import html
-import importlib
-import inspect
 import io
 import json
 import math
@@ -38,6 +36,7 @@ from pathlib import Path
 
 import xarray as xr
 
+from ..engine.protocol import Analysis, ProtocolError, load_analysis
 from ..engine.storage import ResultsError, open_results
 from .tables import to_html, to_markdown as tables_markdown, to_text
 from .verdicts import FAIL, INCONCLUSIVE, NOT_JUDGED, PASS, calibration_note, count_verdicts, multiplicity_line
@@ -51,46 +50,36 @@ PROVENANCE = ("profile", "created", "wall_seconds", "scheduler", "git_revision",
 COUNTS = (PASS, FAIL, INCONCLUSIVE, NOT_JUDGED, "fragile")
 
 
-def analysis_for(ds: xr.Dataset):
-    """The analysis module a results Dataset names in its ``analysis`` attr."""
+def analysis_for(ds: xr.Dataset) -> Analysis:
+    """The analysis module a results Dataset names in its ``analysis`` attr, checked against the
+    plug-in protocol (:class:`~sfxlin.engine.protocol.Analysis`)."""
     name = ds.attrs.get("analysis")
     if not name:
         raise ValueError(f"the file names no analysis module (attr 'analysis'; experiment "
                          f"{ds.attrs.get('experiment')!r})")
-    try:
-        return importlib.import_module(name)
-    except ImportError as exc:
-        raise ValueError(f"its analysis module {name!r} cannot be imported ({exc})") from None
+    return load_analysis(name)
+
+
+def _analysis(ds, module) -> Analysis:
+    """``module`` (a module, or an :class:`Analysis`) as an :class:`Analysis`; default: :func:`analysis_for`."""
+    if module is None:
+        return analysis_for(ds)
+    return module if isinstance(module, Analysis) else Analysis(module)
 
 
 def verdicts(ds: xr.Dataset, module=None, *, resamples: int | None = None) -> list:
     """The verdict rows of a results Dataset by its analysis module (``module``, default
-    :func:`analysis_for`): the module's ``verdicts`` (in sfxlin's modules ``CRITERIA.verdicts``;
-    a module written outside may add flags of its own there), else ``CRITERIA.verdicts``.
+    :func:`analysis_for`): the module's own ``verdicts``, else its ``CRITERIA.verdicts``.
     ``resamples`` (default: the module's, :data:`.verdicts.RESAMPLES`) sets how many resamples of
-    the independent units each verdict's robustness takes (0: none), for a ``verdicts`` that
-    takes the keyword."""
-    module = analysis_for(ds) if module is None else module
-    judge = getattr(module, "verdicts", None) or module.CRITERIA.verdicts
-    if resamples is None or not _takes(judge, "resamples"):
-        return judge(ds)
-    return judge(ds, resamples=resamples)
-
-
-def _takes(func, keyword) -> bool:
-    try:
-        params = inspect.signature(func).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(p.name == keyword or p.kind is p.VAR_KEYWORD for p in params)
+    the independent units each verdict's robustness takes (0: none)."""
+    return _analysis(ds, module).verdicts(ds, resamples=resamples)
 
 
 def fit_tables(ds: xr.Dataset, module=None):
     """The fit tables of a results Dataset, ``{name: table}`` (:mod:`.tables`), from its analysis
     module (``module``, default :func:`analysis_for`); a module without ``fit_tables`` (one written
     before the tables were data) gives the text of its own ``fit_table(ds)``."""
-    module = analysis_for(ds) if module is None else module
-    return module.fit_tables(ds) if hasattr(module, "fit_tables") else module.fit_table(ds)
+    return _analysis(ds, module).fit_tables(ds)
 
 
 def fit_table(ds: xr.Dataset) -> str:
@@ -157,7 +146,8 @@ def _sections(folder: Path, on_skip, resamples=None, on_verdicts=None):
     for path in sorted(p for p in folder.glob("*.nc") if not p.name.startswith(".")):
         try:
             sec = _section(path, resamples)
-        except (ResultsError, ValueError, KeyError) as exc:  # unreadable, other schema, not an sfxlin file
+        except (ResultsError, ValueError, KeyError, ProtocolError) as exc:  # unreadable, other schema, not an
+            # sfxlin file, an analysis module that cannot serve
             reason = str(exc)
             reason = f"it {reason[len(str(path)) + 1:]}" if reason.startswith(f"{path} ") else reason
             skipped.append((path, reason))

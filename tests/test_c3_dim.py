@@ -2,7 +2,6 @@
 one that stops at the init), the bit-identity of its trajectory with a joint run, one cell against an
 independent recomputation (plain per-L loop, the closed-form population risk), the analysis on a
 synthetic file with a known answer, the criteria's behaviour, the quick profile end to end."""
-import json
 
 import numpy as np
 import pytest
@@ -13,9 +12,10 @@ from sfxlin.analysis import c3_dim as analysis
 from sfxlin.analysis.verdicts import FAIL, INCONCLUSIVE, NOT_JUDGED, PASS
 from sfxlin.engine import storage
 from sfxlin.engine.execution import compute
-from sfxlin.engine.sweep import build, cell_rng, criteria_of, run_cell
+from sfxlin.engine.sweep import build, cell_rng, run_cell
 from sfxlin.pipelines import c3_dim as c3d
 from sfxlin.testing import reference_c3
+from synthetic import C3_DIM_L as L_SYN, c3_dim as synthetic
 
 EXPERIMENT = c3d.EXPERIMENT
 
@@ -145,48 +145,6 @@ def test_kernel_matches_an_independent_recomputation():
 
 
 # --------------------------------------------------------------------------- synthetic, known answers
-
-L_SYN = np.array([8, 16, 32, 64, 128, 256, 512])
-D_SYN = (3, 8, 16)
-SEED_F = np.array([0.9, 1.0, 1.1])
-
-
-def synthetic(D_slope=-0.3, excess_slope=-1.0, T_slope=-0.5, not_converged=0):
-    """A c3_dim file with a known answer: per seed ``g``, ``max_t D_inf = f_g (L / 8)^D_slope`` (softmax),
-    held-out risk of softmax(L) = ``risk_inf + 0.1 f_g (L / 8)^excess_slope``, ``T_conv = 400 f_g
-    (d / 3)^T_slope`` (both settings); d = 16 capped at L = 128 (NaN beyond); ``not_converged`` runs
-    of (isotropic, d = 8) flagged."""
-    S, G = ["isotropic", "power_law:1.0"], len(SEED_F)
-    L = L_SYN.astype(float)
-    f = SEED_F[None, None, :, None, None]
-    shape = (2, len(D_SYN), G, 2, L.size)
-    Dm = np.broadcast_to(f * (L / 8) ** D_slope, shape).copy()
-    inf = np.full((2, len(D_SYN), G), 0.02)
-    ho = np.broadcast_to(0.02 + 0.1 * f * (L / 8) ** excess_slope, shape).copy()
-    cap = L > 128
-    for a in (Dm, ho):
-        a[:, 2, :, :, cap] = np.nan
-    T = 400 * SEED_F[None, None, :] * (np.array(D_SYN, float)[None, :, None] / 3) ** T_slope
-    T = np.broadcast_to(T, (2, len(D_SYN), G)).copy()
-    conv = np.ones((2, len(D_SYN), G), dtype=np.int8)
-    conv[0, 1, :not_converged] = 0
-    g = ("setting", "d", "seed")
-    gm = g + ("model", "L")
-    ob = np.zeros(shape)
-    ob[:, 2, :, :, cap] = np.nan
-    ds = xr.Dataset(
-        {"D_inf_max": (gm, Dm), "risk_heldout": (gm, ho), "risk_heldout_inf": (g, inf), "T_conv": (g, T),
-         "converged": (g, conv), "off_block": (gm, ob), "inf_rerun_diff": (g, np.zeros(T.shape)),
-         "risk_pop_inf": (g, np.full(T.shape, 0.004)), "risk_pop_init": (g, np.full(T.shape, 0.5)),
-         "dist_star_inf": (g, np.full(T.shape, 0.1)), "norm_star": (g, np.full(T.shape, 2.0)),
-         "risk_train_inf": (g, np.full(T.shape, 1e-3)), "n_pairs": (g, np.full(T.shape, 18.0))},
-        coords={"setting": S, "d": list(D_SYN), "seed": np.arange(G), "model": ["softmax", "linear"], "L": L_SYN,
-                "t": np.arange(0, 1001, 25)})
-    exp = EXPERIMENT
-    ds.attrs.update(experiment=exp.name, analysis=exp.analysis, title=exp.title, profile="paper",
-                    criteria=json.dumps(criteria_of(exp)), config=json.dumps({"lr": 0.01, "tol": 0.01}))
-    return ds
-
 
 def test_slopes_and_T_growth_recover_the_known_answer():
     s = analysis.slopes(synthetic())

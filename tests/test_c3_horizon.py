@@ -13,9 +13,11 @@ from sfxlin.analysis import c3_horizon as analysis
 from sfxlin.analysis.verdicts import FAIL, INCONCLUSIVE, NOT_JUDGED, PASS
 from sfxlin.engine import storage
 from sfxlin.engine.execution import compute
-from sfxlin.engine.sweep import build, cell_rng, criteria_of, run_cell
+from sfxlin.engine.sweep import build, cell_rng, run_cell
 from sfxlin.pipelines import c3_horizon as c3h
 from sfxlin.testing import reference_c3
+from synthetic import (C3_HORIZON_K as K, C3_HORIZON_L as L_SYN, C3_HORIZON_PER_OCTAVE as PER_OCTAVE,
+                       C3_HORIZON_RATE as RATE, C3_HORIZON_T_MAX as T_MAX, c3_horizon as synthetic)
 
 EXPERIMENT = c3h.EXPERIMENT
 SMALL = dict(settings=["anisotropic"], n_seeds=1, n_pairs=2, n_queries=2, L=[4, 8, 16], n_steps=50, per_octave=4)
@@ -122,51 +124,6 @@ def test_theta_star_is_the_zero_risk_point_that_theta_inf_approaches():
 
 
 # --------------------------------------------------------------------------- synthetic, known answers
-
-T_MAX, PER_OCTAVE, RATE = 4000, 16, 3.6e-4
-L_SYN = np.array([8, 16, 32, 64, 128, 256, 512])
-K = np.array([0.8, 1.0, 1.25])          # per-seed speed of the distance
-
-
-def synthetic(gamma_true=0.5, n_seeds=3):
-    """A c3_horizon file with a known answer. softmax: ``D_inf = RATE k_g t (L / 8)^-gamma`` against
-    ``||theta_inf|| = 1``, so ``T*`` is the first integer step above ``eps (L / 8)^gamma / (RATE k_g)``
-    (beyond T_MAX at the largest L for eps = 0.2 in two seeds); linear(L): a distance that never
-    reaches 5% (never). ``dist_star`` of softmax: ``b(L) + 0.01 (log t - log T_best(L))^2`` with
-    ``b = 0.5 (L / 8)^-0.3`` (seed factors of mean 1) and ``T_best = 100 (L / 8)^0.25``."""
-    t = training.log_checkpoint_steps(T_MAX, PER_OCTAVE)
-    tt = t.astype(float)
-    L = L_SYN.astype(float)
-    k = K[:n_seeds]
-    settings = ["isotropic", "anisotropic"]
-    shape = (2, n_seeds, 2, L.size, t.size)
-    D = np.empty(shape)
-    D[:, :, 0] = RATE * k[None, :, None, None] * tt * (L[:, None] / 8) ** -gamma_true
-    D[:, :, 1] = 1e-3 * tt / (1 + tt)
-    seed_b = np.array([0.9, 1.1, 1.0])[:n_seeds]
-    seed_b = seed_b / seed_b.mean()
-    b = 0.5 * (L / 8) ** -0.3
-    T_best = 100 * (L / 8) ** 0.25
-    with np.errstate(divide="ignore"):
-        logt = np.log(np.maximum(tt, 1e-300))
-    S = np.full(shape, 5.0)
-    S[:, :, 0] = seed_b[None, :, None, None] * b[:, None] + 0.01 * (logt - np.log(T_best)[:, None]) ** 2
-    S[:, :, 0, :, 0] = 10.0                                   # the init is far
-    G = ("setting", "seed")
-    ds = xr.Dataset(
-        {"D_inf": (G + ("model", "L", "t"), D), "dist_star": (G + ("model", "L", "t"), S),
-         "norm_inf": (G + ("t",), np.ones((2, n_seeds, t.size))),
-         "dist_star_inf": (G + ("t",), np.broadcast_to(1e-4 + 1 / (1 + tt), (2, n_seeds, t.size)).copy()),
-         "norm_star": (G, np.full((2, n_seeds), 2.0)),
-         "risk_inf": (G + ("t",), np.broadcast_to(1e-9 + 1 / (1 + tt) ** 3, (2, n_seeds, t.size)).copy()),
-         "conservation_inf": (G + ("t",), np.zeros((2, n_seeds, t.size))),
-         "off_block": (G + ("model", "L"), np.zeros((2, n_seeds, 2, L.size)))},
-        coords={"setting": settings, "seed": np.arange(n_seeds), "model": ["softmax", "linear"], "L": L_SYN, "t": t})
-    exp = EXPERIMENT
-    ds.attrs.update(experiment=exp.name, analysis=exp.analysis, title=exp.title, profile="paper",
-                    criteria=json.dumps(criteria_of(exp)), config=json.dumps({"lr": 0.01}))
-    return ds
-
 
 def true_horizon(eps, gamma_true=0.5):
     """The first integer step with D > eps, per (seed, L): floor(x) + 1 for the threshold x."""

@@ -10,9 +10,10 @@ import xarray as xr
 from sfxlin import icl, laws, training
 from sfxlin.analysis import c3_real as analysis
 from sfxlin.analysis.verdicts import FAIL, INCONCLUSIVE, NOT_JUDGED, PASS
-from sfxlin.engine.sweep import build, cell_rng, criteria_of, run_cell
+from sfxlin.engine.sweep import build, cell_rng, run_cell
 from sfxlin.pipelines import c3_real
 from sfxlin.realdata import token_set
+from synthetic import c3_real as synthetic_file
 
 EXPERIMENT = c3_real.EXPERIMENT
 SMALL = dict(datasets=["wine"], d=[2], n_seeds=1, n_pairs=1, n_queries=2, L=[4, 8, 16], n_steps=40, ckpt_every=10,
@@ -66,37 +67,6 @@ def test_one_cell_against_an_independent_recomputation():
                                icl.risk("softmax_inf", linf.U.values[at], linf.v.values[at], held, x_law=law), rtol=1e-11)
     np.testing.assert_allclose(out["risk_heldout_linf"],
                                icl.risk("linear_inf", linf.U.values[at], linf.v.values[at], held), rtol=1e-12)
-
-
-def synthetic_file(L=(8, 16, 32, 64, 128), seeds=3):
-    """A ``c3_real`` file: ``D_sinf = c (L/8)^-1/2`` in the seed mean (seeds scatter by +-20%, the
-    same along L), ``D_linf`` tending to a gap of 0.3, held-out risks of softmax(L) tending to
-    theta_sinf's (0.1) and theta_linf's under softmax(inf) 0.15."""
-    L = np.asarray(L, dtype=float)
-    datasets, ds_ = ["wine", "digits"], [3, 5]
-    t = np.array([0, 50, 100])
-    g = ("dataset", "d", "seed")
-    shape = (2, 2, seeds)
-    f = np.linspace(0.8, 1.2, seeds).reshape(1, 1, seeds)
-    ramp = np.array([0.0, 0.5, 1.0])
-    D = np.broadcast_to(f[..., None, None] * (0.5 * (L / 8) ** -0.5)[:, None] * ramp, shape + (L.size, 3)).copy()
-    gap = np.broadcast_to(0.3 * ramp, shape + (3,))
-    risk_L = 0.1 * (1 + 2 / L)
-    data = {
-        "D_sinf": (g + ("L", "t"), D),
-        "D_linf": (g + ("L", "t"), D + gap[..., None, :]),
-        "gap": (g + ("t",), gap.copy()),
-        "norm_linf": (g + ("t",), np.full(shape + (3,), 1.5)),
-        "risk_heldout": (g + ("L", "t_heldout"), np.broadcast_to(risk_L[:, None], shape + (L.size, 2)).copy()),
-        "risk_heldout_sinf": (g + ("t_heldout",), np.full(shape + (2,), 0.1)),
-        "risk_heldout_linf": (g + ("t_heldout",), np.full(shape + (2,), 0.01)),
-        "risk_heldout_linf_as_sinf": (g + ("t_heldout",), np.full(shape + (2,), 0.15)),
-    }
-    ds = xr.Dataset(data, coords={"dataset": datasets, "d": ds_, "seed": np.arange(seeds), "L": L, "t": t,
-                                  "t_heldout": [0, 100]})
-    ds.attrs.update(experiment=EXPERIMENT.name, analysis=EXPERIMENT.analysis, profile="synthetic",
-                    criteria=json.dumps(criteria_of(EXPERIMENT)), config="{}")
-    return ds
 
 
 def test_criteria_on_synthetic_files():

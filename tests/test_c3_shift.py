@@ -14,6 +14,7 @@ from sfxlin.engine import storage
 from sfxlin.engine.execution import compute
 from sfxlin.engine.sweep import build, cell_rng, run_cell
 from sfxlin.pipelines import c3_shift as c3s
+from synthetic import c3_shift as _synthetic
 
 EXPERIMENT = c3s.EXPERIMENT
 SIGMA = np.diag([2.0, 1.0, 0.5])
@@ -219,26 +220,6 @@ def test_quick_profile_end_to_end(tmp_path):
     np.testing.assert_allclose(table.ratio, s.ratio.transpose(*table.ratio.dims), rtol=1e-14)
     assert "|paired-1| slope" in ds.sfx.fit_table()
     assert Path(analysis.figure(ds, tmp_path / "c3s.png")).stat().st_size > 10_000
-
-
-def _synthetic(slope_by_seed=(-1.0, -1.0), n_seeds=2):
-    """A c3_shift-shaped Dataset whose |paired - 1| is exactly 0.5 (L_eval / 16)^slope per seed."""
-    Le = np.array([16.0, 64.0, 256.0, 1024.0])
-    coords = {"setting": ["isotropic"], "seed": list(range(n_seeds)), "shift": ["none", "scale:2"],
-              "theta": ["softmax(16)", "linear(inf)"], "L_eval": Le.astype(int), "i": [0, 1], "j": [0, 1]}
-    sh = (1, n_seeds, 2, 2)
-    exact = np.full(sh, 0.4)
-    dev = np.stack([0.5 * (Le / 16) ** p for p in slope_by_seed[:n_seeds]])[None, :, None, None, :]
-    ds = xr.Dataset({
-        "risk_exact": (("setting", "seed", "shift", "theta"), exact),
-        "risk_linf_mc": (("setting", "seed", "shift", "theta"), exact * 1.01),
-        "risk_linf_mc_se": (("setting", "seed", "shift", "theta"), np.full(sh, 0.01)),
-        "risk_softmax": (("setting", "seed", "shift", "theta", "L_eval"), (exact * 1.01)[..., None] * (1 + dev)),
-        "Sigma_test": (("setting", "seed", "shift", "i", "j"), np.broadcast_to(np.eye(2), (1, n_seeds, 2, 2, 2)).copy()),
-    }, coords=coords)
-    for k in ("risk_ridge", "risk_pgd_train", "risk_pgd_test"):
-        ds[k] = (("setting", "seed", "shift", "L_eval"), np.full((1, n_seeds, 2, 4), 0.1))
-    return ds
 
 
 def test_measures_read_the_declared_quantities():

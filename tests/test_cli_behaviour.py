@@ -100,7 +100,7 @@ def test_configurations_the_analysis_cannot_use_are_refused_before_any_work(
 # --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("quiet", [False, True])
 def test_the_analysis_runs_and_decides_the_exit_status_with_or_without_quiet(tmp_path, monkeypatch, capsys, quiet):
-    def broken(ds):
+    def broken(ds, resamples=None):
         raise ValueError("the verdicts cannot be computed")
     monkeypatch.setattr(c1_analysis, "verdicts", broken)
     status = main(["run", "c1", *TINY, "--out", str(tmp_path), *(["--quiet"] if quiet else [])])
@@ -148,7 +148,7 @@ def _judged(*verdicts):
     (("PASS", "INCONCLUSIVE", "NOT JUDGED"), True, 0),
 ])
 def test_run_strict_exits_1_when_a_verdict_fails(tmp_path, monkeypatch, capsys, verdicts, strict, status):
-    monkeypatch.setattr(c1_analysis, "verdicts", lambda ds: _judged(*verdicts))
+    monkeypatch.setattr(c1_analysis, "verdicts", lambda ds, resamples=None: _judged(*verdicts))
     assert main(["run", "c1", *TINY, "--quiet", "--out", str(tmp_path), *(["--strict"] if strict else [])]) == status
     err = capsys.readouterr().err
     if status:
@@ -159,7 +159,7 @@ def test_run_strict_exits_1_when_a_verdict_fails(tmp_path, monkeypatch, capsys, 
 
 
 def test_report_strict_writes_the_report_then_exits_1_when_a_verdict_fails(results, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(c1_analysis, "verdicts", lambda ds: _judged("FAIL", "PASS", "FAIL"))
+    monkeypatch.setattr(c1_analysis, "verdicts", lambda ds, resamples=None: _judged("FAIL", "PASS", "FAIL"))
     out = tmp_path / "report.html"
     assert main(["report", "--results", str(results), "--out", str(out)]) == 0
     assert main(["report", "--results", str(results), "--out", str(out), "--strict"]) == 1
@@ -167,7 +167,8 @@ def test_report_strict_writes_the_report_then_exits_1_when_a_verdict_fails(resul
     assert out.exists() and captured.out.count("wrote ") == 2
     assert captured.err == (f"sfxlin: --strict: 2 verdicts FAIL in {results / 'c1_limit.nc'} (C1-x0, C1-x2): "
                             "exit status 1\n")
-    monkeypatch.setattr(c1_analysis, "verdicts", lambda ds: _judged("PASS", "INCONCLUSIVE", "NOT JUDGED"))
+    monkeypatch.setattr(c1_analysis, "verdicts",
+                        lambda ds, resamples=None: _judged("PASS", "INCONCLUSIVE", "NOT JUDGED"))
     assert main(["report", "--results", str(results), "--out", str(out), "--strict"]) == 0
 
 

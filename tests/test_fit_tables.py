@@ -5,6 +5,7 @@ and no reach-in to another analysis module's private names."""
 from __future__ import annotations
 
 import ast
+import importlib
 import pathlib
 from types import SimpleNamespace
 
@@ -16,11 +17,11 @@ import synthetic
 from sfxlin.analysis import c1, c1_kernels, c1_real, c2, c2_threshold, c3, c3_deep, c3_landscape, tables
 from sfxlin.analysis.report import fit_table, fit_tables, verdicts
 from sfxlin.analysis.tables import column, make_table, to_html, to_markdown, to_text
+from sfxlin.engine.experiments import experiments
 
-ANALYSES = {"c1": (c1, synthetic.c1), "c1_kernels": (c1_kernels, synthetic.c1_kernels),
-            "c1_real": (c1_real, synthetic.c1_real), "c2": (c2, synthetic.c2),
-            "c2_threshold": (c2_threshold, synthetic.c2t), "c3": (c3, synthetic.c3),
-            "c3_deep": (c3_deep, synthetic.c3_deep), "c3_landscape": (c3_landscape, synthetic.c3l)}
+#: ``{experiment: (its analysis module, its synthetic file's factory)}`` of every experiment
+ANALYSES = {name: (importlib.import_module(experiments()[name].analysis), make)
+            for name, make in synthetic.FACTORIES.items()}
 
 
 def small():
@@ -125,9 +126,10 @@ def test_the_generic_lookups_honour_a_module_written_outside():
     """A module with a verdicts of its own (flags of its own) is judged by it; one without goes
     through its CRITERIA; one with a text fit_table and no tables gives that text."""
     ds = synthetic.c1()
-    own = SimpleNamespace(CRITERIA=c1.CRITERIA, verdicts=lambda ds: ["own rows"], fit_table=lambda ds: "own text")
+    own = SimpleNamespace(CRITERIA=c1.CRITERIA, verdicts=lambda ds, resamples=100: ["own rows"],
+                          fit_table=lambda ds: "own text", figure=c1.figure)
     assert verdicts(ds, own) == ["own rows"] and fit_tables(ds, own) == "own text"
-    plain = SimpleNamespace(CRITERIA=c1.CRITERIA, fit_tables=c1.fit_tables)
+    plain = SimpleNamespace(CRITERIA=c1.CRITERIA, fit_tables=c1.fit_tables, figure=c1.figure)
     assert [r.verdict for r in verdicts(ds, plain)] == [r.verdict for r in c1.CRITERIA.verdicts(ds)]
     assert list(fit_tables(ds, plain)) == ["slopes", "paper_form", "ar1"]
 

@@ -173,7 +173,7 @@ def test_each_verdict_shows_its_robustness_and_for_a_non_pass_its_class_and_note
     from sfxlin.analysis import c1
 
     rows = _rows_with_every_status()
-    monkeypatch.setattr(c1, "verdicts", lambda ds: rows)
+    monkeypatch.setattr(c1, "verdicts", lambda ds, resamples=None: rows)
     page, md = build_report(results)
     table = page.split("<table class='verdicts'>")[1].split("</table>")[0]
     head, good, bad, later = table.split("</tr>")[:4]
@@ -197,7 +197,7 @@ def test_each_verdict_shows_its_robustness_and_for_a_non_pass_its_class_and_note
 def test_a_table_of_passes_has_no_empty_class_or_note_column(results, monkeypatch):
     from sfxlin.analysis import c1
 
-    monkeypatch.setattr(c1, "verdicts", lambda ds: _rows_with_every_status()[:1])
+    monkeypatch.setattr(c1, "verdicts", lambda ds, resamples=None: _rows_with_every_status()[:1])
     page, md = build_report(results)
     head = page.split("<table class='verdicts'>")[1].split("</tr>")[0]
     assert "<th>robustness</th>" in head and "<th>class</th>" not in head and "<th>note</th>" not in head

@@ -2,7 +2,8 @@
 ``xr.Dataset`` -> a netCDF results file.
 
 Typed parameters (:mod:`.params`), experiments, their parts and cells (:mod:`.sweep`), finding
-experiments by name (:mod:`.experiments`), the kept cells of interrupted runs (:mod:`.cellstore`) and
+experiments by name (:mod:`.experiments`) and the plug-in protocol their declaration modules
+follow (:mod:`.protocol`), the kept cells of interrupted runs (:mod:`.cellstore`) and
 the code they are fingerprinted by (:mod:`.closure`), cells computed on a dask cluster (:mod:`.cluster`),
 schedulers and progress (:mod:`.execution`), netCDF storage and provenance (:mod:`.storage`),
 the coordinate vocabulary (:mod:`.schema`) and combining runs (:mod:`.merge`).

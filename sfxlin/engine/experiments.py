@@ -1,16 +1,20 @@
-"""Experiments found by name: every module of ``sfxlin.pipelines`` that defines ``EXPERIMENT``,
-and the modules named in ``$SFXLIN_PIPELINES`` (comma-separated importable module names: a
-researcher's own experiments, outside this repository).
+"""Experiments found by name: every module of ``sfxlin.pipelines`` (but those whose name starts
+with ``_``: helpers), and the modules named in ``$SFXLIN_PIPELINES`` (comma-separated importable
+module names: a researcher's own experiments, outside this repository).
 
 Nothing else lists experiments: ``sfxlin list``, ``sfxlin run``, ``sfxlin reproduce`` and the
 schema document find them here, and the report finds each file's analysis module from the
-file's own ``analysis`` attr. Adding an experiment is writing its two declaration modules.
+file's own ``analysis`` attr. Adding an experiment is writing its two declaration modules; each
+module found here is a pipeline module, checked against the plug-in protocol
+(:data:`.protocol.PIPELINE`) as it is loaded, and the analysis module it names must be importable.
 """
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import os
 import pkgutil
+
+from .protocol import load_pipeline
 
 __all__ = ["experiments", "get", "ENV"]
 
@@ -27,18 +31,25 @@ def _modules():
     return names
 
 
+def _analysis_found(experiment, module_name):
+    """Refuse an experiment whose analysis module cannot be found (its exports are checked when it
+    is imported: :func:`.protocol.load_analysis`, by ``build()`` and the report)."""
+    name = experiment.analysis
+    try:
+        found = name is None or importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise ValueError(f"the experiment {experiment.name!r} ({module_name}) names the analysis module {name!r}, "
+                         f"which cannot be found")
+
+
 def experiments() -> dict:
     """``{name: Experiment}`` of every experiment found, sorted by name (the claims' order)."""
     found = {}
     for module_name in _modules():
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise ValueError(f"cannot import the pipeline module {module_name!r} ({exc}); "
-                             f"check ${ENV}") from exc
-        experiment = getattr(module, "EXPERIMENT", None)
-        if experiment is None:
-            continue
+        experiment = load_pipeline(module_name, hint=f"; check ${ENV}")
+        _analysis_found(experiment, module_name)
         for other in found.values():
             if experiment.name == other.name or (experiment.short and experiment.short in (other.name, other.short)):
                 raise ValueError(f"two experiments are named {experiment.name!r} / {experiment.short!r} "

@@ -27,7 +27,6 @@ seconds on an otherwise idle machine.
 """
 from __future__ import annotations
 
-import importlib
 import itertools
 import json
 import math
@@ -37,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from .protocol import cell_work
 
 __all__ = ["CostLaw", "PartPlan", "Plan", "POOL_PAYS_CPU_SECONDS", "fit_laws", "format_plan", "make_plan",
            "shipped_file", "small_sweep_scheduler", "timeline_rows"]
@@ -100,14 +101,6 @@ class CostLaw:
         slopes = "".join(f" * {dim}^{slope:.2f}" for dim, slope in self.slopes.items())
         scaled = " * work/work_paper" if self.work_ref else ""
         return f"{self.scale:.3g} s{slopes}{scaled} (from {self.n_cells} paper cells)"
-
-
-def cell_work(experiment, config, part=""):
-    """The pipeline's declared work of one cell of ``part`` (``cell_work(config, part)`` in the
-    module of the part's kernel), or None when it declares none."""
-    module = importlib.import_module(experiment.part(part).kernel.__module__)
-    declared = getattr(module, "cell_work", None)
-    return None if declared is None else declared(config, part)
 
 
 def fit_part(part, rows, work_ref=None, source="") -> CostLaw | None:

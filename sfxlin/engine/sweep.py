@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import importlib
 import itertools
 import json
 import math
@@ -46,6 +45,7 @@ import numpy as np
 import xarray as xr
 
 from .params import digest_key, file_digests
+from .protocol import load_analysis
 from ..realdata import check_unchanged
 from .schema import CONVENTIONS, coord_attrs
 from .. import softmax_core
@@ -481,9 +481,9 @@ def _declared_attrs(experiment, config, call=None):
 
 def criteria_of(experiment) -> list[dict]:
     """The predeclared criteria of ``experiment``, as data, from its analysis module's
-    ``CRITERIA`` (imported by name: the engine never imports analysis code statically)."""
-    module = importlib.import_module(experiment.analysis)
-    return [c.to_dict() if hasattr(c, "to_dict") else dict(c) for c in module.CRITERIA]
+    ``CRITERIA`` (imported by name and checked against the plug-in protocol,
+    :func:`.protocol.load_analysis`: the engine never imports analysis code statically)."""
+    return load_analysis(experiment.analysis).criteria()
 
 
 def _assemble(flat, sizes, axis=0):

@@ -7,7 +7,10 @@ extends it (a new experiment's tests, a researcher's checks of a results file).
 * :func:`raise_if_dask_computes`: a context manager failing if dask computes inside it (a
   function that should stay lazy), after flox's test helper;
 * :mod:`sfxlin.testing.reference_c3`: the plain per-L, per-step numpy reference of the C3
-  training, the oracle of the fast trainer (and the slow arm of ``sfxlin bench c3``).
+  training, the oracle of the fast trainer (and the slow arm of ``sfxlin bench c3``);
+* :mod:`sfxlin.testing.generate`: the files generated from the experiments' declarations (the
+  criteria pins, :mod:`.pins`; the tables of docs/criteria.md, :mod:`.criteria_doc`) and the
+  command that checks and rewrites them.
 """
 from __future__ import annotations
 

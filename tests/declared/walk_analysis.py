@@ -10,14 +10,6 @@ def _diffusion(ds):
     return (ds.msd.mean("seed") / ds.scale**2).values.ravel()
 
 
-def measures(ds):
-    return CRITERIA.measures(ds)
-
-
-def verdicts(ds):
-    return CRITERIA.verdicts(ds)
-
-
 def fit_table(ds):
     ratio = (ds.msd.mean("seed") / ds.scale**2)
     return "msd / scale^2 by scale: " + ", ".join(f"{s:g}: {float(ratio.sel(scale=s).mean()):.3f}"
