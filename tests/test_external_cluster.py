@@ -123,6 +123,7 @@ def test_cells_land_in_the_clients_relative_out_with_the_local_bits(cluster, loc
     assert "\r" not in proc.stderr
     assert lines[0].startswith(f"0/{N_CELLS} cells") and lines[-1].startswith(f"{N_CELLS}/{N_CELLS} cells")
     assert len(lines) <= N_CELLS + 1
+    assert "dask dashboard: none served at http://127.0.0.1:" in proc.stderr   # the scheduler runs --no-dashboard
 
 
 @pytest.mark.slow

@@ -226,8 +226,8 @@ def compute(ds: xr.Dataset, scheduler=None, workers=None, address=None, progress
     start = time.perf_counter()
     name = ds.attrs.get("experiment", "")
     with _client(workers, address) as client:
-        if client is not None and progress and address and client.dashboard_link:
-            print(f"dask dashboard: {client.dashboard_link}", file=sys.stderr, flush=True)
+        if client is not None and progress and address:
+            print(f"dask dashboard: {_dashboard(client)}", file=sys.stderr, flush=True)
         if client is not None and store is not None:
             from .cluster import fill
 
@@ -270,3 +270,20 @@ def _follow(persisted, lines):
             lines.advance()
     finally:
         lines.end()
+
+
+def _dashboard(client, timeout=2.0):
+    """The address of the cluster's dashboard if its page answers, else why there is none (the
+    scheduler's web server runs without it when bokeh is not installed there, or with
+    ``--no-dashboard``)."""
+    import urllib.error
+    import urllib.request
+
+    link = client.dashboard_link
+    try:
+        with urllib.request.urlopen(link, timeout=timeout) as page:
+            if page.status == 200:
+                return link
+    except (OSError, ValueError, urllib.error.URLError):
+        pass
+    return f"none served at {link} (the scheduler needs bokeh installed, and no --no-dashboard)"
