@@ -141,3 +141,23 @@ def test_a_sweep_too_small_for_a_process_pool_runs_on_threads(cpu, scheduler):
     chosen, why = small_sweep_scheduler(Plan("c3_transfer", "quick", (part,), 2, Path("."), None))
     assert chosen == scheduler
     assert ("no cost estimate" in why) == (cpu is None)
+
+
+def test_a_truncated_kept_cell_is_not_counted_as_kept(tmp_path, capsys):
+    """A cell file cut short (a kill mid-copy, a full disk) is counted as to compute by --plan,
+    by the store and so by an interrupted run's message, and the run recomputes it."""
+    from sfxlin.engine.cellstore import CellStore
+
+    out = tmp_path / "q"
+    args = ["run", "c1_limit", "--profile", "quick", "--set", "n_prompts=2", "--set", "U_norm=0.5", "--out", str(out)]
+    assert main([*args, "--quiet"]) == 0
+    cells = sorted((out / ".c1_limit.cells").glob("cell_*.npz"))
+    victim = cells[0]
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    capsys.readouterr()
+    assert main([*args, "--plan"]) == 0
+    assert f"kept: {len(cells) - 1} in" in capsys.readouterr().out
+    config = C1.configure("quick", ["n_prompts=2", "U_norm=0.5"])
+    assert CellStore(out / ".c1_limit.cells", C1, config).count() == len(cells) - 1
+    assert main([*args, "--force"]) == 0
+    assert f"({len(cells) - 1} kept from earlier runs" in capsys.readouterr().out

@@ -49,7 +49,7 @@ from .schema import SCHEMA_VERSION
 from .sweep import coordinate_text
 
 __all__ = ["CellStore", "KeptCells", "WorkerWriteError", "cell_fingerprint", "code_fingerprint", "experiment_code",
-           "prune", "survey"]
+           "holds_cell", "prune", "survey"]
 
 _FINGERPRINT_KEY = "__cell_fingerprint__"
 _CODE_KEY = "__code_fingerprint__"
@@ -161,14 +161,8 @@ class CellStore:
             return None
 
     def is_kept(self, cell, part="") -> bool:
-        """Whether ``cell`` of ``part`` has a kept file that names its fingerprint (read without its
-        outputs; :meth:`load` still recomputes a file damaged beyond its directory)."""
-        path = self._path(cell, part)
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                return str(data[_FINGERPRINT_KEY]) == path.stem[len("cell_"):]
-        except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile, zlib.error):
-            return False
+        """Whether ``cell`` of ``part`` is kept (:func:`holds_cell`)."""
+        return holds_cell(self._path(cell, part))
 
     def missing(self) -> list:
         """``[(part, cell), ...]``: the cells of this configuration not kept (:meth:`is_kept`), in
@@ -219,11 +213,23 @@ class CellStore:
                  _recorded(self._path_of_key(name), key, cast)] for name, (part, cell) in self._cells.items()]
 
     def count(self) -> int:
-        """How many cells of this configuration are kept."""
-        return sum(1 for key in self._names if self._path_of_key(key).exists())
+        """How many cells of this configuration are kept (:func:`holds_cell`: a truncated file is not)."""
+        return sum(1 for key in self._names if holds_cell(self._path_of_key(key)))
 
     def discard(self):
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def holds_cell(path) -> bool:
+    """Whether the kept cell file ``path`` opens and names the fingerprint in its own name (read
+    without its outputs; a file truncated by a kill has no zip directory and is not kept;
+    :meth:`CellStore.load` still recomputes one damaged inside)."""
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return str(data[_FINGERPRINT_KEY]) == path.stem[len("cell_"):]
+    except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile, zlib.error):
+        return False
 
 
 def _refuse_in_a_worker(folder):

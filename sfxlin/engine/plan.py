@@ -220,7 +220,7 @@ def make_plan(experiment, config, out_dir, workers=None, fresh=False, results_di
     """The :class:`Plan` of running ``experiment`` under ``config`` into ``out_dir``: reads the
     kept cells' names and the shipped timeline, writes and computes nothing. ``workers``: the
     run's (default: every local core); ``fresh``: the run would discard the kept cells."""
-    from .cellstore import cell_fingerprint
+    from .cellstore import cell_fingerprint, holds_cell
 
     folder = Path(out_dir) / f".{experiment.name}.cells"
     path = shipped_file(experiment, results_dir)
@@ -240,7 +240,7 @@ def make_plan(experiment, config, out_dir, workers=None, fresh=False, results_di
         for values in itertools.product(*grid.values()):
             cell = dict(zip(grid, values))
             cells += 1
-            if not fresh and (folder / f"cell_{cell_fingerprint(experiment, config, cell, part.name)}.npz").exists():
+            if not fresh and holds_cell(folder / f"cell_{cell_fingerprint(experiment, config, cell, part.name)}.npz"):
                 kept += 1
             elif law is not None:
                 cpu += law.seconds(cell, work)
