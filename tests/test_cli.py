@@ -14,6 +14,8 @@ def run_cli(*args):
 
 @pytest.mark.parametrize("args, message", [
     (["run", "c9"], "unknown experiment 'c9'"),
+    (["run", "c1_limt"], "unknown experiment 'c1_limt'; did you mean 'c1_limit'? (the experiments, with their "
+                         "short names: c1_kernels, c1_limit (c1), "),
     (["run", "c1", "--profile", "huge"], "unknown profile 'huge'"),
     (["run", "c1", "--chunks", "seed=x"], "--chunks expects DIM=N"),
     (["run", "c1", "--chunks", "zeta=2"], "not grid dims"),

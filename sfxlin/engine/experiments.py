@@ -10,6 +10,8 @@ module found here is a pipeline module, checked against the plug-in protocol
 """
 from __future__ import annotations
 
+import difflib
+
 import importlib.util
 import os
 import pkgutil
@@ -64,5 +66,8 @@ def get(name):
     for experiment in table.values():
         if name in (experiment.name, experiment.short):
             return experiment
-    known = sorted(e.short or e.name for e in table.values())
-    raise ValueError(f"unknown experiment {name!r}; expected one of {known}")
+    names = sorted({n for e in table.values() for n in (e.name, e.short) if n})
+    close = difflib.get_close_matches(str(name), names, n=2, cutoff=0.75)
+    hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+    listed = ", ".join(f"{e.name} ({e.short})" if e.short not in (None, e.name) else e.name for e in table.values())
+    raise ValueError(f"unknown experiment {name!r}{hint} (the experiments, with their short names: {listed})")
