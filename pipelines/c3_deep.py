@@ -263,5 +263,6 @@ EXPERIMENT = Experiment(
     inner_coords=inner_coords,
     variables=VARIABLES, analysis="sfxlin.analysis.c3_deep",
     parts=(Part("", grid, kernel), Part("train", train_grid, train_kernel)),
+    scheduler="processes",   # JAX runs each compiled program on one thread (sfxlin.models._jax): threads share it
     title="C3 deep: deep multi-head attention and its exact deep linear limit",
     description="C3 deep: depth x heads x L, error to the deep linear limit and training")
