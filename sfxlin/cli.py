@@ -10,7 +10,7 @@
     sfxlin bench c1 | c3 [--protocol [--steps N] [--heldout-every N]]
     sfxlin list [EXP]
     sfxlin report [--results DIR] [--out FILE.html|FILE.md] [--strict]
-    sfxlin reproduce [--out DIR] [--quiet]
+    sfxlin reproduce [EXP ...] [--profile P] [--out DIR] [--quiet]
     sfxlin schema
     sfxlin info FILE|NAME
     sfxlin verify FILE|NAME [...] [--cells N] [--rtol R]
@@ -44,6 +44,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from ._version import __version__
@@ -592,17 +593,65 @@ def cmd_check(args):
 
 
 def cmd_reproduce(args):
-    """Every experiment found (sfxlin list) at its paper profile into ``--out`` (replacing the
-    files there: regenerating them is the point), then the report."""
-    for experiment in experiments().values():
-        if "paper" not in experiment.profiles:
-            print(f"{experiment.name}: no paper profile, skipped")
+    """Every experiment found (sfxlin list), or those named, at ``--profile`` (default: paper) into
+    ``--out`` (replacing the files there: regenerating them is the point), then the report, then
+    the table of what each run cost (:func:`reproduce_table`)."""
+    from .engine.cellstore import CellStore
+
+    chosen = [get_experiment(name) for name in args.experiments] if args.experiments else experiments().values()
+    lacking = [e.name for e in chosen if args.profile not in e.profiles]
+    if args.experiments and lacking or len(lacking) == len(chosen):
+        raise ValueError(f"no {args.profile!r} profile in {', '.join(lacking)}")
+    rows = []
+    for experiment in chosen:
+        if args.profile not in experiment.profiles:
+            print(f"{experiment.name}: no {args.profile} profile, skipped")
             continue
-        status = main(["run", experiment.name, "--profile", "paper", "--out", str(args.out), "--force"]
+        store = CellStore(Path(args.out) / f".{experiment.name}.cells", experiment,
+                          experiment.configure(args.profile))
+        kept, start, cpu = store.count(), time.perf_counter(), _cpu_seconds()
+        status = main(["run", experiment.name, "--profile", args.profile, "--out", str(args.out), "--force"]
                       + (["--quiet"] if args.quiet else []))
         if status:
             return status
-    return main(["report", "--results", str(args.out), "--out", str(Path(args.out) / "report.html")])
+        logits = [n for _part, _cell, n in store.cell_exponentials()]
+        rows.append(dict(experiment=experiment.name, wall=time.perf_counter() - start, cpu=_cpu_seconds() - cpu,
+                         cells=len(logits), kept=kept,
+                         logits=None if kept or None in logits else sum(logits)))
+    status = main(["report", "--results", str(args.out), "--out", str(Path(args.out) / "report.html")])
+    from .benchmarks.cell_costs import exp_seconds_per_logit
+
+    print("\n" + reproduce_table(rows, exp_seconds_per_logit()))
+    return status
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and of its children that have exited (a process pool's workers
+    are reaped when its run ends), user and system."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def reproduce_table(rows, per_logit) -> str:
+    """The table ``sfxlin reproduce`` prints at its end: per experiment its wall and CPU seconds,
+    its cells (and how many were kept from an earlier run, not computed), and the share of its CPU
+    that ``np.exp`` of the logits its cells exponentiated would take (``per_logit``: seconds of
+    ``np.exp`` per logit here, :func:`sfxlin.benchmarks.cell_costs.exp_seconds_per_logit`), the floor
+    of an exact engine; ``n/a`` where cells were kept (their logits were not computed by this run).
+    Then the total."""
+    lines = [f"{'experiment':18s} {'wall':>9s} {'CPU':>9s} {'cells':>6s} {'kept':>5s} {'np.exp floor':>13s}"]
+
+    def line(name, wall, cpu, cells, kept, logits):
+        floor = "n/a" if logits is None or cpu <= 0 else f"{logits * per_logit / cpu:.1%} of CPU"
+        return f"{name:18s} {wall:8.1f}s {cpu:8.1f}s {cells:6d} {kept:5d} {floor:>13s}"
+
+    for r in rows:
+        lines.append(line(r["experiment"], r["wall"], r["cpu"], r["cells"], r["kept"], r["logits"]))
+    total = {k: sum(r[k] for r in rows) for k in ("wall", "cpu", "cells", "kept")}
+    logits = None if any(r["logits"] is None for r in rows) else sum(r["logits"] for r in rows)
+    lines.append(line("total", total["wall"], total["cpu"], total["cells"], total["kept"], logits)
+                 + f"  ({total['wall'] / 60:.1f} min wall; np.exp {per_logit * 1e9:.2f} ns a logit here)")
+    return "\n".join(lines)
 
 
 def cmd_list(args):
@@ -846,10 +895,14 @@ def parser():
     rep.add_argument("--strict", action="store_true",
                      help=f"exit with status {FAILED} when a verdict of any file FAILs (the report is written "
                           "first; INCONCLUSIVE and NOT JUDGED do not; errors exit with 2)")
-    rep = command("reproduce", "every experiment at its paper profile, then the report", cmd_reproduce)
+    rep = command("reproduce", "every experiment at its paper profile, then the report and a table of each run's "
+                               "wall and CPU seconds", cmd_reproduce)
+    rep.add_argument("experiments", nargs="*", help="only these experiments (default: every one, sfxlin list)")
+    rep.add_argument("--profile", default="paper", help="the profile of every run (default: paper)")
     rep.add_argument("--out", default=default_results_dir(),
                      help="folder of the results (default: ./datasets, or $SFXLIN_RESULTS)")
-    rep.add_argument("--quiet", action="store_true", help="no progress bars or tables")
+    rep.add_argument("--quiet", action="store_true", help="no progress bars or verdict tables (the table of each "
+                     "run's cost is printed)")
     command("schema", "markdown schema of every results file (datasets/README.md)", cmd_schema)
     ver = command("verify", "recompute the cheapest cells of results files with the installed code and compare "
                             f"them with the files: bit-identical, within --rtol, or not (exit status {FAILED})",
