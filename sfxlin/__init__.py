@@ -8,11 +8,12 @@ from .attention import (asymptotic_mse, limit_attention, linear_attention, softm
 from .laws import LAWS, Gaussian, GaussianMixture, Law, NoLimitError, Rademacher, StudentT, Uniform
 from .engine.storage import open_results, save
 from .engine.sweep import Experiment, Variable, build
+from .engine.runs import run
 from .analysis import accessor as _accessor  # registers the ``.sfx`` accessors  # noqa: F401
 
 __all__ = [
     "__version__", "asymptotic_mse", "limit_attention", "linear_attention", "softmax_attention",
     "softmax_attention_prefix", "Gaussian", "GaussianMixture", "LAWS", "Law", "NoLimitError", "Rademacher",
     "StudentT", "Uniform",
-    "open_results", "save", "Experiment", "Variable", "build",
+    "open_results", "save", "Experiment", "Variable", "build", "run",
 ]

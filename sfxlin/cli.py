@@ -3,7 +3,7 @@
     sfxlin check [--out DIR] [--fresh] [--resamples N]
     sfxlin run EXP [--profile quick|paper] [--set KEY=VALUE ...] [--out DIR] [--name NAME] [--force]
                    [--fresh] [--workers N | --scheduler ADDR | --local-scheduler S] [--chunks DIM=N]
-                   [--quiet | --verbose] [--strict] [--plan]
+                   [--quiet | --verbose] [--no-figure] [--strict] [--plan]
     sfxlin rerun FILE.nc [--out DIR] [--name NAME] [the options of run but --profile and --set]
     sfxlin merge A.nc B.nc [...] -o C.nc
     sfxlin cells OUT [--experiment EXP] [--prune [--all]]
@@ -50,8 +50,8 @@ from pathlib import Path
 from ._version import __version__
 from .engine.experiments import ENV, experiments
 from .engine.experiments import get as get_experiment
-from .engine.storage import (FOLDER_RULE, RESULTS_ENV, ResultsError, changed_input_files, default_results_dir,
-                      ensure_writable, record_cell_kernels, results_path, save)
+from .engine.runs import default_out
+from .engine.storage import FOLDER_RULE, RESULTS_ENV, ResultsError, changed_input_files, default_results_dir, results_path
 
 __all__ = ["main"]
 
@@ -196,79 +196,10 @@ def output_never_stops_work():
         sys.stdout, sys.stderr = saved
 
 
-def default_out(profile, overrides) -> Path:
-    """The default ``--out`` of a run (:data:`sfxlin.engine.storage.FOLDER_RULE`): the paper results'
-    folder (:func:`sfxlin.engine.storage.default_results_dir`) for the paper profile without
-    overrides, ``runs/PROFILE`` of the working directory otherwise."""
-    return default_results_dir() if profile == "paper" and not overrides else Path("runs") / profile
-
-
-def check_replaceable(path, experiment, config):
-    """Refuse, before any work, to replace a results file made by another experiment or under
-    another configuration (its ``experiment`` and ``config`` attrs, and the sha256 of every token
-    file in its ``input_files``: a file whose content changed under the same path is another
-    configuration), or one that is not a results file at all. The same configuration (a rerun)
-    may replace it."""
-    path = Path(path)
-    if not path.exists():
-        return
-    import xarray as xr
-
-    hint = "--force replaces it, --name NAME writes NAME.nc beside it"
-    try:
-        with xr.open_dataset(path, engine="netcdf4") as old:
-            made_by, made_with = old.attrs.get("experiment"), json.loads(old.attrs["config"])
-            made_from = old.attrs.get("input_files")
-    except Exception as exc:  # netCDF4/HDF5 raise OSError, ValueError, KeyError for foreign files
-        raise ResultsError(f"{path} exists and is not a results file of sfxlin "
-                           f"({type(exc).__name__}: {exc}); {hint}") from None
-    if made_by != experiment:
-        raise ResultsError(f"{path} holds a {made_by} run, not {experiment}; {hint}")
-    plain = json.loads(config.to_json())
-    changed = [f"{key}: {json.dumps(made_with.get(key))} -> {json.dumps(plain.get(key))}"
-               for key in sorted(set(made_with) | set(plain)) if made_with.get(key) != plain.get(key)]
-    changed += changed_input_files(made_from, config)
-    if changed:
-        raise ResultsError(f"{path} holds a run under another configuration ({'; '.join(changed)}); {hint}")
-
-
 def resume_command(argv):
     """The command line that resumes an interrupted run: the same one, less ``--fresh`` (which
     would discard the cells kept so far; argparse also accepts it abbreviated)."""
     return shlex.join(["sfxlin", *(a for a in argv if not (len(a) > 3 and "--fresh".startswith(a)))])
-
-
-def report(ds, figure, quiet=False, resamples=None):
-    """Analyse a results Dataset: save its figure at ``figure`` and compute its fit and verdict
-    tables, printed unless ``quiet``; returns the verdict rows. The analysis runs either way:
-    ``quiet`` only silences it, so a failing analysis fails the command with or without
-    ``--quiet``. ``resamples``: of each verdict's robustness (default: the analysis module's)."""
-    from .analysis.report import analysis_for, fit_tables, verdicts
-    from .analysis.tables import to_text
-    from .analysis.verdicts import calibration_note, format_table
-
-    module = analysis_for(ds)
-    figure = Path(figure)
-    # drawn beside its final name and renamed, as the results file is (storage.save): a full disk or
-    # an interruption while matplotlib writes never leaves a truncated PNG under the final name
-    tmp = figure.with_name(f".{figure.stem}.{os.getpid()}.partial.png")
-    try:
-        module.figure(ds, tmp)
-        os.replace(tmp, figure)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fits = to_text(fit_tables(ds, module))
-    rows = verdicts(ds, module, resamples=resamples)
-    note = calibration_note(ds)
-    if not quiet:
-        print(fits)
-        print()
-        print(format_table(rows))
-        if note:
-            print(note)
-        print(f"\nfigure: {figure}")
-    return rows
 
 
 def strict_status(rows, what) -> int:
@@ -312,48 +243,24 @@ def _declared_processes(experiment, config, out_dir, fresh):
 
 def run_experiment(experiment, config, out_dir, name, args):
     """Compute ``experiment`` under ``config`` into ``out_dir/name.nc`` (and its figure), keeping
-    every finished cell in ``out_dir/.EXP.cells``, then print its tables; ``args`` holds the
-    run options (``--force``, ``--fresh``, ``--chunks``, the scheduler, ``--quiet``/``--verbose``)
-    and ``argv``, the command line that resumes. Returns the verdict rows."""
-    from .engine.cellstore import CellStore
-    from .engine.execution import compute
-    from .engine.sweep import build
+    every finished cell in ``out_dir/.EXP.cells``, then print its tables (:func:`sfxlin.engine.runs.execute`);
+    ``args`` holds the run options (``--force``, ``--fresh``, ``--chunks``, the scheduler,
+    ``--quiet``/``--verbose``, ``--no-figure``) and ``argv``, the command line that resumes. Returns the
+    verdict rows."""
+    from .engine.runs import RunInterrupted, execute
 
-    path = out_dir / f"{name}.nc"
-    if not args.force:
-        check_replaceable(path, experiment.name, config)  # before --fresh discards any kept cell
-    store = CellStore(out_dir / f".{experiment.name}.cells", experiment, config, fresh=args.fresh)
-    lazy = build(experiment, config, chunks=_parse_chunks(args.chunks), store=store,
-                 call=shlex.join(["sfxlin", *args.argv]))
-    ensure_writable(out_dir)  # after every check of the command line (a bad one creates nothing), before any work
-    n_cells = lazy.attrs["n_cells"]
-    if not args.quiet:
-        kept = store.count()
-        print(f"{experiment.name}: profile {config.profile}, {n_cells} cells"
-              + (f" ({kept} kept from earlier runs in {store.folder}, {n_cells - kept} to compute)"
-                 if kept else ""), flush=True)
     try:
-        local = args.local_scheduler or (None if args.workers or args.scheduler else experiment.scheduler)
-        if local == "processes" and not args.local_scheduler:
-            local, why = _declared_processes(experiment, config, out_dir, args.fresh)
-            if not args.quiet:
-                print(f"local scheduler: {local}: {why}", flush=True)
-        ds, wall, label = compute(lazy, scheduler=local, workers=args.workers, address=args.scheduler,
-                                  progress=not args.quiet, verbose=args.verbose, store=store)
-        ds.attrs["cell_seconds"] = json.dumps(store.cell_seconds())   # what each cell cost when computed
-        ds.attrs["cell_exponentials"] = json.dumps(store.cell_exponentials())
-        record_cell_kernels(ds, store.blas_kernels())
-        save(ds, path)
-        if not args.quiet:
-            print(f"wrote {path} in {wall:.1f} s ({label})\n")
-        return report(ds, path.with_suffix(".png"), quiet=args.quiet, resamples=getattr(args, "resamples", None))
-    except BaseException as exc:
-        # a failure that follows a SIGTERM (a pool worker killed by the same signal) is the termination
-        if not isinstance(exc, KeyboardInterrupt) and not TERMINATED.is_set():
-            raise
-        status = Terminated.status if TERMINATED.is_set() else getattr(exc, "status", 130)
-        raise Interrupted(f"{store.count()} of {n_cells} cells kept in {store.folder}; "
-                          f"the same command resumes: {resume_command(args.argv)}", status) from None
+        outcome = execute(
+            experiment, config, out_dir, name=name, force=args.force, fresh=args.fresh,
+            chunks=_parse_chunks(args.chunks), scheduler=args.local_scheduler, workers=args.workers,
+            address=args.scheduler, quiet=args.quiet, verbose=args.verbose, figure=not getattr(args, "no_figure", False),
+            call=shlex.join(["sfxlin", *args.argv]), resamples=getattr(args, "resamples", None),
+            choose_scheduler=lambda _declared: _declared_processes(experiment, config, out_dir, args.fresh),
+            terminated=TERMINATED.is_set)
+    except RunInterrupted as exc:
+        status = Terminated.status if TERMINATED.is_set() else 130
+        raise Interrupted(f"{exc}; the same command resumes: {resume_command(args.argv)}", status) from None
+    return outcome.rows
 
 
 def cmd_rerun(args):
@@ -832,6 +739,8 @@ def _run_options(sub):
     talk.add_argument("--quiet", action="store_true",
                       help="no progress bar or tables (the analysis still runs: same exit status)")
     talk.add_argument("--verbose", action="store_true", help="also one line per finished block of cells")
+    sub.add_argument("--no-figure", action="store_true",
+                     help="draw no figure (sfxlin report, or ds.sfx.figure(PATH), draws it when asked)")
 
 
 def parser():
