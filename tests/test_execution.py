@@ -137,3 +137,26 @@ def test_a_pool_worker_follows_the_process_that_started_it(parent, code, stdout)
     pid = os.getpid() if parent == "own" else -1  # this process is the child's parent; no process is -1
     res = subprocess.run([sys.executable, "-c", _FOLLOWER, str(pid)], capture_output=True, text=True, timeout=120)
     assert (res.returncode, res.stdout) == (code, stdout), res.stderr
+
+
+def test_progress_in_a_log_has_a_heartbeat_while_no_unit_finishes_and_stops_at_the_end():
+    """A long cell must not leave a log silent: between begin and end a line is written every
+    LINE_SECONDS even when nothing finishes; after end, nothing more."""
+    import io
+    import time
+
+    from sfxlin.engine.execution import LineProgress
+
+    stream = io.StringIO()
+    progress = LineProgress("cells", stream=stream)
+    progress.LINE_SECONDS = 0.05
+    progress.begin(4)
+    time.sleep(0.5)
+    progress.advance()
+    progress.end()
+    lines = stream.getvalue().splitlines()
+    waiting = [line for line in lines if line.startswith("0/4 cells, ")]
+    assert len(waiting) >= 4, lines            # the start line and heartbeats while no cell finished
+    assert lines[-1].startswith("1/4 cells, ") and "ETA" in lines[-1]
+    time.sleep(0.2)
+    assert stream.getvalue().splitlines() == lines   # the heartbeat ended with the progress

@@ -78,7 +78,9 @@ class LineProgress:
     (``stream.isatty()`` false), whole lines: one at the start, then one each time another
     ``LINE_FRACTION`` of the units has finished or ``LINE_SECONDS`` have passed since the last
     line, and one when the last finishes, so a log (a SLURM job's, a CI run's) stays short and
-    readable. ``verbose`` adds one line per finished unit that :meth:`advance` names.
+    readable. Between :meth:`begin` and :meth:`end` a heartbeat redraws it every ``LINE_SECONDS``
+    even while no unit finishes (a long cell), so a log never falls silent for longer.
+    ``verbose`` adds one line per finished unit that :meth:`advance` names.
     """
 
     LINE_FRACTION = 0.05
@@ -91,44 +93,59 @@ class LineProgress:
         self.tty = bool(isatty and isatty())
         self.total, self.done, self.start = 0, 0, None
         self._line_done, self._line_time = 0, None
+        self._lock, self._stop, self._beat = threading.Lock(), threading.Event(), None
 
     def begin(self, total):
         self.total, self.done = total, 0
         self.start, self._line_done, self._line_time = time.perf_counter(), 0, None
         self._draw()
+        self._stop.clear()
+        self._beat = threading.Thread(target=self._heartbeat, name="sfxlin-progress", daemon=True)
+        self._beat.start()
+
+    def _heartbeat(self):
+        while not self._stop.wait(self.LINE_SECONDS):
+            self._draw()
 
     def advance(self, what=None):
         """One more unit finished (``what``: its name, for the verbose line)."""
-        self.done += 1
-        if self.verbose and what is not None:
-            line = f"  finished {what} at {time.perf_counter() - self.start:.1f} s"
-            self.stream.write(f"\r{line}{' ' * 30}\n" if self.tty else f"{line}\n")
+        with self._lock:
+            self.done += 1
+            if self.verbose and what is not None:
+                line = f"  finished {what} at {time.perf_counter() - self.start:.1f} s"
+                self.stream.write(f"\r{line}{' ' * 30}\n" if self.tty else f"{line}\n")
         self._draw()
 
     def end(self):
-        if self.tty:
-            self.stream.write("\n")
-        self.stream.flush()
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join()
+            self._beat = None
+        with self._lock:
+            if self.tty:
+                self.stream.write("\n")
+            self.stream.flush()
 
     def _draw(self):
-        now = time.perf_counter()
-        elapsed = now - (self.start or now)
-        frac = self.done / self.total if self.total else 1.0
-        if self.tty:
-            eta = f"ETA {elapsed / frac * (1 - frac):5.0f} s" if 0 < frac < 1 else " " * 9
-            bar = "#" * int(round(self.width * frac))
-            self.stream.write(f"\r[{bar:<{self.width}}] {self.done}/{self.total} {self.unit}, "
-                              f"{elapsed:5.0f} s elapsed, {eta}")
-        else:
-            due = (self._line_time is None or self.done == self.total
-                   or self.done - self._line_done >= self.LINE_FRACTION * self.total
-                   or now - self._line_time >= self.LINE_SECONDS)
-            if not due:
-                return
-            self._line_done, self._line_time = self.done, now
-            eta = f", ETA {elapsed / frac * (1 - frac):.0f} s" if 0 < frac < 1 else ""
-            self.stream.write(f"{self.done}/{self.total} {self.unit}, {elapsed:.0f} s elapsed{eta}\n")
-        self.stream.flush()
+        with self._lock:
+            now = time.perf_counter()
+            elapsed = now - (self.start or now)
+            frac = self.done / self.total if self.total else 1.0
+            if self.tty:
+                eta = f"ETA {elapsed / frac * (1 - frac):5.0f} s" if 0 < frac < 1 else " " * 9
+                bar = "#" * int(round(self.width * frac))
+                self.stream.write(f"\r[{bar:<{self.width}}] {self.done}/{self.total} {self.unit}, "
+                                  f"{elapsed:5.0f} s elapsed, {eta}")
+            else:
+                due = (self._line_time is None or self.done == self.total
+                       or self.done - self._line_done >= self.LINE_FRACTION * self.total
+                       or now - self._line_time >= self.LINE_SECONDS)
+                if not due:
+                    return
+                self._line_done, self._line_time = self.done, now
+                eta = f", ETA {elapsed / frac * (1 - frac):.0f} s" if 0 < frac < 1 else ""
+                self.stream.write(f"{self.done}/{self.total} {self.unit}, {elapsed:.0f} s elapsed{eta}\n")
+            self.stream.flush()
 
 
 class CellProgress(Callback):
