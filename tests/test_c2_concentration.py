@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from sfxlin import concentration, icl
+from sfxlin import concentration, covariance, icl
 from sfxlin.analysis import c2 as c2_analysis
 from sfxlin.analysis.verdicts import NOT_JUDGED, PASS, NotJudged, format_table
 from sfxlin.attention import softmax_attention
@@ -67,7 +67,7 @@ def naive_limit_gradients(U, v, Gamma, z_q, y_q):
 
 def test_gradient_gap_matches_a_naive_per_task_loop():
     d, n_pairs, n_q, Ls, n_draws = 2, 2, 2, [3, 5, 9], 3
-    Sigma = concentration.covariance("anisotropic", 1.5, d)
+    Sigma = 1.5 * covariance.from_spec("geometric:2:0.5", d)
     U, v = concentration.gradient_parameters(Sigma, 0.4)
     tasks, gap_sq, inf_sq = concentration.gradient_gaps(np.random.default_rng(11), Sigma, U, v, Ls, n_pairs, n_q, n_draws)
 
@@ -104,7 +104,7 @@ def test_gradient_gap_matches_a_naive_per_task_loop():
 
 def test_gradient_log_bound_constant_matches_a_per_item_loop():
     d = 3
-    Sigma = concentration.covariance("isotropic", 2.0, d)
+    Sigma = covariance.from_spec("isotropic:2", d)
     U, v = concentration.gradient_parameters(Sigma, 0.3)
     tasks = icl.make_tasks(np.random.default_rng(3), d, 3, 2, 4, Gaussian(cov=Sigma))
     log_c, log_K, log_K_sharp, max_quad = concentration.gradient_log_bound_constant(tasks, U, v)
