@@ -43,6 +43,9 @@ def test_every_part_has_a_positive_estimate(name):
 
 #: (experiment, part, a change of a non-grid parameter that adds work to every cell of the part)
 GROWS = [
+    ("c1_limit", "", "n_prompts=16"), ("c1_limit", "", "ar1_rho=0.5,0.8"),
+    ("c1_kernels", "", "n_prompts=16"), ("c1_kernels", "rf", "rf_draws=400"), ("c1_kernels", "stein", "stein_nodes=80"),
+    ("c1_real", "", "n_queries=12"), ("c1_own", "", "n_prompts=24"), ("c1_own", "exact", "n_queries=16"),
     ("c2_concentration", "", "tail_prompts=512"), ("c2_concentration", "", "clt_draws=40000"),
     ("c2_concentration", "", "grad_draws=8"), ("c2_concentration", "trajectory", "traj_steps=200"),
     ("c2_concentration", "trajectory", "traj_replicates=2"),
@@ -73,6 +76,7 @@ def _record(name, sets, out):
 
 #: (experiment, the part whose work grows, the scaled run's --set: several times the quick run's work per cell)
 SCALED = [
+    ("c1_real", "", ["n_prompts=32", "n_queries=12"]),
     ("c2_threshold", "", ["n_steps=600", "n_replicates=4", "family_steps=600"]),
 ]
 

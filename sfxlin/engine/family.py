@@ -65,6 +65,11 @@ class Output:
     dtype: str = "float64"
     flag_meanings: tuple[str, ...] = ()
 
+    def over(self, *dims) -> Output:
+        """This output with the inner dims ``dims`` before its own (a variant that keeps a law or a prompt
+        dim the family's output averages over)."""
+        return dataclasses.replace(self, dims=tuple(dims) + self.dims)
+
     def variable(self, grid_dims, part="", order=()) -> Variable:
         """The :class:`Variable` of this output in a part whose grid has ``grid_dims``: dims
         ``grid_dims + dims``, sorted by their place in ``order`` where ``order`` names them (the others
