@@ -51,6 +51,13 @@ GROWS = [
     ("c2_concentration", "trajectory", "traj_replicates=2"),
     ("c2_threshold", "", "n_steps=400"), ("c2_threshold", "", "n_replicates=4"),
     ("c2_threshold", "families", "family_steps=400"), ("c2_threshold", "families", "n_pairs=8"),
+    ("c3_transfer", "", "n_steps=400"), ("c3_transfer", "", "heldout_pairs=16"), ("c3_transfer", "", "L_eval=256"),
+    ("c3_landscape", "", "n_steps=200"), ("c3_landscape", "", "heldout_pairs=16"), ("c3_horizon", "", "n_steps=120"),
+    ("c3_real", "", "n_steps=200"), ("c3_real", "", "heldout_pairs=8"), ("c3_dim", "", "T_max=400"),
+    ("c3_dim", "", "task_ratio=8"), ("c3_shift", "", "n_steps=80"), ("c3_shift", "", "shifts=none,scale:2,subspace:2,rotate:1"),
+    ("c3_shift", "", "L_eval=8,16,32,64"),
+    ("c3_deep", "", "depth_max=3"), ("c3_deep", "", "n_pairs=4"), ("c3_deep", "", "L=8,16,32,64"),
+    ("c3_deep", "train", "n_steps=20"),
 ]
 
 
@@ -77,6 +84,7 @@ def _record(name, sets, out):
 #: (experiment, the part whose work grows, the scaled run's --set: several times the quick run's work per cell)
 SCALED = [
     ("c1_real", "", ["n_prompts=32", "n_queries=12"]),
+    ("c3_shift", "", ["n_steps=160", "heldout_pairs=16"]),
     ("c2_threshold", "", ["n_steps=600", "n_replicates=4", "family_steps=600"]),
 ]
 

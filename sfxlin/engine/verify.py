@@ -180,12 +180,13 @@ def iter_verify(path, cells=1, where=None, on_open=None):
     import xarray as xr
 
     from .experiments import get
+    from .schema import upgrade
     from .storage import changed_input_files
     from .sweep import run_cell
 
     path = Path(path)
     with xr.open_dataset(path, engine="netcdf4") as ds:
-        ds.load()
+        ds = upgrade(ds.load())
     missing = [k for k in ("experiment", "config") if k not in ds.attrs]
     if missing:
         raise ValueError(f"{path} records no {' and no '.join(missing)} attr: not a results file of sfxlin")
