@@ -1,13 +1,7 @@
-"""C1 for other attention kernels: each converges to its own exact limit, linear attention times a scalar
-gain (Stein's lemma on Gaussian tokens), and random-feature softmax to softmax's limit; a variant of the C1
-family (:mod:`sfxlin.pipelines.families.c1`; the kernels and the protocol: docs/kernels.md).
-
-Main part ``kernel x r x seed``: ``Sigma = diag(Sigma)``, ``U = V = I``, ``n_queries`` queries ``a`` of
-random direction with ``||a||_Sigma = r``, each with ``n_prompts`` Gaussian prompts of ``L_max`` tokens
-(:func:`sfxlin.kernels.kernel_attention_prefix`). Part ``stein`` (one cell): Stein's identity by tensor
-quadrature (:func:`sfxlin.kernels.stein_identity_error`). Part ``rf`` (``rf_sigma2 x rf_m``): the
-fixed-feature limit of random-feature softmax against ``Sigma a`` over ``rf_draws`` feature draws.
-"""
+"""C1 for other attention kernels, a variant of the C1 family: each kernel converges to its own exact limit,
+linear attention times a scalar gain (Stein's lemma), random-feature softmax to softmax's limit. Parts: the main
+grid ``kernel x r x seed``, ``stein`` (Stein's identity by tensor quadrature) and ``rf`` (the fixed-feature limit
+against ``m``). The protocol: docs/kernels.md."""
 from __future__ import annotations
 
 import math
@@ -18,9 +12,7 @@ from sfxlin.kernels import KERNELS as KERNEL_CLASSES
 from sfxlin.kernels import (KERNEL_NAMES, SMOOTHNESS, Kernel, kernel_attention_prefix, kernel_limit, kernel_mse,
                             positive_random_features, rf_attention_prefix, rf_feature_constant, rf_limit,
                             stein_identity_error)
-from sfxlin.engine.family import Cells, Output
-from sfxlin.engine.params import Param, Profiles
-from sfxlin.engine.sweep import Out, substream
+from sfxlin.engine import Cells, Out, Param, Profiles, Variable, substream
 
 from .families.c1 import C1
 
@@ -118,31 +110,31 @@ def counts(config, part, cell):
 
 
 OWN = {o.name: o for o in (
-    Output("mse_theory", ("L",), "predicted mean squared error",
+    Variable("mse_theory", ("L",), "predicted mean squared error",
            "mean over queries of sfxlin.kernels.kernel_mse: exact for unnormalised kernels and sigmoid_logL, "
            "delta-method constant / L for normalised ones; NaN by design for rf_softmax.", allow_nonfinite=True),
-    Output("gain_measured", (), "gain read off Monte Carlo at L_max",
+    Variable("gain_measured", (), "gain read off Monte Carlo at L_max",
            "mean over queries of <mean over prompts of f_Lmax, Sigma a> / ||Sigma a||^2."),
-    Output("gain_se", (), "standard error of gain_measured",
+    Variable("gain_se", (), "standard error of gain_measured",
            "from the prompt-to-prompt spread of f_Lmax (independent prompts and queries)."),
-    Output("gain_limit", (), "gain of the exact limit",
+    Variable("gain_limit", (), "gain of the exact limit",
            "mean over queries of <f_inf, Sigma a> / ||Sigma a||^2: the Stein gain (rf_softmax: of the fixed-feature "
            "limit, which is not exactly along Sigma a)."),
-    Output("orth_share", (), "share of the Monte Carlo mean orthogonal to Sigma a",
+    Variable("orth_share", (), "share of the Monte Carlo mean orthogonal to Sigma a",
            "mean over queries of ||(I - proj on Sigma a) mean f_Lmax|| / ||mean f_Lmax||."),
-    Output("z2", (), "mean squared z-score of the Monte Carlo mean against the limit",
+    Variable("z2", (), "mean squared z-score of the Monte Carlo mean against the limit",
            "mean over queries and components of ((mean over prompts of f_Lmax - f_inf) / SE)^2; about "
            "(P-1)/(P-3) when the limit is right and the bias at L_max is negligible."),
-    Output("stein_error", ("stein_kernel",), "Stein identity vs tensor quadrature",
+    Variable("stein_error", ("stein_kernel",), "Stein identity vs tensor quadrature",
            "max over 4 random a of |E[kappa(s) z] (tensor Gauss-Hermite) - Sigma a E kappa'(s)| / |Sigma a E "
            "kappa'(s)|; the normalised ReLUs check their numerators."),
-    Output("stein_smoothness", ("stein_kernel",), "smoothness class of the kernel's weight",
+    Variable("stein_smoothness", ("stein_kernel",), "smoothness class of the kernel's weight",
            "The kernel class's declared smoothness: 0 smooth (derivatives of every order: the tensor Gauss-Hermite "
            "rule converges geometrically), 1 kinked (a jump in some derivative: algebraic convergence).",
            dtype="int8", flag_meanings=SMOOTHNESS),
-    Output("rf_sq_error", ("rf_draw",), "squared error of the fixed-feature limit",
+    Variable("rf_sq_error", ("rf_draw",), "squared error of the fixed-feature limit",
            "||rf_limit(W) - Sigma a||^2 for one draw W of m positive random features."),
-    Output("rf_constant", (), "delta-method constant of the feature average",
+    Variable("rf_constant", (), "delta-method constant of the feature average",
            "lim m E||rf_limit - Sigma a||^2 (sfxlin.kernels.rf_feature_constant); inf by design when "
            "rf_sigma2 >= 1 (infinite-variance feature weights).", allow_nonfinite=True))}
 
@@ -151,8 +143,7 @@ EXPERIMENT = C1.variant(
     values=dict(L=Profiles(quick=[2**k for k in range(4, 11)], paper=[2**k for k in range(4, 15)]),
                 n_seeds=Profiles(quick=1, paper=2), n_queries=Profiles(quick=3, paper=8),
                 n_prompts=Profiles(quick=8, paper=16), root_seed=20251211),
-    changes={"n_seeds": {"doc": "independent replicates per (kernel, r)"},
-             "n_prompts": {"low": 2, "why": "the z-scores need a standard error over prompts"}},
+    changes={"n_prompts": {"low": 2, "why": "the z-scores need a standard error over prompts"}},
     params=(
         Param("kernels", "str_list", "attention kernels: " + " ".join(KERNELS) + " (softmax_sqrtd: temperature "
               "sqrt(D); rf_softmax: positive random features)", list(KERNELS), choices=KERNELS, grid=True),

@@ -1,22 +1,14 @@
 """C1: softmax attention over i.i.d. tokens converges to the tilted-mean operator (Lemma 2.1), the C1 family's
-reference variant (:mod:`sfxlin.pipelines.families.c1`; the protocol: docs/protocols.md, "c1_limit").
-
-Main part ``d x U_norm x seed``: ``U`` Gaussian with ``||U||_F = U_norm``, ``V = I``, queries
-``q ~ N(0, sigma^2 I_d)``; per law of ``laws`` (covariance ``sigma^2 I_d``; ``ar1`` one law ``"ar1:RHO"`` per
-``ar1_rho``, dependent along the prompt; a ``tokens`` file adds ``"empirical"``), ``n_prompts`` prompts of
-``L_max`` tokens per query from the law's own substream (:func:`sfxlin.engine.sweep.substream`), so adding a
-law changes no other law's prompts. Every law is measured against the Gaussian limit ``sigma^2 U q``; the
-``sqrt(L)`` control rescales ``U`` to ``U_norm sqrt(L / L_min)``. Part ``quadrature`` (one cell): the closed
-form against tensor Gauss-Hermite quadrature.
-"""
+reference variant. Main grid ``d x U_norm x seed``: every law of ``laws`` (covariance ``sigma^2 I_d``; ``ar1`` one
+law per ``ar1_rho``; a ``tokens`` file's ``empirical``), each from its own substream, against the Gaussian limit
+``sigma^2 U q``, and the ``sqrt(L)`` control; part ``quadrature``: the closed form against Gauss-Hermite
+quadrature. The protocol: docs/protocols.md, "c1_limit"."""
 from __future__ import annotations
 
 import numpy as np
 
 from sfxlin.attention import asymptotic_mse, softmax_attention
-from sfxlin.engine.family import Cells, Output
-from sfxlin.engine.params import Param, Profiles
-from sfxlin.engine.sweep import Out, substream
+from sfxlin.engine import Cells, Out, Param, Profiles, Variable, substream
 from sfxlin.laws import LAWS, Empirical, GaussianAR1
 from sfxlin.quadrature import gaussian_tilted_mean_quadrature
 
@@ -137,14 +129,14 @@ def counts(config, part, cell):
 
 _NAN = "NaN by design for a law without a limit (student_t)."
 OWN = (
-    Output("mse_predicted", ("law", "L"), "predicted mean squared error",
+    Variable("mse_predicted", ("law", "L"), "predicted mean squared error",
            "bias_exact + mean over queries of tr C_law(Uq)/L, C_law the law's exact SNIS (delta-method) covariance of "
            "its own limit (for ar1:RHO the dependent constant, a sum over lags); " + _NAN, allow_nonfinite=True),
-    Output("bias_exact", ("law",), "exact squared bias of the law's own limit",
+    Variable("bias_exact", ("law",), "exact squared bias of the law's own limit",
            "mean over queries of ||grad K_law(Uq) - sigma^2 U q||^2; " + _NAN, allow_nonfinite=True),
-    Output("Uq_sq", ("query",), "squared logit norm ||U q||^2",
+    Variable("Uq_sq", ("query",), "squared logit norm ||U q||^2",
            "||U q||^2 of each query; the paper-form fit uses sigma^2 ||U q||^2."),
-    Output("mse_scaled_U", ("L",), "mean squared error with U scaled by sqrt(L/L_min)",
+    Variable("mse_scaled_U", ("L",), "mean squared error with U scaled by sqrt(L/L_min)",
            "negative control: Gaussian tokens, U_L = sqrt(L/L_min) U, error to that U_L's own limit."),
 )
 
@@ -154,10 +146,7 @@ EXPERIMENT = C1.variant(
                 L=Profiles(quick=[2**k for k in range(4, 11)], paper=[2**k for k in range(4, 15)]),
                 n_seeds=Profiles(quick=2, paper=4), tokens="", n_queries=Profiles(quick=6, paper=32),
                 n_prompts=Profiles(quick=8, paper=16), root_seed=20251211, query_chunk=Profiles(quick=3, paper=4)),
-    changes={"d": {"doc": "token dimensions"}, "U_norm": {"doc": "Frobenius norms of U"},
-             "n_seeds": {"doc": "independent replicates per (d, U_norm)"},
-             "n_prompts": {"doc": "independent prompts per query and law"},
-             "tokens": {"doc": "a token file, 'path.npy' or 'path.nc:variable' (one token of dimension d per row), "
+    changes={"tokens": {"doc": "a token file, 'path.npy' or 'path.nc:variable' (one token of dimension d per row), "
                                "whose empirical law joins the laws as 'empirical' (tokens as given); '' for none"}},
     params=(
         Param("laws", "str_list", "token laws, each with covariance sigma^2 I_d (LAWS of sfxlin.laws with an isotropic "
@@ -171,8 +160,8 @@ EXPERIMENT = C1.variant(
         Param("student_df", "float", "degrees of freedom of the Student-t control (finite covariance)", 3.0,
               low=2, low_open=True)),
     cells=(Cells({"d": "d", "U_norm": "U_norm", "seed": "n_seeds"}, kernel,
-                 (*OWN[:3], C1.output("mse").over("law"), "mse_asymptotic", "mse_query", OWN[3])),
-           Cells({}, quadrature_check, (Output("quadrature_error", ("D_quad",), "closed form vs quadrature",
+                 (*OWN[:3], C1.output("mse", over=("law",)), "mse_asymptotic", "mse_query", OWN[3])),
+           Cells({}, quadrature_check, (Variable("quadrature_error", ("D_quad",), "closed form vs quadrature",
                                               "max |Gaussian tilted mean (Lemma 2.1) - tensor Gauss-Hermite quadrature| "
                                               "over 8 random a, random mean and covariance, token dimension D_quad."),),
                  name="quadrature", inputs=lambda config, cell: {"root_seed": config["root_seed"]})),

@@ -1,14 +1,8 @@
-"""C1 for your own head: softmax attention over a token file against the exact limit of its law, a variant of
-the C1 family (:mod:`sfxlin.pipelines.families.c1`; the inputs and the protocol: docs/own_head.md).
-
-The tokens (a file, or the built-in ``default_set``), the head (``U`` or ``W_Q, W_K``; ``V`` or ``W_V``; the
-logit scale; else :func:`sfxlin.heads.default_U`) and the query set (a file, or ``n_queries`` distinct tokens)
-are read and checked once when the run is configured (:class:`Setup`); the default head and the queries come
-from a generator keyed by ``root_seed`` alone (:func:`head_rng`), the same for every cell. Main part
-``sampling x seed``: ``n_prompts`` prompts of ``L_max`` tokens (``iid`` from the tokens' law, or contiguous
-``window`` s of the file), each shared by every query, against the exact limit and the Gaussian surrogate.
-Part ``exact`` (one cell): the exact constants of the tokens' law at the query set.
-"""
+"""C1 for your own head, a variant of the C1 family: softmax attention over a token file against the exact limit
+of its law. The tokens, the head and the query set are read and checked once when the run is configured
+(:class:`Setup`); the default head and the queries come from ``root_seed`` alone (:func:`head_rng`). Main grid
+``sampling x seed`` (iid or window prompts, each shared by every query); part ``exact``: the exact constants of
+the tokens' law at the query set. The inputs and the protocol: docs/own_head.md."""
 from __future__ import annotations
 
 import functools
@@ -18,9 +12,7 @@ import numpy as np
 
 from sfxlin.attention import asymptotic_mse, weight_ratio
 from sfxlin.dependence import integrated_factor
-from sfxlin.engine.family import Cells, Output
-from sfxlin.engine.params import Param, Profiles
-from sfxlin.engine.sweep import Out, cell_rng, substream
+from sfxlin.engine import Cells, Out, Param, Profiles, Variable, cell_rng, substream
 from sfxlin.heads import LOGIT_SCALES, default_U, head_matrices, parse_logit_scale
 from sfxlin.laws import Empirical, FloatOverflowError, Gaussian
 from sfxlin.realdata import DATASETS, TOKEN_SUFFIXES, check_unchanged, token_set
@@ -173,27 +165,27 @@ def _file(name, doc):
 
 
 OWN = (
-    Output("limit_sq_gauss", (), "squared size of the Gaussian surrogate's signal",
+    Variable("limit_sq_gauss", (), "squared size of the Gaussian surrogate's signal",
            "mean over the query set of ||V Sigma U_eff q||^2."),
-    Output("const_sharp", (), "sharp i.i.d. constant",
+    Variable("const_sharp", (), "sharp i.i.d. constant",
            "mean over the query set of tr V C_mu(U_eff q) V^T, C_mu the empirical law's exact SNIS (delta-method) "
            "constant: L E||V(f_L - f_inf)||^2 -> it for i.i.d. prompts."),
-    Output("const_gauss", (), "the Gaussian picture's constant",
+    Variable("const_gauss", (), "the Gaussian picture's constant",
            "mean over the query set of exp(a' Sigma a)(tr V Sigma V^T + ||V Sigma a||^2), a = U_eff q: the sharp "
            "constant if the tokens were N(m, Sigma); inf when it exceeds float64.", allow_nonfinite=True),
-    Output("tau", (), "integrated autocorrelation factor of the influence function",
+    Variable("tau", (), "integrated autocorrelation factor of the influence function",
            "sum over lags h of tr V E[psi(z_0) psi(z_h)^T] V^T / tr V C_mu V^T along the file's order, summed over "
            "the query set, psi(z) = e^{a.z}(z - f_inf)/E e^{a.z}; batch means (batch length: the batch parameter). "
            "Window prompts have the constant tau * const_sharp."),
-    Output("tau_se", (), "standard error of tau", "batch-to-batch standard deviation / sqrt(n_batches), over the "
+    Variable("tau_se", (), "standard error of tau", "batch-to-batch standard deviation / sqrt(n_batches), over the "
            "i.i.d. constant."),
-    Output("n_batches", (), "batches of the tau estimate", "floor(n / batch length)."),
-    Output("n_tokens", (), "tokens in the file", "the rows of the token file (or of the built-in set)."),
-    Output("U_eff", ("key_dim", "query_dim"), "the logit matrix used, c U",
+    Variable("n_batches", (), "batches of the tau estimate", "floor(n / batch length)."),
+    Variable("n_tokens", (), "tokens in the file", "the rows of the token file (or of the built-in set)."),
+    Variable("U_eff", ("key_dim", "query_dim"), "the logit matrix used, c U",
            "logits c z^T U q = z^T U_eff q: U from its file, or W_K^T W_Q, or the default head (a Gaussian "
            "direction scaled to ||S^{1/2} U S^{1/2}||_F = U_norm, S = (tr Sigma / D) I, from root_seed: the "
            "config attr says which), times the logit scale c."),
-    Output("V_used", ("out_dim", "key_dim"), "the read-out used", "V from its file, or W_V, or I_D when neither is "
+    Variable("V_used", ("out_dim", "key_dim"), "the read-out used", "V from its file, or W_V, or I_D when neither is "
            "given."),
 )
 
@@ -208,8 +200,7 @@ EXPERIMENT = C1.variant(
                                "without U and W_Q)", "parts": (E, "")},
              "n_queries": {"doc": "queries drawn from the tokens (distinct rows) when no query file is given",
                            "parts": (E, "")},
-             "L": {"parts": ("",)}, "n_seeds": {"doc": "independent replicates (cells) per sampling"},
-             "n_prompts": {"doc": "independent prompts per cell, each shared by every query", "parts": ("",)}},
+             "L": {"parts": ("",)}, "n_prompts": {"doc": "prompts per cell, each shared by every query", "parts": ("",)}},
     params=(
         Param("default_set", "str", "the scikit-learn data set used when tokens is '' (standardised, whitened to "
               "default_D components)", "digits", choices=DATASETS, parts=(E, "")),
@@ -234,7 +225,7 @@ EXPERIMENT = C1.variant(
         Param("prompt_chunk", "int", "prompts evaluated together (memory: prompt_chunk * L_max * (D + queries) "
               "floats)", 8, low=1, parts=("",))),
     cells=(Cells({"sampling": "sampling", "seed": "n_seeds"}, kernel,
-                 (C1.output("mse").over("prompt"), C1.output("mse_gauss").over("prompt"))),
+                 (C1.output("mse", over=("prompt",)), C1.output("mse_gauss", over=("prompt",)))),
            Cells({}, exact, ("limit_sq", OWN[0], "bias_gauss", *OWN[1:3], "weight_ratio", *OWN[3:]), name=E)),
     coords={"prompt": lambda c: range(c["n_prompts"]), "key_dim": lambda c: range(setup(c).D),
             "query_dim": lambda c: range(setup(c).D), "out_dim": lambda c: range(setup(c).V.shape[0])},

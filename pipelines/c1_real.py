@@ -1,21 +1,13 @@
-"""C1 on real data: softmax attention over tokens drawn from a real data set's empirical law, a variant of the
-C1 family (:mod:`sfxlin.pipelines.families.c1`; the protocol: docs/real_data.md).
-
-Grid ``dataset x D x U_norm x seed``. The tokens are the data set's whitened top-``D`` principal components
-(:func:`sfxlin.realdata.token_set`), their law ``mu`` the empirical law; the limit ``grad K_mu(U q)`` is
-exact, the Gaussian surrogate ``m + Sigma U q`` is Lemma 2.1 with the set's moments. ``U``'s direction and
-the queries come from a generator keyed by ``(dataset, D, seed)`` alone (:func:`direction_rng`), so every
-``U_norm`` of a seed scales the same ``U`` at the same queries; the prompts (``n_prompts`` of ``L_max``
-tokens per query, query chunk after query chunk) from the cell's own.
-"""
+"""C1 on real data, a variant of the C1 family: softmax attention over a data set's whitened principal components
+against the exact limit of their empirical law and the Gaussian surrogate. Grid ``dataset x D x U_norm x seed``;
+``U``'s direction and the queries come from ``(dataset, D, seed)`` alone (:func:`direction_rng`), so every
+``U_norm`` scales the same ``U``. The protocol: docs/real_data.md."""
 from __future__ import annotations
 
 import numpy as np
 
 from sfxlin.attention import asymptotic_mse, weight_ratio
-from sfxlin.engine.family import Cells
-from sfxlin.engine.params import Param, Profiles
-from sfxlin.engine.sweep import cell_rng
+from sfxlin.engine import Cells, Param, Profiles, cell_rng
 from sfxlin.laws import Empirical, Gaussian
 from sfxlin.realdata import token_set
 
@@ -66,8 +58,6 @@ EXPERIMENT = C1.variant(
                 L=Profiles(quick=[2**k for k in range(4, 11)], paper=[2**k for k in range(4, 14)]),
                 n_seeds=Profiles(quick=1, paper=2), n_queries=Profiles(quick=6, paper=16),
                 n_prompts=Profiles(quick=8, paper=16), root_seed=20251212, query_chunk=Profiles(quick=3, paper=4)),
-    changes={"n_queries": {"doc": "queries per cell (tokens of the set)"},
-             "n_seeds": {"doc": "independent replicates per (dataset, D, U_norm)"}},
     params=(Param("D", "int_list", "token dimensions (principal components kept)",
                   Profiles(quick=[2, 5], paper=[2, 5, 10]), low=1, high=10, grid=True),),
     cells=(Cells({"dataset": "datasets", "D": "D", "U_norm": "U_norm", "seed": "n_seeds"}, kernel,

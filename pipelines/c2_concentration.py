@@ -1,23 +1,15 @@
-"""C2: non-asymptotic concentration of softmax attention and stability of its gradient, a variant of the C2
-family (:mod:`sfxlin.pipelines.families.c2`; the protocol: docs/protocols.md, "c2_concentration").
-
-Main part ``d x U_norm x seed``: (a) the output tails (:func:`sfxlin.concentration.output_tails`) and (b)
-the gradient concentration at fixed parameters (:func:`sfxlin.concentration.gradient_concentration`, per
-inner ``(setting, scale)``), from three child streams of the cell's generator (tails, CLT Monte Carlo,
-gradients; each ``(setting, scale)`` its own substream of the last). Part ``trajectory``
-``setting x traj_seed``: (c) a gap run (:func:`~sfxlin.pipelines.families.c2.gap_run`) at ``d = traj_d``.
-Part ``trajectory_constants`` ``setting``: ``tr(Sigma^-2)`` and the concentration constant of each setting.
-The tail bounds' constants are OUR assumption (the paper's are existential): parameters, never findings.
-"""
+"""C2: concentration of softmax attention and stability of its gradient, a variant of the C2 family. Main grid
+``d x U_norm x seed``: the output tails and the gradient concentration at fixed parameters, from three child
+streams of the cell's generator; part ``trajectory`` (``setting x traj_seed``): a gap run at ``d = traj_d``; part
+``trajectory_constants``: each setting's constants. The tail bounds' constants are OUR assumption (the paper's
+are existential). The protocol: docs/protocols.md, "c2_concentration"."""
 from __future__ import annotations
 
 import numpy as np
 
 from sfxlin.concentration import gradient_concentration, output_tails
-from sfxlin.engine.family import Cells, Output
-from sfxlin.engine.params import Param, Profiles
-from sfxlin.engine.sweep import substream
-from sfxlin.stability import concentration_constant
+from sfxlin.engine import Cells, Param, Profiles, Variable, substream
+from sfxlin.gradient_gap import concentration_constant
 
 from .families.c2 import C2, SETTINGS, gap_run, run_counts, setting_covariance
 
@@ -93,68 +85,68 @@ def counts(config, part, cell):
 _TAIL, _GRAD = ("query", "L", "level"), ("setting", "scale")
 _T = "trajectory"
 OUTPUTS = (
-    Output("tail_count", _TAIL, "tail exceedance count",
+    Variable("tail_count", _TAIL, "tail exceedance count",
            "number of the tail_n prompts with ||f_L(q) - f_inf(q)|| > tail_threshold (softmax attention, V = I, "
            "Gaussian tokens N(0, sigma^2 I), f_inf = sigma^2 U q).", units="prompts"),
-    Output("tail_n", (), "prompts per tail test", "independent prompts per query (the n of every tail test).",
+    Variable("tail_n", (), "prompts per tail test", "independent prompts per query (the n of every tail test).",
            units="prompts"),
-    Output("tail_threshold", _TAIL, "tail threshold t",
+    Variable("tail_threshold", _TAIL, "tail threshold t",
            "r / sqrt(L), r the (1 - level) quantile of ||N(0, C)||, C = lim L Cov(f_L) = "
            "exp(a'Sigma a)(Sigma + Sigma a a' Sigma), a = U q (Monte Carlo, clt_draws draws)."),
-    Output("tail_clt", _TAIL, "CLT tail probability",
+    Variable("tail_clt", _TAIL, "CLT tail probability",
            "P(||N(0, C/L)|| > t): the sharp (CLT) prediction at the threshold used, by an independent Monte "
            "Carlo of clt_draws Gaussian vectors (independent of L since t ~ 1/sqrt(L))."),
-    Output("tail_bound", _TAIL, "paper-form tail bound",
+    Variable("tail_bound", _TAIL, "paper-form tail bound",
            "c1 exp(-c2 L t^2 / K(a)), K(a) = exp(4 sigma^2 ||U q||^2), c1 = exp(tail_log_c1_per_d d), "
            "c2 = tail_c2/sigma^2; tail_log_c1_per_d, tail_c2 (attrs['config']) are OUR assumption (Hsu-Kakade-Zhang "
            "norm bound of a sub-Gaussian vector with proxy sigma^2 K/L: defaults 2/3 and 1/3): the paper's "
            "constants are existential. Not capped at 1."),
-    Output("tail_K", ("query",), "paper's exponential factor K(a)",
+    Variable("tail_K", ("query",), "paper's exponential factor K(a)",
            "exp(4 sigma^2 ||U q||^2) (the sharp asymptotics carry exp(sigma^2 ||U q||^2))."),
-    Output("tail_Uq_sq", ("query",), "squared logit norm ||U q||^2", "||U q||^2 of each tail query."),
-    Output("tail_c1_eff", (), "tail bound prefactor c1",
+    Variable("tail_Uq_sq", ("query",), "squared logit norm ||U q||^2", "||U q||^2 of each tail query."),
+    Variable("tail_c1_eff", (), "tail bound prefactor c1",
            "c1 = exp(tail_log_c1_per_d * d) used in tail_bound (OUR assumption)."),
-    Output("tail_c2_eff", (), "tail bound rate c2", "c2 = tail_c2 / sigma^2 used in tail_bound (OUR assumption)."),
-    Output("grad_gap_sq", _GRAD + ("L",), "mean squared gradient gap",
+    Variable("tail_c2_eff", (), "tail bound rate c2", "c2 = tail_c2 / sigma^2 used in tail_bound (OUR assumption)."),
+    Variable("grad_gap_sq", _GRAD + ("L",), "mean squared gradient gap",
            "mean over grad_draws prompt sets of ||grad R_L - grad R_inf||^2 (U Frobenius and v jointly), R_L the "
            "softmax(L) risk and R_inf the linear(inf) (Gamma_w) risk, both means over the same tasks and queries; "
            "U = U_norm blockdiag(Sigma^-1, 0)/||Sigma^-1||_F, v = U_norm e_{d+1}."),
-    Output("grad_gap_sq_se", _GRAD + ("L",), "standard error of the mean squared gradient gap",
+    Variable("grad_gap_sq_se", _GRAD + ("L",), "standard error of the mean squared gradient gap",
            "sample standard deviation over prompt draws / sqrt(grad_draws)."),
-    Output("grad_inf_sq", _GRAD, "squared norm of the limit gradient",
+    Variable("grad_inf_sq", _GRAD, "squared norm of the limit gradient",
            "||grad R_inf||^2 at the fixed parameters (linear(inf), same tasks and queries)."),
-    Output("grad_log_bound", _GRAD + ("L",), "natural log of the paper-form gradient bound",
+    Variable("grad_log_bound", _GRAD + ("L",), "natural log of the paper-form gradient bound",
            "log of grad_c / L * mean over (task, query) of K P, K = exp(4 lam ||U z_q||^2), lam = ||Gamma_w||_op, "
            "P = tr(Gamma_w)[(|r| + ||v|| ||m||)^2 + ||z_q||^2 ||v||^2 (lam |r| + ||Gamma_w v||)^2], "
            "m = Gamma_w U z_q, "
            "r = v.m - y_q (first-order derivation, sfxlin.concentration.gradient_log_bound_constant); grad_c "
            "(attrs['config']) is OUR assumption (default 1): the paper's constant is existential."),
-    Output("grad_log_K", _GRAD, "log of the mean paper exponential factor",
+    Variable("grad_log_K", _GRAD, "log of the mean paper exponential factor",
            "log of the mean over (task, query) of exp(4 lam ||U z_q||^2), lam = ||Gamma_w||_op."),
-    Output("grad_log_K_sharp", _GRAD, "log of the mean sharp exponential factor",
+    Variable("grad_log_K_sharp", _GRAD, "log of the mean sharp exponential factor",
            "log of the mean over (task, query) of exp(a' Gamma_w a), a = U z_q (the factor of the sharp "
            "SNIS constant)."),
-    Output("grad_max_quad", _GRAD, "largest logit quadratic form",
+    Variable("grad_max_quad", _GRAD, "largest logit quadratic form",
            "max over (task, query) of a' Gamma_w a, a = U z_q: the SNIS error of that item is in its 1/L regime "
            "only once L >> exp(2 a' Gamma_w a) (third-moment term of the expansion)."),
 )
 TRAJECTORY = (
-    Output("traj_g", ("L", "t"), "gradient gap along the infinite-prompt trajectory",
+    Variable("traj_g", ("L", "t"), "gradient gap along the infinite-prompt trajectory",
            "g_L(t) = sqrt(mean over prompt replicates and tasks of ||grad R_L^task - grad R_inf^task||^2) at "
-           "theta_inf(t) (stability.gradient_gap_trajectory; d = traj_d, Sigma = I or diag(geomspace(2, 0.5, d)))."),
-    Output("traj_g_risk", ("L", "t"), "risk-gradient gap along the trajectory",
+           "theta_inf(t) (gradient_gap.gradient_gap_trajectory; d = traj_d, Sigma = I or diag(geomspace(2, 0.5, d)))."),
+    Variable("traj_g_risk", ("L", "t"), "risk-gradient gap along the trajectory",
            "sqrt(mean over prompt replicates of ||grad R_L - grad R_inf||^2) at theta_inf(t), R the training risk "
            "(mean over all tasks and queries): the definition of grad_gap_sq, as a norm."),
-    Output("traj_risk_inf", ("t",), "training risk of linear(inf)", "risk of theta_inf(t) on the trajectory's tasks."),
-    Output("traj_dist_bayes", ("t",), "distance to the Bayes optimum", "||theta_inf(t) - theta*||, theta* of Remark 5.2."),
-    Output("traj_logit_factor", ("t",), "mean exponential logit factor",
+    Variable("traj_risk_inf", ("t",), "training risk of linear(inf)", "risk of theta_inf(t) on the trajectory's tasks."),
+    Variable("traj_dist_bayes", ("t",), "distance to the Bayes optimum", "||theta_inf(t) - theta*||, theta* of Remark 5.2."),
+    Variable("traj_logit_factor", ("t",), "mean exponential logit factor",
            "mean over tasks and queries of exp(a' Gamma_w a), a = U_inf(t) z_q."),
-    Output("traj_U_norm", ("t",), "Frobenius norm of U along the trajectory", "||U_inf(t)||_F."),
+    Variable("traj_U_norm", ("t",), "Frobenius norm of U along the trajectory", "||U_inf(t)||_F."),
 )
 CONSTANTS = (
-    Output("traj_trace_inv_sq", (), "tr(Sigma^-2) of the trajectory setting",
+    Variable("traj_trace_inv_sq", (), "tr(Sigma^-2) of the trajectory setting",
            "the query-averaged concentration constant at the Bayes optimum is finite iff tr(Sigma^-2) > 4."),
-    Output("traj_concentration_constant", (), "query-averaged concentration constant",
+    Variable("traj_concentration_constant", (), "query-averaged concentration constant",
            "E_xq exp(x_q' Sigma^-1 x_q / c^2) = (1 - 2 tr(Sigma^-2)^-1/2)^(-d/2) at the Bayes optimum; "
            "+inf by design when tr(Sigma^-2) <= 4.", allow_nonfinite=True),
 )
@@ -169,9 +161,6 @@ EXPERIMENT = C2.variant(
     values=dict(d=Profiles(quick=[2, 3], paper=[2, 5, 10]),
                 L=Profiles(quick=[8, 16, 32, 64, 128, 256], paper=[2**k for k in range(3, 13)]),
                 n_seeds=Profiles(quick=2, paper=4), root_seed=20251212),
-    changes={"d": {"doc": "token / covariate dimensions"},
-             "L": {"doc": "nested prompt lengths, shared by the main and trajectory parts"},
-             "n_seeds": {"doc": "independent replicates per (d, U_norm): new U, queries, tasks"}},
     params=(
         Param("U_norm", "float_list", "Frobenius norms of U", Profiles(quick=[0.1, 0.5], paper=[0.1, 0.3, 0.5]),
               low=0, low_open=True, grid=True),

@@ -1,13 +1,7 @@
-"""C2 threshold: uniform-in-time stability of the softmax gradient against ``tau = tr(Sigma^-2)``, a
-variant of the C2 family (:mod:`sfxlin.pipelines.families.c2`; the protocol: docs/protocols.md,
-"c2_threshold").
-
-Main part ``tau x seed``: a gap run (:func:`~sfxlin.pipelines.families.c2.gap_run`) at the isotropic
-``Sigma = s I_d``, ``s = sqrt(d / tau)``. Families part ``family x tau x family_seed``: the same run at
-``Sigma = covariance.scaled(covariance.from_spec(family, d), tau)`` for ``family_steps``. Constants parts
-``tau`` and ``family x tau``: the gradient-gap constant ``K`` (:func:`sfxlin.stability.gap_constant`) and
-the summary figures of each ``Sigma``.
-"""
+"""C2 threshold: uniform-in-time stability of the softmax gradient against ``tau = tr(Sigma^-2)``, a variant of the
+C2 family. Main grid ``tau x seed``: a gap run at ``Sigma = s I_d``, ``s = sqrt(d / tau)``; part ``families``: the
+same at ``covariance.scaled(from_spec(family, d), tau)``; the constants parts: the gradient-gap constant ``K`` and
+the summary figures of each ``Sigma``. The protocol: docs/protocols.md, "c2_threshold"."""
 from __future__ import annotations
 
 import math
@@ -15,9 +9,8 @@ import math
 import numpy as np
 
 from sfxlin import covariance, laws
-from sfxlin.engine.family import Cells, Output
-from sfxlin.engine.params import Param, Profiles
-from sfxlin.stability import concentration_constant, gap_constant
+from sfxlin.engine import Cells, Param, Profiles, Variable
+from sfxlin.gradient_gap import concentration_constant, gap_constant
 from sfxlin.training import checkpoint_steps
 
 from .families.c2 import C2, gap_run, run_counts
@@ -106,31 +99,31 @@ def counts(config, part, cell):
 _INF = "; +inf by design for tau <= 4 (the expectation diverges)."
 _FC = "family_constants"
 OWN = {
-    "s": Output("s", (), "covariate variance s (Sigma = s I_d)",
+    "s": Variable("s", (), "covariate variance s (Sigma = s I_d)",
                 "s = sqrt(d / tau), so that tr(Sigma^-2) = tau (the same for every seed)."),
-    "concentration_constant": Output(
+    "concentration_constant": Variable(
         "concentration_constant", (), "query-averaged concentration constant at the Bayes optimum",
         "(1 - 2 tau^{-1/2})^{-d/2} = E exp(x_q^T Sigma^-1 x_q / c^2); +inf by design for tau <= 4 "
         "(the expectation diverges); the same for every seed.", allow_nonfinite=True),
-    "g_family": Output("g_family", ("L", "t_family"), "gradient gap g_L(t) for a covariance family",
+    "g_family": Variable("g_family", ("L", "t_family"), "gradient gap g_L(t) for a covariance family",
                        "as g, with Sigma = covariance.scaled(from_spec(family, d), tau)."),
-    "dist_bayes_family": Output("dist_bayes_family", ("t_family",),
+    "dist_bayes_family": Variable("dist_bayes_family", ("t_family",),
                                 "distance of theta_inf(t) to the Bayes optimum (family)",
                                 "as dist_bayes, for the family's Sigma."),
-    "off_block_family": Output("off_block_family", ("t_family",), "off-block mass of theta_inf(t) (family)",
+    "off_block_family": Variable("off_block_family", ("t_family",), "off-block mass of theta_inf(t) (family)",
                                "as off_block, for the family's Sigma."),
-    _FC: (Output("family_trace", (), "trace of Sigma", "covariance.summary: sum of the eigenvalues."),
-          Output("family_op_norm", (), "operator norm of Sigma", "covariance.summary: largest eigenvalue."),
-          Output("family_condition", (), "condition number of Sigma",
+    _FC: (Variable("family_trace", (), "trace of Sigma", "covariance.summary: sum of the eigenvalues."),
+          Variable("family_op_norm", (), "operator norm of Sigma", "covariance.summary: largest eigenvalue."),
+          Variable("family_condition", (), "condition number of Sigma",
                  "covariance.summary: largest / smallest eigenvalue (scale-free: the same at every tau)."),
-          Output("family_tr_inv2", (), "tr(Sigma^-2) of the family's Sigma",
+          Variable("family_tr_inv2", (), "tr(Sigma^-2) of the family's Sigma",
                  "covariance.summary: sum of eigenvalue^-2; equals tau by construction (covariance.scaled)."),
-          Output("concentration_constant_family", (), "query-averaged concentration constant (family)",
+          Variable("concentration_constant_family", (), "query-averaged concentration constant (family)",
                  "(1 - 2 tau^{-1/2})^{-d/2}, the same for every Sigma with tr(Sigma^-2) = tau" + _INF,
                  allow_nonfinite=True),
-          Output("gap_constant_family", (), "gradient-gap constant K (family)",
-                 "stability.gap_constant of the family's Sigma" + _INF, allow_nonfinite=True),
-          Output("gap_constant_family_se", (), "Monte Carlo standard error of gap_constant_family",
+          Variable("gap_constant_family", (), "gradient-gap constant K (family)",
+                 "gradient_gap.gap_constant of the family's Sigma" + _INF, allow_nonfinite=True),
+          Variable("gap_constant_family_se", (), "Monte Carlo standard error of gap_constant_family",
                  "0 where K = +inf.")),
 }
 
@@ -140,8 +133,6 @@ EXPERIMENT = C2.variant(
                 n_seeds=Profiles(quick=1, paper=10), n_pairs=Profiles(quick=4, paper=48), n_queries=2,
                 n_replicates=Profiles(quick=2, paper=6), lr=0.01, n_steps=Profiles(quick=200, paper=2500),
                 ckpt_every=Profiles(quick=50, paper=100), x_law="gaussian", trainer="pairs", root_seed=20251211),
-    changes={"d": {"doc": "covariate dimension; Sigma = s I_d with s = sqrt(d / tau)"},
-             "n_seeds": {"doc": "independent replicates (tasks, queries, prompts) per tau"}},
     params=(
         Param("tau", "float_list", "values of tau = tr(Sigma^-2); the threshold is tau = 4",
               Profiles(quick=_tau_grid(0.75, TAU_MAX, 6), paper=_tau_grid(0.75, TAU_MAX, 14)), low=0, low_open=True,
@@ -158,7 +149,7 @@ EXPERIMENT = C2.variant(
         Param("family_ckpt_every", "int", "steps between checkpoints of the families part",
               Profiles(quick=50, paper=400), unit="steps", low=1, parts=("families",)),
         Param("gap_samples", "int", "Monte Carlo draws of the polynomial moments of the gradient-gap constant "
-              "(stability.gap_constant; its exponential factors are exact)", Profiles(quick=2**14, paper=2**18),
+              "(gradient_gap.gap_constant; its exponential factors are exact)", Profiles(quick=2**14, paper=2**18),
               low=2, parts=("constants", _FC))),
     cells=(Cells({"tau": "tau", "seed": "n_seeds"}, kernel,
                  ("g", "g_risk", "risk_inf", "dist_bayes", "logit_factor", "off_block", "U_inf", "v_inf", OWN["s"],

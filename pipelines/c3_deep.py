@@ -1,15 +1,9 @@
-"""C3 deep: deep multi-head residual attention and its exact deep linear limit, the variant of the deep family
-(:mod:`sfxlin.pipelines.families.deep`; docs/deep.md).
-
-Part ``""`` (a), grid ``heads x seed``: a fixed random model of ``depth_max`` layers against its limit
-(:func:`~sfxlin.pipelines.families.deep.limit_cell`). Part ``"train"`` (b), grid ``depth x heads x seed``:
-softmax(L), linear(L) and the deep limit model trained from one initialisation
-(:func:`~sfxlin.pipelines.families.deep.train_cell`).
-"""
+"""C3 deep: deep multi-head residual attention and its exact deep linear limit, the deep family's variant. Part
+(a) ``heads x seed``: a fixed random model against its limit; part ``train`` (b) ``depth x heads x seed``:
+softmax(L), linear(L) and the limit model trained from one initialisation. The protocol: docs/deep.md."""
 from __future__ import annotations
 
-from sfxlin.engine.family import Cells
-from sfxlin.engine.params import Profiles
+from sfxlin.engine import Cells, Profiles
 
 from .families.deep import DEEP, limit_cell, train_cell
 
@@ -26,8 +20,7 @@ EXPERIMENT = DEEP.variant(
                 train_pairs=Profiles(quick=2, paper=16), train_queries=Profiles(quick=4, paper=16),
                 heldout_pairs=Profiles(quick=4, paper=64), method="adam", lr=0.01, n_steps=Profiles(quick=10, paper=200),
                 ckpt_every=Profiles(quick=5, paper=20), root_seed=20261130),
-    changes={"n_seeds": {"doc": "independent replicates per grid point"},
-             "L": {"doc": "(a) nested prompt lengths", "parts": _A},
+    changes={"L": {"doc": "(a) nested prompt lengths", "parts": _A},
              "n_pairs": {"doc": "(a) antithetic task pairs per cell", "parts": _A},
              "n_queries": {"doc": "(a) queries per task", "parts": _A},
              "heldout_pairs": {"doc": "(b) antithetic held-out task pairs", "parts": _B},

@@ -1,15 +1,7 @@
-"""C3 dimension: softmax(L) training against linear(inf) at d = 3, 8, 16, each run trained until
-``theta_inf(t)`` has converged, a variant of the C3 family (:mod:`sfxlin.pipelines.families.c3`; docs/claims.md,
-"C3 dimension"; why the tasks scale with ``d^2`` and the steps are found per cell: docs/protocols.md, "c3_dim").
-
-Grid ``setting x d x seed``, ``setting`` a covariance spec built in dimension ``d`` (Gaussian covariates);
-``n_pairs = ceil(task_ratio d^2 / n_queries)`` training pairs; the ``L`` grid cut per ``d`` at ``L_caps`` (a
-value above the cell's cap is NaN by design). A cell draws its training and held-out tasks, trains linear(inf)
-alone until its exact population risk is at most ``tol`` times the init's (:func:`sfxlin.training.train_until`,
-checks every ``check_every`` steps, ``T_max`` at most: ``T_conv``), then the main run
-(:class:`~sfxlin.pipelines.families.c3.Run`) for ``T_conv`` steps, whose linear(inf) trajectory is the first
-run's bit for bit (``inf_rerun_diff``).
-"""
+"""C3 dimension, a variant of the C3 family: softmax(L) against linear(inf) at d = 3, 8, 16, with
+``ceil(task_ratio d^2 / n_queries)`` training pairs and ``T`` found per cell by a stop rule on linear(inf)
+(:func:`sfxlin.training.train_until`), then the family's run for ``T_conv`` steps. Grid ``setting x d x seed``
+(``setting`` a covariance spec), ``L`` cut per ``d`` at ``L_caps``. The protocol: docs/protocols.md, "c3_dim"."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,8 +10,7 @@ import math
 import numpy as np
 
 from sfxlin import covariance, icl, laws, training
-from sfxlin.engine.family import Cells, Output
-from sfxlin.engine.params import Param, Profiles
+from sfxlin.engine import Cells, Param, Profiles, Variable
 
 from .families.c3 import C3, Run, draw, finite, heldout_counts, train_counts
 
@@ -113,22 +104,22 @@ def counts(config, part, cell):
 _CAP = " NaN by design at an L above the cell's cap (L_caps)."
 CAPPED = ("D_inf_max", "D_inf_T", "risk_heldout_init", "risk_heldout_T", "off_block_max", "risk_train_T")
 OWN = {o.name: o for o in (
-    Output("T_conv", (), "steps trained T", "the first check (every check_every steps) at which the exact population "
+    Variable("T_conv", (), "steps trained T", "the first check (every check_every steps) at which the exact population "
            "risk of theta_inf(t) is <= tol x that of the Eq. 9 init; T_max when never (converged = 0).", units="steps"),
-    Output("converged", (), "stop rule met within T_max", "1: theta_inf(T_conv) meets the stop rule; 0: the run "
+    Variable("converged", (), "stop rule met within T_max", "1: theta_inf(T_conv) meets the stop rule; 0: the run "
            "reached T_max without it (T_conv = T_max).", dtype="int8", flag_meanings=("not_converged", "converged")),
-    Output("n_pairs", (), "antithetic training task pairs", "ceil(task_ratio d^2 / n_queries)."),
-    Output("rel_risk_inf", ("t",), "relative population risk of theta_inf(t)",
+    Variable("n_pairs", (), "antithetic training task pairs", "ceil(task_ratio d^2 / n_queries)."),
+    Variable("rel_risk_inf", ("t",), "relative population risk of theta_inf(t)",
            "sfxlin.icl.linear_inf_risk(theta_inf(t), Sigma) / same at t = 0 (exact, noiseless: floor 0), on the "
            "checks of the linear(inf)-alone run; NaN by design after T_conv (the run stopped).", allow_nonfinite=True),
-    Output("risk_pop_init", (), "population risk of the Eq. 9 init under linear(inf)",
+    Variable("risk_pop_init", (), "population risk of the Eq. 9 init under linear(inf)",
            "sfxlin.icl.linear_inf_risk at t = 0 (exact)."),
-    Output("risk_pop_inf", (), "population risk of theta_inf(T)", "sfxlin.icl.linear_inf_risk (exact) at T_conv."),
-    Output("D_inf_T", ("model", "L"), "distance of theta_L(T) to theta_inf(T)", "as D_inf_max, at t = T_conv."),
-    Output("dist_star_inf_T", (), "distance of theta_inf(T) to theta_star",
+    Variable("risk_pop_inf", (), "population risk of theta_inf(T)", "sfxlin.icl.linear_inf_risk (exact) at T_conv."),
+    Variable("D_inf_T", ("model", "L"), "distance of theta_L(T) to theta_inf(T)", "as D_inf_max, at t = T_conv."),
+    Variable("dist_star_inf_T", (), "distance of theta_inf(T) to theta_star",
            "sqrt(||U_inf(T) - U*||_F^2 + ||v_inf(T) - v*||^2), (U*, v*) the Remark 5.2 optimum for Sigma."),
-    Output("risk_train_inf", (), "training risk of theta_inf(T)", "as risk_train_T, linear(inf)."),
-    Output("inf_rerun_diff", (), "largest difference of the two linear(inf) trajectories",
+    Variable("risk_train_inf", (), "training risk of theta_inf(T)", "as risk_train_T, linear(inf)."),
+    Variable("inf_rerun_diff", (), "largest difference of the two linear(inf) trajectories",
            "max |theta_inf(t)| difference, entrywise, between the joint run and the linear(inf)-alone run at their "
            "common checks: 0 (same engine, same arithmetic)."))}
 
@@ -146,10 +137,7 @@ EXPERIMENT = C3.variant(
                 heldout_pairs=Profiles(quick=4, paper=64), heldout_queries=Profiles(quick=2, paper=4),
                 root_seed=20261202),
     changes={"settings": {"doc": "covariance specs of sfxlin.covariance.from_spec (no ',' or ';'), built in "
-                                 "dimension d", "choices": None},
-             "d": {"doc": "covariate dimensions; tokens (x, y) have D = d + 1"},
-             "n_seeds": {"doc": "seeds per (setting, d): independent training runs, the units of the SEs"},
-             "L": {"doc": "nested training prompt lengths (cut per d at L_caps)"}},
+                                 "dimension d", "choices": None}},
     params=(
         Param("L_caps", "int_list", "per d (same order), the largest L trained: the L grid is cut there (cost)",
               Profiles(quick=[32, 32], paper=[16384, 2048, 128]), unit="tokens", low=1, unique=False),

@@ -1,20 +1,12 @@
-"""C3 horizon: the transfer horizon ``T(L)`` up to which softmax(L) training follows the infinite-prompt flow
-``theta_inf(t)``, a variant of the C3 family (:mod:`sfxlin.pipelines.families.c3`; docs/claims.md, "C3
-horizon"; the protocol: docs/protocols.md, "c3_horizon").
-
-Grid ``setting x seed`` (the Gaussian named settings). A cell draws the training tasks and runs the main run
-(:class:`~sfxlin.pipelines.families.c3.Run`) for ``n_steps`` = ``T_max`` steps, its parameters kept on a
-log-spaced grid of checkpoints (:func:`sfxlin.training.log_checkpoint_steps`, ``per_octave`` a doubling of
-``t``), so that a horizon is resolved at early times as at late ones; it keeps per checkpoint the distances to
-``theta_inf(t)`` and to ``theta_star``, the Bayes optimum of Remark 5.2 (:func:`sfxlin.icl.bayes_optimum`).
-"""
+"""C3 horizon, a variant of the C3 family: the horizon ``T(L)`` up to which softmax(L) training follows
+``theta_inf(t)``. Grid ``setting x seed``; the family's run for ``T_max`` steps, its parameters kept on a
+log-spaced grid of checkpoints (``per_octave`` a doubling). The protocol: docs/protocols.md, "c3_horizon"."""
 from __future__ import annotations
 
 import numpy as np
 
 from sfxlin import icl, training
-from sfxlin.engine.family import Cells, Output
-from sfxlin.engine.params import Param, Profiles
+from sfxlin.engine import Cells, Param, Profiles, Variable
 
 from .families.c3 import C3, Run, draw, finite, setting_inputs, setting_law
 
@@ -44,10 +36,10 @@ def kernel(cell, rng, config):
 
 
 OWN = (
-    Output("dist_star", ("model", "L", "t"), "distance of theta_L(t) to theta_star",
+    Variable("dist_star", ("model", "L", "t"), "distance of theta_L(t) to theta_star",
            "sqrt(||U_L(t) - U*||_F^2 + ||v_L(t) - v*||^2), (U*, v*) the Bayes optimum of Remark 5.2 for the "
            "setting's Sigma (the limit of the gradient flow of linear(inf))."),
-    Output("dist_star_inf", ("t",), "distance of theta_inf(t) to theta_star",
+    Variable("dist_star_inf", ("t",), "distance of theta_inf(t) to theta_star",
            "sqrt(||U_inf(t) - U*||_F^2 + ||v_inf(t) - v*||^2): falls to the floor set by gradient descent's "
            "drift of ||U||_F^2 - ||v||^2."),
 )
@@ -58,10 +50,7 @@ EXPERIMENT = C3.variant(
                 n_seeds=Profiles(quick=2, paper=4), n_pairs=Profiles(quick=3, paper=48), n_queries=2,
                 L=Profiles(quick=[8, 16, 32], paper=[8 * 2**k for k in range(12)]), lr=0.01,
                 n_steps=Profiles(quick=60, paper=8000), root_seed=20261202),
-    changes={"settings": {"doc": "Gaussian covariate settings", "choices": SETTINGS},
-             "n_seeds": {"doc": "seeds per setting (independent training runs: the units of the SEs)"},
-             "L": {"doc": "nested training prompt lengths"},
-             "n_steps": {"doc": "gradient-descent steps T_max (the last checkpoint)"}},
+    changes={"settings": {"choices": SETTINGS}, "n_steps": {"doc": "gradient-descent steps T_max (the last checkpoint)"}},
     params=(Param("per_octave", "int", "checkpoints per doubling of t (log-spaced grid; every step while they are "
                   "closer than one apart)", Profiles(quick=4, paper=16), low=1),),
     cells=(Cells({"setting": "settings", "seed": "n_seeds"}, kernel,

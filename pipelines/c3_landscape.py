@@ -1,23 +1,13 @@
-"""C3 landscape: does large-prompt softmax training inherit linear-attention training across covariance
-families, label noise and dimensions, and does it fail where it must (non-centred covariates)? A variant of
-the C3 family (:mod:`sfxlin.pipelines.families.c3`; docs/claims.md, "C3 landscape"; the tasks: docs/tasks.md).
-
-Grid ``covariance x noise x d x mean_norm x seed``: Gaussian covariates ``N(m, Sigma)``, ``Sigma`` the spec
-``covariance`` in dimension ``d``, ``m = mean_norm (1, ..., 1) / sqrt(d)`` (0: the paper's centred setting; >
-0: the non-centred control, where softmax(L) tends to an affine limit and the transfer must fail), label noise
-``noise`` on prompts and targets. A cell draws its training and held-out tasks, runs the main run
-(:class:`~sfxlin.pipelines.families.c3.Run`) and keeps the maxima over ``t`` and the values at ``T``, the
-held-out risks at the init and at ``T``, the baselines (:mod:`sfxlin.baselines`) with their closed forms where
-they exist (:mod:`sfxlin.bayes`; NaN by design otherwise), and the gap between the softmax and linear limits.
-Part ``covariance`` (``covariance x d``): the summary figures of each ``Sigma``.
-"""
+"""C3 landscape, a variant of the C3 family: the transfer across covariance families, label noise and
+dimensions, and its failure where it must fail (non-centred covariates). Grid ``covariance x noise x d x mean_norm
+x seed``; the family's run, its maxima over ``t`` and values at ``T``, the baselines and their closed forms; part
+``covariance``: each ``Sigma``'s summary figures. docs/claims.md, "C3 landscape"; the tasks: docs/tasks.md."""
 from __future__ import annotations
 
 import numpy as np
 
 from sfxlin import baselines, bayes, covariance, laws
-from sfxlin.engine.family import Cells, Output
-from sfxlin.engine.params import Param, Profiles
+from sfxlin.engine import Cells, Param, Profiles, Variable
 
 from .families.c3 import C3, Run, draw, finite, heldout_counts, train_counts
 
@@ -73,26 +63,26 @@ def counts(config, part, cell):
 _NAN = " NaN by design where no closed form exists"
 _GM = ("model", "L")
 OWN = (
-    Output("risk_heldout_inf_softmax", (), "held-out risk of theta_inf(T) used as softmax(L_max)",
+    Variable("risk_heldout_inf_softmax", (), "held-out risk of theta_inf(T) used as softmax(L_max)",
            "theta_inf(T) as softmax attention on held-out prompts of the largest L."),
-    Output("limit_gap", (), "squared gap between the softmax and linear limits at theta_inf(T)",
+    Variable("limit_gap", (), "squared gap between the softmax and linear limits at theta_inf(T)",
            "mean over held-out tasks and queries of 1/2 (softmax_limit - linear_limit)^2 (sfxlin.bayes): rounding "
            "when centred; the affine intercept and the covariance/second-moment mismatch when not."),
-    Output("risk_min_norm", ("L",), "held-out risk of minimum-norm least squares",
+    Variable("risk_min_norm", ("L",), "held-out risk of minimum-norm least squares",
            "sfxlin.baselines.min_norm on the held-out prompts of length L."),
 )
 THEORY = (
-    Output("risk_pgd_theory", ("L",), "exact risk of risk_pgd's estimator",
+    Variable("risk_pgd_theory", ("L",), "exact risk of risk_pgd's estimator",
            "sfxlin.baselines.pgd_risk, centred covariates;" + _NAN + " (non-centred).", allow_nonfinite=True),
-    Output("risk_bayes_theory", ("L",), "Bayes risk of the task, closed form",
+    Variable("risk_bayes_theory", ("L",), "Bayes risk of the task, closed form",
            "sfxlin.bayes.bayes_risk_task (noiseless labels);" + _NAN + " (noisy labels at finite L).",
            allow_nonfinite=True),
-    Output("risk_ridge_asymptotic", ("L",), "asymptotic risk of ridge at the Bayes penalty",
+    Variable("risk_ridge_asymptotic", ("L",), "asymptotic risk of ridge at the Bayes penalty",
            "sfxlin.baselines.asymptotic_ridge_risk (Marchenko-Pastur; isotropic, centred);" + _NAN + ".",
            allow_nonfinite=True),
-    Output("risk_floor_inf", (), "Bayes risk of linear(inf)'s class", "noise^2 / 2: the query-noise floor."),
+    Variable("risk_floor_inf", (), "Bayes risk of linear(inf)'s class", "noise^2 / 2: the query-noise floor."),
 )
-SUMMARY = tuple(Output(f"Sigma_{key}", (), long_name, "sfxlin.covariance.summary.") for key, long_name in
+SUMMARY = tuple(Variable(f"Sigma_{key}", (), long_name, "sfxlin.covariance.summary.") for key, long_name in
                 (("trace", "tr(Sigma)"), ("op_norm", "largest eigenvalue of Sigma"),
                  ("condition", "condition number of Sigma"), ("tr_inv2", "tr(Sigma^-2)")))
 
@@ -103,10 +93,7 @@ EXPERIMENT = C3.variant(
                 n_steps=Profiles(quick=100, paper=1000), ckpt_every=Profiles(quick=20, paper=50),
                 heldout_pairs=Profiles(quick=8, paper=128), heldout_queries=Profiles(quick=2, paper=4),
                 root_seed=20261130),
-    changes={"d": {"doc": "covariate dimensions; tokens (x, y) have D = d + 1"}, "n_seeds": {"doc": "seeds per cell"},
-             "L": {"doc": "nested training prompt lengths", "min_len": 4,
-                   "why": "the analysis fits log-log slopes in L, the control over the last four"},
-             "ckpt_every": {"doc": "steps between checkpoints (the max over t of the distances)"}},
+    changes={"L": {"min_len": 4, "why": "the analysis fits log-log slopes in L, the control over the last four"}},
     params=(
         Param("covariances", "str_list", "covariance specs of sfxlin.covariance.from_spec (no ',' or ';')",
               Profiles(quick=["isotropic", "kms:0.5"], paper=["isotropic", "power_law:1.0", "kms:0.5"]), grid=True,

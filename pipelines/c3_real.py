@@ -1,21 +1,12 @@
-"""C3 on real covariates: softmax(L) against its exact limit softmax(inf) under a data set's empirical law, and
-how far linear(inf), the paper's limit for Gaussian covariates, is from it; a variant of the C3 family
-(:mod:`sfxlin.pipelines.families.c3`; docs/models.md, section 2; docs/real_data.md).
-
-Grid ``dataset x d x seed``: the covariates are the data set's whitened top-``d`` principal components
-(:func:`sfxlin.realdata.token_set`), their law the empirical law; the limit of softmax(L) is softmax(inf), the
-tilted mean over the whole set (exact: :func:`sfxlin.icl.support_tasks`). A cell draws its training and
-held-out tasks (covariates drawn with replacement), trains softmax(L) at every ``L``, linear(inf)
-(``theta_linf``) and softmax(inf) (``theta_sinf``) from the Eq. 9 init, and keeps the distances between the
-trajectories and the held-out risks every ``heldout_every`` steps.
-"""
+"""C3 on real covariates, a variant of the C3 family: softmax(L) against its exact limit softmax(inf) under a data
+set's empirical law, and linear(inf)'s distance to it. Grid ``dataset x d x seed``. docs/models.md, section 2;
+docs/real_data.md."""
 from __future__ import annotations
 
 import numpy as np
 
 from sfxlin import icl, training
-from sfxlin.engine.family import Cells, Output
-from sfxlin.engine.params import Profiles
+from sfxlin.engine import Cells, Profiles, Variable
 from sfxlin.laws import Empirical
 from sfxlin.realdata import DATASETS, token_set
 
@@ -76,31 +67,31 @@ def counts(config, part, cell):
 
 
 OWN = (
-    Output("D_sinf", ("L", "t"), "distance of theta_L(t) to theta_sinf(t)",
+    Variable("D_sinf", ("L", "t"), "distance of theta_L(t) to theta_sinf(t)",
            "sqrt(||U_L(t) - U_sinf(t)||_F^2 + ||v_L(t) - v_sinf(t)||^2): softmax(L) against softmax(inf) under the "
            "set's empirical law, same tasks, same init, same step t."),
-    Output("D_linf", ("L", "t"), "distance of theta_L(t) to theta_linf(t)",
+    Variable("D_linf", ("L", "t"), "distance of theta_L(t) to theta_linf(t)",
            "as D_sinf, against linear(inf) (Gamma_w from the set's covariance I_d)."),
-    Output("gap", ("t",), "distance between the trajectories of softmax(inf) and linear(inf)",
+    Variable("gap", ("t",), "distance between the trajectories of softmax(inf) and linear(inf)",
            "sqrt(||U_sinf(t) - U_linf(t)||_F^2 + ||v_sinf(t) - v_linf(t)||^2): 0 for Gaussian covariates."),
-    Output("norm_linf", ("t",), "norm of theta_linf(t)", "sqrt(||U_linf||_F^2 + ||v_linf||^2)."),
-    Output("norm_sinf", ("t",), "norm of theta_sinf(t)", "sqrt(||U_sinf||_F^2 + ||v_sinf||^2)."),
-    Output("off_block_sinf", ("t",), "off-block mass of theta_sinf(t)",
+    Variable("norm_linf", ("t",), "norm of theta_linf(t)", "sqrt(||U_linf||_F^2 + ||v_linf||^2)."),
+    Variable("norm_sinf", ("t",), "norm of theta_sinf(t)", "sqrt(||U_sinf||_F^2 + ||v_sinf||^2)."),
+    Variable("off_block_sinf", ("t",), "off-block mass of theta_sinf(t)",
            "sqrt(||U[d, :]||^2 + ||U[:d, d]||^2 + ||v[:d]||^2) of softmax(inf), measured, never imposed."),
-    Output("risk_train", ("L", "t"), "training risk of softmax(L)",
+    Variable("risk_train", ("L", "t"), "training risk of softmax(L)",
            "mean over training tasks and queries of 1/2 (pred - y_q)^2 at the checkpoint, prompt length L."),
-    Output("risk_train_sinf", ("t",), "training risk of softmax(inf)",
+    Variable("risk_train_sinf", ("t",), "training risk of softmax(inf)",
            "mean over training tasks and queries of 1/2 (pred - y_q)^2, pred the exact softmax over the whole set."),
-    Output("risk_train_linf", ("t",), "training risk of linear(inf)",
+    Variable("risk_train_linf", ("t",), "training risk of linear(inf)",
            "mean over training tasks and queries of 1/2 (v^T Gamma_w U z_q - y_q)^2."),
-    Output("risk_heldout", ("L", "t_heldout"), "held-out risk of softmax(L) at its training L",
+    Variable("risk_heldout", ("L", "t_heldout"), "held-out risk of softmax(L) at its training L",
            "mean over held-out tasks and queries of 1/2 (pred - y_q)^2, theta_L(t) on held-out prompts of length L "
            "drawn from the set."),
-    Output("risk_heldout_sinf", ("t_heldout",), "held-out risk of theta_sinf under softmax(inf)",
+    Variable("risk_heldout_sinf", ("t_heldout",), "held-out risk of theta_sinf under softmax(inf)",
            "held-out tasks' w and queries, the exact softmax over the whole set."),
-    Output("risk_heldout_linf", ("t_heldout",), "held-out risk of theta_linf under linear(inf)",
+    Variable("risk_heldout_linf", ("t_heldout",), "held-out risk of theta_linf under linear(inf)",
            "mean over held-out tasks and queries of 1/2 (v^T Gamma_w U z_q - y_q)^2."),
-    Output("risk_heldout_linf_as_sinf", ("t_heldout",), "held-out risk of theta_linf under softmax(inf)",
+    Variable("risk_heldout_linf_as_sinf", ("t_heldout",), "held-out risk of theta_linf under softmax(inf)",
            "linear-attention theory's trained parameters theta_linf(t) used by the real infinite-prompt softmax."),
 )
 
@@ -113,11 +104,7 @@ EXPERIMENT = C3.variant(
                 n_steps=Profiles(quick=100, paper=1500), ckpt_every=20, heldout_pairs=Profiles(quick=4, paper=64),
                 heldout_queries=Profiles(quick=2, paper=4), heldout_every=Profiles(quick=100, paper=500),
                 root_seed=20261202),
-    changes={"d": {"doc": "covariate dimensions (principal components kept); tokens (x, y) have D = d + 1",
-                   "high": 10},
-             "n_seeds": {"doc": "seeds (independent training runs) per (dataset, d)"},
-             "L": {"doc": "nested training prompt lengths"},
-             "n_steps": {"doc": "gradient-descent steps T (a multiple of ckpt_every and of heldout_every)"}},
+    changes={"d": {"doc": "covariate dimensions (principal components kept)", "high": 10}},
     cells=(Cells({"dataset": "datasets", "d": "d", "seed": "n_seeds"}, kernel, OWN),),
     cost=C3.cost.counting(counts), scheduler="processes",
     title="C3 on real covariates: softmax(L) against its exact limit softmax(inf), and linear(inf)",

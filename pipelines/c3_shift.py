@@ -1,21 +1,12 @@
-"""C3 shift: the trained C3 models on shifted test prompts against their exact large-prompt prediction, a
-variant of the C3 family (:mod:`sfxlin.pipelines.families.c3`; docs/claims.md, "C3 shift"; the shifts:
-:mod:`sfxlin.shift`; the closed form: :func:`sfxlin.icl.linear_inf_risk`).
-
-Grid ``setting x seed`` (the Gaussian named settings). A cell draws the training tasks and the held-out tasks
-(prompts of ``max(L_eval)`` tokens), trains softmax(L) at every training ``L`` and linear(inf) for ``n_steps``
-(coordinate ``theta``: the parameters at ``T``), then per shift (a spec of :func:`sfxlin.shift.parse_shift`) maps
-the held-out tasks by the shift's ``A`` (common random numbers across shifts) and measures every ``theta`` as
-softmax(``L_eval``) against its prediction, the exact risk under linear(inf) with the test covariance
-``A Sigma A^T`` (and its Monte Carlo on the same tasks), with the ridge and preconditioned-GD baselines.
-"""
+"""C3 shift, a variant of the C3 family: the trained models on shifted test prompts (:mod:`sfxlin.shift`) against
+their exact large-prompt prediction, the risk under linear(inf) with the test covariance. Grid ``setting x seed``.
+docs/claims.md, "C3 shift"."""
 from __future__ import annotations
 
 import numpy as np
 
 from sfxlin import icl, shift, training
-from sfxlin.engine.family import Cells, Output
-from sfxlin.engine.params import Param, Profiles
+from sfxlin.engine import Cells, Param, Profiles, Variable
 
 from .families.c3 import C3, draw, finite, setting_inputs, setting_law, train_counts
 
@@ -77,32 +68,32 @@ _GS = ("shift",)
 _GST = _GS + ("theta",)
 _ON = " on the shifted held-out prompts (the held-out tasks mapped by the shift's A: x' = A x, y' = w^T x')"
 OWN = (
-    Output("risk_softmax", _GST + ("L_eval",), "measured held-out risk of softmax(L_eval) with theta",
+    Variable("risk_softmax", _GST + ("L_eval",), "measured held-out risk of softmax(L_eval) with theta",
            "mean over held-out tasks and queries of 1/2 (pred - y_q)^2, theta (trained, at T) used as softmax "
            "attention on the first L_eval tokens" + _ON + "."),
-    Output("risk_softmax_se", _GST + ("L_eval",), "SE of risk_softmax over held-out pairs",
+    Variable("risk_softmax_se", _GST + ("L_eval",), "SE of risk_softmax over held-out pairs",
            "standard deviation over the held-out antithetic pairs of their mean risk, over sqrt(pairs)."),
-    Output("risk_exact", _GST, "exact large-L prediction: risk of theta under linear(inf) with the test covariance",
+    Variable("risk_exact", _GST, "exact large-L prediction: risk of theta under linear(inf) with the test covariance",
            "sfxlin.icl.linear_inf_risk(U, v, Sigma_test): E over w ~ N(0, I_d) and x_q of 1/2 (v^T Gamma_w U z_q "
            "- y_q)^2, Gamma_w from Sigma_test (closed form; the limit of risk_softmax as L_eval -> inf)."),
-    Output("risk_linf_mc", _GST, "risk of theta under linear(inf) with the test covariance, Monte Carlo",
+    Variable("risk_linf_mc", _GST, "risk of theta under linear(inf) with the test covariance, Monte Carlo",
            "mean over the held-out tasks and queries" + _ON + " of 1/2 (v^T Gamma_w U z_q - y_q)^2, Gamma_w from "
            "Sigma_test and each task's w: the closed form's Monte Carlo on the same tasks as risk_softmax."),
-    Output("risk_linf_mc_se", _GST, "SE of risk_linf_mc over held-out pairs", "as risk_softmax_se."),
-    Output("diff_se", _GST + ("L_eval",), "SE of risk_softmax - risk_linf_mc over held-out pairs",
+    Variable("risk_linf_mc_se", _GST, "SE of risk_linf_mc over held-out pairs", "as risk_softmax_se."),
+    Variable("diff_se", _GST + ("L_eval",), "SE of risk_softmax - risk_linf_mc over held-out pairs",
            "the paired difference per held-out pair (same tasks), its standard deviation over sqrt(pairs)."),
-    Output("risk_ridge", _GS + ("L_eval",), "held-out risk of ridge on the shifted prompt",
+    Variable("risk_ridge", _GS + ("L_eval",), "held-out risk of ridge on the shifted prompt",
            "per held-out task, ridge (ridge_lam; 0: minimum-norm least squares pinv(X) y) on its first L_eval "
            "shifted tokens, risk 1/2 (x_q'^T w_hat - y_q')^2 averaged (noiseless: rounding once the prompt spans "
            "the test covariates' subspace)."),
-    Output("risk_pgd_train", _GS + ("L_eval",), "held-out risk of one-step preconditioned GD, training preconditioner",
+    Variable("risk_pgd_train", _GS + ("L_eval",), "held-out risk of one-step preconditioned GD, training preconditioner",
            "w_hat = Gamma_L(Sigma) (1/L) X'^T y' (sfxlin.baselines.pgd_preconditioner of the TRAINING Sigma: "
            "the shift-unaware optimum of linear(L) attention) on the shifted prompts."),
-    Output("risk_pgd_test", _GS + ("L_eval",), "held-out risk of one-step preconditioned GD, test preconditioner",
+    Variable("risk_pgd_test", _GS + ("L_eval",), "held-out risk of one-step preconditioned GD, test preconditioner",
            "as risk_pgd_train with the preconditioner of the test covariance (the oracle that knows the shift); "
            "NaN by design where the test covariance is singular (subspace:K: no inverse).", allow_nonfinite=True),
-    Output("Sigma_test", _GS + ("i", "j"), "test covariance Sigma' = A Sigma A^T", "sfxlin.shift.shifted_covariance."),
-    Output("risk_train_T", ("theta",), "final training risk of theta",
+    Variable("Sigma_test", _GS + ("i", "j"), "test covariance Sigma' = A Sigma A^T", "sfxlin.shift.shifted_covariance."),
+    Variable("risk_train_T", ("theta",), "final training risk of theta",
            "mean over training tasks and queries of 1/2 (pred - y_q)^2 at T: softmax(L) at its training L, "
            "linear(inf) with Gamma_w."),
 )
@@ -115,20 +106,11 @@ EXPERIMENT = C3.variant(
                 L_eval=Profiles(quick=[8, 16, 32], paper=[16, 64, 256, 1024, 4096]),
                 heldout_pairs=Profiles(quick=4, paper=256), heldout_queries=Profiles(quick=2, paper=4), ridge_lam=0.0,
                 root_seed=20261202),
-    changes={"d": {"low": 2}, "settings": {"doc": "training covariate settings (Gaussian)", "choices": SETTINGS,
-                                           "unique": True},
-             "Sigma_isotropic": {"doc": "training covariance of the 'isotropic' setting: a covariance spec of "
-                                        "sfxlin.covariance.from_spec"},
-             "Sigma_anisotropic": {"doc": "training covariance of the 'anisotropic' setting: a covariance spec of "
-                                          "sfxlin.covariance.from_spec"},
-             "n_seeds": {"doc": "seeds per setting"},
-             "L": {"doc": "nested training prompt lengths (one trained softmax(L) per L)", "min_len": 1, "why": ""},
-             "n_steps": {"doc": "gradient-descent steps T"},
+    changes={"d": {"low": 2}, "settings": {"choices": SETTINGS}, "L": {"min_len": 1, "why": ""},
              "L_eval": {"kind": "int_list", "order": "increasing", "min_len": 3,
                         "doc": "nested held-out prompt lengths at which every trained theta is evaluated",
                         "why": "the analysis fits the log-log slope of |ratio - 1| in L_eval"},
-             "heldout_pairs": {"doc": "antithetic held-out task pairs per cell (the units of the SEs)", "low": 2},
-             "ridge_lam": {"doc": "ridge penalty of the baseline (0: minimum-norm least squares)"}},
+             "heldout_pairs": {"low": 2}},
     params=(Param("shifts", "str_list", "test shifts (sfxlin.shift.parse_shift: none, scale:C, rotate:SEED, "
                   "subspace:K, or a covariance spec; no ',' or ';')",
                   Profiles(quick=["none", "scale:2", "subspace:2"],

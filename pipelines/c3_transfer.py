@@ -1,16 +1,9 @@
-"""C3: large-prompt softmax attention inherits the optimisation of linear attention, the C3 family's
-reference variant (:mod:`sfxlin.pipelines.families.c3`; the protocol: docs/protocols.md, "c3_transfer").
-
-Grid ``setting x seed``: the named settings (``rademacher`` the control), and with ``covariates`` (a file of
-covariates) the setting ``empirical``, the file's rows drawn with replacement (its ``Sigma`` the rows' second
-moment). The control runs ``n_seeds_control`` seeds, the others ``n_seeds``; a cell of the product grid outside
-that protocol is not computed (``in_protocol = 0``, every other variable NaN). A cell draws the training tasks,
-the held-out tasks (prompts of ``max(max(L), L_eval)`` tokens) and the direction of the off-block perturbation;
-then the main run (:class:`~sfxlin.pipelines.families.c3.Run`) and its measures per checkpoint, the held-out
-risks every ``heldout_every`` steps with the baselines per ``L``, the extreme eigenvalues of the off-block
-Hessian along the run (:mod:`sfxlin.curvature`) and, with ``perturbed_run``, every model trained again from an
-off-block perturbation of the init (docs/performance.md, section 2).
-"""
+"""C3: large-prompt softmax attention inherits the optimisation of linear attention, the C3 family's reference
+variant. Grid ``setting x seed``: the named settings (``rademacher`` the control, ``n_seeds_control`` seeds; a cell
+of the product grid outside the protocol is NaN, ``in_protocol = 0``) and with ``covariates`` the file's
+``empirical``. A cell: the family's run with its measures per checkpoint, the held-out risks and baselines, the
+off-block curvature along the run (:mod:`sfxlin.curvature`) and, with ``perturbed_run``, the run again from an
+off-block perturbation. The protocol: docs/protocols.md, "c3_transfer"."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,8 +11,8 @@ import dataclasses
 import numpy as np
 
 from sfxlin import baselines, curvature, icl, laws, training
-from sfxlin.engine.family import Cells, Output
-from sfxlin.engine.params import Param, Profiles, digest_key
+from sfxlin.engine import Cells, Param, Profiles, Variable
+from sfxlin.engine.params import digest_key
 from sfxlin.realdata import TOKEN_SUFFIXES, check_unchanged
 
 from .families.c3 import C3, GRID, MODELS, Run, draw, finite, heldout_counts, setting_law, train_counts
@@ -167,36 +160,36 @@ def _nan_outside(o):
 
 _GM = ("model", "L")
 OWN = {o.name: o for o in (
-    Output("risk_heldout_eval", _GM + ("t_heldout",), "held-out risk of theta_L(t) at L_eval",
+    Variable("risk_heldout_eval", _GM + ("t_heldout",), "held-out risk of theta_L(t) at L_eval",
            "as risk_heldout but with held-out prompts of length L_eval (config; 4096 in the paper profile)."),
-    Output("risk_heldout_inf_eval", ("t_heldout",), "held-out risk of theta_inf under softmax(L_eval)",
+    Variable("risk_heldout_inf_eval", ("t_heldout",), "held-out risk of theta_inf under softmax(L_eval)",
            "theta_inf(t) used as softmax attention with held-out prompts of length L_eval."),
-    Output("risk_ridge", ("L",), "held-out risk of ridge regression on the prompt",
+    Variable("risk_ridge", ("L",), "held-out risk of ridge regression on the prompt",
            "per held-out task, ridge (penalty ridge_lam; 0: minimum-norm least squares) on its length-L prompt, "
            "risk 1/2 (x_q^T w_hat - y_q)^2 averaged; noiseless labels: least squares is exact (rounding) once L >= d."),
-    Output("risk_plugin", ("L",), "held-out risk of the plug-in estimator (linear(L) at the Bayes optimum)",
+    Variable("risk_plugin", ("L",), "held-out risk of the plug-in estimator (linear(L) at the Bayes optimum)",
            "w_hat = Sigma^{-1} (1/L) sum_k y_k x_k, i.e. linear(L) attention at (U*, v*); held-out prompts of length L."),
-    Output("off_block_perturbed", _GM + ("t",), "off-block mass of model(L), perturbed run",
+    Variable("off_block_perturbed", _GM + ("t",), "off-block mass of model(L), perturbed run",
            "as off_block, for the diagnostic run started from (U0, v0) plus an off-block perturbation of norm "
            "`perturbation` (config) along a seeded random direction of (U[d, :d], v[:d]): growth = instability; "
            "NaN everywhere when perturbed_run is off (the paper profile)."),
-    Output("risk_train_perturbed", _GM + ("t",), "training risk of model(L), perturbed run",
+    Variable("risk_train_perturbed", _GM + ("t",), "training risk of model(L), perturbed run",
            "as risk_train, for the diagnostic run (its trajectory leaves the main one where the block structure "
            "is unstable)."),
-    Output("D_perturbed", _GM + ("t",), "distance of the perturbed run to the main run",
+    Variable("D_perturbed", _GM + ("t",), "distance of the perturbed run to the main run",
            "sqrt(||U_perturbed - U||_F^2 + ||v_perturbed - v||^2) at the same model, L and t (the perturbation "
            "itself at t = 0)."),
-    Output("off_block_perturbed_inf", ("t",), "off-block mass of linear(inf), perturbed run",
+    Variable("off_block_perturbed_inf", ("t",), "off-block mass of linear(inf), perturbed run",
            "as off_block_perturbed, for linear(inf)."),
-    Output("off_block_curvature_max", _GM + ("t",), "largest off-block curvature of model(L)",
+    Variable("off_block_curvature_max", _GM + ("t",), "largest off-block curvature of model(L)",
            "largest eigenvalue of the Hessian of the training risk in the active off-block coordinates "
            "(U[d, :d], v[:d]) at theta_L(t) of the main run; lr * it > 2: an off-block perturbation grows "
            "(step-size instability of the block structure)."),
-    Output("off_block_curvature_min", _GM + ("t",), "smallest off-block curvature of model(L)",
+    Variable("off_block_curvature_min", _GM + ("t",), "smallest off-block curvature of model(L)",
            "smallest eigenvalue of the same Hessian (negative: a saddle direction off-block)."),
-    Output("off_block_curvature_max_inf", ("t",), "largest off-block curvature of linear(inf)",
+    Variable("off_block_curvature_max_inf", ("t",), "largest off-block curvature of linear(inf)",
            "as off_block_curvature_max, for linear(inf) at theta_inf(t)."),
-    Output("off_block_curvature_min_inf", ("t",), "smallest off-block curvature of linear(inf)",
+    Variable("off_block_curvature_min_inf", ("t",), "smallest off-block curvature of linear(inf)",
            "as off_block_curvature_min, for linear(inf) at theta_inf(t)."))}
 OUTPUTS = (
     "U", "v", "risk_train", "U_inf", "v_inf", "risk_inf", "D_inf", "D_linL", "dist_bayes", "dist_bayes_inf",
@@ -205,7 +198,7 @@ OUTPUTS = (
     "risk_train_perturbed", "D_perturbed", "off_block_perturbed_inf", "risk_bayes_ridge", "risk_pgd",
     "off_block_curvature_max", "off_block_curvature_min", "off_block_curvature_max_inf", "off_block_curvature_min_inf",
     "n_exact_shift_steps")
-FLAG = Output("in_protocol", (), "cell is part of the protocol",
+FLAG = Variable("in_protocol", (), "cell is part of the protocol",
               "1 if the cell was computed (seed < n_seeds, or < n_seeds_control for the Rademacher control), "
               "0 if it only fills the product grid (every other variable is NaN there).",
               dtype="int8", flag_meanings=("outside_protocol", "in_protocol"))
@@ -219,7 +212,6 @@ EXPERIMENT = C3.variant(
                 n_steps=Profiles(quick=200, paper=2500), ckpt_every=20, heldout_pairs=Profiles(quick=8, paper=256),
                 heldout_queries=Profiles(quick=2, paper=4), L_eval=Profiles(quick=128, paper=4096),
                 heldout_every=Profiles(quick=100, paper=500), ridge_lam=0.0, root_seed=20251211),
-    changes={"n_seeds": {"doc": "seeds of the Gaussian settings"}, "L": {"doc": "nested training prompt lengths"}},
     params=(
         Param("covariates", "file", "a covariate file, 'path.npy' or 'path.nc:variable' (one covariate x of dimension "
               "d per row), whose empirical law joins the settings as 'empirical' (rows as given, drawn with "

@@ -229,7 +229,7 @@ def gradient_gaps(rng, Sigma, U, v, Ls, n_pairs, n_queries, n_draws):
 
     Draw order from ``rng``: ``icl.make_tasks(rng, d, n_pairs, n_queries, L_max, N(0, Sigma))``
     (its prompts are draw 0), then for each further draw the covariates ``(n_pairs, L_max)``
-    (:func:`fresh_prompt`), as ``stability.gradient_gap_trajectory`` draws its replicates.
+    (:func:`fresh_prompt`), as ``gradient_gap.gradient_gap_trajectory`` draws its replicates.
 
     Returns ``(tasks, gap_sq (n_draws, nL), grad_inf_sq)``: ``gap_sq = ||grad R_L - grad R_inf||^2``
     of the risk (mean over tasks and queries; softmax(L) vs linear(inf), both from ``icl``).

@@ -16,7 +16,7 @@ from sfxlin.engine.cellstore import CellStore
 from sfxlin.engine.execution import compute
 from sfxlin.laws import Gaussian
 from sfxlin.pipelines import c2_concentration as c2
-from sfxlin.stability import concentration_constant, gradient_gap_trajectory
+from sfxlin.gradient_gap import concentration_constant, gradient_gap_trajectory
 from sfxlin.engine.storage import open_results, save
 from sfxlin.engine.sweep import build, cell_rng, run_cell
 
@@ -204,7 +204,7 @@ TRAJ_TAG = "c2_concentration/trajectory"
 
 @pytest.mark.parametrize("setting", c2.SETTINGS)
 def test_trajectory_cell_is_the_gap_trajectory_of_its_keyed_generator(setting):
-    """One (setting, traj_seed) cell: stability.gradient_gap_trajectory on Sigma_setting at d =
+    """One (setting, traj_seed) cell: gradient_gap.gradient_gap_trajectory on Sigma_setting at d =
     traj_d, drawing from cell_rng("c2_concentration/trajectory", {setting, traj_seed}, root_seed)."""
     out = run_cell(c2.EXPERIMENT, TINY, {"setting": setting, "traj_seed": 1}, part="trajectory")
     Sigma = np.eye(3) if setting == "isotropic" else np.diag([2.0, 1.0, 0.5])

@@ -14,7 +14,7 @@ from sfxlin.analysis import c2_threshold as analysis
 from sfxlin.analysis.verdicts import FAIL, INCONCLUSIVE, NOT_JUDGED, PASS, NotJudged, format_table
 from sfxlin.engine.execution import compute
 from sfxlin.pipelines import c2_threshold
-from sfxlin.stability import _gap_integrand, concentration_constant, gap_constant, gradient_gap
+from sfxlin.gradient_gap import _gap_integrand, concentration_constant, gap_constant, gradient_gap
 from sfxlin.engine.storage import save
 from sfxlin.engine.sweep import build, run_cell
 from sfxlin.training import checkpoint_steps

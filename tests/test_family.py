@@ -3,9 +3,9 @@ values, swept parameters, the variables' dims, the inner coordinates, the checks
 import numpy as np
 import pytest
 
-from sfxlin.engine.family import COMMON, Cells, Cost, Family, Output, grid_of, multiples
+from sfxlin.engine.family import COMMON, Cells, Cost, Family, grid_of, multiples
 from sfxlin.engine.params import Param, Profiles
-from sfxlin.engine.sweep import Out, build, run_cell
+from sfxlin.engine.sweep import Out, Variable, build, run_cell
 
 
 def _kernel(cell, rng, inputs):
@@ -14,7 +14,7 @@ def _kernel(cell, rng, inputs):
 
 TOY = Family("toy", (Param("d", "int", "dimension", 2, low=1), Param("n", "int", "draws", 1, low=1),
                      Param("n_steps", "int", "steps", 4, low=0), Param("every", "int", "spacing", 2, low=1)),
-             (Output("y", ("L",), "y", "y per L."), Output("z", (), "z", "z.")),
+             (Variable("y", ("L",), "y", "y per L."), Variable("z", (), "z", "z.")),
              coords={"L": lambda c: c["L"]}, checks=(multiples(("n_steps", "every")),),
              cost=Cost({"draw": 0.5, "cell": 1.0}, lambda config, part, cell: {"draw": config["n"] * cell["d"],
                                                                                  "cell": 1}))
@@ -51,6 +51,7 @@ def test_variables_are_grid_then_inner_or_in_the_declared_order():
     assert {v.name: v.dims for v in exp.variables} == {"y": ("d", "seed", "L"), "z": ("d", "seed")}
     ordered = _variant(order=("d", "L", "seed"))
     assert {v.name: v.dims for v in ordered.variables}["y"] == ("d", "L", "seed")
+    assert TOY.output("y", over=("law",)).dims == ("law", "L") and TOY.output("y").dims == ("L",)
 
 
 def test_the_module_is_the_callers_and_the_inner_coords_are_the_used_dims():
@@ -65,7 +66,7 @@ def test_the_module_is_the_callers_and_the_inner_coords_are_the_used_dims():
 
 def test_an_inner_dim_without_coordinates_is_refused():
     with pytest.raises(ValueError, match=r"no coordinates declared for the dims \['query'\]"):
-        TOY.variant("toy_bad", values={"n": 1}, cells=(Cells({}, _kernel, (Output("q", ("query",), "q", "q."),)),))
+        TOY.variant("toy_bad", values={"n": 1}, cells=(Cells({}, _kernel, (Variable("q", ("query",), "q", "q."),)),))
 
 
 def test_the_family_checks_and_cost_model_reach_every_variant():

@@ -9,8 +9,8 @@ import functools
 import numpy as np
 
 from sfxlin.attention import softmax_attention_prefix
-from sfxlin.engine.family import Cost, Family, Output
-from sfxlin.engine.params import Param
+from sfxlin.engine import Param, Variable
+from sfxlin.engine.family import Cost, Family
 from sfxlin.realdata import DATASETS, TOKEN_SUFFIXES, check_unchanged, read_tokens
 
 
@@ -58,24 +58,24 @@ PARAMS = (
 )
 
 OUTPUTS = (
-    Output("mse", ("L",), "mean squared error to the reference limit",
+    Variable("mse", ("L",), "mean squared error to the reference limit",
            "mean over queries and prompts of ||V f_L(q) - V f_ref(q)||^2, f_L attention over the first L tokens of a "
            "prompt, f_ref the reference limit: the exact limit of the tokens' law and the kernel (c1_own: per prompt, "
            "mean over the query set), or, in c1_limit, the Gaussian limit sigma^2 U q for every law."),
-    Output("mse_asymptotic", ("L",), "sharp asymptotic prediction",
+    Variable("mse_asymptotic", ("L",), "sharp asymptotic prediction",
            "mean over queries of tr C(U q) / L, C the law's exact SNIS (delta-method) constant (Gaussian tokens: "
            "exp(a'Sigma a)(tr Sigma + ||Sigma a||^2), a = U q)."),
-    Output("mse_query", ("query", "L"), "per-query mean squared error",
+    Variable("mse_query", ("query", "L"), "per-query mean squared error",
            "mean over prompts of ||f_L(q) - f_inf(q)||^2 for each query (c1_limit: Gaussian tokens)."),
-    Output("mse_gauss", ("L",), "mean squared error to the Gaussian surrogate",
+    Variable("mse_gauss", ("L",), "mean squared error to the Gaussian surrogate",
            "mean over queries and prompts of ||V f_L(q) - V (m + Sigma U q)||^2, m and Sigma the tokens' mean and "
            "covariance (Lemma 2.1 for N(m, Sigma))."),
-    Output("bias_gauss", (), "exact squared bias of the Gaussian surrogate",
+    Variable("bias_gauss", (), "exact squared bias of the Gaussian surrogate",
            "mean over queries of ||V (grad K_mu(U q) - m - Sigma U q)||^2, mu the tokens' empirical law."),
-    Output("weight_ratio", (), "inverse effective sample fraction",
+    Variable("weight_ratio", (), "inverse effective sample fraction",
            "mean over queries of n sum_i w_i^2 / (sum_i w_i)^2, w_i = exp(z_i . U q) over the tokens' set: a prompt "
            "of L tokens weighs like L / weight_ratio equal-weight tokens, so 1/L asymptotics need L >> weight_ratio."),
-    Output("limit_sq", (), "squared size of the limit's signal",
+    Variable("limit_sq", (), "squared size of the limit's signal",
            "mean over queries of ||V (grad K_mu(U q) - m)||^2: the scale the bias and the relative error are "
            "compared with."),
 )

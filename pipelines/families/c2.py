@@ -5,9 +5,9 @@ docs/protocols.md). Its shared cell is one gap run (:func:`gap_run`); its covari
 from __future__ import annotations
 
 from sfxlin import covariance, icl
-from sfxlin.engine.family import Cost, Family, Output, multiples
-from sfxlin.engine.params import Param
-from sfxlin.stability import TRAINERS, gradient_gap_trajectory
+from sfxlin.engine import Param, Variable
+from sfxlin.engine.family import Cost, Family, multiples
+from sfxlin.gradient_gap import TRAINERS, gradient_gap_trajectory
 
 #: the covariate settings of the gradient and trajectory tests: setting -> covariance spec
 SETTINGS = {"isotropic": "isotropic", "anisotropic": "geometric:2:0.5"}
@@ -19,7 +19,7 @@ def setting_covariance(setting, d, scale=1.0):
 
 
 def gap_run(rng, Sigma, Ls, label, **run):
-    """One run of :func:`sfxlin.stability.gradient_gap_trajectory` (``run``: its keywords) as the family's
+    """One run of :func:`sfxlin.gradient_gap.gradient_gap_trajectory` (``run``: its keywords) as the family's
     outputs: ``g``, ``g_risk`` ``(L, t)``; ``risk_inf``, ``dist_bayes``, ``logit_factor``, ``off_block``
     ``(t,)``; ``U_inf`` ``(t, row, col)``, ``v_inf`` ``(t, row)``."""
     out = gradient_gap_trajectory(rng, Sigma, list(Ls), label=label, **run)
@@ -51,29 +51,29 @@ PARAMS = (
 
 _INF = "; +inf by design for tau <= 4 (the expectation diverges)."
 OUTPUTS = (
-    Output("g", ("L", "t"), "gradient gap g_L(t) along the linear(inf) trajectory",
+    Variable("g", ("L", "t"), "gradient gap g_L(t) along the linear(inf) trajectory",
            "sqrt(mean over prompt replicates and tasks of ||grad R_L^task - grad R_inf^task||^2) at theta_inf(t), "
            "R^task one task's risk (mean over its queries) of softmax(L) resp. linear(inf), norm joint in (U, v)."),
-    Output("g_risk", ("L", "t"), "gradient gap of the training risk",
+    Variable("g_risk", ("L", "t"), "gradient gap of the training risk",
            "sqrt(mean over prompt replicates of ||grad R_L - grad R_inf||^2) at theta_inf(t), R the mean over "
            "all tasks and queries (task noise averages out before the norm; diagnostic)."),
-    Output("risk_inf", ("t",), "training risk of linear(inf)",
+    Variable("risk_inf", ("t",), "training risk of linear(inf)",
            "mean over tasks and queries of 1/2 (v^T Gamma_w U z_q - y_q)^2 at the checkpoint."),
-    Output("dist_bayes", ("t",), "distance of theta_inf(t) to the Bayes optimum",
+    Variable("dist_bayes", ("t",), "distance of theta_inf(t) to the Bayes optimum",
            "sqrt(||U - U*||_F^2 + ||v - v*||^2), (U*, v*) of Remark 5.2 (balanced manifold)."),
-    Output("logit_factor", ("t",), "empirical logit factor exp(a^T Gamma_w a)",
+    Variable("logit_factor", ("t",), "empirical logit factor exp(a^T Gamma_w a)",
            "mean over tasks and queries of exp(a^T Gamma_w a), a = U z_q, at theta_inf(t): the exponential "
            "factor of the finite-L constant (docs/models.md, section 1)."),
-    Output("off_block", ("t",), "off-block mass of theta_inf(t)",
+    Variable("off_block", ("t",), "off-block mass of theta_inf(t)",
            "norm of U outside its top-left d x d block together with v[:d] (measured, never imposed)."),
-    Output("U_inf", ("t", "row", "col"), "attention matrix U of linear(inf)",
+    Variable("U_inf", ("t", "row", "col"), "attention matrix U of linear(inf)",
            "gradient-descent iterate with Gamma_w at the checkpoint."),
-    Output("v_inf", ("t", "row"), "read-out vector v of linear(inf)",
+    Variable("v_inf", ("t", "row"), "read-out vector v of linear(inf)",
            "gradient-descent iterate with Gamma_w at the checkpoint."),
-    Output("gap_constant", (), "gradient-gap constant K = lim L E g_L^2 at the Bayes optimum",
-           "stability.gap_constant(s I_d, n_queries): exponential factors exact, polynomial moments by Monte Carlo "
+    Variable("gap_constant", (), "gradient-gap constant K = lim L E g_L^2 at the Bayes optimum",
+           "gradient_gap.gap_constant(s I_d, n_queries): exponential factors exact, polynomial moments by Monte Carlo "
            "(gap_samples draws)" + _INF, allow_nonfinite=True),
-    Output("gap_constant_se", (), "Monte Carlo standard error of gap_constant", "0 where K = +inf."),
+    Variable("gap_constant_se", (), "Monte Carlo standard error of gap_constant", "0 where K = +inf."),
 )
 
 #: the family's cost model: seconds per unit on the reference machine (docs/performance.md, "Cost models")

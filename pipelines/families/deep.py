@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from sfxlin import icl, laws
-from sfxlin.engine.family import Cost, Family, Output, multiples
-from sfxlin.engine.params import Param
+from sfxlin.engine import Param, Variable
+from sfxlin.engine.family import Cost, Family, multiples
 from sfxlin.training import checkpoint_steps
 
 from .c3 import C3
@@ -146,37 +146,37 @@ PARAMS = (
 
 _AO, _BO = ("kernel", "layer", "L"), ("model", "L_train")
 OUTPUTS = (
-    Output("err", _AO, "squared output error against the deep limit",
+    Variable("err", _AO, "squared output error against the deep limit",
            "mean over tasks and queries of (pred_L - pred_inf)^2 after layer l (the depth-l model), pred_inf = "
            "v . A_l ... A_1 z_q."),
-    Output("err_median", _AO, "median squared output error against the deep limit",
+    Variable("err_median", _AO, "median squared output error against the deep limit",
            "median over tasks and queries of (pred_L - pred_inf)^2 after layer l (robust to the heavy tail of the "
            "softmax constant over tasks and queries)."),
-    Output("cov_err", _AO, "relative error of the token second moment",
+    Variable("cov_err", _AO, "relative error of the token second moment",
            "mean over tasks of ||Z_l^T Z_l / L - Sigma_l||_F / ||Sigma_l||_F, tokens entering layer l, Sigma_l the "
            "Gaussian pushforward A_{l-1} Sigma_{l-1} A_{l-1}^T, Sigma_1 = Gamma_w."),
-    Output("out_sq", ("layer",), "mean squared limit output",
+    Variable("out_sq", ("layer",), "mean squared limit output",
            "mean over tasks and queries of pred_inf^2 after layer l (the scale of err)."),
-    Output("lambda_drawn", ("layer",), "largest lambda of the drawn model",
+    Variable("lambda_drawn", ("layer",), "largest lambda of the drawn model",
            "max over heads and tasks of lambda_{l,h} = ||Sigma_l^(1/2) U_{l,h} Sigma_l^(1/2)||_op^2 (Sigma_1 = "
            "Gamma_w) of the model as drawn, before lambda_cap."),
-    Output("lambda_max", ("layer",), "largest lambda of the model measured",
+    Variable("lambda_max", ("layer",), "largest lambda of the model measured",
            "max over heads and tasks of lambda_{l,h} after every head is capped at lambda_cap (models.cap_lambdas)."),
-    Output("U_shrink", ("layer",), "smallest factor a head's U was scaled by",
+    Variable("U_shrink", ("layer",), "smallest factor a head's U was scaled by",
            "min over heads of the factor c <= 1 applied to U_{l,h} by the cap (1: no head of the layer capped)."),
-    Output("D_inf", _BO + ("t",), "distance to the limit model's trajectory",
+    Variable("D_inf", _BO + ("t",), "distance to the limit model's trajectory",
            "||theta_L(t) - theta_inf(t)|| over all parameters (U, V, v), same initialisation and tasks."),
-    Output("D_linL", ("L_train", "t"), "distance between softmax(L) and linear(L)",
+    Variable("D_linL", ("L_train", "t"), "distance between softmax(L) and linear(L)",
            "||theta_L^softmax(t) - theta_L^linear(t)|| over all parameters."),
-    Output("risk", _BO + ("t",), "training risk",
+    Variable("risk", _BO + ("t",), "training risk",
            "mean over training tasks and queries of 1/2 (pred - y_q)^2 at the checkpoint."),
-    Output("risk_inf", ("t",), "training risk of the deep limit model",
+    Variable("risk_inf", ("t",), "training risk of the deep limit model",
            "mean over training tasks and queries of 1/2 (v . A_K ... A_1 z_q - y_q)^2, Sigma_1 = Gamma_w."),
-    Output("risk_heldout", _BO + ("stage",), "held-out risk at the training L",
+    Variable("risk_heldout", _BO + ("stage",), "held-out risk at the training L",
            "mean over held-out tasks and queries of 1/2 (pred - y_q)^2 at the initialisation and at the end."),
-    Output("risk_heldout_inf", ("stage",), "held-out risk of the deep limit model",
+    Variable("risk_heldout_inf", ("stage",), "held-out risk of the deep limit model",
            "as risk_heldout, for the limit model under its limit."),
-    Output("norm_inf", (), "norm of the trained limit model", "||theta_inf(T)|| over all parameters."),
+    Variable("norm_inf", (), "norm of the trained limit model", "||theta_inf(T)|| over all parameters."),
 )
 
 #: the family's cost model: seconds per unit on the reference machine (docs/performance.md, "Cost models")

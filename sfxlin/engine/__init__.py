@@ -13,9 +13,9 @@ The rule of the house: the mathematics (``sfxlin.*`` outside this package) impor
 engine; the engine imports the mathematics; pipelines and analysis import both; the command line
 imports everything. A test checks it (tests/test_layout.py).
 """
-from .family import Cells, Cost, Family, Output
+from .family import Cells, Cost, Family
 from .params import Param, Profiles
 from .sweep import Experiment, Out, Part, Variable, build, cell_rng, run_cell, substream
 
-__all__ = ["Cells", "Cost", "Family", "Output", "Param", "Profiles", "Experiment", "Out", "Part", "Variable", "build",
+__all__ = ["Cells", "Cost", "Family", "Param", "Profiles", "Experiment", "Out", "Part", "Variable", "build",
            "cell_rng", "run_cell", "substream"]

@@ -3,8 +3,8 @@
 A :class:`Family` holds what the experiments of one claim share (xarray-simlab's processes, reused by
 its model variants): the parameter vocabulary (each name declared once, as a
 :class:`~sfxlin.engine.params.Param`, with :data:`COMMON`, the engine's ``L``, ``n_seeds`` and
-``root_seed``), the outputs (:class:`Output`: a name, its dims inside a cell and its CF attributes, one
-meaning per name), the coordinates of those inner dims, the checks that tie parameters together, and the
+``root_seed``), the outputs (each a :class:`~sfxlin.engine.sweep.Variable` whose dims are those inside a
+cell, one meaning per name), the coordinates of those inner dims, the checks that tie parameters together, and the
 cost model of a cell. A variant (:meth:`Family.variant`) is an :class:`~sfxlin.engine.sweep.Experiment`:
 its grids and kernels (:class:`Cells`), the family's parameters it takes with its values, the
 parameters and outputs it adds, its analysis module (its criteria and figure) and its title.
@@ -19,7 +19,7 @@ from typing import Callable, Mapping
 from .params import Param
 from .sweep import Experiment, Part, Variable
 
-__all__ = ["COMMON", "Cells", "Cost", "Family", "Output", "grid_of", "multiples"]
+__all__ = ["COMMON", "Cells", "Cost", "Family", "grid_of", "multiples", "placed"]
 
 #: the parameters every family shares, declared here once: the nested prompt lengths, the seeds of a grid
 #: point and the root of every cell's generator (a variant gives their values)
@@ -51,34 +51,13 @@ class Cost:
         return Cost(self.rates, counts)
 
 
-@dataclass(frozen=True)
-class Output:
-    """One output of a family, declared once: ``dims`` are its dims inside a cell (the variant's grid
-    dims join them, :meth:`variable`), the rest its CF attributes (:class:`~sfxlin.engine.sweep.Variable`)."""
-
-    name: str
-    dims: tuple[str, ...]
-    long_name: str
-    description: str
-    units: str | None = None
-    allow_nonfinite: bool = False
-    dtype: str = "float64"
-    flag_meanings: tuple[str, ...] = ()
-
-    def over(self, *dims) -> Output:
-        """This output with the inner dims ``dims`` before its own (a variant that keeps a law or a prompt
-        dim the family's output averages over)."""
-        return dataclasses.replace(self, dims=tuple(dims) + self.dims)
-
-    def variable(self, grid_dims, part="", order=()) -> Variable:
-        """The :class:`Variable` of this output in a part whose grid has ``grid_dims``: dims
-        ``grid_dims + dims``, sorted by their place in ``order`` where ``order`` names them (the others
-        after, in that order)."""
-        dims = tuple(grid_dims) + self.dims
-        rank = {dim: i for i, dim in enumerate(order)}
-        dims = tuple(sorted(dims, key=lambda dim: (dim not in rank, rank.get(dim, 0))))
-        return Variable(self.name, dims, self.long_name, self.description, self.units, self.allow_nonfinite, part,
-                        self.dtype, self.flag_meanings)
+def placed(var: Variable, grid_dims, part="", order=()) -> Variable:
+    """The family output ``var`` (its dims those inside a cell) as the variable of a part whose grid has
+    ``grid_dims``: dims ``grid_dims + var.dims``, sorted by their place in ``order`` where ``order`` names them
+    (the others after, in that order)."""
+    rank = {dim: i for i, dim in enumerate(order)}
+    dims = sorted(tuple(grid_dims) + var.dims, key=lambda dim: (dim not in rank, rank.get(dim, 0)))
+    return dataclasses.replace(var, dims=tuple(dims), part=part)
 
 
 def grid_of(spec: Mapping) -> Callable:
@@ -114,7 +93,8 @@ def multiples(*pairs) -> Callable:
 class Cells:
     """One part of a variant: its grid ``{dim: source}`` (:func:`grid_of`), its kernel
     ``kernel(cell, rng, inputs) -> {output: Out or array}``, the outputs it computes (names of the
-    family's outputs, or :class:`Output` s of the variant's own), its part name and, where given,
+    family's outputs, or variables of the variant's own, their dims those inside a cell), its part name and,
+    where given,
     ``inputs(config, cell)``, what reaches a cell (:class:`~sfxlin.engine.sweep.Part`)."""
 
     grid: Mapping
@@ -135,7 +115,7 @@ class Family:
 
     name: str
     params: tuple[Param, ...]
-    outputs: tuple[Output, ...]
+    outputs: tuple[Variable, ...]
     coords: Mapping[str, Callable] = field(default_factory=dict)
     checks: tuple[Callable, ...] = ()
     cost: Cost | None = None
@@ -156,11 +136,12 @@ class Family:
         raise ValueError(f"family {self.name} declares no parameter {name!r}; it declares "
                          f"{sorted(p.name for p in self.params)}")
 
-    def output(self, name) -> Output:
-        """The family's declaration of the output ``name``."""
+    def output(self, name, over=()) -> Variable:
+        """The family's declaration of the output ``name``, with the inner dims ``over`` before its own (a
+        variant that keeps a law or a prompt dim the family's output averages over)."""
         for o in self.outputs:
             if o.name == name:
-                return o
+                return dataclasses.replace(o, dims=tuple(over) + o.dims)
         raise ValueError(f"family {self.name} declares no output {name!r}")
 
     def take(self, values: Mapping, changes: Mapping = (), sweep=()) -> tuple[Param, ...]:
@@ -186,7 +167,7 @@ class Family:
         ``cells``: its parts (:class:`Cells`); ``values``, ``changes``, ``sweep``: the family's parameters
         it takes (:meth:`take`); ``params``: the parameters it adds; ``coords``: the coordinates of the
         inner dims it adds; ``order``: the order of the dims of its variables where it is not grid then
-        inner (:meth:`Output.variable`); ``checks``: its own, after the family's; ``cost``: its cost model
+        inner (:func:`placed`); ``checks``: its own, after the family's; ``cost``: its cost model
         where it is not the family's (its counts, in the family's rates: :meth:`Cost.counting`);
         ``experiment``: the other fields of the
         :class:`~sfxlin.engine.sweep.Experiment` (``short``, ``analysis``, ``title``, ``description``,
@@ -194,7 +175,7 @@ class Family:
         declared = self.take(values, changes, sweep) + tuple(params)
         variables, parts, inner = [], [], set()
         for c in cells:
-            mine = [(o if isinstance(o, Output) else self.output(o)).variable(tuple(c.grid), c.name, order)
+            mine = [placed(self.output(o) if isinstance(o, str) else o, tuple(c.grid), c.name, order)
                     for o in c.outputs]
             inner |= {d for v in mine for d in v.dims if d not in c.grid}
             variables += mine
