@@ -110,30 +110,29 @@ def counts(config, part, cell):
 
 
 OWN = {o.name: o for o in (
-    Variable("mse_theory", ("L",), "predicted mean squared error",
-           "mean over queries of sfxlin.kernels.kernel_mse: exact for unnormalised kernels and sigmoid_logL, "
-           "delta-method constant / L for normalised ones; NaN by design for rf_softmax.", allow_nonfinite=True),
-    Variable("gain_measured", (), "gain read off Monte Carlo at L_max",
-           "mean over queries of <mean over prompts of f_Lmax, Sigma a> / ||Sigma a||^2."),
-    Variable("gain_se", (), "standard error of gain_measured",
-           "from the prompt-to-prompt spread of f_Lmax (independent prompts and queries)."),
-    Variable("gain_limit", (), "gain of the exact limit",
-           "mean over queries of <f_inf, Sigma a> / ||Sigma a||^2: the Stein gain (rf_softmax: of the fixed-feature "
-           "limit, which is not exactly along Sigma a)."),
-    Variable("orth_share", (), "share of the Monte Carlo mean orthogonal to Sigma a",
-           "mean over queries of ||(I - proj on Sigma a) mean f_Lmax|| / ||mean f_Lmax||."),
-    Variable("z2", (), "mean squared z-score of the Monte Carlo mean against the limit",
-           "mean over queries and components of ((mean over prompts of f_Lmax - f_inf) / SE)^2; about "
-           "(P-1)/(P-3) when the limit is right and the bias at L_max is negligible."),
-    Variable("stein_error", ("stein_kernel",), "Stein identity vs tensor quadrature",
-           "max over 4 random a of |E[kappa(s) z] (tensor Gauss-Hermite) - Sigma a E kappa'(s)| / |Sigma a E "
-           "kappa'(s)|; the normalised ReLUs check their numerators."),
-    Variable("stein_smoothness", ("stein_kernel",), "smoothness class of the kernel's weight",
-           "The kernel class's declared smoothness: 0 smooth (derivatives of every order: the tensor Gauss-Hermite "
-           "rule converges geometrically), 1 kinked (a jump in some derivative: algebraic convergence).",
-           dtype="int8", flag_meanings=SMOOTHNESS),
-    Variable("rf_sq_error", ("rf_draw",), "squared error of the fixed-feature limit",
-           "||rf_limit(W) - Sigma a||^2 for one draw W of m positive random features."),
+    Variable("mse_theory", ("L",), "predicted mean squared error", "mean over queries of sfxlin.kernels.kernel_mse: "
+             "exact for unnormalised kernels and sigmoid_logL, delta-method constant / L for normalised ones; NaN "
+             "by design for rf_softmax.", allow_nonfinite=True),
+    Variable("gain_measured", (), "gain read off Monte Carlo at L_max", "mean over queries of <mean over prompts of "
+             "f_Lmax, Sigma a> / ||Sigma a||^2."),
+    Variable("gain_se", (), "standard error of gain_measured", "from the prompt-to-prompt spread of f_Lmax "
+             "(independent prompts and queries)."),
+    Variable("gain_limit", (), "gain of the exact limit", "mean over queries of <f_inf, Sigma a> / ||Sigma a||^2: "
+             "the Stein gain (rf_softmax: of the fixed-feature limit, which is not exactly along Sigma a)."),
+    Variable("orth_share", (), "share of the Monte Carlo mean orthogonal to Sigma a", "mean over queries of ||(I - "
+             "proj on Sigma a) mean f_Lmax|| / ||mean f_Lmax||."),
+    Variable("z2", (), "mean squared z-score of the Monte Carlo mean against the limit", "mean over queries and "
+             "components of ((mean over prompts of f_Lmax - f_inf) / SE)^2; about (P-1)/(P-3) when the limit is "
+             "right and the bias at L_max is negligible."),
+    Variable("stein_error", ("stein_kernel",), "Stein identity vs tensor quadrature", "max over 4 random a of "
+             "|E[kappa(s) z] (tensor Gauss-Hermite) - Sigma a E kappa'(s)| / |Sigma a E kappa'(s)|; the normalised "
+             "ReLUs check their numerators."),
+    Variable("stein_smoothness", ("stein_kernel",), "smoothness class of the kernel's weight", "The kernel class's "
+             "declared smoothness: 0 smooth (derivatives of every order: the tensor Gauss-Hermite rule converges "
+             "geometrically), 1 kinked (a jump in some derivative: algebraic convergence).", dtype="int8",
+             flag_meanings=SMOOTHNESS),
+    Variable("rf_sq_error", ("rf_draw",), "squared error of the fixed-feature limit", "||rf_limit(W) - Sigma a||^2 "
+             "for one draw W of m positive random features."),
     Variable("rf_constant", (), "delta-method constant of the feature average",
            "lim m E||rf_limit - Sigma a||^2 (sfxlin.kernels.rf_feature_constant); inf by design when "
            "rf_sigma2 >= 1 (infinite-variance feature weights).", allow_nonfinite=True))}

@@ -99,7 +99,8 @@ def kernel(cell, rng, config):
     return {
         "mse_predicted": predicted, "mse": sq_err.mean(axis=(1, 2)),
         "mse_asymptotic": asymptotic_mse(gauss, U, V, q[:, None, :], Ls).mean(axis=0), "bias_exact": bias,
-        "mse_query": Out(sq_err[list(laws).index("gaussian")].mean(axis=1), ("query", "L")), "Uq_sq": np.sum((q @ U.T) ** 2, axis=-1),
+        "mse_query": Out(sq_err[list(laws).index("gaussian")].mean(axis=1), ("query", "L")),
+        "Uq_sq": np.sum((q @ U.T) ** 2, axis=-1),
         "mse_scaled_U": sq_err_scaled.mean(axis=(0, 1)),
     }
 
@@ -133,11 +134,11 @@ OWN = (
            "bias_exact + mean over queries of tr C_law(Uq)/L, C_law the law's exact SNIS (delta-method) covariance of "
            "its own limit (for ar1:RHO the dependent constant, a sum over lags); " + _NAN, allow_nonfinite=True),
     Variable("bias_exact", ("law",), "exact squared bias of the law's own limit",
-           "mean over queries of ||grad K_law(Uq) - sigma^2 U q||^2; " + _NAN, allow_nonfinite=True),
-    Variable("Uq_sq", ("query",), "squared logit norm ||U q||^2",
-           "||U q||^2 of each query; the paper-form fit uses sigma^2 ||U q||^2."),
-    Variable("mse_scaled_U", ("L",), "mean squared error with U scaled by sqrt(L/L_min)",
-           "negative control: Gaussian tokens, U_L = sqrt(L/L_min) U, error to that U_L's own limit."),
+             "mean over queries of ||grad K_law(Uq) - sigma^2 U q||^2; " + _NAN, allow_nonfinite=True),
+    Variable("Uq_sq", ("query",), "squared logit norm ||U q||^2", "||U q||^2 of each query; the paper-form fit uses "
+             "sigma^2 ||U q||^2."),
+    Variable("mse_scaled_U", ("L",), "mean squared error with U scaled by sqrt(L/L_min)", "negative control: "
+             "Gaussian tokens, U_L = sqrt(L/L_min) U, error to that U_L's own limit."),
 )
 
 EXPERIMENT = C1.variant(
@@ -154,8 +155,8 @@ EXPERIMENT = C1.variant(
               "per ar1_rho, labelled 'ar1:RHO'", ["gaussian", "rademacher", "uniform", "student_t", GaussianAR1.name],
               choices=tuple(name for name in LAWS if name != Empirical.name)),
         Param("ar1_rho", "float_list", "AR(1) coefficients of the 'ar1' laws (tokens dependent along the prompt, "
-              "lag-h correlation rho^h)", Profiles(quick=[0.8], paper=[0.0, 0.5, 0.8]), low=-1, high=1,
-              low_open=True, high_open=True, order="increasing"),
+              "lag-h correlation rho^h)", Profiles(quick=[0.8], paper=[0.0, 0.5, 0.8]), low=-1, high=1, low_open=True,
+              high_open=True, order="increasing"),
         Param("sigma", "float", "token standard deviation (covariance sigma^2 I)", 1.0, low=0, low_open=True),
         Param("student_df", "float", "degrees of freedom of the Student-t control (finite covariance)", 3.0,
               low=2, low_open=True)),

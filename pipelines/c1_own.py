@@ -165,28 +165,28 @@ def _file(name, doc):
 
 
 OWN = (
-    Variable("limit_sq_gauss", (), "squared size of the Gaussian surrogate's signal",
-           "mean over the query set of ||V Sigma U_eff q||^2."),
-    Variable("const_sharp", (), "sharp i.i.d. constant",
-           "mean over the query set of tr V C_mu(U_eff q) V^T, C_mu the empirical law's exact SNIS (delta-method) "
-           "constant: L E||V(f_L - f_inf)||^2 -> it for i.i.d. prompts."),
-    Variable("const_gauss", (), "the Gaussian picture's constant",
-           "mean over the query set of exp(a' Sigma a)(tr V Sigma V^T + ||V Sigma a||^2), a = U_eff q: the sharp "
-           "constant if the tokens were N(m, Sigma); inf when it exceeds float64.", allow_nonfinite=True),
-    Variable("tau", (), "integrated autocorrelation factor of the influence function",
-           "sum over lags h of tr V E[psi(z_0) psi(z_h)^T] V^T / tr V C_mu V^T along the file's order, summed over "
-           "the query set, psi(z) = e^{a.z}(z - f_inf)/E e^{a.z}; batch means (batch length: the batch parameter). "
-           "Window prompts have the constant tau * const_sharp."),
+    Variable("limit_sq_gauss", (), "squared size of the Gaussian surrogate's signal", "mean over the query set of "
+             "||V Sigma U_eff q||^2."),
+    Variable("const_sharp", (), "sharp i.i.d. constant", "mean over the query set of tr V C_mu(U_eff q) V^T, C_mu "
+             "the empirical law's exact SNIS (delta-method) constant: L E||V(f_L - f_inf)||^2 -> it for i.i.d. "
+             "prompts."),
+    Variable("const_gauss", (), "the Gaussian picture's constant", "mean over the query set of exp(a' Sigma a)(tr V "
+             "Sigma V^T + ||V Sigma a||^2), a = U_eff q: the sharp constant if the tokens were N(m, Sigma); inf "
+             "when it exceeds float64.", allow_nonfinite=True),
+    Variable("tau", (), "integrated autocorrelation factor of the influence function", "sum over lags h of tr V "
+             "E[psi(z_0) psi(z_h)^T] V^T / tr V C_mu V^T along the file's order, summed over the query set, psi(z) "
+             "= e^{a.z}(z - f_inf)/E e^{a.z}; batch means (batch length: the batch parameter). Window prompts have "
+             "the constant tau * const_sharp."),
     Variable("tau_se", (), "standard error of tau", "batch-to-batch standard deviation / sqrt(n_batches), over the "
-           "i.i.d. constant."),
+             "i.i.d. constant."),
     Variable("n_batches", (), "batches of the tau estimate", "floor(n / batch length)."),
     Variable("n_tokens", (), "tokens in the file", "the rows of the token file (or of the built-in set)."),
-    Variable("U_eff", ("key_dim", "query_dim"), "the logit matrix used, c U",
-           "logits c z^T U q = z^T U_eff q: U from its file, or W_K^T W_Q, or the default head (a Gaussian "
-           "direction scaled to ||S^{1/2} U S^{1/2}||_F = U_norm, S = (tr Sigma / D) I, from root_seed: the "
-           "config attr says which), times the logit scale c."),
-    Variable("V_used", ("out_dim", "key_dim"), "the read-out used", "V from its file, or W_V, or I_D when neither is "
-           "given."),
+    Variable("U_eff", ("key_dim", "query_dim"), "the logit matrix used, c U", "logits c z^T U q = z^T U_eff q: U "
+             "from its file, or W_K^T W_Q, or the default head (a Gaussian direction scaled to ||S^{1/2} U "
+             "S^{1/2}||_F = U_norm, S = (tr Sigma / D) I, from root_seed: the config attr says which), times the "
+             "logit scale c."),
+    Variable("V_used", ("out_dim", "key_dim"), "the read-out used", "V from its file, or W_V, or I_D when neither "
+             "is given."),
 )
 
 EXPERIMENT = C1.variant(

@@ -5,6 +5,8 @@ streams of the cell's generator; part ``trajectory`` (``setting x traj_seed``): 
 are existential). The protocol: docs/protocols.md, "c2_concentration"."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from sfxlin.concentration import gradient_concentration, output_tails
@@ -85,70 +87,57 @@ def counts(config, part, cell):
 _TAIL, _GRAD = ("query", "L", "level"), ("setting", "scale")
 _T = "trajectory"
 OUTPUTS = (
-    Variable("tail_count", _TAIL, "tail exceedance count",
-           "number of the tail_n prompts with ||f_L(q) - f_inf(q)|| > tail_threshold (softmax attention, V = I, "
-           "Gaussian tokens N(0, sigma^2 I), f_inf = sigma^2 U q).", units="prompts"),
+    Variable("tail_count", _TAIL, "tail exceedance count", "number of the tail_n prompts with ||f_L(q) - f_inf(q)|| "
+             "> tail_threshold (softmax attention, V = I, Gaussian tokens N(0, sigma^2 I), f_inf = sigma^2 U q).",
+             units="prompts"),
     Variable("tail_n", (), "prompts per tail test", "independent prompts per query (the n of every tail test).",
-           units="prompts"),
-    Variable("tail_threshold", _TAIL, "tail threshold t",
-           "r / sqrt(L), r the (1 - level) quantile of ||N(0, C)||, C = lim L Cov(f_L) = "
-           "exp(a'Sigma a)(Sigma + Sigma a a' Sigma), a = U q (Monte Carlo, clt_draws draws)."),
-    Variable("tail_clt", _TAIL, "CLT tail probability",
-           "P(||N(0, C/L)|| > t): the sharp (CLT) prediction at the threshold used, by an independent Monte "
-           "Carlo of clt_draws Gaussian vectors (independent of L since t ~ 1/sqrt(L))."),
-    Variable("tail_bound", _TAIL, "paper-form tail bound",
-           "c1 exp(-c2 L t^2 / K(a)), K(a) = exp(4 sigma^2 ||U q||^2), c1 = exp(tail_log_c1_per_d d), "
-           "c2 = tail_c2/sigma^2; tail_log_c1_per_d, tail_c2 (attrs['config']) are OUR assumption (Hsu-Kakade-Zhang "
-           "norm bound of a sub-Gaussian vector with proxy sigma^2 K/L: defaults 2/3 and 1/3): the paper's "
-           "constants are existential. Not capped at 1."),
-    Variable("tail_K", ("query",), "paper's exponential factor K(a)",
-           "exp(4 sigma^2 ||U q||^2) (the sharp asymptotics carry exp(sigma^2 ||U q||^2))."),
+             units="prompts"),
+    Variable("tail_threshold", _TAIL, "tail threshold t", "r / sqrt(L), r the (1 - level) quantile of ||N(0, C)||, "
+             "C = lim L Cov(f_L) = exp(a'Sigma a)(Sigma + Sigma a a' Sigma), a = U q (Monte Carlo, clt_draws draws)."),
+    Variable("tail_clt", _TAIL, "CLT tail probability", "P(||N(0, C/L)|| > t): the sharp (CLT) prediction at the "
+             "threshold used, by an independent Monte Carlo of clt_draws Gaussian vectors (independent of L since t "
+             "~ 1/sqrt(L))."),
+    Variable("tail_bound", _TAIL, "paper-form tail bound", "c1 exp(-c2 L t^2 / K(a)), K(a) = exp(4 sigma^2 ||U "
+             "q||^2), c1 = exp(tail_log_c1_per_d d), c2 = tail_c2/sigma^2; tail_log_c1_per_d, tail_c2 "
+             "(attrs['config']) are OUR assumption (Hsu-Kakade-Zhang norm bound of a sub-Gaussian vector with proxy "
+             "sigma^2 K/L: defaults 2/3 and 1/3): the paper's constants are existential. Not capped at 1."),
+    Variable("tail_K", ("query",), "paper's exponential factor K(a)", "exp(4 sigma^2 ||U q||^2) (the sharp "
+             "asymptotics carry exp(sigma^2 ||U q||^2))."),
     Variable("tail_Uq_sq", ("query",), "squared logit norm ||U q||^2", "||U q||^2 of each tail query."),
-    Variable("tail_c1_eff", (), "tail bound prefactor c1",
-           "c1 = exp(tail_log_c1_per_d * d) used in tail_bound (OUR assumption)."),
+    Variable("tail_c1_eff", (), "tail bound prefactor c1", "c1 = exp(tail_log_c1_per_d * d) used in tail_bound (OUR "
+             "assumption)."),
     Variable("tail_c2_eff", (), "tail bound rate c2", "c2 = tail_c2 / sigma^2 used in tail_bound (OUR assumption)."),
-    Variable("grad_gap_sq", _GRAD + ("L",), "mean squared gradient gap",
-           "mean over grad_draws prompt sets of ||grad R_L - grad R_inf||^2 (U Frobenius and v jointly), R_L the "
-           "softmax(L) risk and R_inf the linear(inf) (Gamma_w) risk, both means over the same tasks and queries; "
-           "U = U_norm blockdiag(Sigma^-1, 0)/||Sigma^-1||_F, v = U_norm e_{d+1}."),
+    Variable("grad_gap_sq", _GRAD + ("L",), "mean squared gradient gap", "mean over grad_draws prompt sets of "
+             "||grad R_L - grad R_inf||^2 (U Frobenius and v jointly), R_L the softmax(L) risk and R_inf the "
+             "linear(inf) (Gamma_w) risk, both means over the same tasks and queries; U = U_norm "
+             "blockdiag(Sigma^-1, 0)/||Sigma^-1||_F, v = U_norm e_{d+1}."),
     Variable("grad_gap_sq_se", _GRAD + ("L",), "standard error of the mean squared gradient gap",
-           "sample standard deviation over prompt draws / sqrt(grad_draws)."),
-    Variable("grad_inf_sq", _GRAD, "squared norm of the limit gradient",
-           "||grad R_inf||^2 at the fixed parameters (linear(inf), same tasks and queries)."),
-    Variable("grad_log_bound", _GRAD + ("L",), "natural log of the paper-form gradient bound",
-           "log of grad_c / L * mean over (task, query) of K P, K = exp(4 lam ||U z_q||^2), lam = ||Gamma_w||_op, "
-           "P = tr(Gamma_w)[(|r| + ||v|| ||m||)^2 + ||z_q||^2 ||v||^2 (lam |r| + ||Gamma_w v||)^2], "
-           "m = Gamma_w U z_q, "
-           "r = v.m - y_q (first-order derivation, sfxlin.concentration.gradient_log_bound_constant); grad_c "
-           "(attrs['config']) is OUR assumption (default 1): the paper's constant is existential."),
-    Variable("grad_log_K", _GRAD, "log of the mean paper exponential factor",
-           "log of the mean over (task, query) of exp(4 lam ||U z_q||^2), lam = ||Gamma_w||_op."),
-    Variable("grad_log_K_sharp", _GRAD, "log of the mean sharp exponential factor",
-           "log of the mean over (task, query) of exp(a' Gamma_w a), a = U z_q (the factor of the sharp "
-           "SNIS constant)."),
-    Variable("grad_max_quad", _GRAD, "largest logit quadratic form",
-           "max over (task, query) of a' Gamma_w a, a = U z_q: the SNIS error of that item is in its 1/L regime "
-           "only once L >> exp(2 a' Gamma_w a) (third-moment term of the expansion)."),
+             "sample standard deviation over prompt draws / sqrt(grad_draws)."),
+    Variable("grad_inf_sq", _GRAD, "squared norm of the limit gradient", "||grad R_inf||^2 at the fixed parameters "
+             "(linear(inf), same tasks and queries)."),
+    Variable("grad_log_bound", _GRAD + ("L",), "natural log of the paper-form gradient bound", "log of grad_c / L * "
+             "mean over (task, query) of K P, K = exp(4 lam ||U z_q||^2), lam = ||Gamma_w||_op, P = "
+             "tr(Gamma_w)[(|r| + ||v|| ||m||)^2 + ||z_q||^2 ||v||^2 (lam |r| + ||Gamma_w v||)^2], m = Gamma_w U "
+             "z_q, r = v.m - y_q (first-order derivation, sfxlin.concentration.gradient_log_bound_constant); grad_c "
+             "(attrs['config']) is OUR assumption (default 1): the paper's constant is existential."),
+    Variable("grad_log_K", _GRAD, "log of the mean paper exponential factor", "log of the mean over (task, query) "
+             "of exp(4 lam ||U z_q||^2), lam = ||Gamma_w||_op."),
+    Variable("grad_log_K_sharp", _GRAD, "log of the mean sharp exponential factor", "log of the mean over (task, "
+             "query) of exp(a' Gamma_w a), a = U z_q (the factor of the sharp SNIS constant)."),
+    Variable("grad_max_quad", _GRAD, "largest logit quadratic form", "max over (task, query) of a' Gamma_w a, a = U "
+             "z_q: the SNIS error of that item is in its 1/L regime only once L >> exp(2 a' Gamma_w a) "
+             "(third-moment term of the expansion)."),
 )
-TRAJECTORY = (
-    Variable("traj_g", ("L", "t"), "gradient gap along the infinite-prompt trajectory",
-           "g_L(t) = sqrt(mean over prompt replicates and tasks of ||grad R_L^task - grad R_inf^task||^2) at "
-           "theta_inf(t) (gradient_gap.gradient_gap_trajectory; d = traj_d, Sigma = I or diag(geomspace(2, 0.5, d)))."),
-    Variable("traj_g_risk", ("L", "t"), "risk-gradient gap along the trajectory",
-           "sqrt(mean over prompt replicates of ||grad R_L - grad R_inf||^2) at theta_inf(t), R the training risk "
-           "(mean over all tasks and queries): the definition of grad_gap_sq, as a norm."),
-    Variable("traj_risk_inf", ("t",), "training risk of linear(inf)", "risk of theta_inf(t) on the trajectory's tasks."),
-    Variable("traj_dist_bayes", ("t",), "distance to the Bayes optimum", "||theta_inf(t) - theta*||, theta* of Remark 5.2."),
-    Variable("traj_logit_factor", ("t",), "mean exponential logit factor",
-           "mean over tasks and queries of exp(a' Gamma_w a), a = U_inf(t) z_q."),
-    Variable("traj_U_norm", ("t",), "Frobenius norm of U along the trajectory", "||U_inf(t)||_F."),
-)
+#: the trajectory part's outputs: the family's gap run's, named ``traj_<name>``, and ``||U_inf(t)||_F``
+TRAJECTORY = (*(dataclasses.replace(C2.output(name), name=f"traj_{name}")
+                for name in ("g", "g_risk", "risk_inf", "dist_bayes", "logit_factor")),
+              Variable("traj_U_norm", ("t",), "Frobenius norm of U along the trajectory", "||U_inf(t)||_F."))
 CONSTANTS = (
-    Variable("traj_trace_inv_sq", (), "tr(Sigma^-2) of the trajectory setting",
-           "the query-averaged concentration constant at the Bayes optimum is finite iff tr(Sigma^-2) > 4."),
-    Variable("traj_concentration_constant", (), "query-averaged concentration constant",
-           "E_xq exp(x_q' Sigma^-1 x_q / c^2) = (1 - 2 tr(Sigma^-2)^-1/2)^(-d/2) at the Bayes optimum; "
-           "+inf by design when tr(Sigma^-2) <= 4.", allow_nonfinite=True),
+    Variable("traj_trace_inv_sq", (), "tr(Sigma^-2) of the trajectory setting", "the query-averaged concentration "
+             "constant at the Bayes optimum is finite iff tr(Sigma^-2) > 4."),
+    Variable("traj_concentration_constant", (), "query-averaged concentration constant", "E_xq exp(x_q' Sigma^-1 "
+             "x_q / c^2) = (1 - 2 tr(Sigma^-2)^-1/2)^(-d/2) at the Bayes optimum; +inf by design when tr(Sigma^-2) "
+             "<= 4.", allow_nonfinite=True),
 )
 
 
@@ -177,8 +166,8 @@ EXPERIMENT = C2.variant(
            "estimate); clt_draws * min(tail_levels) >= 10", Profiles(quick=20000, paper=200000), low=1),
         _p("tail_log_c1_per_d", "float", "tail bound prefactor: c1 = exp(tail_log_c1_per_d * d) (OUR assumption; "
            "paper: existential)", 2 / 3, low=0, low_open=True),
-        _p("tail_c2", "float", "tail bound rate: c2 = tail_c2 / sigma^2 (OUR assumption; paper: existential)",
-           1 / 3, low=0, low_open=True),
+        _p("tail_c2", "float", "tail bound rate: c2 = tail_c2 / sigma^2 (OUR assumption; paper: existential)", 1 / 3,
+           low=0, low_open=True),
         _p("grad_scales", "float_list", "scales s of the covariate covariance s * Sigma_setting (gradient part)",
            [1.0, 2.0], low=0, low_open=True),
         _p("grad_pairs", "int", "antithetic task pairs per (cell, setting, scale)", Profiles(quick=4, paper=8), low=1),

@@ -99,30 +99,29 @@ def counts(config, part, cell):
 _INF = "; +inf by design for tau <= 4 (the expectation diverges)."
 _FC = "family_constants"
 OWN = {
-    "s": Variable("s", (), "covariate variance s (Sigma = s I_d)",
-                "s = sqrt(d / tau), so that tr(Sigma^-2) = tau (the same for every seed)."),
-    "concentration_constant": Variable(
-        "concentration_constant", (), "query-averaged concentration constant at the Bayes optimum",
-        "(1 - 2 tau^{-1/2})^{-d/2} = E exp(x_q^T Sigma^-1 x_q / c^2); +inf by design for tau <= 4 "
-        "(the expectation diverges); the same for every seed.", allow_nonfinite=True),
+    "s": Variable("s", (), "covariate variance s (Sigma = s I_d)", "s = sqrt(d / tau), so that tr(Sigma^-2) = tau "
+                  "(the same for every seed)."),
+    "concentration_constant": Variable("concentration_constant", (), "query-averaged concentration constant at the "
+                                       "Bayes optimum", "(1 - 2 tau^{-1/2})^{-d/2} = E exp(x_q^T Sigma^-1 x_q / "
+                                       "c^2); +inf by design for tau <= 4 (the expectation diverges); the same for "
+                                       "every seed.", allow_nonfinite=True),
     "g_family": Variable("g_family", ("L", "t_family"), "gradient gap g_L(t) for a covariance family",
-                       "as g, with Sigma = covariance.scaled(from_spec(family, d), tau)."),
-    "dist_bayes_family": Variable("dist_bayes_family", ("t_family",),
-                                "distance of theta_inf(t) to the Bayes optimum (family)",
-                                "as dist_bayes, for the family's Sigma."),
+                         "as g, with Sigma = covariance.scaled(from_spec(family, d), tau)."),
+    "dist_bayes_family": Variable("dist_bayes_family", ("t_family",), "distance of theta_inf(t) to the Bayes "
+                                  "optimum (family)", "as dist_bayes, for the family's Sigma."),
     "off_block_family": Variable("off_block_family", ("t_family",), "off-block mass of theta_inf(t) (family)",
-                               "as off_block, for the family's Sigma."),
+                                 "as off_block, for the family's Sigma."),
     _FC: (Variable("family_trace", (), "trace of Sigma", "covariance.summary: sum of the eigenvalues."),
           Variable("family_op_norm", (), "operator norm of Sigma", "covariance.summary: largest eigenvalue."),
-          Variable("family_condition", (), "condition number of Sigma",
-                 "covariance.summary: largest / smallest eigenvalue (scale-free: the same at every tau)."),
-          Variable("family_tr_inv2", (), "tr(Sigma^-2) of the family's Sigma",
-                 "covariance.summary: sum of eigenvalue^-2; equals tau by construction (covariance.scaled)."),
+          Variable("family_condition", (), "condition number of Sigma", "covariance.summary: largest / smallest "
+                   "eigenvalue (scale-free: the same at every tau)."),
+          Variable("family_tr_inv2", (), "tr(Sigma^-2) of the family's Sigma", "covariance.summary: sum of "
+                   "eigenvalue^-2; equals tau by construction (covariance.scaled)."),
           Variable("concentration_constant_family", (), "query-averaged concentration constant (family)",
-                 "(1 - 2 tau^{-1/2})^{-d/2}, the same for every Sigma with tr(Sigma^-2) = tau" + _INF,
-                 allow_nonfinite=True),
+                   "(1 - 2 tau^{-1/2})^{-d/2}, the same for every Sigma with tr(Sigma^-2) = tau" + _INF,
+                   allow_nonfinite=True),
           Variable("gap_constant_family", (), "gradient-gap constant K (family)",
-                 "gradient_gap.gap_constant of the family's Sigma" + _INF, allow_nonfinite=True),
+                   "gradient_gap.gap_constant of the family's Sigma" + _INF, allow_nonfinite=True),
           Variable("gap_constant_family_se", (), "Monte Carlo standard error of gap_constant_family",
                  "0 where K = +inf.")),
 }
@@ -139,8 +138,7 @@ EXPERIMENT = C2.variant(
               order="increasing", min_len=6, why="the threshold regression fits a hinge in tau", grid=True),
         Param("families", "str_list", "covariance families (sfxlin.covariance spec strings) swept beside the "
               "isotropic one, each rescaled to every tau: Sigma = covariance.scaled(from_spec(family, d), tau)",
-              Profiles(quick=["kms:0.5"], paper=["kms:0.5", "power_law:1.0"]), grid=True,
-              parts=("families", _FC)),
+              Profiles(quick=["kms:0.5"], paper=["kms:0.5", "power_law:1.0"]), grid=True, parts=("families", _FC)),
         Param("n_family_seeds", "int", "independent replicates per (family, tau) of the families part",
               Profiles(quick=1, paper=3), low=1, grid=True, parts=("families",)),
         Param("family_steps", "int", "gradient-descent steps of the families part (a multiple of "

@@ -81,7 +81,8 @@ def kernel(cell, rng, config):
         "D_inf_max": traj["D_inf"].max(axis=-1), "D_inf_T": traj["D_inf"][..., -1],
         "risk_heldout_init": at_L[:, :, 0], "risk_heldout_T": at_L[:, :, 1], "risk_heldout_inf_T": np.float64(inf_ho[1]),
         "dist_star_inf_T": np.float64(icl.theta_distance(U_inf[-1], v_inf[-1], U_star, v_star)),
-        "norm_star": np.float64(np.sqrt(np.sum(U_star**2) + np.sum(v_star**2))), "norm_inf_T": np.float64(run.norm_inf_T()),
+        "norm_star": np.float64(np.sqrt(np.sum(U_star**2) + np.sum(v_star**2))),
+        "norm_inf_T": np.float64(run.norm_inf_T()),
         "off_block_max": traj["off_block"].max(axis=-1), "off_block_inf_max": np.float64(traj["off_block_inf"].max()),
         "risk_train_T": traj["risk_train"][..., -1], "risk_train_inf": np.float64(traj["risk_inf"][-1]),
         "inf_rerun_diff": np.float64(max(np.abs(U_inf - first["U"]).max(), np.abs(v_inf - first["v"]).max())),
@@ -107,17 +108,17 @@ OWN = {o.name: o for o in (
     Variable("T_conv", (), "steps trained T", "the first check (every check_every steps) at which the exact population "
            "risk of theta_inf(t) is <= tol x that of the Eq. 9 init; T_max when never (converged = 0).", units="steps"),
     Variable("converged", (), "stop rule met within T_max", "1: theta_inf(T_conv) meets the stop rule; 0: the run "
-           "reached T_max without it (T_conv = T_max).", dtype="int8", flag_meanings=("not_converged", "converged")),
+             "reached T_max without it (T_conv = T_max).", dtype="int8", flag_meanings=("not_converged", "converged")),
     Variable("n_pairs", (), "antithetic training task pairs", "ceil(task_ratio d^2 / n_queries)."),
     Variable("rel_risk_inf", ("t",), "relative population risk of theta_inf(t)",
            "sfxlin.icl.linear_inf_risk(theta_inf(t), Sigma) / same at t = 0 (exact, noiseless: floor 0), on the "
            "checks of the linear(inf)-alone run; NaN by design after T_conv (the run stopped).", allow_nonfinite=True),
-    Variable("risk_pop_init", (), "population risk of the Eq. 9 init under linear(inf)",
-           "sfxlin.icl.linear_inf_risk at t = 0 (exact)."),
+    Variable("risk_pop_init", (), "population risk of the Eq. 9 init under linear(inf)", "sfxlin.icl.linear_inf_risk "
+             "at t = 0 (exact)."),
     Variable("risk_pop_inf", (), "population risk of theta_inf(T)", "sfxlin.icl.linear_inf_risk (exact) at T_conv."),
     Variable("D_inf_T", ("model", "L"), "distance of theta_L(T) to theta_inf(T)", "as D_inf_max, at t = T_conv."),
-    Variable("dist_star_inf_T", (), "distance of theta_inf(T) to theta_star",
-           "sqrt(||U_inf(T) - U*||_F^2 + ||v_inf(T) - v*||^2), (U*, v*) the Remark 5.2 optimum for Sigma."),
+    Variable("dist_star_inf_T", (), "distance of theta_inf(T) to theta_star", "sqrt(||U_inf(T) - U*||_F^2 + "
+             "||v_inf(T) - v*||^2), (U*, v*) the Remark 5.2 optimum for Sigma."),
     Variable("risk_train_inf", (), "training risk of theta_inf(T)", "as risk_train_T, linear(inf)."),
     Variable("inf_rerun_diff", (), "largest difference of the two linear(inf) trajectories",
            "max |theta_inf(t)| difference, entrywise, between the joint run and the linear(inf)-alone run at their "
@@ -141,11 +142,11 @@ EXPERIMENT = C3.variant(
     params=(
         Param("L_caps", "int_list", "per d (same order), the largest L trained: the L grid is cut there (cost)",
               Profiles(quick=[32, 32], paper=[16384, 2048, 128]), unit="tokens", low=1, unique=False),
-        Param("task_ratio", "float", "training equations per unknown: n_pairs = ceil(task_ratio d^2 / n_queries) (one "
-              "equation w^T (M - I) x_q = 0 per pair and query on the d^2 entries of the plug-in matrix; <= 1 leaves "
-              "linear(inf) under-determined)", 4.0, low=0, low_open=True),
-        Param("tol", "float", "stop rule: exact population risk of theta_inf(T) <= tol x that of the init", 0.01, low=0,
-              low_open=True),
+        Param("task_ratio", "float", "training equations per unknown: n_pairs = ceil(task_ratio d^2 / n_queries) "
+              "(one equation w^T (M - I) x_q = 0 per pair and query on the d^2 entries of the plug-in matrix; <= 1 "
+              "leaves linear(inf) under-determined)", 4.0, low=0, low_open=True),
+        Param("tol", "float", "stop rule: exact population risk of theta_inf(T) <= tol x that of the init", 0.01,
+              low=0, low_open=True),
         Param("T_max", "int", "steps at most (a multiple of check_every): a run without the stop by then is flagged",
               Profiles(quick=200, paper=8000), unit="steps", low=1),
         Param("check_every", "int", "steps between checks of the stop rule (and checkpoints of the joint run)",

@@ -36,12 +36,11 @@ def kernel(cell, rng, config):
 
 
 OWN = (
-    Variable("dist_star", ("model", "L", "t"), "distance of theta_L(t) to theta_star",
-           "sqrt(||U_L(t) - U*||_F^2 + ||v_L(t) - v*||^2), (U*, v*) the Bayes optimum of Remark 5.2 for the "
-           "setting's Sigma (the limit of the gradient flow of linear(inf))."),
-    Variable("dist_star_inf", ("t",), "distance of theta_inf(t) to theta_star",
-           "sqrt(||U_inf(t) - U*||_F^2 + ||v_inf(t) - v*||^2): falls to the floor set by gradient descent's "
-           "drift of ||U||_F^2 - ||v||^2."),
+    Variable("dist_star", ("model", "L", "t"), "distance of theta_L(t) to theta_star", "sqrt(||U_L(t) - U*||_F^2 + "
+             "||v_L(t) - v*||^2), (U*, v*) the Bayes optimum of Remark 5.2 for the setting's Sigma (the limit of "
+             "the gradient flow of linear(inf))."),
+    Variable("dist_star_inf", ("t",), "distance of theta_inf(t) to theta_star", "sqrt(||U_inf(t) - U*||_F^2 + "
+             "||v_inf(t) - v*||^2): falls to the floor set by gradient descent's drift of ||U||_F^2 - ||v||^2."),
 )
 
 EXPERIMENT = C3.variant(

@@ -64,22 +64,22 @@ _NAN = " NaN by design where no closed form exists"
 _GM = ("model", "L")
 OWN = (
     Variable("risk_heldout_inf_softmax", (), "held-out risk of theta_inf(T) used as softmax(L_max)",
-           "theta_inf(T) as softmax attention on held-out prompts of the largest L."),
+             "theta_inf(T) as softmax attention on held-out prompts of the largest L."),
     Variable("limit_gap", (), "squared gap between the softmax and linear limits at theta_inf(T)",
-           "mean over held-out tasks and queries of 1/2 (softmax_limit - linear_limit)^2 (sfxlin.bayes): rounding "
-           "when centred; the affine intercept and the covariance/second-moment mismatch when not."),
-    Variable("risk_min_norm", ("L",), "held-out risk of minimum-norm least squares",
-           "sfxlin.baselines.min_norm on the held-out prompts of length L."),
+             "mean over held-out tasks and queries of 1/2 (softmax_limit - linear_limit)^2 (sfxlin.bayes): rounding "
+             "when centred; the affine intercept and the covariance/second-moment mismatch when not."),
+    Variable("risk_min_norm", ("L",), "held-out risk of minimum-norm least squares", "sfxlin.baselines.min_norm on "
+             "the held-out prompts of length L."),
 )
 THEORY = (
     Variable("risk_pgd_theory", ("L",), "exact risk of risk_pgd's estimator",
-           "sfxlin.baselines.pgd_risk, centred covariates;" + _NAN + " (non-centred).", allow_nonfinite=True),
+             "sfxlin.baselines.pgd_risk, centred covariates;" + _NAN + " (non-centred).", allow_nonfinite=True),
     Variable("risk_bayes_theory", ("L",), "Bayes risk of the task, closed form",
-           "sfxlin.bayes.bayes_risk_task (noiseless labels);" + _NAN + " (noisy labels at finite L).",
-           allow_nonfinite=True),
+             "sfxlin.bayes.bayes_risk_task (noiseless labels);" + _NAN + " (noisy labels at finite L).",
+             allow_nonfinite=True),
     Variable("risk_ridge_asymptotic", ("L",), "asymptotic risk of ridge at the Bayes penalty",
-           "sfxlin.baselines.asymptotic_ridge_risk (Marchenko-Pastur; isotropic, centred);" + _NAN + ".",
-           allow_nonfinite=True),
+             "sfxlin.baselines.asymptotic_ridge_risk (Marchenko-Pastur; isotropic, centred);" + _NAN + ".",
+             allow_nonfinite=True),
     Variable("risk_floor_inf", (), "Bayes risk of linear(inf)'s class", "noise^2 / 2: the query-noise floor."),
 )
 SUMMARY = tuple(Variable(f"Sigma_{key}", (), long_name, "sfxlin.covariance.summary.") for key, long_name in

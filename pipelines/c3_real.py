@@ -67,32 +67,32 @@ def counts(config, part, cell):
 
 
 OWN = (
-    Variable("D_sinf", ("L", "t"), "distance of theta_L(t) to theta_sinf(t)",
-           "sqrt(||U_L(t) - U_sinf(t)||_F^2 + ||v_L(t) - v_sinf(t)||^2): softmax(L) against softmax(inf) under the "
-           "set's empirical law, same tasks, same init, same step t."),
-    Variable("D_linf", ("L", "t"), "distance of theta_L(t) to theta_linf(t)",
-           "as D_sinf, against linear(inf) (Gamma_w from the set's covariance I_d)."),
-    Variable("gap", ("t",), "distance between the trajectories of softmax(inf) and linear(inf)",
-           "sqrt(||U_sinf(t) - U_linf(t)||_F^2 + ||v_sinf(t) - v_linf(t)||^2): 0 for Gaussian covariates."),
+    Variable("D_sinf", ("L", "t"), "distance of theta_L(t) to theta_sinf(t)", "sqrt(||U_L(t) - U_sinf(t)||_F^2 + "
+             "||v_L(t) - v_sinf(t)||^2): softmax(L) against softmax(inf) under the set's empirical law, same tasks, "
+             "same init, same step t."),
+    Variable("D_linf", ("L", "t"), "distance of theta_L(t) to theta_linf(t)", "as D_sinf, against linear(inf) "
+             "(Gamma_w from the set's covariance I_d)."),
+    Variable("gap", ("t",), "distance between the trajectories of softmax(inf) and linear(inf)", "sqrt(||U_sinf(t) "
+             "- U_linf(t)||_F^2 + ||v_sinf(t) - v_linf(t)||^2): 0 for Gaussian covariates."),
     Variable("norm_linf", ("t",), "norm of theta_linf(t)", "sqrt(||U_linf||_F^2 + ||v_linf||^2)."),
     Variable("norm_sinf", ("t",), "norm of theta_sinf(t)", "sqrt(||U_sinf||_F^2 + ||v_sinf||^2)."),
-    Variable("off_block_sinf", ("t",), "off-block mass of theta_sinf(t)",
-           "sqrt(||U[d, :]||^2 + ||U[:d, d]||^2 + ||v[:d]||^2) of softmax(inf), measured, never imposed."),
-    Variable("risk_train", ("L", "t"), "training risk of softmax(L)",
-           "mean over training tasks and queries of 1/2 (pred - y_q)^2 at the checkpoint, prompt length L."),
-    Variable("risk_train_sinf", ("t",), "training risk of softmax(inf)",
-           "mean over training tasks and queries of 1/2 (pred - y_q)^2, pred the exact softmax over the whole set."),
-    Variable("risk_train_linf", ("t",), "training risk of linear(inf)",
-           "mean over training tasks and queries of 1/2 (v^T Gamma_w U z_q - y_q)^2."),
+    Variable("off_block_sinf", ("t",), "off-block mass of theta_sinf(t)", "sqrt(||U[d, :]||^2 + ||U[:d, d]||^2 + "
+             "||v[:d]||^2) of softmax(inf), measured, never imposed."),
+    Variable("risk_train", ("L", "t"), "training risk of softmax(L)", "mean over training tasks and queries of 1/2 "
+             "(pred - y_q)^2 at the checkpoint, prompt length L."),
+    Variable("risk_train_sinf", ("t",), "training risk of softmax(inf)", "mean over training tasks and queries of "
+             "1/2 (pred - y_q)^2, pred the exact softmax over the whole set."),
+    Variable("risk_train_linf", ("t",), "training risk of linear(inf)", "mean over training tasks and queries of "
+             "1/2 (v^T Gamma_w U z_q - y_q)^2."),
     Variable("risk_heldout", ("L", "t_heldout"), "held-out risk of softmax(L) at its training L",
-           "mean over held-out tasks and queries of 1/2 (pred - y_q)^2, theta_L(t) on held-out prompts of length L "
-           "drawn from the set."),
+             "mean over held-out tasks and queries of 1/2 (pred - y_q)^2, theta_L(t) on held-out prompts of length "
+             "L drawn from the set."),
     Variable("risk_heldout_sinf", ("t_heldout",), "held-out risk of theta_sinf under softmax(inf)",
-           "held-out tasks' w and queries, the exact softmax over the whole set."),
+             "held-out tasks' w and queries, the exact softmax over the whole set."),
     Variable("risk_heldout_linf", ("t_heldout",), "held-out risk of theta_linf under linear(inf)",
-           "mean over held-out tasks and queries of 1/2 (v^T Gamma_w U z_q - y_q)^2."),
+             "mean over held-out tasks and queries of 1/2 (v^T Gamma_w U z_q - y_q)^2."),
     Variable("risk_heldout_linf_as_sinf", ("t_heldout",), "held-out risk of theta_linf under softmax(inf)",
-           "linear-attention theory's trained parameters theta_linf(t) used by the real infinite-prompt softmax."),
+             "linear-attention theory's trained parameters theta_linf(t) used by the real infinite-prompt softmax."),
 )
 
 EXPERIMENT = C3.variant(

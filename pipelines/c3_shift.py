@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sfxlin import icl, shift, training
+from sfxlin import shift, training
 from sfxlin.engine import Cells, Param, Profiles, Variable
 
 from .families.c3 import C3, draw, finite, setting_inputs, setting_law, train_counts
@@ -20,11 +20,6 @@ def theta_labels(Ls):
     return [f"softmax({int(L)})" for L in Ls] + [INF]
 
 
-def _mean_se(pairs):
-    """Mean and SE over the last axis (held-out pairs, independent)."""
-    return pairs.mean(axis=-1), pairs.std(axis=-1, ddof=1) / np.sqrt(pairs.shape[-1])
-
-
 def kernel(cell, rng, config):
     d, Ls, Le, T = config["d"], config["L"], config["L_eval"], config["n_steps"]
     law, Sigma = setting_law(cell["setting"], config)
@@ -34,23 +29,8 @@ def kernel(cell, rng, config):
                                     ckpt_every=T, label="training")
     U = np.concatenate([res["softmax"]["U"][:, -1], res["linear_inf"]["U"][-1][None]])   # (theta, D, D)
     v = np.concatenate([res["softmax"]["v"][:, -1], res["linear_inf"]["v"][-1][None]])   # (theta, D)
-    out = {k: [] for k in ("risk_softmax", "risk_softmax_se", "risk_exact", "risk_linf_mc", "risk_linf_mc_se",
-                           "diff_se", "risk_ridge", "risk_pgd_train", "risk_pgd_test", "Sigma_test")}
-    for spec in config["shifts"]:
-        P = shift.shifted_prompts(held, shift.shift_map(spec, Sigma))
-        sm = np.stack([shift.softmax_pair_risks(U, v, P, L) for L in Le], axis=1)     # (theta, L_eval, pairs)
-        lin = shift.linear_inf_pair_risks(U, v, P)                                     # (theta, pairs)
-        for name, pairs in (("risk_softmax", sm), ("risk_linf_mc", lin)):
-            out[name].append(pairs.mean(axis=-1))
-            out[f"{name}_se"].append(_mean_se(pairs)[1])
-        out["diff_se"].append(_mean_se(sm - lin[:, None])[1])
-        out["risk_exact"].append(icl.linear_inf_risk(U, v, P.Sigma))
-        out["risk_ridge"].append(shift.ridge_pair_risks(P, Le, config["ridge_lam"]).mean(axis=-1))
-        out["risk_pgd_train"].append(shift.pgd_pair_risks(P, Le, Sigma).mean(axis=-1))
-        out["risk_pgd_test"].append(np.full(len(Le), np.nan) if shift.is_singular(spec, d)
-                                    else shift.pgd_pair_risks(P, Le, P.Sigma).mean(axis=-1))
-        out["Sigma_test"].append(P.Sigma)
-    out = {k: np.stack(a) for k, a in out.items()}
+    per_shift = [shift.shift_risks(U, v, held, spec, Sigma, Le, config["ridge_lam"]) for spec in config["shifts"]]
+    out = {k: np.stack([r[k] for r in per_shift]) for k in per_shift[0]}
     out["risk_train_T"] = np.concatenate([res["softmax"]["risk"][:, -1], [res["linear_inf"]["risk"][-1]]])
     return finite(out, nan=("risk_pgd_test",))
 
@@ -71,31 +51,30 @@ OWN = (
     Variable("risk_softmax", _GST + ("L_eval",), "measured held-out risk of softmax(L_eval) with theta",
            "mean over held-out tasks and queries of 1/2 (pred - y_q)^2, theta (trained, at T) used as softmax "
            "attention on the first L_eval tokens" + _ON + "."),
-    Variable("risk_softmax_se", _GST + ("L_eval",), "SE of risk_softmax over held-out pairs",
-           "standard deviation over the held-out antithetic pairs of their mean risk, over sqrt(pairs)."),
+    Variable("risk_softmax_se", _GST + ("L_eval",), "SE of risk_softmax over held-out pairs", "standard deviation "
+             "over the held-out antithetic pairs of their mean risk, over sqrt(pairs)."),
     Variable("risk_exact", _GST, "exact large-L prediction: risk of theta under linear(inf) with the test covariance",
-           "sfxlin.icl.linear_inf_risk(U, v, Sigma_test): E over w ~ N(0, I_d) and x_q of 1/2 (v^T Gamma_w U z_q "
-           "- y_q)^2, Gamma_w from Sigma_test (closed form; the limit of risk_softmax as L_eval -> inf)."),
+             "sfxlin.icl.linear_inf_risk(U, v, Sigma_test): E over w ~ N(0, I_d) and x_q of 1/2 (v^T Gamma_w U z_q "
+             "- y_q)^2, Gamma_w from Sigma_test (closed form; the limit of risk_softmax as L_eval -> inf)."),
     Variable("risk_linf_mc", _GST, "risk of theta under linear(inf) with the test covariance, Monte Carlo",
            "mean over the held-out tasks and queries" + _ON + " of 1/2 (v^T Gamma_w U z_q - y_q)^2, Gamma_w from "
            "Sigma_test and each task's w: the closed form's Monte Carlo on the same tasks as risk_softmax."),
     Variable("risk_linf_mc_se", _GST, "SE of risk_linf_mc over held-out pairs", "as risk_softmax_se."),
     Variable("diff_se", _GST + ("L_eval",), "SE of risk_softmax - risk_linf_mc over held-out pairs",
-           "the paired difference per held-out pair (same tasks), its standard deviation over sqrt(pairs)."),
-    Variable("risk_ridge", _GS + ("L_eval",), "held-out risk of ridge on the shifted prompt",
-           "per held-out task, ridge (ridge_lam; 0: minimum-norm least squares pinv(X) y) on its first L_eval "
-           "shifted tokens, risk 1/2 (x_q'^T w_hat - y_q')^2 averaged (noiseless: rounding once the prompt spans "
-           "the test covariates' subspace)."),
-    Variable("risk_pgd_train", _GS + ("L_eval",), "held-out risk of one-step preconditioned GD, training preconditioner",
-           "w_hat = Gamma_L(Sigma) (1/L) X'^T y' (sfxlin.baselines.pgd_preconditioner of the TRAINING Sigma: "
-           "the shift-unaware optimum of linear(L) attention) on the shifted prompts."),
+             "the paired difference per held-out pair (same tasks), its standard deviation over sqrt(pairs)."),
+    Variable("risk_ridge", _GS + ("L_eval",), "held-out risk of ridge on the shifted prompt", "per held-out task, "
+             "ridge (ridge_lam; 0: minimum-norm least squares pinv(X) y) on its first L_eval shifted tokens, risk "
+             "1/2 (x_q'^T w_hat - y_q')^2 averaged (noiseless: rounding once the prompt spans the test covariates' "
+             "subspace)."),
+    Variable("risk_pgd_train", _GS + ("L_eval",), "held-out risk of one-step preconditioned GD, training "
+             "preconditioner", "w_hat = Gamma_L(Sigma) (1/L) X'^T y' (sfxlin.baselines.pgd_preconditioner of the "
+             "TRAINING Sigma: the shift-unaware optimum of linear(L) attention) on the shifted prompts."),
     Variable("risk_pgd_test", _GS + ("L_eval",), "held-out risk of one-step preconditioned GD, test preconditioner",
-           "as risk_pgd_train with the preconditioner of the test covariance (the oracle that knows the shift); "
-           "NaN by design where the test covariance is singular (subspace:K: no inverse).", allow_nonfinite=True),
+             "as risk_pgd_train with the preconditioner of the test covariance (the oracle that knows the shift); "
+             "NaN by design where the test covariance is singular (subspace:K: no inverse).", allow_nonfinite=True),
     Variable("Sigma_test", _GS + ("i", "j"), "test covariance Sigma' = A Sigma A^T", "sfxlin.shift.shifted_covariance."),
-    Variable("risk_train_T", ("theta",), "final training risk of theta",
-           "mean over training tasks and queries of 1/2 (pred - y_q)^2 at T: softmax(L) at its training L, "
-           "linear(inf) with Gamma_w."),
+    Variable("risk_train_T", ("theta",), "final training risk of theta", "mean over training tasks and queries of "
+             "1/2 (pred - y_q)^2 at T: softmax(L) at its training L, linear(inf) with Gamma_w."),
 )
 
 EXPERIMENT = C3.variant(

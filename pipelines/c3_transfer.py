@@ -134,7 +134,8 @@ def _perturbed_run(tasks, Ls, d, Sigma, direction, U, v, config, kw):
     return {
         "off_block_perturbed": np.stack([icl.off_block_mass(pert[m]["U"], pert[m]["v"]) for m in MODELS]),
         "risk_train_perturbed": np.stack([pert[m]["risk"] for m in MODELS]),
-        "D_perturbed": np.stack([icl.theta_distance(pert[m]["U"], pert[m]["v"], U[i], v[i]) for i, m in enumerate(MODELS)]),
+        "D_perturbed": np.stack([icl.theta_distance(pert[m]["U"], pert[m]["v"], U[i], v[i])
+                                 for i, m in enumerate(MODELS)]),
         "off_block_perturbed_inf": icl.off_block_mass(pert["linear_inf"]["U"], pert["linear_inf"]["v"]),
     }
 
@@ -160,35 +161,33 @@ def _nan_outside(o):
 
 _GM = ("model", "L")
 OWN = {o.name: o for o in (
-    Variable("risk_heldout_eval", _GM + ("t_heldout",), "held-out risk of theta_L(t) at L_eval",
-           "as risk_heldout but with held-out prompts of length L_eval (config; 4096 in the paper profile)."),
+    Variable("risk_heldout_eval", _GM + ("t_heldout",), "held-out risk of theta_L(t) at L_eval", "as risk_heldout "
+             "but with held-out prompts of length L_eval (config; 4096 in the paper profile)."),
     Variable("risk_heldout_inf_eval", ("t_heldout",), "held-out risk of theta_inf under softmax(L_eval)",
-           "theta_inf(t) used as softmax attention with held-out prompts of length L_eval."),
-    Variable("risk_ridge", ("L",), "held-out risk of ridge regression on the prompt",
-           "per held-out task, ridge (penalty ridge_lam; 0: minimum-norm least squares) on its length-L prompt, "
-           "risk 1/2 (x_q^T w_hat - y_q)^2 averaged; noiseless labels: least squares is exact (rounding) once L >= d."),
+             "theta_inf(t) used as softmax attention with held-out prompts of length L_eval."),
+    Variable("risk_ridge", ("L",), "held-out risk of ridge regression on the prompt", "per held-out task, ridge "
+             "(penalty ridge_lam; 0: minimum-norm least squares) on its length-L prompt, risk 1/2 (x_q^T w_hat - "
+             "y_q)^2 averaged; noiseless labels: least squares is exact (rounding) once L >= d."),
     Variable("risk_plugin", ("L",), "held-out risk of the plug-in estimator (linear(L) at the Bayes optimum)",
            "w_hat = Sigma^{-1} (1/L) sum_k y_k x_k, i.e. linear(L) attention at (U*, v*); held-out prompts of length L."),
-    Variable("off_block_perturbed", _GM + ("t",), "off-block mass of model(L), perturbed run",
-           "as off_block, for the diagnostic run started from (U0, v0) plus an off-block perturbation of norm "
-           "`perturbation` (config) along a seeded random direction of (U[d, :d], v[:d]): growth = instability; "
-           "NaN everywhere when perturbed_run is off (the paper profile)."),
-    Variable("risk_train_perturbed", _GM + ("t",), "training risk of model(L), perturbed run",
-           "as risk_train, for the diagnostic run (its trajectory leaves the main one where the block structure "
-           "is unstable)."),
-    Variable("D_perturbed", _GM + ("t",), "distance of the perturbed run to the main run",
-           "sqrt(||U_perturbed - U||_F^2 + ||v_perturbed - v||^2) at the same model, L and t (the perturbation "
-           "itself at t = 0)."),
-    Variable("off_block_perturbed_inf", ("t",), "off-block mass of linear(inf), perturbed run",
-           "as off_block_perturbed, for linear(inf)."),
-    Variable("off_block_curvature_max", _GM + ("t",), "largest off-block curvature of model(L)",
-           "largest eigenvalue of the Hessian of the training risk in the active off-block coordinates "
-           "(U[d, :d], v[:d]) at theta_L(t) of the main run; lr * it > 2: an off-block perturbation grows "
-           "(step-size instability of the block structure)."),
+    Variable("off_block_perturbed", _GM + ("t",), "off-block mass of model(L), perturbed run", "as off_block, for "
+             "the diagnostic run started from (U0, v0) plus an off-block perturbation of norm `perturbation` "
+             "(config) along a seeded random direction of (U[d, :d], v[:d]): growth = instability; NaN everywhere "
+             "when perturbed_run is off (the paper profile)."),
+    Variable("risk_train_perturbed", _GM + ("t",), "training risk of model(L), perturbed run", "as risk_train, for "
+             "the diagnostic run (its trajectory leaves the main one where the block structure is unstable)."),
+    Variable("D_perturbed", _GM + ("t",), "distance of the perturbed run to the main run", "sqrt(||U_perturbed - "
+             "U||_F^2 + ||v_perturbed - v||^2) at the same model, L and t (the perturbation itself at t = 0)."),
+    Variable("off_block_perturbed_inf", ("t",), "off-block mass of linear(inf), perturbed run", "as "
+             "off_block_perturbed, for linear(inf)."),
+    Variable("off_block_curvature_max", _GM + ("t",), "largest off-block curvature of model(L)", "largest "
+             "eigenvalue of the Hessian of the training risk in the active off-block coordinates (U[d, :d], v[:d]) "
+             "at theta_L(t) of the main run; lr * it > 2: an off-block perturbation grows (step-size instability of "
+             "the block structure)."),
     Variable("off_block_curvature_min", _GM + ("t",), "smallest off-block curvature of model(L)",
-           "smallest eigenvalue of the same Hessian (negative: a saddle direction off-block)."),
+             "smallest eigenvalue of the same Hessian (negative: a saddle direction off-block)."),
     Variable("off_block_curvature_max_inf", ("t",), "largest off-block curvature of linear(inf)",
-           "as off_block_curvature_max, for linear(inf) at theta_inf(t)."),
+             "as off_block_curvature_max, for linear(inf) at theta_inf(t)."),
     Variable("off_block_curvature_min_inf", ("t",), "smallest off-block curvature of linear(inf)",
            "as off_block_curvature_min, for linear(inf) at theta_inf(t)."))}
 OUTPUTS = (
@@ -198,10 +197,9 @@ OUTPUTS = (
     "risk_train_perturbed", "D_perturbed", "off_block_perturbed_inf", "risk_bayes_ridge", "risk_pgd",
     "off_block_curvature_max", "off_block_curvature_min", "off_block_curvature_max_inf", "off_block_curvature_min_inf",
     "n_exact_shift_steps")
-FLAG = Variable("in_protocol", (), "cell is part of the protocol",
-              "1 if the cell was computed (seed < n_seeds, or < n_seeds_control for the Rademacher control), "
-              "0 if it only fills the product grid (every other variable is NaN there).",
-              dtype="int8", flag_meanings=("outside_protocol", "in_protocol"))
+FLAG = Variable("in_protocol", (), "cell is part of the protocol", "1 if the cell was computed (seed < n_seeds, or "
+                "< n_seeds_control for the Rademacher control), 0 if it only fills the product grid (every other "
+                "variable is NaN there).", dtype="int8", flag_meanings=("outside_protocol", "in_protocol"))
 
 EXPERIMENT = C3.variant(
     NAME, short="c3", analysis="sfxlin.analysis.c3",
@@ -213,11 +211,11 @@ EXPERIMENT = C3.variant(
                 heldout_queries=Profiles(quick=2, paper=4), L_eval=Profiles(quick=128, paper=4096),
                 heldout_every=Profiles(quick=100, paper=500), ridge_lam=0.0, root_seed=20251211),
     params=(
-        Param("covariates", "file", "a covariate file, 'path.npy' or 'path.nc:variable' (one covariate x of dimension "
-              "d per row), whose empirical law joins the settings as 'empirical' (rows as given, drawn with "
-              "replacement); '' for none", "", suffixes=TOKEN_SUFFIXES, optional=True),
-        Param("n_seeds_control", "int", "seeds of the Rademacher control (the grid runs max of both; extra cells are "
-              "NaN, in_protocol = 0)", 1, low=1, grid=True),
+        Param("covariates", "file", "a covariate file, 'path.npy' or 'path.nc:variable' (one covariate x of "
+              "dimension d per row), whose empirical law joins the settings as 'empirical' (rows as given, drawn "
+              "with replacement); '' for none", "", suffixes=TOKEN_SUFFIXES, optional=True),
+        Param("n_seeds_control", "int", "seeds of the Rademacher control (the grid runs max of both; extra cells "
+              "are NaN, in_protocol = 0)", 1, low=1, grid=True),
         Param("perturbation", "float", "norm of the off-block perturbation of (U0, v0) in the diagnostic run", 1e-12,
               low=0, low_open=True),
         Param("perturbed_run", "bool", "also train every model from the perturbed init (the direct diagnostic; else "

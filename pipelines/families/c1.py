@@ -49,35 +49,34 @@ PARAMS = (
     Param("U_norm", "float", "Frobenius norm of U", 0.5, low=0, low_open=True),
     Param("n_queries", "int", "queries per cell", 6, low=1),
     Param("n_prompts", "int", "independent prompts per query", 8, low=1),
-    Param("query_chunk", "int", "queries evaluated together (memory: query_chunk * n_prompts * L_max * d floats)",
-          3, low=1),
-    Param("tokens", "file", "a token file, 'path.npy' or 'path.nc:variable' (one token of dimension d per row); '' for "
-          "none", "", suffixes=TOKEN_SUFFIXES, optional=True),
+    Param("query_chunk", "int", "queries evaluated together (memory: query_chunk * n_prompts * L_max * d floats)", 3,
+          low=1),
+    Param("tokens", "file", "a token file, 'path.npy' or 'path.nc:variable' (one token of dimension d per row); '' "
+          "for none", "", suffixes=TOKEN_SUFFIXES, optional=True),
     Param("datasets", "str_list", "real data sets bundled with scikit-learn, used as token sets", list(DATASETS),
           choices=DATASETS, grid=True),
 )
 
 OUTPUTS = (
-    Variable("mse", ("L",), "mean squared error to the reference limit",
-           "mean over queries and prompts of ||V f_L(q) - V f_ref(q)||^2, f_L attention over the first L tokens of a "
-           "prompt, f_ref the reference limit: the exact limit of the tokens' law and the kernel (c1_own: per prompt, "
-           "mean over the query set), or, in c1_limit, the Gaussian limit sigma^2 U q for every law."),
-    Variable("mse_asymptotic", ("L",), "sharp asymptotic prediction",
-           "mean over queries of tr C(U q) / L, C the law's exact SNIS (delta-method) constant (Gaussian tokens: "
-           "exp(a'Sigma a)(tr Sigma + ||Sigma a||^2), a = U q)."),
-    Variable("mse_query", ("query", "L"), "per-query mean squared error",
-           "mean over prompts of ||f_L(q) - f_inf(q)||^2 for each query (c1_limit: Gaussian tokens)."),
-    Variable("mse_gauss", ("L",), "mean squared error to the Gaussian surrogate",
-           "mean over queries and prompts of ||V f_L(q) - V (m + Sigma U q)||^2, m and Sigma the tokens' mean and "
-           "covariance (Lemma 2.1 for N(m, Sigma))."),
-    Variable("bias_gauss", (), "exact squared bias of the Gaussian surrogate",
-           "mean over queries of ||V (grad K_mu(U q) - m - Sigma U q)||^2, mu the tokens' empirical law."),
-    Variable("weight_ratio", (), "inverse effective sample fraction",
-           "mean over queries of n sum_i w_i^2 / (sum_i w_i)^2, w_i = exp(z_i . U q) over the tokens' set: a prompt "
-           "of L tokens weighs like L / weight_ratio equal-weight tokens, so 1/L asymptotics need L >> weight_ratio."),
-    Variable("limit_sq", (), "squared size of the limit's signal",
-           "mean over queries of ||V (grad K_mu(U q) - m)||^2: the scale the bias and the relative error are "
-           "compared with."),
+    Variable("mse", ("L",), "mean squared error to the reference limit", "mean over queries and prompts of ||V "
+             "f_L(q) - V f_ref(q)||^2, f_L attention over the first L tokens of a prompt, f_ref the reference "
+             "limit: the exact limit of the tokens' law and the kernel (c1_own: per prompt, mean over the query "
+             "set), or, in c1_limit, the Gaussian limit sigma^2 U q for every law."),
+    Variable("mse_asymptotic", ("L",), "sharp asymptotic prediction", "mean over queries of tr C(U q) / L, C the "
+             "law's exact SNIS (delta-method) constant (Gaussian tokens: exp(a'Sigma a)(tr Sigma + ||Sigma a||^2), "
+             "a = U q)."),
+    Variable("mse_query", ("query", "L"), "per-query mean squared error", "mean over prompts of ||f_L(q) - "
+             "f_inf(q)||^2 for each query (c1_limit: Gaussian tokens)."),
+    Variable("mse_gauss", ("L",), "mean squared error to the Gaussian surrogate", "mean over queries and prompts of "
+             "||V f_L(q) - V (m + Sigma U q)||^2, m and Sigma the tokens' mean and covariance (Lemma 2.1 for N(m, "
+             "Sigma))."),
+    Variable("bias_gauss", (), "exact squared bias of the Gaussian surrogate", "mean over queries of ||V (grad "
+             "K_mu(U q) - m - Sigma U q)||^2, mu the tokens' empirical law."),
+    Variable("weight_ratio", (), "inverse effective sample fraction", "mean over queries of n sum_i w_i^2 / (sum_i "
+             "w_i)^2, w_i = exp(z_i . U q) over the tokens' set: a prompt of L tokens weighs like L / weight_ratio "
+             "equal-weight tokens, so 1/L asymptotics need L >> weight_ratio."),
+    Variable("limit_sq", (), "squared size of the limit's signal", "mean over queries of ||V (grad K_mu(U q) - "
+             "m)||^2: the scale the bias and the relative error are compared with."),
 )
 
 #: the family's cost model: seconds per unit on the reference machine (docs/performance.md, "Cost models"): a

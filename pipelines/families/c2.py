@@ -42,8 +42,8 @@ PARAMS = (
     Param("lr", "float", "gradient-descent step size of linear(inf)", 0.01, low=0, low_open=True),
     Param("n_steps", "int", "gradient-descent steps T (a multiple of ckpt_every)", 200, unit="steps", low=0),
     Param("ckpt_every", "int", "steps between checkpoints at which the gap is measured", 50, unit="steps", low=1),
-    Param("x_law", "str", "covariate law with covariance Sigma, a spec of sfxlin.laws.covariate_law: 'gaussian' (the "
-          "study), 'rademacher', 'uniform', 'student_t:DF' (DF > 2), 'gaussian_mixture:SPREAD'", "gaussian"),
+    Param("x_law", "str", "covariate law with covariance Sigma, a spec of sfxlin.laws.covariate_law: 'gaussian' "
+          "(the study), 'rademacher', 'uniform', 'student_t:DF' (DF > 2), 'gaussian_mixture:SPREAD'", "gaussian"),
     Param("trainer", "str", "'pairs' (antithetic partners summed first: the off-block gradient cancels exactly) or "
           "'simple' (training.train; its rounding seeds a GD instability of the block structure at small tau)",
           "pairs", choices=TRAINERS),
@@ -51,25 +51,25 @@ PARAMS = (
 
 _INF = "; +inf by design for tau <= 4 (the expectation diverges)."
 OUTPUTS = (
-    Variable("g", ("L", "t"), "gradient gap g_L(t) along the linear(inf) trajectory",
-           "sqrt(mean over prompt replicates and tasks of ||grad R_L^task - grad R_inf^task||^2) at theta_inf(t), "
-           "R^task one task's risk (mean over its queries) of softmax(L) resp. linear(inf), norm joint in (U, v)."),
-    Variable("g_risk", ("L", "t"), "gradient gap of the training risk",
-           "sqrt(mean over prompt replicates of ||grad R_L - grad R_inf||^2) at theta_inf(t), R the mean over "
-           "all tasks and queries (task noise averages out before the norm; diagnostic)."),
-    Variable("risk_inf", ("t",), "training risk of linear(inf)",
-           "mean over tasks and queries of 1/2 (v^T Gamma_w U z_q - y_q)^2 at the checkpoint."),
-    Variable("dist_bayes", ("t",), "distance of theta_inf(t) to the Bayes optimum",
-           "sqrt(||U - U*||_F^2 + ||v - v*||^2), (U*, v*) of Remark 5.2 (balanced manifold)."),
-    Variable("logit_factor", ("t",), "empirical logit factor exp(a^T Gamma_w a)",
-           "mean over tasks and queries of exp(a^T Gamma_w a), a = U z_q, at theta_inf(t): the exponential "
-           "factor of the finite-L constant (docs/models.md, section 1)."),
-    Variable("off_block", ("t",), "off-block mass of theta_inf(t)",
-           "norm of U outside its top-left d x d block together with v[:d] (measured, never imposed)."),
-    Variable("U_inf", ("t", "row", "col"), "attention matrix U of linear(inf)",
-           "gradient-descent iterate with Gamma_w at the checkpoint."),
-    Variable("v_inf", ("t", "row"), "read-out vector v of linear(inf)",
-           "gradient-descent iterate with Gamma_w at the checkpoint."),
+    Variable("g", ("L", "t"), "gradient gap g_L(t) along the linear(inf) trajectory", "sqrt(mean over prompt "
+             "replicates and tasks of ||grad R_L^task - grad R_inf^task||^2) at theta_inf(t), R^task one task's "
+             "risk (mean over its queries) of softmax(L) resp. linear(inf), norm joint in (U, v)."),
+    Variable("g_risk", ("L", "t"), "gradient gap of the training risk", "sqrt(mean over prompt replicates of ||grad "
+             "R_L - grad R_inf||^2) at theta_inf(t), R the mean over all tasks and queries (task noise averages out "
+             "before the norm; diagnostic)."),
+    Variable("risk_inf", ("t",), "training risk of linear(inf)", "mean over tasks and queries of 1/2 (v^T Gamma_w U "
+             "z_q - y_q)^2 at the checkpoint."),
+    Variable("dist_bayes", ("t",), "distance of theta_inf(t) to the Bayes optimum", "sqrt(||U - U*||_F^2 + ||v - "
+             "v*||^2), (U*, v*) of Remark 5.2 (balanced manifold)."),
+    Variable("logit_factor", ("t",), "empirical logit factor exp(a^T Gamma_w a)", "mean over tasks and queries of "
+             "exp(a^T Gamma_w a), a = U z_q, at theta_inf(t): the exponential factor of the finite-L constant "
+             "(docs/models.md, section 1)."),
+    Variable("off_block", ("t",), "off-block mass of theta_inf(t)", "norm of U outside its top-left d x d block "
+             "together with v[:d] (measured, never imposed)."),
+    Variable("U_inf", ("t", "row", "col"), "attention matrix U of linear(inf)", "gradient-descent iterate with "
+             "Gamma_w at the checkpoint."),
+    Variable("v_inf", ("t", "row"), "read-out vector v of linear(inf)", "gradient-descent iterate with Gamma_w at "
+             "the checkpoint."),
     Variable("gap_constant", (), "gradient-gap constant K = lim L E g_L^2 at the Bayes optimum",
            "gradient_gap.gap_constant(s I_d, n_queries): exponential factors exact, polynomial moments by Monte Carlo "
            "(gap_samples draws)" + _INF, allow_nonfinite=True),

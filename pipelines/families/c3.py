@@ -147,7 +147,8 @@ PARAMS = (
           grid=True),
     Param("Sigma_isotropic", "covariance", f"covariance of the 'isotropic' setting: {_SPEC}", "isotropic"),
     Param("Sigma_anisotropic", "covariance", f"covariance of the 'anisotropic' setting: {_SPEC}", "diagonal:2/1/0.5"),
-    Param("Sigma_rademacher", "covariance", f"covariance of the Rademacher control, x = Sigma^{{1/2}} r: {_SPEC}", "isotropic"),
+    Param("Sigma_rademacher", "covariance", f"covariance of the Rademacher control, x = Sigma^{{1/2}} r: {_SPEC}",
+          "isotropic"),
     Param("L", "int_list", "nested training prompt lengths", [8, 16, 32], unit="tokens", low=1, order="increasing",
           min_len=3, why="the analysis fits log-log slopes in L"),
     Param("n_pairs", "int", "antithetic training task pairs (w, -w) per cell", 4, low=1),
@@ -169,68 +170,67 @@ PARAMS = (
 
 _GM = ("model", "L")
 OUTPUTS = (
-    Variable("U", _GM + ("t", "row", "col"), "attention matrix U of model(L)",
-           "gradient-descent iterate at the checkpoint (main run, Eq. 9 init, same tasks for every model and L)."),
+    Variable("U", _GM + ("t", "row", "col"), "attention matrix U of model(L)", "gradient-descent iterate at the "
+             "checkpoint (main run, Eq. 9 init, same tasks for every model and L)."),
     Variable("v", _GM + ("t", "row"), "read-out vector v of model(L)", "gradient-descent iterate at the checkpoint "
-           "(main run)."),
-    Variable("U_inf", ("t", "row", "col"), "attention matrix U of linear(inf) (theta_inf)",
-           "gradient descent with Gamma_w (Lemma 2.1 limit) from the same init on the same tasks."),
-    Variable("v_inf", ("t", "row"), "read-out vector v of linear(inf) (theta_inf)",
-           "gradient descent with Gamma_w (Lemma 2.1 limit) from the same init on the same tasks."),
-    Variable("risk_train", _GM + ("t",), "training risk of model(L)",
-           "mean over training tasks and queries of 1/2 (pred - y_q)^2 at the checkpoint parameters, prompt length L."),
-    Variable("risk_train_T", _GM, "final training risk of model(L)",
-           "mean over training tasks and queries of 1/2 (pred - y_q)^2 at T."),
-    Variable("risk_inf", ("t",), "training risk of linear(inf)",
-           "mean over training tasks and queries of 1/2 (v^T Gamma_w U z_q - y_q)^2 at the checkpoint."),
+             "(main run)."),
+    Variable("U_inf", ("t", "row", "col"), "attention matrix U of linear(inf) (theta_inf)", "gradient descent with "
+             "Gamma_w (Lemma 2.1 limit) from the same init on the same tasks."),
+    Variable("v_inf", ("t", "row"), "read-out vector v of linear(inf) (theta_inf)", "gradient descent with Gamma_w "
+             "(Lemma 2.1 limit) from the same init on the same tasks."),
+    Variable("risk_train", _GM + ("t",), "training risk of model(L)", "mean over training tasks and queries of 1/2 "
+             "(pred - y_q)^2 at the checkpoint parameters, prompt length L."),
+    Variable("risk_train_T", _GM, "final training risk of model(L)", "mean over training tasks and queries of 1/2 "
+             "(pred - y_q)^2 at T."),
+    Variable("risk_inf", ("t",), "training risk of linear(inf)", "mean over training tasks and queries of 1/2 (v^T "
+             "Gamma_w U z_q - y_q)^2 at the checkpoint."),
     Variable("risk_inf_T", (), "final training risk of linear(inf)", "with Gamma_w (noise in its label corner) at T."),
-    Variable("D_inf", _GM + ("t",), "distance of theta_L(t) to theta_inf(t)",
-           "sqrt(||U_L(t) - U_inf(t)||_F^2 + ||v_L(t) - v_inf(t)||^2) at the same step t (same tasks and Eq. 9 "
-           "init for every model and L; 0 at t = 0)."),
-    Variable("D_inf_max", _GM, "max_t distance of theta_L(t) to theta_inf(t)",
-           "max over checkpoints of sqrt(||U_L(t) - U_inf(t)||_F^2 + ||v_L(t) - v_inf(t)||^2), same tasks and init."),
+    Variable("D_inf", _GM + ("t",), "distance of theta_L(t) to theta_inf(t)", "sqrt(||U_L(t) - U_inf(t)||_F^2 + "
+             "||v_L(t) - v_inf(t)||^2) at the same step t (same tasks and Eq. 9 init for every model and L; 0 at t "
+             "= 0)."),
+    Variable("D_inf_max", _GM, "max_t distance of theta_L(t) to theta_inf(t)", "max over checkpoints of "
+             "sqrt(||U_L(t) - U_inf(t)||_F^2 + ||v_L(t) - v_inf(t)||^2), same tasks and init."),
     Variable("D_linL", ("L", "t"), "distance between softmax(L) and linear(L) at the same L and t",
-           "sqrt(||U_softmax - U_linear||_F^2 + ||v_softmax - v_linear||^2): the softmax nonlinearity at L."),
-    Variable("D_linL_max", ("L",), "max_t distance between softmax(L) and linear(L)",
-           "max over checkpoints of the parameter distance of the two models trained at the same L."),
-    Variable("dist_bayes", _GM + ("t",), "distance of theta_L(t) to the Bayes optimum",
-           "sqrt(||U - U*||_F^2 + ||v - v*||^2), (U*, v*) of Remark 5.2 for the setting's Sigma."),
-    Variable("dist_bayes_inf", ("t",), "distance of theta_inf(t) to the Bayes optimum",
-           "sqrt(||U_inf - U*||_F^2 + ||v_inf - v*||^2), (U*, v*) of Remark 5.2."),
-    Variable("off_block", _GM + ("t",), "off-block mass of theta_L(t)",
-           "sqrt(||U[d, :]||^2 + ||U[:d, d]||^2 + ||v[:d]||^2), measured (never imposed), main run."),
-    Variable("off_block_max", _GM, "max_t off-block mass of theta_L(t)",
-           "max over checkpoints of sqrt(||U[d, :]||^2 + ||U[:d, d]||^2 + ||v[:d]||^2), measured, never imposed."),
-    Variable("off_block_inf", ("t",), "off-block mass of theta_inf(t)",
-           "sqrt(||U[d, :]||^2 + ||U[:d, d]||^2 + ||v[:d]||^2) of linear(inf), main run."),
+             "sqrt(||U_softmax - U_linear||_F^2 + ||v_softmax - v_linear||^2): the softmax nonlinearity at L."),
+    Variable("D_linL_max", ("L",), "max_t distance between softmax(L) and linear(L)", "max over checkpoints of the "
+             "parameter distance of the two models trained at the same L."),
+    Variable("dist_bayes", _GM + ("t",), "distance of theta_L(t) to the Bayes optimum", "sqrt(||U - U*||_F^2 + ||v "
+             "- v*||^2), (U*, v*) of Remark 5.2 for the setting's Sigma."),
+    Variable("dist_bayes_inf", ("t",), "distance of theta_inf(t) to the Bayes optimum", "sqrt(||U_inf - U*||_F^2 + "
+             "||v_inf - v*||^2), (U*, v*) of Remark 5.2."),
+    Variable("off_block", _GM + ("t",), "off-block mass of theta_L(t)", "sqrt(||U[d, :]||^2 + ||U[:d, d]||^2 + "
+             "||v[:d]||^2), measured (never imposed), main run."),
+    Variable("off_block_max", _GM, "max_t off-block mass of theta_L(t)", "max over checkpoints of sqrt(||U[d, "
+             ":]||^2 + ||U[:d, d]||^2 + ||v[:d]||^2), measured, never imposed."),
+    Variable("off_block_inf", ("t",), "off-block mass of theta_inf(t)", "sqrt(||U[d, :]||^2 + ||U[:d, d]||^2 + "
+             "||v[:d]||^2) of linear(inf), main run."),
     Variable("off_block_inf_max", (), "max_t off-block mass of theta_inf(t)", "as off_block_max, for linear(inf)."),
-    Variable("conservation", _GM + ("t",), "||U||_F^2 - ||v||^2 of theta_L(t)",
-           "conserved by the linear gradient flows (0 at the Eq. 9 init); gradient descent drifts by O(lr^2)."),
-    Variable("conservation_inf", ("t",), "||U||_F^2 - ||v||^2 of theta_inf(t)",
-           "0 at the Eq. 9 init and conserved by the gradient flow; gradient descent drifts by O(lr^2) a step."),
+    Variable("conservation", _GM + ("t",), "||U||_F^2 - ||v||^2 of theta_L(t)", "conserved by the linear gradient "
+             "flows (0 at the Eq. 9 init); gradient descent drifts by O(lr^2)."),
+    Variable("conservation_inf", ("t",), "||U||_F^2 - ||v||^2 of theta_inf(t)", "0 at the Eq. 9 init and conserved "
+             "by the gradient flow; gradient descent drifts by O(lr^2) a step."),
     Variable("norm_inf", ("t",), "norm of theta_inf(t)", "sqrt(||U_inf(t)||_F^2 + ||v_inf(t)||^2)."),
     Variable("norm_inf_T", (), "norm of theta_inf(T)", "sqrt(||U_inf(T)||_F^2 + ||v_inf(T)||^2)."),
     Variable("risk_heldout", _GM + ("t_heldout",), "held-out risk of model(L) at its training L",
-           "mean over held-out tasks and queries of 1/2 (pred - y_q)^2, theta_L(t) evaluated with held-out prompts "
-           "of length L (softmax(L) resp. linear(L) with the held-out Ghat_L)."),
-    Variable("risk_heldout_init", _GM, "held-out risk of model(L) at the init",
-           "mean over held-out tasks and queries of 1/2 (pred - y_q)^2, Eq. 9 init, held-out prompts of length L."),
-    Variable("risk_heldout_T", _GM, "held-out risk of model(L) at T",
-           "as risk_heldout_init, at the trained parameters theta_L(T)."),
-    Variable("risk_heldout_inf", ("t_heldout",), "held-out risk of theta_inf under linear(inf)",
-           "mean over held-out tasks and queries of 1/2 (v^T Gamma_w U z_q - y_q)^2."),
-    Variable("risk_heldout_inf_T", (), "held-out risk of theta_inf(T) under linear(inf)",
-           "mean over held-out tasks and queries of 1/2 (v^T Gamma_w U z_q - y_q)^2 at T."),
+             "mean over held-out tasks and queries of 1/2 (pred - y_q)^2, theta_L(t) evaluated with held-out "
+             "prompts of length L (softmax(L) resp. linear(L) with the held-out Ghat_L)."),
+    Variable("risk_heldout_init", _GM, "held-out risk of model(L) at the init", "mean over held-out tasks and "
+             "queries of 1/2 (pred - y_q)^2, Eq. 9 init, held-out prompts of length L."),
+    Variable("risk_heldout_T", _GM, "held-out risk of model(L) at T", "as risk_heldout_init, at the trained "
+             "parameters theta_L(T)."),
+    Variable("risk_heldout_inf", ("t_heldout",), "held-out risk of theta_inf under linear(inf)", "mean over "
+             "held-out tasks and queries of 1/2 (v^T Gamma_w U z_q - y_q)^2."),
+    Variable("risk_heldout_inf_T", (), "held-out risk of theta_inf(T) under linear(inf)", "mean over held-out tasks "
+             "and queries of 1/2 (v^T Gamma_w U z_q - y_q)^2 at T."),
     Variable("risk_bayes_ridge", ("L",), "held-out risk of the posterior mean of w (the Bayes estimator)",
            "sfxlin.baselines.posterior_mean (ridge at the Bayes penalty noise^2 for w ~ N(0, I)) on the held-out "
            "prompts of length L: the Monte Carlo Bayes floor of the task (rounding level once L >= d when noiseless)."),
     Variable("risk_pgd", ("L",), "held-out risk of one step of optimally preconditioned gradient descent",
-           "w_hat = Gamma_L (1/L) sum_k y_k x_k with the risk-minimising Gamma_L = [(1 + 1/L) Sigma + (tr Sigma / L) "
-           "I]^{-1} for centred Gaussian covariates (sfxlin.baselines.pgd; the optimum of linear(L) attention), "
-           "held-out prompts of length L."),
-    Variable("n_exact_shift_steps", (), "softmax steps with the exact max shift (main run)",
-           "engine diagnostic: steps whose cached log-sum-exp shift was out of range and were recomputed exactly.",
-           units="steps"),
+             "w_hat = Gamma_L (1/L) sum_k y_k x_k with the risk-minimising Gamma_L = [(1 + 1/L) Sigma + (tr Sigma / "
+             "L) I]^{-1} for centred Gaussian covariates (sfxlin.baselines.pgd; the optimum of linear(L) "
+             "attention), held-out prompts of length L."),
+    Variable("n_exact_shift_steps", (), "softmax steps with the exact max shift (main run)", "engine diagnostic: "
+             "steps whose cached log-sum-exp shift was out of range and were recomputed exactly.", units="steps"),
     Variable("norm_star", (), "norm of theta_star", "sqrt(||U*||_F^2 + ||v*||^2) = sqrt(2) ||Sigma^-1||_F^(1/2)."),
 )
 

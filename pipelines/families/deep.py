@@ -130,8 +130,8 @@ PARAMS = (
           parts=_A),
     Param("lambda_cap", "float", "(a) every head's U is scaled down, layer by layer, until lambda_{l,h} = "
           "||Sigma_l^(1/2) U_{l,h} Sigma_l^(1/2)||_op^2 <= lambda_cap on every task (models.cap_lambdas): below 1/2 "
-          "softmax's error constant has a finite mean over Gaussian queries, below 1/4 a finite variance", 0.2,
-          low=0, low_open=True, parts=_A),
+          "softmax's error constant has a finite mean over Gaussian queries, below 1/4 a finite variance", 0.2, low=0,
+          low_open=True, parts=_A),
     C3.param("n_pairs"), C3.param("n_queries"),
     Param("depths", "int_list", "(b) depths K trained", [1], low=1, order="increasing", grid=True, parts=_B),
     Param("L_train", "int_list", "(b) prompt lengths trained", [4, 8, 16], unit="tokens", low=1, order="increasing",
@@ -139,43 +139,42 @@ PARAMS = (
     Param("train_pairs", "int", "(b) antithetic training task pairs", 2, low=1, parts=_B),
     Param("train_queries", "int", "(b) queries per training and held-out task", 4, low=1, parts=_B),
     C3.param("heldout_pairs"),
-    Param("method", "str", "(b) optimiser: 'adam' (default) or 'gd' (gradient descent; at lr 0.03 it diverged "
-          "for a depth-2, 2-head limit model)", "adam", choices=METHODS, parts=_B),
+    Param("method", "str", "(b) optimiser: 'adam' (default) or 'gd' (gradient descent; at lr 0.03 it diverged for a "
+          "depth-2, 2-head limit model)", "adam", choices=METHODS, parts=_B),
     C3.param("lr"), C3.param("n_steps"), C3.param("ckpt_every"),
 )
 
 _AO, _BO = ("kernel", "layer", "L"), ("model", "L_train")
 OUTPUTS = (
-    Variable("err", _AO, "squared output error against the deep limit",
-           "mean over tasks and queries of (pred_L - pred_inf)^2 after layer l (the depth-l model), pred_inf = "
-           "v . A_l ... A_1 z_q."),
-    Variable("err_median", _AO, "median squared output error against the deep limit",
-           "median over tasks and queries of (pred_L - pred_inf)^2 after layer l (robust to the heavy tail of the "
-           "softmax constant over tasks and queries)."),
-    Variable("cov_err", _AO, "relative error of the token second moment",
-           "mean over tasks of ||Z_l^T Z_l / L - Sigma_l||_F / ||Sigma_l||_F, tokens entering layer l, Sigma_l the "
-           "Gaussian pushforward A_{l-1} Sigma_{l-1} A_{l-1}^T, Sigma_1 = Gamma_w."),
-    Variable("out_sq", ("layer",), "mean squared limit output",
-           "mean over tasks and queries of pred_inf^2 after layer l (the scale of err)."),
-    Variable("lambda_drawn", ("layer",), "largest lambda of the drawn model",
-           "max over heads and tasks of lambda_{l,h} = ||Sigma_l^(1/2) U_{l,h} Sigma_l^(1/2)||_op^2 (Sigma_1 = "
-           "Gamma_w) of the model as drawn, before lambda_cap."),
-    Variable("lambda_max", ("layer",), "largest lambda of the model measured",
-           "max over heads and tasks of lambda_{l,h} after every head is capped at lambda_cap (models.cap_lambdas)."),
-    Variable("U_shrink", ("layer",), "smallest factor a head's U was scaled by",
-           "min over heads of the factor c <= 1 applied to U_{l,h} by the cap (1: no head of the layer capped)."),
-    Variable("D_inf", _BO + ("t",), "distance to the limit model's trajectory",
-           "||theta_L(t) - theta_inf(t)|| over all parameters (U, V, v), same initialisation and tasks."),
-    Variable("D_linL", ("L_train", "t"), "distance between softmax(L) and linear(L)",
-           "||theta_L^softmax(t) - theta_L^linear(t)|| over all parameters."),
-    Variable("risk", _BO + ("t",), "training risk",
-           "mean over training tasks and queries of 1/2 (pred - y_q)^2 at the checkpoint."),
-    Variable("risk_inf", ("t",), "training risk of the deep limit model",
-           "mean over training tasks and queries of 1/2 (v . A_K ... A_1 z_q - y_q)^2, Sigma_1 = Gamma_w."),
-    Variable("risk_heldout", _BO + ("stage",), "held-out risk at the training L",
-           "mean over held-out tasks and queries of 1/2 (pred - y_q)^2 at the initialisation and at the end."),
-    Variable("risk_heldout_inf", ("stage",), "held-out risk of the deep limit model",
-           "as risk_heldout, for the limit model under its limit."),
+    Variable("err", _AO, "squared output error against the deep limit", "mean over tasks and queries of (pred_L - "
+             "pred_inf)^2 after layer l (the depth-l model), pred_inf = v . A_l ... A_1 z_q."),
+    Variable("err_median", _AO, "median squared output error against the deep limit", "median over tasks and "
+             "queries of (pred_L - pred_inf)^2 after layer l (robust to the heavy tail of the softmax constant over "
+             "tasks and queries)."),
+    Variable("cov_err", _AO, "relative error of the token second moment", "mean over tasks of ||Z_l^T Z_l / L - "
+             "Sigma_l||_F / ||Sigma_l||_F, tokens entering layer l, Sigma_l the Gaussian pushforward A_{l-1} "
+             "Sigma_{l-1} A_{l-1}^T, Sigma_1 = Gamma_w."),
+    Variable("out_sq", ("layer",), "mean squared limit output", "mean over tasks and queries of pred_inf^2 after "
+             "layer l (the scale of err)."),
+    Variable("lambda_drawn", ("layer",), "largest lambda of the drawn model", "max over heads and tasks of "
+             "lambda_{l,h} = ||Sigma_l^(1/2) U_{l,h} Sigma_l^(1/2)||_op^2 (Sigma_1 = Gamma_w) of the model as "
+             "drawn, before lambda_cap."),
+    Variable("lambda_max", ("layer",), "largest lambda of the model measured", "max over heads and tasks of "
+             "lambda_{l,h} after every head is capped at lambda_cap (models.cap_lambdas)."),
+    Variable("U_shrink", ("layer",), "smallest factor a head's U was scaled by", "min over heads of the factor c <= "
+             "1 applied to U_{l,h} by the cap (1: no head of the layer capped)."),
+    Variable("D_inf", _BO + ("t",), "distance to the limit model's trajectory", "||theta_L(t) - theta_inf(t)|| over "
+             "all parameters (U, V, v), same initialisation and tasks."),
+    Variable("D_linL", ("L_train", "t"), "distance between softmax(L) and linear(L)", "||theta_L^softmax(t) - "
+             "theta_L^linear(t)|| over all parameters."),
+    Variable("risk", _BO + ("t",), "training risk", "mean over training tasks and queries of 1/2 (pred - y_q)^2 at "
+             "the checkpoint."),
+    Variable("risk_inf", ("t",), "training risk of the deep limit model", "mean over training tasks and queries of "
+             "1/2 (v . A_K ... A_1 z_q - y_q)^2, Sigma_1 = Gamma_w."),
+    Variable("risk_heldout", _BO + ("stage",), "held-out risk at the training L", "mean over held-out tasks and "
+             "queries of 1/2 (pred - y_q)^2 at the initialisation and at the end."),
+    Variable("risk_heldout_inf", ("stage",), "held-out risk of the deep limit model", "as risk_heldout, for the "
+             "limit model under its limit."),
     Variable("norm_inf", (), "norm of the trained limit model", "||theta_inf(T)|| over all parameters."),
 )
 
