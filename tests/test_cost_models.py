@@ -16,7 +16,7 @@ from sfxlin.engine.execution import compute
 from sfxlin.engine.experiments import experiments, get
 from sfxlin.engine.plan import make_plan
 from sfxlin.engine.storage import save
-from sfxlin.engine.sweep import build
+from sfxlin.engine.sweep import build, run_cell
 from sfxlin.engine.verify import timeline_rows
 
 
@@ -91,6 +91,9 @@ SCALED = [
 
 @pytest.mark.parametrize("name, part, scaled", SCALED)
 def test_the_model_scales_as_the_runs_do(name, part, scaled, tmp_path):
+    experiment = get(name)
+    config = experiment.configure("quick")
+    run_cell(experiment, config, _first_cell(experiment, config, part), part)   # imports and caches warm first
     (model_base, run_base), (model_scaled, run_scaled) = (_record(name, sets, tmp_path / str(i))[part]
                                                           for i, sets in enumerate(([], scaled)))
     modelled, measured = model_scaled / model_base, run_scaled / run_base
