@@ -363,7 +363,7 @@ def _end_Lg2(g, t_dim, seed_dim):
 
 def constant_ratio(ds: xr.Dataset) -> xr.Dataset:
     """``L g_L(T)^2 / K`` (seed-pooled ``L g^2`` at the end of training over the gradient-gap
-    constant ``K``, :func:`sfxlin.stability.gap_constant`) for every tau > 4 and L: ``iso (tau, L)``
+    constant ``K``, :func:`sfxlin.gradient_gap.gap_constant`) for every tau > 4 and L: ``iso (tau, L)``
     and, when the file has families, ``families (family, tau, L)``. Tends to 1 as L -> infinity when
     theta_inf(T) is at the Bayes optimum."""
     keep = ds.tau.values > TAU_STAR
@@ -789,7 +789,7 @@ def _constant_table(ds, why):
                        "ratio_first": column(r.isel(L=0), f"Lg2/K L={int(ds.L[0])}", ".3g"),
                        "ratio_last": column(r.isel(L=-1), f"Lg2/K L={int(ds.L[-1])}", ".3g")},
                       formats={"tau": ".3f"}, title="per tau > 4: the gradient-gap constant and L g_L(T)^2 / K",
-                      notes="K = lim L E g_L^2 at the Bayes optimum (stability.gap_constant); Lg2: seed-pooled "
+                      notes="K = lim L E g_L^2 at the Bayes optimum (gradient_gap.gap_constant); Lg2: seed-pooled "
                             "L g_L(T)^2 at the end of training")
 
 

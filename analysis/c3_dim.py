@@ -7,7 +7,7 @@ excess risk, the steps T_conv each run needed and their growth in d, verdicts an
   ``theta_inf(t)`` over the run), log-log slope in ``L`` of its seed mean per ``(setting, d)``, over
   the ``L`` trained at that ``d`` (finite in every seed).
 * **Risk slope.** The held-out excess risk of softmax(L) over ``theta_inf(T)``:
-  ``risk_heldout(softmax, L) - risk_heldout_inf``, both Monte Carlo on the SAME held-out tasks and
+  ``risk_heldout_T(softmax, L) - risk_heldout_inf_T``, both Monte Carlo on the SAME held-out tasks and
   queries (so the task-to-task spread cancels; the exact population risk of ``theta_inf(T)`` would
   leave it in). It is what softmax(L) pays at finite ``L`` over its limit: the transfer says it
   vanishes as ``L`` grows. (Over linear(L) the difference has no sign: softmax(L) and linear(L)
@@ -54,8 +54,8 @@ def curves(ds: xr.Dataset) -> dict:
     sm = _softmax(ds)
     order = ("setting", "d", "seed", "model", "L")
     D = ds.D_inf_max.transpose(*order).values[:, :, :, sm]
-    ho = ds.risk_heldout.transpose(*order).values[:, :, :, sm]
-    inf = ds.risk_heldout_inf.transpose("setting", "d", "seed").values[..., None]
+    ho = ds.risk_heldout_T.transpose(*order).values[:, :, :, sm]
+    inf = ds.risk_heldout_inf_T.transpose("setting", "d", "seed").values[..., None]
     return {"D": D, "excess": ho - inf, "L": ds.L.values.astype(float),
             "settings": [str(s) for s in ds.setting.values], "ds": [int(d) for d in ds.d.values]}
 
@@ -198,7 +198,7 @@ def _T_iso(sh):
           "<", 1e-8, reference="c3_transfer, c3_horizon: 0 (exact antithetic cancellation)",
           reason="the odd symmetry under w -> -w is exact at every d")
 def _block(sh):
-    ob = sh.ds.off_block.transpose("setting", "d", "seed", "model", "L").values
+    ob = sh.ds.off_block_max.transpose("setting", "d", "seed", "model", "L").values
     return list(np.nanmax(ob.reshape(ob.shape[0] * ob.shape[1], -1), axis=1))
 
 
@@ -236,7 +236,7 @@ def fit_tables(ds: xr.Dataset) -> dict:
     rel = ds.risk_pop_inf / ds.risk_pop_init
     tables["theta_inf"] = make_table(
         {"rel": column(rel.max("seed"), "pop. risk / init (max over seeds)", ".3g"),
-         "star": column((ds.dist_star_inf / ds.norm_star).max("seed"), "||th_inf - th*|| / ||th*|| (max)", ".3g"),
+         "star": column((ds.dist_star_inf_T / ds.norm_star).max("seed"), "||th_inf - th*|| / ||th*|| (max)", ".3g"),
          "train": column(ds.risk_train_inf.max("seed"), "training risk (max)", ".3g"),
          "pairs": column(ds.n_pairs.max("seed"), "pairs", ".0f")},
         title="theta_inf(T_conv): exact population risk relative to the init, distance to theta_star (Remark 5.2), "

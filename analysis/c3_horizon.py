@@ -3,7 +3,7 @@ distance to the Bayes optimum, verdicts and the figure, from a ``c3_horizon`` re
 (its variables: pipelines/c3_horizon.py; what they show: docs/claims.md, "C3 horizon").
 
 Reads ``D_inf(setting, seed, model, L, t)``, ``norm_inf(setting, seed, t)``, ``dist_star`` (as
-``D_inf``), ``dist_star_inf``, ``norm_star``, ``risk_inf``, ``conservation_inf``, ``off_block`` and
+``D_inf``), ``dist_star_inf``, ``norm_star``, ``risk_inf``, ``conservation_inf``, ``off_block_max`` and
 the coordinate ``t`` (the checkpoint steps, log-spaced).
 
 * **Horizon.** ``T*(L, eps)``: the first checkpoint ``t`` at which ``D_inf > eps ||theta_inf(t)||``,
@@ -163,7 +163,7 @@ class _Runs:
         self.risk_inf = ds.risk_inf.transpose("setting", "seed", "t").values[..., -1]
         self.star_rel = (ds.dist_star_inf.transpose("setting", "seed", "t").values[..., -1]
                          / ds.norm_star.transpose("setting", "seed").values)
-        self.off_block = ds.off_block.transpose("setting", "seed", "model", "L").values.max(axis=(-2, -1))
+        self.off_block = ds.off_block_max.transpose("setting", "seed", "model", "L").values.max(axis=(-2, -1))
         self.n_seeds = ds.sizes["seed"]
 
     def gamma(self, e, s, ends="mid", alpha=0.05):

@@ -42,18 +42,18 @@ def summaries(ds: xr.Dataset) -> xr.Dataset:
     """Seed-mean curves over ``L`` per setting, and the covariance summary figures as coordinates."""
     sm = dict(model="softmax")
     curves = {
-        "excess": (ds.risk_heldout.sel(**sm) - ds.risk_bayes_ridge),
-        "risk_heldout": ds.risk_heldout.sel(**sm),
-        "risk_heldout_linear": ds.risk_heldout.sel(model="linear"),
-        "D_inf": ds.D_inf.sel(**sm),
-        "D_inf_linear": ds.D_inf.sel(model="linear"),
-        "D_linL": ds.D_linL,
-        "off_block": ds.off_block.sel(**sm),
+        "excess": (ds.risk_heldout_T.sel(**sm) - ds.risk_bayes_ridge),
+        "risk_heldout": ds.risk_heldout_T.sel(**sm),
+        "risk_heldout_linear": ds.risk_heldout_T.sel(model="linear"),
+        "D_inf": ds.D_inf_max.sel(**sm),
+        "D_inf_linear": ds.D_inf_max.sel(model="linear"),
+        "D_linL": ds.D_linL_max,
+        "off_block": ds.off_block_max.sel(**sm),
         "risk_bayes_ridge": ds.risk_bayes_ridge,
         "risk_pgd": ds.risk_pgd,
         "risk_pgd_theory": ds.risk_pgd_theory,
         "limit_gap": ds.limit_gap,
-        "norm_inf": ds.norm_inf,
+        "norm_inf": ds.norm_inf_T,
     }
     out = xr.Dataset({k: da.drop_vars("model", errors="ignore") for k, da in curves.items()}).mean("seed")
     summ = {k: ds[f"Sigma_{k}"] for k in ("trace", "op_norm", "condition", "tr_inv2") if f"Sigma_{k}" in ds}
@@ -80,9 +80,9 @@ def slopes(ds: xr.Dataset, *, cov_type: str | None = None, alpha: float = 0.05) 
     ``cov_type="nonrobust"``: the plain OLS SE of the mean curve, by name) and ``n_units`` (seeds). The
     excess slope is NaN in a setting whose seed-mean excess is not positive at every L."""
     sm = dict(model="softmax")
-    excess = (ds.risk_heldout.sel(**sm) - ds.risk_bayes_ridge).drop_vars("model", errors="ignore")
+    excess = (ds.risk_heldout_T.sel(**sm) - ds.risk_bayes_ridge).drop_vars("model", errors="ignore")
     positive = (excess.mean("seed") > 0).all("L")
-    D, D_linL = ds.D_inf.sel(**sm).drop_vars("model", errors="ignore"), ds.D_linL
+    D, D_linL = ds.D_inf_max.sel(**sm).drop_vars("model", errors="ignore"), ds.D_linL_max
     out = {}
     for name, da in (("excess", excess.where(positive, 1.0)), ("D_inf", D), ("D_linL", D_linL)):
         out[name], out[f"{name}_se"] = _seed_slope(da, cov_type, alpha)
@@ -143,9 +143,9 @@ def _curves(ds) -> dict:
         v = v.isel(at) if at else v
         return v.transpose(*_SETTING, "seed", ...).values.mean(axis=len(_SETTING))
 
-    return {"excess": m("risk_heldout", model=model["softmax"]) - m("risk_bayes_ridge"),
-            "D": m("D_inf", model=model["softmax"]), "D_linL": m("D_linL"),
-            "off_block": m("off_block", model=model["softmax"]), "gap": m("limit_gap"),
+    return {"excess": m("risk_heldout_T", model=model["softmax"]) - m("risk_bayes_ridge"),
+            "D": m("D_inf_max", model=model["softmax"]), "D_linL": m("D_linL_max"),
+            "off_block": m("off_block_max", model=model["softmax"]), "gap": m("limit_gap"),
             "scale": m("risk_heldout_init", model=model["linear"], L=-1), "mean_norm": ds.mean_norm.values,
             "L": ds.L.values.astype(float)}
 

@@ -23,13 +23,14 @@ def agreement(path, n_last=6):
     """Rows ``(setting, seed, L, lr*lambda_max range, rho range, measured range, final/eps)``."""
     import xarray as xr
 
-    from sfxlin import curvature, icl, laws
+    from sfxlin import covariance, curvature, icl, laws
     from sfxlin.pipelines import c3_transfer as c3
+    from sfxlin.pipelines.families.c3 import SETTINGS
     from sfxlin.engine.sweep import cell_rng
 
     with xr.open_dataset(path) as ds:
         ds = ds.load()
-    cfg = json.loads(ds.attrs["config"])
+    cfg = dict(c3.EXPERIMENT.configure(None, values=json.loads(ds.attrs["config"])))   # a version-1 matrix: a spec
     Ls, lr = cfg["L"], cfg["lr"]
     if "off_block_perturbed" not in ds or not np.all(np.isfinite(ds.off_block_perturbed.sel(model="softmax")
                                                                  .where(ds.in_protocol == 1, 1.0))):
@@ -40,9 +41,9 @@ def agreement(path, n_last=6):
     for setting in cfg["settings"]:
         for seed in range(c3.seeds_of(cfg, setting)):
             rng = cell_rng(c3.NAME, {"setting": setting, "seed": seed}, cfg["root_seed"])
-            Sigma = np.asarray(cfg[f"Sigma_{setting}"], dtype=float)
+            Sigma = covariance.from_spec(cfg[f"Sigma_{setting}"], cfg["d"])
             tasks = icl.make_tasks(rng, cfg["d"], cfg["n_pairs"], cfg["n_queries"], Ls[-1],
-                                   laws.covariate_law(c3.SETTINGS[setting], Sigma))
+                                   laws.covariate_law(SETTINGS[setting], Sigma))
             cell = ds.sel(setting=setting, seed=seed, model="softmax")
             H = curvature.off_block_hessian("softmax", tasks, Ls, cell.U.values[:, tsel], cell.v.values[:, tsel])
             lo, hi = curvature.curvature_extremes(H)

@@ -36,22 +36,23 @@ def seed_loop(path):
     returns the largest relative difference of its trajectories and held-out risks from the file's."""
     import xarray as xr
 
-    from sfxlin import icl, laws
+    from sfxlin import covariance, icl, laws
     from sfxlin.pipelines import c3_transfer as c3
+    from sfxlin.pipelines.families.c3 import SETTINGS
     from sfxlin.engine.sweep import cell_rng
     from sfxlin.testing import reference_c3
 
     with xr.open_dataset(path) as ds:
         ds = ds.load()
-    config = json.loads(ds.attrs["config"])
+    config = c3.EXPERIMENT.configure(None, values=json.loads(ds.attrs["config"]))   # a version-1 matrix: a spec
     Ls, L_eval = config["L"], config["L_eval"]
     kw = dict(lr=config["lr"], n_steps=config["n_steps"], ckpt_every=config["ckpt_every"])
     worst = 0.0
     for setting in config["settings"]:
         for seed in range(c3.seeds_of(config, setting)):
             rng = cell_rng(c3.NAME, {"setting": setting, "seed": seed}, config["root_seed"])
-            Sigma = np.asarray(config[f"Sigma_{setting}"], dtype=float)
-            law = laws.covariate_law(c3.SETTINGS[setting], Sigma)
+            Sigma = covariance.from_spec(config[f"Sigma_{setting}"], config["d"])
+            law = laws.covariate_law(SETTINGS[setting], Sigma)
             tasks = icl.make_tasks(rng, config["d"], config["n_pairs"], config["n_queries"], Ls[-1], law)
             held = icl.make_tasks(rng, config["d"], config["heldout_pairs"], config["heldout_queries"],
                                   max(Ls[-1], L_eval), law)

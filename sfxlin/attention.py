@@ -32,6 +32,7 @@ __all__ = [
     "limit_attention",
     "asymptotic_mse",
     "check_prompt_lengths",
+    "weight_ratio",
 ]
 
 
@@ -222,3 +223,12 @@ def asymptotic_mse(law, U, V, q, L=1):
     if not np.all(np.isfinite(const)):
         raise FloatOverflowError("asymptotic_mse: tr(V C V^T) overflows float64; V is too large")
     return const / L
+
+
+def weight_ratio(logits):
+    """The inverse effective sample fraction of the softmax weights ``w_i = exp(s_i)`` over the last axis of
+    ``logits`` ``(..., n)`` (the logits of a query over a whole token set): ``n sum_i w_i^2 / (sum_i w_i)^2``,
+    ``(...,)``, each row shifted by its maximum first. A prompt of ``L`` tokens drawn from the set weighs
+    like ``L / weight_ratio`` equal-weight tokens."""
+    w = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return logits.shape[-1] * np.sum(w**2, axis=-1) / np.sum(w, axis=-1) ** 2

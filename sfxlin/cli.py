@@ -643,10 +643,13 @@ def analysis_needs(ds, schema_version):
     if missing:
         out.append(f"not analysable as it is: attrs {missing} are missing (a results file of sfxlin carries "
                    "them: build() writes them)")
-    version = ds.attrs.get("sfxlin_schema_version")
-    version = version.item() if hasattr(version, "item") else version  # netCDF gives numpy scalars
-    if version is None or str(version) != str(schema_version):
+    from .engine.schema import READS, upgrade, version_of
+
+    if version_of(ds) not in READS:
+        version = ds.attrs.get("sfxlin_schema_version")
+        version = version.item() if hasattr(version, "item") else version  # netCDF gives numpy scalars
         out.append(f"schema version {version!r}; this sfxlin reads version {schema_version}")
+    ds = upgrade(ds)
     name = ds.attrs.get("experiment")
     if name is not None:
         try:
@@ -666,7 +669,7 @@ def _md(text):
 
 def schema_markdown():
     """Markdown of every experiment's file schema, generated from the declarations."""
-    from .engine.schema import CONVENTIONS, COORDS, SCHEMA_VERSION
+    from .engine.schema import CONVENTIONS, COORDS, RENAMED, SCHEMA_VERSION
 
     lines = ["# datasets", "",
              "Results of the paper profiles (`make reproduce`), one netCDF file per experiment, with the",
@@ -694,6 +697,11 @@ def schema_markdown():
              "ending with a full stop), and `units` where the quantity has one (`tokens`, `steps`, ...); a flag",
              "is an integer variable with `flag_values` and `flag_meanings` (`in_protocol` of `c3_transfer.nc`:",
              "int8, 0 `outside_protocol`, 1 `in_protocol`).", "",
+             "A file of schema version 1 is read as version 2 (`sfxlin.engine.schema.upgrade`: no value changes),",
+             "its variables renamed so that a name has one meaning in its family (`_max`: the maximum over the",
+             "checkpoints, `_T`: the value at the end of training):", "",
+             *(f"* `{name}.nc`: " + ", ".join(f"`{old}` -> `{new}`" for old, new in renamed.items())
+               for name, renamed in RENAMED.items()), "",
              "## Coordinates", "", "| dim | long_name | units | description |", "|---|---|---|---|"]
     for dim, attrs in COORDS.items():
         lines.append(f"| `{dim}` | {_md(attrs['long_name'])} | {attrs.get('units', '')} | {_md(attrs['description'])} |")

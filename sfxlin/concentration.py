@@ -25,8 +25,8 @@ is tested.) Because ``t ~ 1 / sqrt(L)``, ``L t^2`` and hence the bound and the C
 depend on ``L``.
 
 Gradient concentration at fixed parameters (docs/models.md, section 2), :func:`gradient_concentration`.
-Covariates ``N(0, Sigma)``, ``Sigma = scale * Sigma_setting`` (:func:`covariance`: isotropic
-``I_d``; anisotropic ``diag(geomspace(2, 0.5, d))``, which is diag(2, 1, 0.5) at d = 3);
+Covariates ``N(0, Sigma)``, ``Sigma`` any covariance (C2 uses ``scale`` times an ``sfxlin.covariance``
+spec: ``isotropic``, ``I_d``, or ``geometric:2:0.5``, ``diag(geomspace(2, 0.5, d))``, diag(2, 1, 0.5) at d = 3);
 parameters on the training manifold (:func:`gradient_parameters`): ``U = U_norm *
 blockdiag(Sigma^-1, 0) / ||Sigma^-1||_F`` (the Bayes optimum's direction, which is the Eq. 9
 init's ``I_d / sqrt(d)`` when isotropic) and ``v = U_norm e_{d+1}`` (``||v|| = ||U||_F``, the
@@ -49,24 +49,9 @@ from . import icl
 from .attention import softmax_attention_prefix
 from .laws import Gaussian, covariate_law
 
-__all__ = ["SETTINGS", "covariance", "clt_radii", "clt_tail", "tail_counts", "paper_factor", "tail_bound_constants",
+__all__ = ["clt_radii", "clt_tail", "tail_counts", "paper_factor", "tail_bound_constants",
            "tail_bound", "output_tails", "gradient_parameters", "gradient_log_bound_constant", "fresh_prompt",
            "gradient_gaps", "gradient_concentration"]
-
-#: covariate settings of the gradient and trajectory tests (:func:`covariance`)
-SETTINGS = ("isotropic", "anisotropic")
-
-
-def covariance(setting, scale, d):
-    """``scale * I_d`` (isotropic) or ``scale * diag(geomspace(2, 0.5, d))`` (anisotropic)."""
-    if setting == "isotropic":
-        base = np.ones(d)
-    elif setting == "anisotropic":
-        base = np.geomspace(2.0, 0.5, d)
-    else:
-        raise ValueError(f"unknown setting {setting!r}; expected one of {SETTINGS}")
-    return np.diag(float(scale) * base)
-
 
 # --------------------------------------------------------------------------- output tails
 
@@ -244,7 +229,7 @@ def gradient_gaps(rng, Sigma, U, v, Ls, n_pairs, n_queries, n_draws):
 
     Draw order from ``rng``: ``icl.make_tasks(rng, d, n_pairs, n_queries, L_max, N(0, Sigma))``
     (its prompts are draw 0), then for each further draw the covariates ``(n_pairs, L_max)``
-    (:func:`fresh_prompt`), as ``stability.gradient_gap_trajectory`` draws its replicates.
+    (:func:`fresh_prompt`), as ``gradient_gap.gradient_gap_trajectory`` draws its replicates.
 
     Returns ``(tasks, gap_sq (n_draws, nL), grad_inf_sq)``: ``gap_sq = ||grad R_L - grad R_inf||^2``
     of the risk (mean over tasks and queries; softmax(L) vs linear(inf), both from ``icl``).

@@ -6,6 +6,9 @@ Generators (each returns a validated ``d x d`` float64 symmetric positive-defini
 * :func:`diagonal` ``(eigs)``: ``diag(eigs)``;
 * :func:`power_law` ``(d, exponent)``: ``diag(lambda_k)``, ``lambda_k = k^-exponent`` (``k = 1..d``),
   normalised to trace ``d``;
+* :func:`geometric` ``(d, top, bottom)``: ``diag(geomspace(top, bottom, d))``, eigenvalues in
+  geometric progression from ``top`` to ``bottom`` (C2's anisotropic setting: ``geometric:2:0.5``,
+  ``diag(2, 1, 0.5)`` at ``d = 3``);
 * :func:`linear_spectrum` ``(d)``: ``diag(lambda_k)``, ``lambda_k = 2 (d + 1 - k) / (d + 1)``
   (equally spaced, decreasing), trace ``d``;
 * :func:`kms` ``(d, rho)``: Kac-Murdock-Szego, ``Sigma_ij = rho^|i - j|``, ``-1 < rho < 1`` (the
@@ -29,7 +32,7 @@ family; trace, ``tr_inv2`` and the determinant of KMS, whose inverse is tridiago
 Spec strings (command line: ``--set covariance=kms:0.5``; no ``,`` or ``;``, which separate list
 items): a family name then ``:``-separated arguments, positional or ``key=value``::
 
-    isotropic | isotropic:2 | diagonal:3/1/0.5 | power_law:1.0 | linear | kms:0.5
+    isotropic | isotropic:2 | diagonal:3/1/0.5 | power_law:1.0 | geometric:2:0.5 | linear | kms:0.5
     rotated:power_law:1.0:seed=3 | inverse_wishart:dof=10:seed=1
 
 ``rotated:<spec>:seed=N`` rotates the spectrum of any other spec. :func:`from_spec` builds the
@@ -46,7 +49,7 @@ import numpy as np
 from .validation import numeric_array
 
 __all__ = [
-    "isotropic", "diagonal", "power_law", "linear_spectrum", "kms", "rotated", "inverse_wishart", "scaled",
+    "isotropic", "diagonal", "power_law", "geometric", "linear_spectrum", "kms", "rotated", "inverse_wishart", "scaled",
     "validate", "summary", "spectrum_summary", "kms_inverse", "kms_tr_inv2", "kms_logdet",
     "power_law_eigs", "linear_eigs", "from_spec", "parse_spec", "closed_form", "spec_check",
     "SUMMARY_KEYS", "FAMILIES",
@@ -60,6 +63,7 @@ FAMILIES = {
     "isotropic": ("scale",),
     "diagonal": ("eigs",),
     "power_law": ("exponent",),
+    "geometric": ("top", "bottom"),
     "linear": (),
     "kms": ("rho",),
     "rotated": ("spec", "seed"),
@@ -148,6 +152,15 @@ def diagonal(eigs) -> np.ndarray:
 def power_law(d, exponent) -> np.ndarray:
     """``diag(power_law_eigs(d, exponent))``: eigenvalues ``∝ k^-exponent``, trace ``d``."""
     return np.diag(power_law_eigs(d, exponent))
+
+
+def geometric(d, top, bottom) -> np.ndarray:
+    """``diag(geomspace(top, bottom, d))``: eigenvalues in geometric progression from ``top`` to
+    ``bottom`` (both > 0)."""
+    d, hi, lo = _dim(d), _finite(top, "top"), _finite(bottom, "bottom")
+    if hi <= 0 or lo <= 0:
+        raise ValueError(f"top and bottom must be > 0, got {top!r} and {bottom!r}")
+    return np.diag(np.geomspace(hi, lo, d))
 
 
 def linear_spectrum(d) -> np.ndarray:
@@ -318,7 +331,7 @@ def parse_spec(spec) -> tuple:
 
 
 _EXAMPLES = {"isotropic": "isotropic:2", "diagonal": "diagonal:3/1/0.5", "power_law": "power_law:1.0",
-             "linear": "linear", "kms": "kms:0.5", "rotated": "rotated:power_law:1.0:seed=3",
+             "geometric": "geometric:2:0.5", "linear": "linear", "kms": "kms:0.5", "rotated": "rotated:power_law:1.0:seed=3",
              "inverse_wishart": "inverse_wishart:dof=10:seed=1"}
 
 
@@ -333,6 +346,8 @@ def _spectrum(name, args, d):
         return lam
     if name == "power_law":
         return power_law_eigs(d, args["exponent"])
+    if name == "geometric":
+        return np.diag(geometric(d, args["top"], args["bottom"])).copy()
     if name == "linear":
         return linear_eigs(d)
     if name == "rotated":

@@ -44,6 +44,7 @@ import dataclasses
 import math
 
 import numpy as np
+from numpy.polynomial.hermite_e import hermegauss
 
 from .laws import FloatOverflowError
 from .attention import (check_operands, check_UVq, read_out, weighted_sum, check_prompt_lengths,
@@ -55,7 +56,7 @@ __all__ = ["KERNELS", "KERNEL_NAMES", "SMOOTHNESS", "Kernel", "Softmax", "Sigmoi
            "ReLU2", "ReLU2Norm", "Linear", "as_kernel", "quadrature_moments", "kernel_attention",
            "kernel_attention_prefix", "kernel_gain", "kernel_limit", "kernel_mse", "positive_random_features",
            "rf_attention_prefix", "rf_limit", "rf_feature_constant", "gaussian_covariance", "SIGMOID_R_MAX",
-           "SIGMOID_BIAS_MAX"]
+           "SIGMOID_BIAS_MAX", "stein_identity_error"]
 
 #: largest r = ||a||_Sigma and |bias| (sigmoid_logL: log L) at which the sigmoid moments are computed
 #: (the range over which graded_normal_rule was checked against adaptive quadrature)
@@ -728,3 +729,21 @@ def rf_feature_constant(Sigma, U, q):
     diff = nu - mu
     quad = np.trace(M @ Pinv @ M) + np.sum((diff @ M) ** 2, axis=-1)
     return np.exp(log_ratio) * quad
+
+
+def stein_identity_error(kernel, Sigma, a, n_nodes, L=16):
+    """How far ``kernel`` is from Stein's identity ``E[kappa(s) z] = Sigma a E kappa'(s)``, ``z ~ N(0, Sigma)``,
+    ``s = z.a``: ``max_i |lhs_i - rhs_i| / |rhs_i|`` over the rows ``a_i`` of ``a`` ``(n, D)``, the left side by
+    a tensor Gauss-Hermite rule of ``n_nodes`` nodes per dimension on ``N(0, Sigma)`` (no use of the identity),
+    the right side by :meth:`Kernel.moments` (closed form or 1-D quadrature); ``L`` for a kernel whose weight
+    depends on it. A float."""
+    D = Sigma.shape[0]
+    x, w = hermegauss(n_nodes)
+    nodes = np.stack(np.meshgrid(*[x] * D, indexing="ij"), -1).reshape(-1, D) @ np.linalg.cholesky(Sigma).T
+    weights = np.prod(np.stack(np.meshgrid(*[w / math.sqrt(2 * math.pi)] * D, indexing="ij"), -1).reshape(-1, D),
+                      axis=-1)
+    s = nodes @ a.T                                              # (nodes, n)
+    lhs = np.einsum("n,nq,nd->qd", weights, kernel.weight(s, L), nodes)
+    r = np.sqrt(np.einsum("qd,de,qe->q", a, Sigma, a))
+    rhs = (a @ Sigma) * kernel.moments(r, L)[1][:, None]        # E kappa'(s)
+    return np.max(np.linalg.norm(lhs - rhs, axis=-1) / np.linalg.norm(rhs, axis=-1))

@@ -36,7 +36,7 @@ from .validation import as_sigma, positive_int
 
 __all__ = ["TRANSFORMS", "parse_shift", "shift_map", "shifted_covariance", "is_singular", "shift_check", "Prompts",
            "shifted_prompts", "pair_means", "softmax_pair_risks", "linear_inf_pair_risks", "ridge_pair_risks",
-           "pgd_pair_risks"]
+           "pgd_pair_risks", "shift_risks"]
 
 #: the shift specs that are transforms of the training covariance (every other spec is a covariance spec)
 TRANSFORMS = ("none", "scale", "rotate", "subspace")
@@ -220,3 +220,28 @@ def pgd_pair_risks(prompts, Ls, Sigma_pre) -> np.ndarray:
         w_hat = np.einsum("ij,nj->ni", baselines.pgd_preconditioner(L, Sigma_pre), np.einsum("nli,nl->ni", X, y) / L)
         out.append(pair_means(np.einsum("nqi,ni->nq", prompts.z_q[..., :d], w_hat), prompts.y_q))
     return np.stack(out)
+
+
+def _mean_se(pairs):
+    """Mean and SE over the last axis (held-out pairs, independent)."""
+    return pairs.mean(axis=-1), pairs.std(axis=-1, ddof=1) / np.sqrt(pairs.shape[-1])
+
+
+def shift_risks(U, v, held, spec, Sigma, L_eval, ridge_lam=0.0) -> dict:
+    """The trained parameters ``U (theta, D, D)``, ``v (theta, D)`` on the held-out tasks ``held`` mapped by the
+    shift ``spec`` of the training covariance ``Sigma``, at every length of ``L_eval``: ``risk_softmax``,
+    ``risk_softmax_se``, ``diff_se`` ``(theta, L_eval)`` (softmax(L_eval), its SE over pairs, the SE of its paired
+    difference to linear(inf)'s Monte Carlo); ``risk_exact`` (:func:`sfxlin.icl.linear_inf_risk` with the test
+    covariance), ``risk_linf_mc``, ``risk_linf_mc_se`` ``(theta,)``; the baselines ``risk_ridge``,
+    ``risk_pgd_train``, ``risk_pgd_test`` ``(L_eval,)`` (preconditioned by the training and the test covariance;
+    NaN where the test covariance is singular) and ``Sigma_test``."""
+    P = shifted_prompts(held, shift_map(spec, Sigma))
+    sm = np.stack([softmax_pair_risks(U, v, P, L) for L in L_eval], axis=1)     # (theta, L_eval, pairs)
+    lin = linear_inf_pair_risks(U, v, P)                                       # (theta, pairs)
+    singular = is_singular(spec, Sigma.shape[0])
+    test = np.full(len(L_eval), np.nan) if singular else pgd_pair_risks(P, L_eval, P.Sigma).mean(axis=-1)
+    return {"risk_softmax": sm.mean(axis=-1), "risk_softmax_se": _mean_se(sm)[1],
+            "risk_exact": icl.linear_inf_risk(U, v, P.Sigma), "risk_linf_mc": lin.mean(axis=-1),
+            "risk_linf_mc_se": _mean_se(lin)[1], "diff_se": _mean_se(sm - lin[:, None])[1],
+            "risk_ridge": ridge_pair_risks(P, L_eval, ridge_lam).mean(axis=-1),
+            "risk_pgd_train": pgd_pair_risks(P, L_eval, Sigma).mean(axis=-1), "risk_pgd_test": test, "Sigma_test": P.Sigma}

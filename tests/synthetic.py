@@ -24,7 +24,9 @@ from sfxlin import training
 from sfxlin.engine.experiments import get as get_experiment
 from sfxlin.engine.sweep import criteria_of
 from sfxlin.pipelines import c1_kernels as c1_kernels_pipeline
-from sfxlin.pipelines import c2_concentration, c3_landscape, c3_transfer
+from sfxlin.pipelines import c2_concentration
+from sfxlin.pipelines.families.c3 import MODELS as C3_MODELS
+from sfxlin.pipelines.families.c3 import SETTINGS as C3_SETTINGS
 
 #: seed factors with mean exactly 1: per-seed curves differ from their mean
 SEED_FACTORS = np.array([0.5, 1.5])
@@ -216,7 +218,7 @@ def c3(L=C3_L):
     structure, theta_inf at 1e-12 risk and 1e-4 from Bayes (1 at t = 0), softmax within 1% of
     linear; the Rademacher control (one seed in the protocol, the other NaN with ``in_protocol =
     0``) falls from 2.2 to a plateau at 0.2."""
-    settings = list(c3_transfer.SETTINGS)            # isotropic, anisotropic, rademacher
+    settings = list(C3_SETTINGS)                     # isotropic, anisotropic, rademacher
     L = np.asarray(L)
     nL, t, th = L.size, [0, 20, 40], [0, 40]
     gm = ("setting", "seed", "model", "L", "t")
@@ -256,7 +258,7 @@ def c3(L=C3_L):
         "risk_ridge": (("setting", "seed", "L"), np.full((3, 2, nL), 1e-30)),
         "risk_plugin": (("setting", "seed", "L"), np.broadcast_to(power(L, -1.0), (3, 2, nL)).copy()),
     }
-    ds = xr.Dataset(data, coords={"setting": settings, "seed": [0, 1], "model": list(c3_transfer.MODELS), "L": L,
+    ds = xr.Dataset(data, coords={"setting": settings, "seed": [0, 1], "model": list(C3_MODELS), "L": L,
                                   "t": t, "t_heldout": th})
     outside = dict(setting="rademacher", seed=1)     # not in the protocol: NaN, as the pipeline writes it
     for name in ds.data_vars:
@@ -290,23 +292,23 @@ def c3l(L=(8, 16, 32, 64, 128)):
     risk[..., 0, :] = bayes + seeds[..., None] * power(L, -0.7)
     risk[..., 1, :] = bayes + 5.0                                # linear: flat, would fail the slope
     data = {
-        "D_inf": (g + ("model", "L"), D),
-        "D_linL": (g + ("L",), D[..., 0, :].copy()),
-        "off_block": (g + ("model", "L"), np.zeros(shape + (2, nL))),
-        "risk_heldout": (g + ("model", "L"), risk),
+        "D_inf_max": (g + ("model", "L"), D),
+        "D_linL_max": (g + ("L",), D[..., 0, :].copy()),
+        "off_block_max": (g + ("model", "L"), np.zeros(shape + (2, nL))),
+        "risk_heldout_T": (g + ("model", "L"), risk),
         "risk_heldout_init": (g + ("model", "L"), np.full(shape + (2, nL), 1.0)),
         "risk_bayes_ridge": (g + ("L",), bayes.copy()),
         "risk_pgd": (g + ("L",), bayes + 0.1),
         "risk_pgd_theory": (g + ("L",), bayes + 0.1),
         "limit_gap": (g, np.broadcast_to(0.1 * (1 - centred), shape).copy()),
-        "norm_inf": (g, np.ones(shape)),
+        "norm_inf_T": (g, np.ones(shape)),
         "Sigma_trace": (("covariance", "d"), np.full((2, 1), 2.0)),
         "Sigma_op_norm": (("covariance", "d"), np.array([[1.0], [1.5]])),
         "Sigma_condition": (("covariance", "d"), np.array([[1.0], [3.0]])),
         "Sigma_tr_inv2": (("covariance", "d"), np.array([[2.0], [4.4]])),
     }
     ds = xr.Dataset(data, coords={"covariance": covs, "noise": noises, "d": [2], "mean_norm": means, "seed": [0, 1],
-                                  "model": list(c3_landscape.MODELS), "L": L})
+                                  "model": list(C3_MODELS), "L": L})
     return _attach(ds, "c3_landscape", {"lr": 0.01, "n_steps": 40})
 # --------------------------------------------------------------------------- C1 on real data
 
@@ -477,10 +479,10 @@ def c3_dim(D_slope=-0.3, excess_slope=-1.0, T_slope=-0.5, not_converged=0):
     ob = np.zeros(shape)
     ob[:, 2, :, :, cap] = np.nan
     ds = xr.Dataset(
-        {"D_inf_max": (gm, Dm), "risk_heldout": (gm, ho), "risk_heldout_inf": (g, inf), "T_conv": (g, T),
-         "converged": (g, conv), "off_block": (gm, ob), "inf_rerun_diff": (g, np.zeros(T.shape)),
+        {"D_inf_max": (gm, Dm), "risk_heldout_T": (gm, ho), "risk_heldout_inf_T": (g, inf), "T_conv": (g, T),
+         "converged": (g, conv), "off_block_max": (gm, ob), "inf_rerun_diff": (g, np.zeros(T.shape)),
          "risk_pop_inf": (g, np.full(T.shape, 0.004)), "risk_pop_init": (g, np.full(T.shape, 0.5)),
-         "dist_star_inf": (g, np.full(T.shape, 0.1)), "norm_star": (g, np.full(T.shape, 2.0)),
+         "dist_star_inf_T": (g, np.full(T.shape, 0.1)), "norm_star": (g, np.full(T.shape, 2.0)),
          "risk_train_inf": (g, np.full(T.shape, 1e-3)), "n_pairs": (g, np.full(T.shape, 18.0))},
         coords={"setting": S, "d": list(C3_DIM_D), "seed": np.arange(G), "model": ["softmax", "linear"],
                 "L": C3_DIM_L, "t": np.arange(0, 1001, 25)})
@@ -527,7 +529,7 @@ def c3_horizon(gamma_true=0.5, n_seeds=3):
          "norm_star": (G, np.full((2, n_seeds), 2.0)),
          "risk_inf": (G + ("t",), np.broadcast_to(1e-9 + 1 / (1 + tt) ** 3, (2, n_seeds, t.size)).copy()),
          "conservation_inf": (G + ("t",), np.zeros((2, n_seeds, t.size))),
-         "off_block": (G + ("model", "L"), np.zeros((2, n_seeds, 2, L.size)))},
+         "off_block_max": (G + ("model", "L"), np.zeros((2, n_seeds, 2, L.size)))},
         coords={"setting": settings, "seed": np.arange(n_seeds), "model": ["softmax", "linear"], "L": C3_HORIZON_L,
                 "t": t})
     return _attach(ds, "c3_horizon", {"lr": 0.01})

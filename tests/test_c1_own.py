@@ -303,8 +303,8 @@ def test_a_query_file_is_the_query_set(files, tmp_path):
 
 def test_eps_reaches_no_cell_and_batch_only_the_exact_one(files):
     config = _config(files)
-    main_in = c1_own.main_inputs(config, {"sampling": "iid", "seed": 0})
-    exact_in = c1_own.exact_inputs(config, {})
+    main_in = EXP.cell_inputs(config, {"sampling": "iid", "seed": 0})
+    exact_in = EXP.cell_inputs(config, {}, "exact")
     assert "eps" not in main_in and "batch" not in main_in and "eps" not in exact_in and "batch" in exact_in
     assert main_in["tokens_sha256"] == exact_in["tokens_sha256"] == config.digests["tokens"]
 

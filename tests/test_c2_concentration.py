@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from sfxlin import concentration, icl
+from sfxlin import concentration, covariance, icl
 from sfxlin.analysis import c2 as c2_analysis
 from sfxlin.analysis.verdicts import NOT_JUDGED, PASS, NotJudged, format_table
 from sfxlin.attention import softmax_attention
@@ -16,7 +16,7 @@ from sfxlin.engine.cellstore import CellStore
 from sfxlin.engine.execution import compute
 from sfxlin.laws import Gaussian
 from sfxlin.pipelines import c2_concentration as c2
-from sfxlin.stability import concentration_constant, gradient_gap_trajectory
+from sfxlin.gradient_gap import concentration_constant, gradient_gap_trajectory
 from sfxlin.engine.storage import open_results, save
 from sfxlin.engine.sweep import build, cell_rng, run_cell
 
@@ -67,7 +67,7 @@ def naive_limit_gradients(U, v, Gamma, z_q, y_q):
 
 def test_gradient_gap_matches_a_naive_per_task_loop():
     d, n_pairs, n_q, Ls, n_draws = 2, 2, 2, [3, 5, 9], 3
-    Sigma = concentration.covariance("anisotropic", 1.5, d)
+    Sigma = 1.5 * covariance.from_spec("geometric:2:0.5", d)
     U, v = concentration.gradient_parameters(Sigma, 0.4)
     tasks, gap_sq, inf_sq = concentration.gradient_gaps(np.random.default_rng(11), Sigma, U, v, Ls, n_pairs, n_q, n_draws)
 
@@ -104,7 +104,7 @@ def test_gradient_gap_matches_a_naive_per_task_loop():
 
 def test_gradient_log_bound_constant_matches_a_per_item_loop():
     d = 3
-    Sigma = concentration.covariance("isotropic", 2.0, d)
+    Sigma = covariance.from_spec("isotropic:2", d)
     U, v = concentration.gradient_parameters(Sigma, 0.3)
     tasks = icl.make_tasks(np.random.default_rng(3), d, 3, 2, 4, Gaussian(cov=Sigma))
     log_c, log_K, log_K_sharp, max_quad = concentration.gradient_log_bound_constant(tasks, U, v)
@@ -204,7 +204,7 @@ TRAJ_TAG = "c2_concentration/trajectory"
 
 @pytest.mark.parametrize("setting", c2.SETTINGS)
 def test_trajectory_cell_is_the_gap_trajectory_of_its_keyed_generator(setting):
-    """One (setting, traj_seed) cell: stability.gradient_gap_trajectory on Sigma_setting at d =
+    """One (setting, traj_seed) cell: gradient_gap.gradient_gap_trajectory on Sigma_setting at d =
     traj_d, drawing from cell_rng("c2_concentration/trajectory", {setting, traj_seed}, root_seed)."""
     out = run_cell(c2.EXPERIMENT, TINY, {"setting": setting, "traj_seed": 1}, part="trajectory")
     Sigma = np.eye(3) if setting == "isotropic" else np.diag([2.0, 1.0, 0.5])

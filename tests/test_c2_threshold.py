@@ -14,7 +14,7 @@ from sfxlin.analysis import c2_threshold as analysis
 from sfxlin.analysis.verdicts import FAIL, INCONCLUSIVE, NOT_JUDGED, PASS, NotJudged, format_table
 from sfxlin.engine.execution import compute
 from sfxlin.pipelines import c2_threshold
-from sfxlin.stability import _gap_integrand, concentration_constant, gap_constant, gradient_gap
+from sfxlin.gradient_gap import _gap_integrand, concentration_constant, gap_constant, gradient_gap
 from sfxlin.engine.storage import save
 from sfxlin.engine.sweep import build, run_cell
 from sfxlin.training import checkpoint_steps
@@ -176,7 +176,7 @@ def test_profiles_are_typed_and_valid():
     assert paper["tau"][0] == 0.75 and paper["tau"][-1] == round(c2_threshold.TAU_MAX, 4)
     assert EXPERIMENT.profiles == ("quick", "paper")
     # the grid parameters only say which cells exist: they do not reach a cell's kernel
-    assert {p.name for p in c2_threshold.PARAMS if p.grid} == {"tau", "n_seeds", "families", "n_family_seeds"}
+    assert {p.name for p in EXPERIMENT.params if p.grid} == {"tau", "n_seeds", "families", "n_family_seeds"}
     inputs = EXPERIMENT.cell_inputs(paper, {"tau": 0.75, "seed": 0})
     assert "tau" not in inputs and "n_seeds" not in inputs and inputs["d"] == 3
 

@@ -21,6 +21,7 @@ from sfxlin.engine.sweep import cell_rng, run_cell
 
 M = pytest.importorskip("sfxlin.models")
 from sfxlin.pipelines import c3_deep  # noqa: E402
+from sfxlin.pipelines.families import deep  # noqa: E402
 
 SMALL = {"heads": [1], "n_seeds": 1, "depth_max": 2, "L": [4, 8, 16], "n_pairs": 2, "n_queries": 2, "depths": [1],
          "L_train": [4, 8, 16], "train_pairs": 2, "train_queries": 4, "heldout_pairs": 4, "n_steps": 4, "ckpt_every": 2}
@@ -65,13 +66,13 @@ def _draws(config, cell, part):
     if part == "":
         model = M.Transformer(d + 1, config["depth_max"], cell["heads"])
         p = model.init(rng, config["U_scale"], config["V_scale"], config["v_scale"])
-        tasks = c3_deep._tasks(rng, d, config["n_pairs"], config["n_queries"], config["L"][-1])
+        tasks = deep.tasks_of(rng, d, config["n_pairs"], config["n_queries"], config["L"][-1])
         return M.cap_lambdas(model, p, icl.Gamma_w(tasks.Sigma, tasks.w), config["lambda_cap"])[0], tasks
     model = M.Transformer(d + 1, cell["depth"], cell["heads"])
     p = model.init(rng, config["U_scale"], config["V_scale"], config["v_scale"])
     L = config["L_train"][-1]
-    tasks = c3_deep._tasks(rng, d, config["train_pairs"], config["train_queries"], L)
-    return p, tasks, c3_deep._tasks(rng, d, config["heldout_pairs"], config["train_queries"], L)
+    tasks = deep.tasks_of(rng, d, config["train_pairs"], config["train_queries"], L)
+    return p, tasks, deep.tasks_of(rng, d, config["heldout_pairs"], config["train_queries"], L)
 
 
 def test_part_a_cell_against_numpy():
@@ -94,7 +95,7 @@ def test_part_a_cell_against_numpy():
     np.testing.assert_allclose(lam, out["lambda_max"], rtol=1e-12)
     lim, Sig = _closed_form(p, icl.Gamma_w(tasks.Sigma, tasks.w), tasks.z_q, K, 1)
     np.testing.assert_allclose(out["out_sq"], np.mean(lim**2, axis=(1, 2)), rtol=1e-12)
-    lin = c3_deep.KERNELS.index("linear")
+    lin = deep.KERNELS.index("linear")
     for j, L in enumerate(config["L"]):
         pred, mom = _closed_form(p, icl.Ghat(tasks.prompt(L)), tasks.z_q, K, 1)
         np.testing.assert_allclose(out["err"][lin, :, j], np.mean((pred - lim) ** 2, axis=(1, 2)), rtol=1e-10)
@@ -104,7 +105,7 @@ def test_part_a_cell_against_numpy():
         np.testing.assert_allclose(out["cov_err"][lin, :, j], rel.mean(axis=-1), rtol=1e-10)
     L = config["L"][0]
     sm = np.array([_softmax_loop(p, tasks.prompt(L)[n], tasks.z_q[n], K, 1) for n in range(tasks.n_tasks)])
-    np.testing.assert_allclose(out["err"][c3_deep.KERNELS.index("softmax"), -1, 0], np.mean((sm - lim[-1]) ** 2),
+    np.testing.assert_allclose(out["err"][deep.KERNELS.index("softmax"), -1, 0], np.mean((sm - lim[-1]) ** 2),
                                rtol=1e-10)
 
 
@@ -124,7 +125,7 @@ def test_part_b_cell_against_numpy():
     assert abs(out["risk_inf"][0] - _risk(lim, tasks.y_q)) <= 1e-12 * out["risk_inf"][0]
     lim_h = _closed_form(p, icl.Gamma_w(held.Sigma, held.w), held.z_q, 1, 1)[0][-1]
     assert abs(out["risk_heldout_inf"][0] - _risk(lim_h, held.y_q)) <= 1e-12 * out["risk_heldout_inf"][0]
-    lin, initial = c3_deep.KERNELS.index("linear"), c3_deep.STAGES.index("initial")
+    lin, initial = deep.KERNELS.index("linear"), deep.STAGES.index("initial")
     for j, L in enumerate(config["L_train"]):
         pred = _closed_form(p, icl.Ghat(held.prompt(L)), held.z_q, 1, 1)[0][-1]
         assert abs(out["risk_heldout"][lin, j, initial] - _risk(pred, held.y_q)) <= 1e-12 * _risk(pred, held.y_q)

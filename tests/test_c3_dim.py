@@ -14,6 +14,7 @@ from sfxlin.engine import storage
 from sfxlin.engine.execution import compute
 from sfxlin.engine.sweep import build, cell_rng, run_cell
 from sfxlin.pipelines import c3_dim as c3d
+from sfxlin.pipelines.families.c3 import MODELS
 from sfxlin.testing import reference_c3
 from synthetic import C3_DIM_L as L_SYN, c3_dim as synthetic
 
@@ -128,20 +129,20 @@ def test_kernel_matches_an_independent_recomputation():
     np.testing.assert_allclose(out["rel_risk_inf"][: k + 1], rel[: k + 1], rtol=1e-9)
     assert np.all(np.isnan(out["rel_risk_inf"][k + 1:]))
     assert out["inf_rerun_diff"] == 0.0 and out["n_pairs"] == 6
-    for i, m in enumerate(c3d.MODELS):
+    for i, m in enumerate(MODELS):
         U, v = ref[m]["U"][:, : k + 1], ref[m]["v"][:, : k + 1]
         D = np.sqrt(((U - Ui[None, : k + 1]) ** 2).sum(axis=(-2, -1)) + ((v - vi[None, : k + 1]) ** 2).sum(axis=-1))
         np.testing.assert_allclose(out["D_inf_max"][i, :3], D.max(axis=-1), rtol=1e-8)
         np.testing.assert_allclose(out["D_inf_T"][i, :3], D[:, -1], rtol=1e-8)
-        assert np.isnan(out["D_inf_max"][i, 3]) and np.isnan(out["risk_heldout"][i, 3])   # L = 32 > cap
+        assert np.isnan(out["D_inf_max"][i, 3]) and np.isnan(out["risk_heldout_T"][i, 3])   # L = 32 > cap
     for j, L in enumerate((4, 8, 16)):
         U, v = ref["linear"]["U"][j, k], ref["linear"]["v"][j, k]
         pred = icl.linear_predict(U, v, icl.Ghat(held.Z, L), held.z_q)
-        assert out["risk_heldout"][1, j] == pytest.approx(0.5 * np.mean((pred - held.y_q) ** 2), rel=1e-9)
+        assert out["risk_heldout_T"][1, j] == pytest.approx(0.5 * np.mean((pred - held.y_q) ** 2), rel=1e-9)
         pred = icl.softmax_predict(ref["softmax"]["U"][j, k], ref["softmax"]["v"][j, k], held.prompt(L), held.z_q)
-        assert out["risk_heldout"][0, j] == pytest.approx(0.5 * np.mean((pred - held.y_q) ** 2), rel=1e-9)
+        assert out["risk_heldout_T"][0, j] == pytest.approx(0.5 * np.mean((pred - held.y_q) ** 2), rel=1e-9)
     assert out["risk_pop_inf"] == pytest.approx(0.5 * np.einsum("ij,jk,ik->", B[k], Sigma, B[k]), rel=1e-9)
-    assert np.all(out["off_block"][:, :3] == 0.0)
+    assert np.all(out["off_block_max"][:, :3] == 0.0)
 
 
 # --------------------------------------------------------------------------- synthetic, known answers
@@ -197,7 +198,7 @@ def test_criteria_fail_where_they_must():
 
 def test_an_excess_on_the_floor_is_inconclusive_with_its_reason():
     ds = synthetic()
-    ds.risk_heldout[0, 0, :, 0, -1] = 0.0                             # below theta_inf's risk at L = 512
+    ds.risk_heldout_T[0, 0, :, 0, -1] = 0.0                             # below theta_inf's risk at L = 512
     row = _verdict(ds, "C3D-risk-slope")
     assert row.verdict == INCONCLUSIVE and "L = 512" in row.note
     one = synthetic().isel(seed=[0])

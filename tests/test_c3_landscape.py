@@ -26,7 +26,7 @@ def test_quick_profile_end_to_end(tmp_path):
     path = storage.save(ds, tmp_path / "c3_landscape.nc")
     with xr.open_dataset(path) as f:
         ds = f.load()
-    assert ds.D_inf.dims == ("covariance", "noise", "d", "mean_norm", "seed", "model", "L")
+    assert ds.D_inf_max.dims == ("covariance", "noise", "d", "mean_norm", "seed", "model", "L")
     assert ds.covariance.values.tolist() == ["isotropic", "kms:0.5"] and ds.mean_norm.values.tolist() == [0.0, 1.0]
     assert json.loads(ds.attrs["criteria"])[0]["id"] == "C3L-risk-slope"
     # the covariance summary figures, from sfxlin.covariance
@@ -36,7 +36,7 @@ def test_quick_profile_end_to_end(tmp_path):
     # centred: the two limits coincide (rounding); non-centred: they do not
     gap = ds.limit_gap.max("seed")
     assert float(gap.sel(mean_norm=0.0).max()) < 1e-20 < 1e-3 < float(gap.sel(mean_norm=1.0).min())
-    assert float(ds.off_block.max()) == 0.0                 # exact antithetic cancellation, noise included
+    assert float(ds.off_block_max.max()) == 0.0                 # exact antithetic cancellation, noise included
     # closed forms: NaN exactly where documented
     assert np.isnan(ds.risk_pgd_theory.sel(mean_norm=1.0)).all() and np.isfinite(ds.risk_pgd_theory.sel(mean_norm=0.0)).all()
     assert np.isfinite(ds.risk_bayes_theory.sel(noise=0.0)).all() and np.isnan(ds.risk_bayes_theory.sel(noise=0.5)).all()
@@ -72,12 +72,12 @@ def test_kernel_matches_an_independent_recomputation(mean_norm):
         for j, L in enumerate(config["L"]):
             ref = training.train(model, tasks, L, **kw)
             D = icl.theta_distance(ref.U.values, ref.v.values, inf.U.values, inf.v.values).max()
-            assert out["D_inf"][i, j] == pytest.approx(D, rel=1e-8)
-            assert out["risk_heldout"][i, j] == pytest.approx(
+            assert out["D_inf_max"][i, j] == pytest.approx(D, rel=1e-8)
+            assert out["risk_heldout_T"][i, j] == pytest.approx(
                 float(icl.risk(model, ref.U.values[-1], ref.v.values[-1], held, L)), rel=1e-9)
             assert out["risk_heldout_init"][i, j] == pytest.approx(
                 float(icl.risk(model, ref.U.values[0], ref.v.values[0], held, L)), rel=1e-9)
-    assert out["risk_heldout_inf"] == pytest.approx(float(icl.risk("linear_inf", inf.U.values[-1], inf.v.values[-1], held)),
+    assert out["risk_heldout_inf_T"] == pytest.approx(float(icl.risk("linear_inf", inf.U.values[-1], inf.v.values[-1], held)),
                                                     rel=1e-9)
     # baselines: per task, numpy.linalg
     for j, L in enumerate(config["L"]):
@@ -111,11 +111,11 @@ def _seeds_apart(ds):
     """``ds`` (synthetic.c3l) with seed 1's softmax held-out risk, D and D_linL tilted by ``(L / 8)^0.1``."""
     out = ds.copy(deep=True)
     tilt = (out.L / 8.0) ** (0.1 * (out.seed == 1))
-    out["D_inf"] = out.D_inf * tilt
-    out["D_linL"] = out.D_linL * tilt
-    excess = (out.risk_heldout - out.risk_bayes_ridge).sel(model="softmax") * tilt
-    out["risk_heldout"].loc[dict(model="softmax")] = (out.risk_bayes_ridge + excess).transpose(
-        *out.risk_heldout.sel(model="softmax").dims)
+    out["D_inf_max"] = out.D_inf_max * tilt
+    out["D_linL_max"] = out.D_linL_max * tilt
+    excess = (out.risk_heldout_T - out.risk_bayes_ridge).sel(model="softmax") * tilt
+    out["risk_heldout_T"].loc[dict(model="softmax")] = (out.risk_bayes_ridge + excess).transpose(
+        *out.risk_heldout_T.sel(model="softmax").dims)
     return out
 
 
@@ -136,7 +136,7 @@ def test_measures_equal_the_slopes_and_their_se_is_cluster_robust():
     assert int(sl.n_units) == 2
     x = np.log(ds.L.values.astype(float))
     at = dict(covariance="kms:0.5", noise=0.5, d=2, mean_norm=0.0)
-    Y = ds.D_inf.sel(dict(at, model="softmax")).transpose("L", "seed").values
+    Y = ds.D_inf_max.sel(dict(at, model="softmax")).transpose("L", "seed").values
     slope, se = cluster_slope_se(x, Y)
     assert float(sl.D_inf.sel(at)) == pytest.approx(slope, rel=1e-10) and se > 1e-3
     assert float(sl.D_inf_se.sel(at)) == pytest.approx(se, rel=1e-9)

@@ -176,7 +176,7 @@ def test_kernel_matches_an_independent_recomputation():
     refs = [training.train("softmax", tasks, L, **kw) for L in (4, 8)] + [training.train("linear_inf", tasks, **kw)]
     U = np.stack([r.U.values[-1] for r in refs])
     v = np.stack([r.v.values[-1] for r in refs])
-    np.testing.assert_allclose(out["risk_train"], [r.risk.values[-1] for r in refs], rtol=1e-9)
+    np.testing.assert_allclose(out["risk_train_T"], [r.risk.values[-1] for r in refs], rtol=1e-9)
     for s, spec in enumerate(SMALL["shifts"]):
         A = shift.shift_map(spec, SIGMA)
         S = A @ SIGMA @ A.T

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from sfxlin import icl, laws, training
+from sfxlin import covariance, icl, laws, training
 from sfxlin.engine import storage
 from sfxlin.analysis import c3 as c3_analysis
 from sfxlin.analysis.verdicts import FAIL, NOT_JUDGED, PASS, format_table, resample_units
@@ -113,7 +113,7 @@ def test_kernel_matches_an_independent_recomputation():
     out = run_cell(EXPERIMENT, config, cell)
     rng = cell_rng(c3.NAME, cell, config["root_seed"])
     Sigma = np.diag([2.0, 1.0, 0.5])
-    assert np.array_equal(config["Sigma_anisotropic"], Sigma)   # the profile's diagonal, stored whole
+    assert np.array_equal(covariance.from_spec(config["Sigma_anisotropic"], 3), Sigma)   # the profile's spec
     law = laws.covariate_law("gaussian", Sigma)
     tasks = icl.make_tasks(rng, 3, config["n_pairs"], config["n_queries"], 32, law)
     held = icl.make_tasks(rng, 3, config["heldout_pairs"], config["heldout_queries"], config["L_eval"], law)
@@ -199,13 +199,14 @@ def test_perturbed_init_touches_only_active_off_block_coordinates():
 
 
 BAD = [
-    ({"Sigma_anisotropic": [2.0, -1.0, 0.5]}, r"^Sigma_anisotropic: must be positive definite"),
+    ({"Sigma_anisotropic": [2.0, -1.0, 0.5]},
+     r"^Sigma_anisotropic: covariance spec 'diagonal:2.0/-1.0/0.5': eigs must be finite and > 0"),
     ({"Sigma_isotropic": [[1.0, 2.0, 0.0], [2.0, 1.0, 0.0], [0.0, 0.0, 1.0]]},
-     r"^Sigma_isotropic: must be positive definite"),
-    ({"Sigma_isotropic": [[1.0, 0.5, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]}, r"^Sigma_isotropic: must be symmetric"),
+     r"^Sigma_isotropic: expected a covariance spec .* a matrix with off-diagonal entries is a spec too"),
+    ({"Sigma_isotropic": "kms:1.5"}, r"^Sigma_isotropic: covariance spec 'kms:1.5': rho must be in \(-1, 1\)"),
     ({"Sigma_isotropic": [1.0, 1.0]},
-     r"^Sigma_isotropic: must be 3 diagonal entries or a 3 x 3 matrix \(d = 3\), got 2 x 2"),
-    ({"d": 2}, r"^Sigma_isotropic: must be 2 diagonal entries or a 2 x 2 matrix"),
+     r"^Sigma_isotropic: covariance spec 'diagonal:1.0/1.0': diagonal gives 2 eigenvalues, expected d = 3 \(d = 3\)"),
+    ({"d": 2}, r"^Sigma_anisotropic: covariance spec 'diagonal:2/1/0.5': diagonal gives 3 eigenvalues, expected d = 2"),
     ({"lr": 0.0}, r"^lr: must be > 0"),
     ({"lr": -0.01}, r"^lr: must be > 0"),
     ({"n_steps": 0}, r"^n_steps: must be >= 1"),
@@ -235,7 +236,8 @@ def test_bad_configuration_is_refused(bad, message):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("Sigma_isotropic=2,0.3;0.3,1", r"^Sigma_isotropic: must be 3 diagonal entries or a 3 x 3 matrix"),
+    ("Sigma_isotropic=2,0.3;0.3,1", r"^--set Sigma_isotropic: expected a covariance spec .* off-diagonal entries"),
+    ("Sigma_isotropic=kms", r"^--set Sigma_isotropic: covariance spec 'kms': kms needs rho"),
     ("settings=isotropic,gaussian", r"^--set settings: expected one of"),
     ("ckpt_every=30", r"^n_steps: 200 must be a multiple of ckpt_every = 30"),
     ("L=8,16", r"^--set L: needs at least 3 values"),
@@ -245,20 +247,24 @@ def test_bad_override_is_refused(override, message):
         EXPERIMENT.configure("quick", overrides=[override])
 
 
-def test_covariances_are_typed_matrices():
-    """A diagonal or a full matrix, from Python or the command line, stored whole; only the
-    settings in the grid must match d."""
+def test_covariances_are_covariance_specs():
+    """A covariance spec, or a diagonal in the spelling of earlier versions (numbers on the command line, a
+    list or a diagonal matrix from Python: a version-1 file's configuration), stored as the spec that builds
+    it; only the settings in the grid must match d."""
     for profile in ("quick", "paper"):
         config = EXPERIMENT.configure(profile)
-        assert config["Sigma_anisotropic"] == ((2.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 0.5))
+        assert config["Sigma_anisotropic"] == "diagonal:2/1/0.5" and config["Sigma_isotropic"] == "isotropic"
         assert isinstance(config["L"], tuple) and all(type(L) is int for L in config["L"])
         assert type(config["lr"]) is float and type(config["ridge_lam"]) is float and type(config["d"]) is int
     assert EXPERIMENT.profiles == ("quick", "paper")
-    full = EXPERIMENT.configure("quick", overrides=["Sigma_isotropic=1,0.5,0;0.5,1,0;0,0,1"])
-    assert full["Sigma_isotropic"] == ((1.0, 0.5, 0.0), (0.5, 1.0, 0.0), (0.0, 0.0, 1.0))
-    assert full.overrides == ("Sigma_isotropic=1,0.5,0;0.5,1,0;0,0,1",)
+    assert EXPERIMENT.configure("quick", overrides=["Sigma_isotropic=kms:0.5"])["Sigma_isotropic"] == "kms:0.5"
+    old = EXPERIMENT.configure("quick", overrides=["Sigma_anisotropic=2,1,0.5"])
+    assert old["Sigma_anisotropic"] == "diagonal:2.0/1.0/0.5" and old.overrides == ("Sigma_anisotropic=2,1,0.5",)
+    whole = _quick(Sigma_anisotropic=[[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.5]])
+    assert whole["Sigma_anisotropic"] == "diagonal:2.0/1.0/0.5"
+    np.testing.assert_array_equal(covariance.from_spec(whole["Sigma_anisotropic"], 3), np.diag([2.0, 1.0, 0.5]))
     d2 = _quick(d=2, settings=["isotropic"], Sigma_isotropic=[1.0, 2.0])
-    assert d2["Sigma_isotropic"] == ((1.0, 0.0), (0.0, 2.0))
+    assert d2["Sigma_isotropic"] == "diagonal:1.0/2.0"
 
 
 def test_a_cell_receives_its_own_covariance_and_protocol_flag():
@@ -268,7 +274,7 @@ def test_a_cell_receives_its_own_covariance_and_protocol_flag():
         assert inputs["Sigma"] == config[f"Sigma_{setting}"] and inputs["in_protocol"] is flag
         assert not any(k.startswith("Sigma_") for k in inputs)
         assert not {"settings", "n_seeds", "n_seeds_control"} & set(inputs)
-    assert {p.name for p in c3.PARAMS if p.grid} == {"settings", "n_seeds", "n_seeds_control"}
+    assert {p.name for p in EXPERIMENT.params if p.grid} == {"settings", "n_seeds", "n_seeds_control"}
 
 
 def test_diverging_run_names_the_cell_and_the_step():

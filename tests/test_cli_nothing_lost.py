@@ -280,7 +280,7 @@ def test_list_one_experiment(capsys):
 
     assert main(["list", "c1"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("c1 (c1_limit): ") and len(lines) == 2 + len(c1_limit.PARAMS)
+    assert lines[0].startswith("c1 (c1_limit): ") and len(lines) == 2 + len(c1_limit.EXPERIMENT.params)
     assert main(["list", "c9"]) == 2
     error_line(capsys.readouterr().err, "unknown experiment 'c9'")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -21,9 +22,10 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from sfxlin.engine.cellstore import code_fingerprint, experiment_code
+from sfxlin.engine.cellstore import code_files, code_fingerprint, experiment_code
 from sfxlin.engine.closure import import_closure
 from sfxlin.engine.experiments import ENV, experiments
+from sfxlin.engine.family import Family
 from sfxlin.engine.params import Param
 from sfxlin.engine.sweep import Experiment, Part, Variable
 
@@ -196,3 +198,30 @@ def test_the_shipped_experiments_hash_sfxlin_alone():
     assert len(shipped) >= 10
     for experiment in shipped:
         assert experiment_code(experiment) == code_fingerprint(()), experiment.name
+
+
+def test_a_family_module_is_part_of_every_variants_code(tmp_path, monkeypatch):
+    """Every shipped variant's code holds its family's module (sfxlin.pipelines is hashed whole, its
+    families package included); so does a variant declared outside the package (the C3 variant of
+    docs/extending.md), whose own modules join it: editing a family recomputes every variant's cells."""
+    hashed = {path.resolve() for _name, path in code_files()}
+    homes = {name: Path(module.__file__).resolve() for name, module in sys.modules.items()
+             if name.startswith("sfxlin.pipelines.families.")}
+    for experiment in experiments().values():
+        family = next(v for v in vars(sys.modules[experiment.module]).values() if isinstance(v, Family))
+        home = next(path for name, path in homes.items() if family in vars(sys.modules[name]).values())
+        assert home in hashed, experiment.name
+    block = re.compile(r"```python\n# file: (\w+)\.py\n(.*?)```", re.S)
+    for name, text in block.findall((Path(__file__).parent.parent / "docs" / "extending.md").read_text()):
+        (tmp_path / f"{name}.py").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(ENV, "c3_step")
+    try:
+        variant = experiments()["c3_step"]
+        files = {path.resolve() for _name, path in code_files(("c3_step", "c3_step_analysis"))}
+        assert (tmp_path / "c3_step.py").resolve() in files and hashed <= files
+        assert (Path(sys.modules["sfxlin.pipelines.families.c3"].__file__).resolve()) in files
+        assert experiment_code(variant) == code_fingerprint(("c3_step", "c3_step_analysis"))
+    finally:
+        for name in ("c3_step", "c3_step_analysis"):
+            sys.modules.pop(name, None)

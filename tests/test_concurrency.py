@@ -221,7 +221,9 @@ def own_files(tmp_path_factory):
 
 
 def _clear_pipeline_caches(module):
-    for obj in vars(module).values():
+    from sfxlin.pipelines.families import c1
+
+    for obj in (*vars(module).values(), *vars(c1).values()):   # the variant's caches and its family's
         if callable(getattr(obj, "cache_clear", None)):
             obj.cache_clear()
     realdata._sha256.cache_clear()
@@ -289,9 +291,8 @@ CASES = {
     "sfxlin.quadrature._normal_rule": test_a_quadrature_rule_from_a_cold_cache,
     "sfxlin.realdata._token_set": test_a_token_set_from_a_cold_cache,
     "sfxlin.realdata._sha256": test_a_hashed_file_from_a_cold_cache,
-    "sfxlin.pipelines.c1_own._read": test_c1_own_cells_share_a_cold_set_up,
+    "sfxlin.pipelines.families.c1._read": test_c1_limit_cells_share_a_cold_token_file,
     "sfxlin.pipelines.c1_own._setup": test_c1_own_cells_share_a_cold_set_up,
-    "sfxlin.pipelines.c1_limit._tokens_of": test_c1_limit_cells_share_a_cold_token_file,
 }
 """Each ``lru_cache`` that hands a value to cells, and the test that hammers it from a cold cache."""
 

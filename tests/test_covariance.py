@@ -64,6 +64,19 @@ def test_power_law(d, a):
     assert_figures(cov.closed_form(f"power_law:{a}", d), fig)
 
 
+@pytest.mark.parametrize("d", [1, 2, 3, 5, 10])
+def test_geometric_is_the_geomspace_diagonal(d):
+    """``geometric:2:0.5`` is ``diag(geomspace(2, 0.5, d))`` bit for bit (C2's anisotropic setting;
+    ``diag(2, 1, 0.5)`` at d = 3), and its closed forms are its spectrum's."""
+    S = cov.from_spec("geometric:2:0.5", d)
+    np.testing.assert_array_equal(S, np.diag(np.geomspace(2.0, 0.5, d)))
+    assert_figures(cov.closed_form("geometric:2:0.5", d), cov.summary(S))
+    if d == 3:
+        np.testing.assert_array_equal(S, cov.from_spec("diagonal:2/1/0.5", 3))
+    with pytest.raises(ValueError, match="top and bottom must be > 0"):
+        cov.from_spec("geometric:2:0", d)
+
+
 @pytest.mark.parametrize("d", [1, 2, 5, 9])
 def test_linear_spectrum(d):
     lam = np.diag(cov.linear_spectrum(d))

@@ -222,7 +222,7 @@ def rows(tmp_path):
 def test_c3_runs_on_empirical_covariates_and_trains_on_them(rows):
     X, path = rows
     config = c3_transfer.EXPERIMENT.configure("quick", values={**C3, "covariates": path})
-    assert c3_transfer.grid(config)["setting"] == ["isotropic", "empirical"]
+    assert c3_transfer.EXPERIMENT.part("").grid(config)["setting"] == ["isotropic", "empirical"]
     out = run_cell(c3_transfer.EXPERIMENT, config, EMPIRICAL_CELL)
     assert out["in_protocol"] == 1 and all(np.all(np.isfinite(v)) for v in out.values())
 
@@ -264,7 +264,7 @@ def test_the_covariate_file_reaches_only_its_own_setting(rows, tmp_path):
     plain = exp.configure("quick", values=C3)
     with_file = exp.configure("quick", values={**C3, "covariates": path})
     iso = {"setting": "isotropic", "seed": 0}
-    assert c3_transfer.grid(plain)["setting"] == ["isotropic"]
+    assert c3_transfer.EXPERIMENT.part("").grid(plain)["setting"] == ["isotropic"]
     assert cell_fingerprint(exp, plain, iso) == cell_fingerprint(exp, with_file, iso)   # reused by an extension
     before = cell_fingerprint(exp, with_file, EMPIRICAL_CELL)
     np.save(tmp_path / "x.npy", X[::-1])                                                 # same shape, new content

@@ -177,7 +177,7 @@ def test_set_tokens_on_the_command_line_names_a_relative_file(tokens, monkeypatc
     config = c1_limit.EXPERIMENT.configure("quick", [*base, "tokens=emb.npy"])
     assert config["tokens"] == "emb.npy" and config.digests == {"tokens": _sha256(tokens)}
     assert c1_limit.EXPERIMENT.configure("quick", [*base, "tokens="]).digests == {}
-    param = next(p for p in c1_limit.PARAMS if p.name == "tokens")
+    param = next(p for p in c1_limit.EXPERIMENT.params if p.name == "tokens")
     assert parse_text(param, "emb.npy") == "emb.npy"
 
 

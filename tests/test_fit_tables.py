@@ -280,12 +280,12 @@ def test_c3_landscape_tail_slope_needs_four_prompt_lengths():
     """Three prompt lengths: the slopes over every L are fitted (against lstsq); the tail slope,
     defined over the last four, is n/a (it used to fit the three there were)."""
     ds = synthetic.c3l(L=(8, 16, 32))
-    ds["D_inf"] = ds.D_inf * xr.DataArray([1.0, 1.2, 0.9], dims="L")
+    ds["D_inf_max"] = ds.D_inf_max * xr.DataArray([1.0, 1.2, 0.9], dims="L")
     table = c3_landscape.settings_table(ds)
     assert np.isnan(c3_landscape.slopes(ds).D_inf_tail).all() and np.isnan(table.D_tail_slope).all()
     assert "n/a (needs 4 L)" in to_text(table) and "n/a (needs 3 L)" not in to_text(table)
     at = dict(covariance=ds.covariance.values[0], noise=ds.noise.values[0], d=ds.d.values[0], mean_norm=0.0)
-    D = ds.D_inf.sel(model="softmax").sel(at).mean("seed").values
+    D = ds.D_inf_max.sel(model="softmax").sel(at).mean("seed").values
     X = np.column_stack([np.ones(3), np.log([8.0, 16.0, 32.0])])
     assert float(table.D_slope.sel(at)) == pytest.approx(np.linalg.lstsq(X, np.log(D), rcond=None)[0][1], rel=1e-10)
 

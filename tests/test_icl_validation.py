@@ -172,7 +172,7 @@ def test_fast_engine_on_noisy_labels_names_the_general_path():
 def test_the_gap_kernel_and_the_reference_refuse_non_centred_covariates():
     """softmax(L) does not tend to linear(inf) when the covariates have a mean (its limit is
     affine), and the per-L reference builds linear(inf) from the covariance: both refuse."""
-    from sfxlin import stability
+    from sfxlin import gradient_gap
     from sfxlin.laws import Gaussian
     from sfxlin.testing.reference_c3 import train_reference
 
@@ -180,6 +180,6 @@ def test_the_gap_kernel_and_the_reference_refuse_non_centred_covariates():
     tasks = icl.make_tasks(rng, 2, 2, 1, 16, Gaussian(mean=[1.0, 0.0], cov=np.eye(2)))
     U, v = icl.init_theta(2, tasks.Sigma)
     with pytest.raises(ValueError, match=r"centred covariates only.*mean \[1\.0, 0\.0\]"):
-        stability.gradient_gap(U[None], v[None], tasks, tasks.Z[None], [4, 16])
+        gradient_gap.gradient_gap(U[None], v[None], tasks, tasks.Z[None], [4, 16])
     with pytest.raises(ValueError, match=r"centred covariates only, got mean \[1\.0, 0\.0\]"):
         train_reference("linear_inf", tasks, 16, lr=0.01, n_steps=2, ckpt_every=1, U0=U, v0=v)

@@ -536,7 +536,7 @@ def _excess(p, floor=None, at=CENTRED):
     def mutate(ds):
         if floor is not None:
             put(ds, "risk_bayes_ridge", float(floor), **at)
-        return put(ds, "risk_heldout", lambda r: ds.risk_bayes_ridge.loc[at] + SEEDS * (r.L / 8.0) ** p,
+        return put(ds, "risk_heldout_T", lambda r: ds.risk_bayes_ridge.loc[at] + SEEDS * (r.L / 8.0) ** p,
                    model="softmax", **at)
     return mutate
 
@@ -549,12 +549,12 @@ def _D(var, p, at=CENTRED, L0=8.0, scale=0.5, **model):
 def _ratio(r, L=128, at=CENTRED):
     """D_linL = ``r`` * D_inf (softmax) at ``L`` in every seed of ``at``."""
     sel = dict(at, L=L)
-    return lambda ds: put(ds, "D_linL", lambda v: r * ds.D_inf.loc[dict(sel, model="softmax")], **sel)
+    return lambda ds: put(ds, "D_linL_max", lambda v: r * ds.D_inf_max.loc[dict(sel, model="softmax")], **sel)
 
 
 def _off_block(value, at=SHIFTED):
     """Off-block mass of softmax at L = 32 in ``at``: 2 * ``value`` in seed 0, 0 in seed 1 (seed mean ``value``)."""
-    return lambda ds: put(ds, "off_block", np.array([2 * value, 0.0]), model="softmax", L=32, **at)
+    return lambda ds: put(ds, "off_block_max", np.array([2 * value, 0.0]), model="softmax", L=32, **at)
 
 
 def _gap(ratio, scale=1.0, at=SHIFTED):
@@ -574,12 +574,12 @@ C3L_CASES = [
     case("risk-high-outside", "C3L-risk-slope", FAIL, _excess(-0.3 + HAIR)),
     case("risk-over-the-floor-not-the-risk", "C3L-risk-slope", PASS, _excess(-0.7, floor=1.0)),
     case("risk-non-centred-ignored", "C3L-risk-slope", PASS, _excess(0.0, at=SHIFTED)),
-    case("D-one-setting-off", "C3L-D-slope", FAIL, _D("D_inf", 0.0, at=dict(CENTRED, noise=0.0), model="softmax")),
-    case("D-just-below", "C3L-D-slope", PASS, _D("D_inf", -0.1 - HAIR, model="softmax")),
-    case("D-just-above", "C3L-D-slope", FAIL, _D("D_inf", -0.1 + HAIR, model="softmax")),
-    case("DlinL-one-setting-off", "C3L-DlinL-slope", FAIL, _D("D_linL", 0.2, at=dict(CENTRED, covariance="isotropic"))),
-    case("DlinL-just-below", "C3L-DlinL-slope", PASS, _D("D_linL", -0.1 - HAIR)),
-    case("DlinL-just-above", "C3L-DlinL-slope", FAIL, _D("D_linL", -0.1 + HAIR)),
+    case("D-one-setting-off", "C3L-D-slope", FAIL, _D("D_inf_max", 0.0, at=dict(CENTRED, noise=0.0), model="softmax")),
+    case("D-just-below", "C3L-D-slope", PASS, _D("D_inf_max", -0.1 - HAIR, model="softmax")),
+    case("D-just-above", "C3L-D-slope", FAIL, _D("D_inf_max", -0.1 + HAIR, model="softmax")),
+    case("DlinL-one-setting-off", "C3L-DlinL-slope", FAIL, _D("D_linL_max", 0.2, at=dict(CENTRED, covariance="isotropic"))),
+    case("DlinL-just-below", "C3L-DlinL-slope", PASS, _D("D_linL_max", -0.1 - HAIR)),
+    case("DlinL-just-above", "C3L-DlinL-slope", FAIL, _D("D_linL_max", -0.1 + HAIR)),
     case("ratio-low-inside", "C3L-DlinL-ratio", PASS, _ratio(0.8 * (1 + HAIR))),
     case("ratio-low-outside", "C3L-DlinL-ratio", FAIL, _ratio(0.8 * (1 - HAIR))),
     case("ratio-high-inside", "C3L-DlinL-ratio", PASS, _ratio(1.25 * (1 - HAIR))),
@@ -589,15 +589,15 @@ C3L_CASES = [
     case("block-one-L-one-setting-at-bound", "C3L-block", FAIL, _off_block(1e-8)),
     case("block-below", "C3L-block", PASS, _off_block(1e-8 * (1 - HAIR))),
     case("block-centred-setting-judged-too", "C3L-block", FAIL, _off_block(1e-8, at=CENTRED)),
-    case("block-linear-ignored", "C3L-block", PASS, lambda ds: put(ds, "off_block", 1.0, model="linear")),
+    case("block-linear-ignored", "C3L-block", PASS, lambda ds: put(ds, "off_block_max", 1.0, model="linear")),
     case("plateau-one-setting-off", "C3L-control-plateau", FAIL,
-         _D("D_inf", -0.5, at=dict(SHIFTED, covariance="kms:0.5"), L0=16.0, scale=0.3, model="softmax")),
+         _D("D_inf_max", -0.5, at=dict(SHIFTED, covariance="kms:0.5"), L0=16.0, scale=0.3, model="softmax")),
     case("plateau-just-above", "C3L-control-plateau", PASS,
-         _D("D_inf", -0.25 + HAIR, at=SHIFTED, L0=16.0, scale=0.3, model="softmax")),
+         _D("D_inf_max", -0.25 + HAIR, at=SHIFTED, L0=16.0, scale=0.3, model="softmax")),
     case("plateau-just-below", "C3L-control-plateau", FAIL,
-         _D("D_inf", -0.25 - HAIR, at=SHIFTED, L0=16.0, scale=0.3, model="softmax")),
+         _D("D_inf_max", -0.25 - HAIR, at=SHIFTED, L0=16.0, scale=0.3, model="softmax")),
     case("plateau-first-L-ignored", "C3L-control-plateau", PASS,
-         lambda ds: put(ds, "D_inf", 100.0, model="softmax", L=8, mean_norm=1.0)),
+         lambda ds: put(ds, "D_inf_max", 100.0, model="softmax", L=8, mean_norm=1.0)),
     case("gap-just-above", "C3L-control-gap", PASS, _gap(1e-3 * (1 + HAIR))),
     case("gap-just-below", "C3L-control-gap", FAIL, _gap(1e-3 * (1 - HAIR))),
     case("gap-over-the-target-scale-above", "C3L-control-gap", PASS, _gap(1e-3 * (1 + HAIR), scale=4.0)),
@@ -630,9 +630,9 @@ def test_c3_landscape_slopes_against_least_squares():
     """Bumpy curves: the excess slope is the OLS slope of log(risk - floor), the tail slope that of
     the last four L, both by numpy.linalg.lstsq on the seed means."""
     ds = synthetic.c3l()
-    ds["risk_heldout"] = ds.risk_bayes_ridge + (ds.risk_heldout - ds.risk_bayes_ridge) * xr.DataArray(
+    ds["risk_heldout_T"] = ds.risk_bayes_ridge + (ds.risk_heldout_T - ds.risk_bayes_ridge) * xr.DataArray(
         BUMPS[:5], dims="L")
-    ds["D_inf"] = ds.D_inf * xr.DataArray(BUMPS[2:7], dims="L")
+    ds["D_inf_max"] = ds.D_inf_max * xr.DataArray(BUMPS[2:7], dims="L")
     sl = c3_landscape.slopes(ds)
 
     def lstsq_slope(L, y):
@@ -641,10 +641,10 @@ def test_c3_landscape_slopes_against_least_squares():
     for cov in ds.covariance.values:
         for noise in ds.noise.values:
             at = dict(covariance=cov, noise=noise, d=2, mean_norm=0.0)
-            excess = (ds.risk_heldout.sel(model="softmax") - ds.risk_bayes_ridge).sel(at).mean("seed").values
+            excess = (ds.risk_heldout_T.sel(model="softmax") - ds.risk_bayes_ridge).sel(at).mean("seed").values
             assert float(sl.excess.sel(at)) == pytest.approx(lstsq_slope(L_L, excess), rel=1e-10)
             at["mean_norm"] = 1.0
-            D = ds.D_inf.sel(model="softmax").sel(at).mean("seed").values
+            D = ds.D_inf_max.sel(model="softmax").sel(at).mean("seed").values
             assert float(sl.D_inf_tail.sel(at)) == pytest.approx(lstsq_slope(L_L[-4:], D[-4:]), rel=1e-10)
 
 
@@ -653,7 +653,7 @@ def test_c3_landscape_excess_on_the_floor_is_inconclusive_with_the_reason_and_th
     excess, so the risk slope is INCONCLUSIVE with that reason; the other criteria are judged and
     the fit table prints the slope as n/a."""
     ds = _excess(-0.7)(synthetic.c3l())
-    ds["risk_heldout"].loc[dict(CENTRED, model="softmax", L=32)] = ds.risk_bayes_ridge.loc[dict(CENTRED, L=32)]
+    ds["risk_heldout_T"].loc[dict(CENTRED, model="softmax", L=32)] = ds.risk_bayes_ridge.loc[dict(CENTRED, L=32)]
     got = rows(c3_landscape, ds)
     assert (got["C3L-risk-slope"].verdict, got["C3L-risk-slope"].note) == (
         INCONCLUSIVE, "the excess risk over the Bayes floor is <= 0 at some L in 1 of 4 centred settings "

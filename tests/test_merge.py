@@ -168,7 +168,7 @@ def test_another_experiment_is_refused():
 def test_another_schema_version_is_refused():
     other = run("d=3")
     other.attrs["sfxlin_schema_version"] = 0
-    with pytest.raises(ResultsError, match=r"dataset 1 has schema version 0; this sfxlin merges version 1"):
+    with pytest.raises(ResultsError, match=r"dataset 1 has schema version 0; this sfxlin merges version 2"):
         merge([run("d=2"), other])
 
 

@@ -61,7 +61,7 @@ def test_sigkill_then_rerun_equals_an_uninterrupted_run(tmp_path):
 
 
 def _cell0(config):
-    return {dim: values[0] for dim, values in c1_limit.grid(config).items()}
+    return {dim: values[0] for dim, values in c1_limit.EXPERIMENT.part("").grid(config).items()}
 
 
 def test_kept_cells_are_served_instead_of_recomputed(tmp_path):
@@ -126,7 +126,7 @@ def write_then_stall(fp, array, *args, **kwargs):   # the first array goes out, 
     time.sleep(600)
 fmt.write_array = write_then_stall
 config = c1_limit.EXPERIMENT.configure("quick")
-cell = {dim: values[0] for dim, values in c1_limit.grid(config).items()}
+cell = {dim: values[0] for dim, values in c1_limit.EXPERIMENT.part("").grid(config).items()}
 CellStore(sys.argv[1], c1_limit.EXPERIMENT, config).save(cell, {"mse": np.ones(1000), "other": np.ones(1000)})
 """
 

@@ -18,7 +18,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from sfxlin import curvature, icl, laws, training
+from sfxlin import covariance, curvature, icl, laws, training
 from sfxlin.engine import storage
 from sfxlin.analysis import c3 as c3_analysis
 from sfxlin.benchmarks.protocol import seed_loop
@@ -135,7 +135,7 @@ def test_trajectories_agree_with_the_per_L_reference_loop(both_diagnostics):
         p = out["off_block_perturbed"]                       # (model, L, t)
         growth = np.maximum(1.0, p.max(axis=-1) / p[..., 0])
         rng = cell_rng(c3.NAME, cell, config["root_seed"])
-        Sigma = np.asarray(config[f"Sigma_{setting}"])
+        Sigma = covariance.from_spec(config[f"Sigma_{setting}"], 3)
         tasks = icl.make_tasks(rng, 3, config["n_pairs"], config["n_queries"], config["L"][-1],
                                laws.covariate_law("gaussian", Sigma))
         U0, v0 = icl.init_theta(3, Sigma)

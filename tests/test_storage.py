@@ -16,7 +16,8 @@ import pytest
 import xarray as xr
 
 import sfxlin
-from sfxlin.engine.schema import SCHEMA_VERSION
+from sfxlin.engine.experiments import get as get_experiment
+from sfxlin.engine.schema import RENAMED, SCHEMA_VERSION, upgrade
 from sfxlin.testing import assert_same_results
 from sfxlin.engine.storage import ResultsError, changed_input_files, input_files, open_results, provenance, save
 
@@ -290,7 +291,7 @@ def test_not_a_netcdf_file(tmp_path):
         open_results(path)
 
 
-@pytest.mark.parametrize("version", [None, 2, 0, "banana"])
+@pytest.mark.parametrize("version", [None, SCHEMA_VERSION + 1, 0, "banana"])
 def test_other_schema_version(results, tmp_path, version):
     ds = results.copy()
     if version is None:
@@ -304,6 +305,22 @@ def test_other_schema_version(results, tmp_path, version):
     message = str(info.value)
     assert "schema version" in message and repr(version) in message and str(SCHEMA_VERSION) in message
     path.unlink()  # the file was closed: it can be removed and rewritten
+
+
+def test_a_version_1_file_is_read_as_version_2_with_its_variables_renamed(tmp_path):
+    """A c3_landscape file of schema version 1 (its max over t named ``D_inf``, its value at T ``risk_heldout``)
+    opens with the version-2 names and the same values; a version-2 file is returned as it is."""
+    old = xr.Dataset({"D_inf": ("L", [0.5, 0.25]), "risk_heldout": ("L", [1.0, 2.0]), "limit_gap": ((), 0.1)},
+                     coords={"L": [8, 16]}, attrs={"experiment": "c3_landscape", "sfxlin_schema_version": 1})
+    old.to_netcdf(tmp_path / "old.nc")
+    ds = open_results(tmp_path / "old.nc")
+    assert set(ds.data_vars) == {"D_inf_max", "risk_heldout_T", "limit_gap"}
+    np.testing.assert_array_equal(ds.D_inf_max.values, [0.5, 0.25])
+    assert ds.attrs["sfxlin_schema_version"] == SCHEMA_VERSION == 2 and ds.attrs["schema_upgraded_from"] == 1
+    assert upgrade(ds) is ds
+    assert set(RENAMED) == {"c3_landscape", "c3_horizon", "c3_dim", "c3_shift"}
+    assert all(new in {v.name for v in get_experiment(name).variables} for name, renamed in RENAMED.items()
+               for new in renamed.values())
 
 
 def test_the_default_results_folder_is_the_working_directorys_datasets(results, tmp_path):

@@ -36,7 +36,7 @@ def test_the_empirical_law_joins_with_its_exact_limit(tokens):
     config = _config(tokens=str(path))
     cell = {"d": 2, "U_norm": 0.3, "seed": 0}
     out = run_cell(c1_limit.EXPERIMENT, config, cell)
-    assert c1_limit.inner_coords(config)["law"] == ["gaussian", "uniform", "empirical"]
+    assert c1_limit.EXPERIMENT.inner_coords(config)["law"] == ["gaussian", "uniform", "empirical"]
     # U and q as the kernel draws them; the reference limit is sigma^2 U q (sigma = 1)
     rng = cell_rng(c1_limit.NAME, cell, config["root_seed"])
     U = rng.standard_normal((2, 2))
@@ -80,7 +80,7 @@ def _rewrite(path, Z):
 def test_a_file_changed_after_configuration_is_refused(tokens):
     path, Z = tokens
     config = _config(tokens=str(path))
-    inputs = c1_limit.main_inputs(config, {})
+    inputs = c1_limit.EXPERIMENT.cell_inputs(config, {"d": 2, "U_norm": 0.3, "seed": 0})
     _rewrite(path, Z + 1.0)
     with pytest.raises(ValueError, match="changed since the run was configured"):
         c1_limit.kernel({"d": 2, "U_norm": 0.3, "seed": 0}, np.random.default_rng(0), inputs)

@@ -1,7 +1,8 @@
 """The sweep engine: an experiment's declarations -> a lazy, labelled, dask-backed
 ``xr.Dataset`` -> a netCDF results file.
 
-Typed parameters (:mod:`.params`), experiments, their parts and cells (:mod:`.sweep`), finding
+Typed parameters (:mod:`.params`), experiments, their parts and cells (:mod:`.sweep`), the families
+experiments are variants of (:mod:`.family`), what a run will cost (:mod:`.plan`), finding
 experiments by name (:mod:`.experiments`) and the plug-in protocol their declaration modules
 follow (:mod:`.protocol`), the kept cells of interrupted runs (:mod:`.cellstore`) and
 the code they are fingerprinted by (:mod:`.closure`), cells computed on a dask cluster (:mod:`.cluster`),
@@ -12,7 +13,9 @@ The rule of the house: the mathematics (``sfxlin.*`` outside this package) impor
 engine; the engine imports the mathematics; pipelines and analysis import both; the command line
 imports everything. A test checks it (tests/test_layout.py).
 """
+from .family import Cells, Cost, Family
 from .params import Param, Profiles
 from .sweep import Experiment, Out, Part, Variable, build, cell_rng, run_cell, substream
 
-__all__ = ["Param", "Profiles", "Experiment", "Out", "Part", "Variable", "build", "cell_rng", "run_cell", "substream"]
+__all__ = ["Cells", "Cost", "Family", "Param", "Profiles", "Experiment", "Out", "Part", "Variable", "build",
+           "cell_rng", "run_cell", "substream"]

@@ -48,7 +48,8 @@ from .closure import import_closure, in_sfxlin
 from .schema import SCHEMA_VERSION
 from .sweep import coordinate_text
 
-__all__ = ["CellStore", "KeptCells", "WorkerWriteError", "cell_fingerprint", "code_fingerprint", "experiment_code",
+__all__ = ["CellStore", "KeptCells", "WorkerWriteError", "cell_fingerprint", "code_files", "code_fingerprint",
+           "experiment_code",
            "holds_cell", "prune", "survey"]
 
 _FINGERPRINT_KEY = "__cell_fingerprint__"
@@ -64,18 +65,24 @@ class WorkerWriteError(RuntimeError):
     (``compute(ds, address=..., store=store)``), since a worker's folder may not be the run's."""
 
 
-@functools.lru_cache(maxsize=None)
-def code_fingerprint(extra_modules=()) -> str:
-    """Hash of the source files of ``sfxlin`` (every subpackage: the mathematics, the models, the
-    engine), ``sfxlin.pipelines`` and the :func:`import_closure` of ``extra_modules`` (the modules
-    of an experiment declared elsewhere, e.g. found through ``$SFXLIN_PIPELINES``: its kernels,
-    its declaring and analysis modules), each of those by its module name: the code of every kernel."""
-    digest = hashlib.sha256()
+def code_files(extra_modules=()) -> list:
+    """``[(name, path)]`` of the source files :func:`code_fingerprint` hashes: every ``.py`` file of
+    ``sfxlin`` (every subpackage: the mathematics, the models, the engine) and of ``sfxlin.pipelines`` (the
+    families of ``sfxlin.pipelines.families`` with the experiments), then the :func:`import_closure` of
+    ``extra_modules``."""
     paths = [(f"{package}/{path.relative_to(folder).as_posix()}", path)
              for package in ("sfxlin", "sfxlin.pipelines")
              for folder in map(Path, importlib.import_module(package).__path__) for path in sorted(folder.rglob("*.py"))]
-    paths += import_closure(extra_modules).items()
-    for name, path in paths:
+    return paths + list(import_closure(extra_modules).items())
+
+
+@functools.lru_cache(maxsize=None)
+def code_fingerprint(extra_modules=()) -> str:
+    """Hash of :func:`code_files` of ``extra_modules`` (the modules of an experiment declared elsewhere,
+    e.g. found through ``$SFXLIN_PIPELINES``: its kernels, its declaring and analysis modules), each file
+    by its module name: the code of every kernel."""
+    digest = hashlib.sha256()
+    for name, path in code_files(extra_modules):
         digest.update(f"{name}\0".encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]

@@ -1,6 +1,7 @@
-"""Experiments found by name: every module of ``sfxlin.pipelines`` (but those whose name starts
-with ``_``: helpers), and the modules named in ``$SFXLIN_PIPELINES`` (comma-separated importable
-module names: a researcher's own experiments, outside this repository).
+"""Experiments found by name: every module of ``sfxlin.pipelines`` (not its packages, such as
+``sfxlin.pipelines.families``, which hold what the experiments share, nor a module whose name starts
+with ``_``), and the modules named in ``$SFXLIN_PIPELINES`` (comma-separated importable module names: a
+researcher's own experiments, outside this repository).
 
 Nothing else lists experiments: ``sfxlin list``, ``sfxlin run``, ``sfxlin reproduce`` and the
 schema document find them here, and the report finds each file's analysis module from the
@@ -28,7 +29,7 @@ def _modules():
     from .. import pipelines
 
     names = [f"{pipelines.__name__}.{m.name}" for m in pkgutil.iter_modules(pipelines.__path__)
-             if not m.name.startswith("_")]
+             if not m.ispkg and not m.name.startswith("_")]
     names += [n.strip() for n in os.environ.get(ENV, "").split(",") if n.strip()]
     return names
 

@@ -10,7 +10,10 @@ separated by ``;``); Python values are checked by the same rules.
 
 Kinds: ``int``, ``float``, ``str``, ``bool``, the lists ``int_list``, ``float_list``,
 ``str_list``, ``matrix`` (a symmetric positive-definite matrix, given whole or as its
-diagonal; stored whole) and ``file`` (an input file: a path, or ``file.nc:variable``; the value
+diagonal; stored whole), ``covariance`` (a covariance spec of :func:`sfxlin.covariance.from_spec`, its
+syntax checked here and its matrix where the dimension is known, by the experiment's checks; a diagonal
+given as numbers, ``--set Sigma=2,1,0.5`` or ``[2, 1, 0.5]``, is stored as the spec ``diagonal:2.0/1.0/0.5``
+that builds it, and a matrix with off-diagonal entries is refused, naming the spec spellings) and ``file`` (an input file: a path, or ``file.nc:variable``; the value
 is its text, ``suffixes`` the endings it may have, ``optional`` allows ``""`` or None for no
 file). A file's sha256 is taken once, when the configuration is made (:attr:`Config.digests`);
 it reaches every cell that reads the file as ``<name>_sha256`` (:func:`file_digests`: a changed
@@ -37,7 +40,7 @@ from ..realdata import parse_file_source, source_sha256
 
 __all__ = ["Param", "Profiles", "Config", "configure", "parse_text", "file_digests", "digest_key", "KINDS"]
 
-KINDS = ("int", "float", "str", "bool", "int_list", "float_list", "str_list", "matrix", "file")
+KINDS = ("int", "float", "str", "bool", "int_list", "float_list", "str_list", "matrix", "covariance", "file")
 
 #: the parameter every experiment seeds its cells with; numpy's SeedSequence needs it >= 0
 SEED = "root_seed"
@@ -128,6 +131,8 @@ class Param:
         try:
             if self.kind == "matrix":
                 return self._matrix(value)
+            if self.kind == "covariance":
+                return _covariance_spec(value)
             if self.kind.endswith("_list"):
                 return self._list(value)
             return self._scalar(value, self.kind)
@@ -223,6 +228,8 @@ def parse_text(param: Param, text: str):
         except json.JSONDecodeError as exc:
             raise ValueError(f"{param.name}: {text!r} is not valid JSON ({exc.msg})") from None
     kind = param.kind
+    if kind == "covariance" and not text[:1].isalpha():
+        kind = "matrix"   # numbers: a diagonal, or rows separated by ';'
     try:
         if kind == "matrix":
             rows = [[float(x) for x in row.split(",") if x.strip()] for row in text.split(";")]
@@ -235,6 +242,24 @@ def parse_text(param: Param, text: str):
         what = f"list of {kind[:-len('_list')]}" if kind.endswith("_list") else kind
         raise ValueError(f"{param.name}: {text!r} is not a valid {what}") from None
     return param.check(value)
+
+
+def _covariance_spec(value) -> str:
+    """The covariance spec ``value`` names: a spec string (its syntax checked), or the spec
+    ``diagonal:a/b/...`` of a diagonal given as numbers (a list, or a matrix with no off-diagonal entry)."""
+    from ..covariance import parse_spec
+
+    if isinstance(value, str):
+        parse_spec(value)
+        return value
+    S = np.asarray(value, dtype=float)
+    if S.ndim == 2 and S.shape[0] == S.shape[1] and np.array_equal(S, np.diag(np.diag(S))):
+        S = np.diag(S)
+    if S.ndim != 1 or S.size == 0:
+        raise ValueError(f"expected a covariance spec (sfxlin.covariance.from_spec), or a diagonal, got {value!r}; a "
+                         "matrix with off-diagonal entries is a spec too: a rotated spectrum "
+                         "(rotated:diagonal:2/1:seed=3) or a family (kms:0.5), docs/covariance.md")
+    return "diagonal:" + "/".join(repr(float(x)) for x in S)
 
 
 def _scalar_text(text, kind):

@@ -17,8 +17,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["ANALYSIS", "Analysis", "Export", "PIPELINE", "Protocol", "ProtocolError", "cell_work", "load_analysis",
-           "load_pipeline"]
+__all__ = ["ANALYSIS", "Analysis", "Export", "PIPELINE", "Protocol", "ProtocolError", "load_analysis", "load_pipeline"]
 
 
 class ProtocolError(TypeError):
@@ -121,9 +120,6 @@ def _criteria(value) -> str | None:
 PIPELINE = Protocol("pipeline", (
     Export("EXPERIMENT", "EXPERIMENT", "the experiment (an sfxlin.engine.Experiment: parameters, parts and their "
                                        "kernels, variables, the name of its analysis module)", value=_an_experiment),
-    Export("cell_work", "cell_work(config, part)", "the work of one cell of the part, the quantity its cost law "
-                                                   "scales with (None: a part whose cells cost what its paper cells "
-                                                   "did)", required=False),
 ))
 
 #: the exports of an analysis module
@@ -155,14 +151,6 @@ def load_pipeline(name: str, hint: str = ""):
     a ``ValueError`` (ending with ``hint``) when it cannot be imported, a :class:`ProtocolError` when
     it does not follow the protocol."""
     return PIPELINE.check(_import(name, "pipeline", hint)).EXPERIMENT
-
-
-def cell_work(experiment, config, part=""):
-    """The declared work of one cell of ``part``: the ``cell_work(config, part)`` of the module that
-    declares ``experiment``, or None when it exports none (or declares none for the part)."""
-    module = importlib.import_module(experiment.module) if experiment.module else None
-    declared = None if module is None else PIPELINE.get(module, "cell_work")
-    return None if declared is None else declared(config, part)
 
 
 class Analysis:

@@ -1,13 +1,35 @@
-"""The shared vocabulary of dimension names and their CF-style attributes.
+"""The shared vocabulary of dimension names and their CF-style attributes, and the schema version.
 
 One table, so every results file labels ``L``, ``d``, ``U_norm``, ... the same way. Every
 coordinate has a ``long_name`` and a ``description`` (a sentence ending with a full stop), and
 ``units`` where the quantity has one; the files follow the CF conventions named by
 :data:`CONVENTIONS` (their ``Conventions`` attribute).
+
+Version 2 gives each variable one meaning per name within a family: a C3 measure per checkpoint keeps its
+name, its maximum over the checkpoints ends in ``_max`` and its value at the end of training in ``_T``
+(:data:`RENAMED`), and a C3 setting's covariance is a covariance spec. A version-1 file is read as version 2
+(:func:`upgrade`: the names only, no value changes), so the files users hold, and the shipped ones until they
+are regenerated, keep being analysed and verified.
 """
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+#: the schema versions this sfxlin reads (version 1 through :func:`upgrade`)
+READS = (1, 2)
+
+#: the variables version 2 renamed, per experiment: ``{old name: new name}``
+RENAMED = {
+    "c3_landscape": {"D_inf": "D_inf_max", "D_linL": "D_linL_max", "off_block": "off_block_max",
+                     "off_block_inf": "off_block_inf_max", "norm_inf": "norm_inf_T", "risk_train": "risk_train_T",
+                     "risk_inf": "risk_inf_T", "risk_heldout": "risk_heldout_T", "risk_heldout_inf": "risk_heldout_inf_T"},
+    "c3_horizon": {"off_block": "off_block_max"},
+    "c3_dim": {"off_block": "off_block_max", "off_block_inf": "off_block_inf_max", "norm_inf": "norm_inf_T",
+               "risk_train": "risk_train_T", "risk_heldout": "risk_heldout_T", "risk_heldout_inf": "risk_heldout_inf_T",
+               "dist_star_inf": "dist_star_inf_T"},
+    "c3_shift": {"risk_train": "risk_train_T"},
+}
+
 
 #: the ``Conventions`` attribute of every results file
 CONVENTIONS = "CF-1.10"
@@ -89,3 +111,27 @@ COORDS = {
 def coord_attrs(dim: str) -> dict:
     """Attributes of a coordinate of the shared vocabulary (empty dict if unknown)."""
     return dict(COORDS.get(dim, {}))
+
+
+def version_of(ds):
+    """The ``sfxlin_schema_version`` attr of ``ds`` as an int, or None (absent, or not a number)."""
+    version = ds.attrs.get("sfxlin_schema_version")
+    version = version.item() if hasattr(version, "item") else version  # netCDF gives numpy scalars
+    try:
+        return None if version is None else int(version)
+    except (TypeError, ValueError):   # e.g. a non-numeric attribute written by another tool
+        return None
+
+
+def upgrade(ds):
+    """``ds`` in the current schema (a new Dataset for a version-1 file, ``ds`` itself otherwise): the
+    variables of :data:`RENAMED` renamed, the version set to :data:`SCHEMA_VERSION` and
+    ``schema_upgraded_from`` to 1. Values are untouched; the recorded configuration needs no change (a
+    version-1 ``Sigma_<setting>`` matrix is read as the covariance spec that builds it,
+    :mod:`sfxlin.engine.params`)."""
+    if version_of(ds) != 1:
+        return ds
+    renamed = {old: new for old, new in RENAMED.get(ds.attrs.get("experiment"), {}).items() if old in ds.data_vars}
+    out = ds.rename_vars(renamed)
+    out.attrs.update(sfxlin_schema_version=SCHEMA_VERSION, schema_upgraded_from=1)
+    return out

@@ -12,7 +12,7 @@ import numpy as np
 import xarray as xr
 
 from .._version import __version__
-from .schema import SCHEMA_VERSION
+from .schema import READS, SCHEMA_VERSION, upgrade, version_of
 
 __all__ = ["save", "ensure_writable", "blas_kernel", "record_cell_kernels", "open_results", "results_path", "provenance", "input_files",
            "changed_input_files", "default_results_dir", "FOLDER_RULE", "RESULTS_ENV", "ResultsError"]
@@ -210,7 +210,9 @@ def open_results(name_or_path=None, results_dir=None):
 
     With no argument, returns the sorted list of experiment names available there. The Dataset
     is loaded into memory (the file is closed when this returns).
-    Raises :class:`ResultsError` for a missing, unreadable or other-schema file.
+    A file of an earlier schema this sfxlin reads comes back in the current one
+    (:func:`sfxlin.engine.schema.upgrade`). Raises :class:`ResultsError` for a missing, unreadable or
+    other-schema file.
     """
     folder = Path(results_dir) if results_dir is not None else default_results_dir()
     if name_or_path is None:
@@ -223,13 +225,9 @@ def open_results(name_or_path=None, results_dir=None):
         ds = xr.load_dataset(path, engine="netcdf4")
     except Exception as exc:  # netCDF4/HDF5 raise OSError, ValueError, KeyError for damaged files
         raise ResultsError(f"{path} is not a readable netCDF file ({type(exc).__name__}: {exc})") from exc
-    version = ds.attrs.get("sfxlin_schema_version")
-    version = version.item() if hasattr(version, "item") else version  # netCDF gives numpy scalars
-    try:
-        known = version is not None and int(version) == SCHEMA_VERSION
-    except (TypeError, ValueError):  # e.g. a non-numeric attribute written by another tool
-        known = False
-    if not known:
+    if version_of(ds) not in READS:
+        version = ds.attrs.get("sfxlin_schema_version")
+        version = version.item() if hasattr(version, "item") else version  # netCDF gives numpy scalars
         ds.close()
         raise ResultsError(f"{path} has schema version {version!r}; this sfxlin reads version {SCHEMA_VERSION}")
-    return ds
+    return upgrade(ds)

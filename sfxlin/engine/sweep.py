@@ -139,9 +139,13 @@ class Experiment:
     scheduler ``sfxlin run`` uses when none is asked (None: threads); ``"processes"`` for a few long
     cells made of many small numpy calls, which contend for the GIL on two threads (C3: a cell takes
     ~30% longer beside another on threads; docs/performance.md). The bits do not depend on it.
-    ``module`` names the module that declares the experiment (default: the module whose code calls
-    ``Experiment(...)``, as for a ``namedtuple``); with its kernels' and analysis modules it is where
-    the cell store starts the import closure it fingerprints (:func:`sfxlin.engine.cellstore.experiment_code`).
+    ``cost(config, part, cell)`` is the expected CPU seconds of one cell of ``part`` (None: no
+    estimate), from the declarations alone (a family's cost model, :mod:`sfxlin.engine.family`):
+    ``sfxlin run --plan`` adds it up and a run that declares processes picks threads for a sweep too small
+    to pay for the pool (:mod:`sfxlin.engine.plan`). ``module`` names the module that declares the
+    experiment (default: the module whose code calls ``Experiment(...)``, as for a ``namedtuple``); with
+    its kernels' and analysis modules it is where the cell store starts the import closure it
+    fingerprints (:func:`sfxlin.engine.cellstore.experiment_code`).
     """
 
     name: str
@@ -155,6 +159,7 @@ class Experiment:
     title: str = ""
     analysis: str | None = None
     scheduler: str | None = None
+    cost: Callable | None = field(default=None, compare=False)
     module: str | None = field(default=None, compare=False)
 
     def __post_init__(self):

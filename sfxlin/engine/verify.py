@@ -17,23 +17,53 @@ A file records the BLAS kernel that computed it (``library_versions["blas"]``, e
 last bits (docs/performance.md section 10).
 
 The cells checked are the cheapest ones by what the file records they cost (its ``cell_seconds``
-or ``cell_timeline``, :func:`sfxlin.engine.plan.timeline_rows`), so that a check of every shipped
-file takes seconds; ``cells`` per part, in grid order where the file records no cost.
+or ``cell_timeline``, :func:`timeline_rows`), so that a check of every shipped file takes seconds;
+``cells`` per part, in grid order where the file records no cost.
 """
 from __future__ import annotations
 
 import itertools
 import json
+import math
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["CellCheck", "VariableCheck", "choose_cells", "iter_verify", "kernel_note", "verify_file", "DEFAULT_RTOL"]
+__all__ = ["CellCheck", "VariableCheck", "choose_cells", "iter_verify", "kernel_note", "timeline_rows", "verify_file",
+           "DEFAULT_RTOL"]
 
 #: what the determinism contract promises across code versions and CPUs
 DEFAULT_RTOL = 1e-10
+
+_RANGE = re.compile(r"(\w+)\[(\d+):(\d+)\]")
+_PART = re.compile(r"^(\w+):")
+
+
+def timeline_rows(ds):
+    """``[(part, coords or None, seconds per cell)]`` of the results Dataset ``ds``.
+
+    From its ``cell_seconds`` attr where it has one (``sfxlin run`` writes it: every cell with the
+    seconds its kernel took when it was computed, by that run or, for a cell served from the kept
+    cells, by the earlier run that computed it; a kept cell with no record is left out, never
+    counted at the seconds it took to read). Otherwise from its ``cell_timeline``
+    (``[block, worker, start, end]``, ``block`` = ``"part:dim[a:b],..."`` or ``"dim[a:b],..."`` for the
+    main part); ``coords`` is None for a block of several cells, whose seconds are split evenly. ``[]``
+    for a file that records neither."""
+    if "cell_seconds" in ds.attrs:
+        return [(part, coords, float(seconds)) for part, coords, seconds in json.loads(ds.attrs["cell_seconds"])
+                if seconds is not None]
+    rows = []
+    for block, _worker, start, end in json.loads(ds.attrs.get("cell_timeline", "[]")):
+        named = _PART.match(block)
+        part, where = (named.group(1), block[named.end():]) if named else ("", block)
+        ranges = {dim: (int(a), int(b)) for dim, a, b in _RANGE.findall(where)}
+        n = math.prod(b - a for a, b in ranges.values())
+        coords = ({dim: ds[dim].values[a].item() for dim, (a, _b) in ranges.items()} if n == 1 else None)
+        rows.append((part, coords, (float(end) - float(start)) / max(n, 1)))
+    return rows
 
 
 @dataclass(frozen=True)
@@ -93,8 +123,6 @@ def choose_cells(experiment, config, ds, cells=1, where=None) -> list:
     """``[(part, cell)]``: per part of ``experiment``, its ``cells`` cheapest cells (among those
     matching ``where``) by what the file ``ds`` records they cost, in grid order where it records
     none."""
-    from .plan import timeline_rows
-
     costs = {}
     for part, coords, seconds in timeline_rows(ds):
         if coords is not None:
@@ -152,12 +180,13 @@ def iter_verify(path, cells=1, where=None, on_open=None):
     import xarray as xr
 
     from .experiments import get
+    from .schema import upgrade
     from .storage import changed_input_files
     from .sweep import run_cell
 
     path = Path(path)
     with xr.open_dataset(path, engine="netcdf4") as ds:
-        ds.load()
+        ds = upgrade(ds.load())
     missing = [k for k in ("experiment", "config") if k not in ds.attrs]
     if missing:
         raise ValueError(f"{path} records no {' and no '.join(missing)} attr: not a results file of sfxlin")

@@ -1,10 +1,10 @@
-"""sfxlin.stability: the gradient-gap kernel against naive per-task loops, its L^-1/2 decay at
+"""sfxlin.gradient_gap: the gradient-gap kernel against naive per-task loops, its L^-1/2 decay at
 fixed parameters, the trajectory function's draw order and outputs, and the concentration
 constant against Monte Carlo."""
 import numpy as np
 import pytest
 
-from sfxlin import icl, laws, softmax_core, stability
+from sfxlin import icl, laws, softmax_core, gradient_gap
 from sfxlin.training import train, train_all_arrays
 
 
@@ -56,13 +56,13 @@ def test_gap_matches_naive_loops(block, monkeypatch):
     # tiny BLAS and cache budgets force column padding and several chunks of pairs
     monkeypatch.setattr(softmax_core, "GEMM_MNK", 7 * 60)
     monkeypatch.setattr(softmax_core, "CACHE_BYTES", 2000)
-    got = stability.gradient_gap(U, v, tasks, prompts, Ls, kind="both", t_chunk=2)
+    got = gradient_gap.gradient_gap(U, v, tasks, prompts, Ls, kind="both", t_chunk=2)
     task, risk = _naive_gaps(U, v, tasks, prompts, Ls, Sigma)
     np.testing.assert_allclose(got["task"], task, rtol=1e-10)
     np.testing.assert_allclose(got["risk"], risk, rtol=1e-10)
     # kind only selects an output: same blocking, same arithmetic, so bitwise equal
-    np.testing.assert_array_equal(stability.gradient_gap(U, v, tasks, prompts, Ls, t_chunk=2), got["task"])
-    np.testing.assert_array_equal(stability.gradient_gap(U, v, tasks, prompts, Ls, kind="risk", t_chunk=2),
+    np.testing.assert_array_equal(gradient_gap.gradient_gap(U, v, tasks, prompts, Ls, t_chunk=2), got["task"])
+    np.testing.assert_array_equal(gradient_gap.gradient_gap(U, v, tasks, prompts, Ls, kind="risk", t_chunk=2),
                                   got["risk"])
     # default budgets and t_chunk: other BLAS shapes (no padding, fewer chunks), and a different
     # BLAS blocking may sum the same terms in a different order (OpenBLAS Haswell and Nehalem
@@ -70,7 +70,7 @@ def test_gap_matches_naive_loops(block, monkeypatch):
     # n <= 56 tokens (the longest block) moves it by at most ~n u = 6e-15 of its size for these
     # well-conditioned sums: rtol 1e-14, still far below the 1e-10 of the loop comparison above.
     monkeypatch.undo()
-    default = stability.gradient_gap(U, v, tasks, prompts, Ls, kind="both")
+    default = gradient_gap.gradient_gap(U, v, tasks, prompts, Ls, kind="both")
     np.testing.assert_allclose(default["task"], got["task"], rtol=1e-14, atol=0)
     np.testing.assert_allclose(default["risk"], got["risk"], rtol=1e-14, atol=0)
 
@@ -80,7 +80,7 @@ def test_features_are_one_x_and_the_upper_products():
     X = np.random.default_rng(4).standard_normal((3, 5, 4))
     want = [np.ones(X.shape[:-1])] + [X[..., i] for i in range(4)]
     want += [X[..., i] * X[..., j] for i in range(4) for j in range(i, 4)]
-    np.testing.assert_array_equal(stability._features(X), np.stack(want, axis=-1))
+    np.testing.assert_array_equal(gradient_gap._features(X), np.stack(want, axis=-1))
 
 
 def test_gap_survives_huge_logits():
@@ -91,7 +91,7 @@ def test_gap_survives_huge_logits():
     U = np.zeros((1, 3, 3))
     U[0, :2, :2] = 400.0 * np.eye(2)
     v = np.ones((1, 3))
-    g = stability.gradient_gap(U, v, tasks, tasks.Z, [1, 8, 64])
+    g = gradient_gap.gradient_gap(U, v, tasks, tasks.Z, [1, 8, 64])
     task, _ = _naive_gaps(U, v, tasks, tasks.Z[None], [1, 8, 64], np.eye(2))
     assert np.all(np.isfinite(g))
     np.testing.assert_allclose(g, task, rtol=1e-9)
@@ -105,14 +105,14 @@ def test_gap_rejects_noisy_labels_and_unshared_partners():
     Z = tasks.Z.copy()
     Z[0, 3, 2] += 0.1
     with pytest.raises(ValueError, match="noiseless"):
-        stability.gradient_gap(U, v, tasks, Z, [4, 16])
+        gradient_gap.gradient_gap(U, v, tasks, Z, [4, 16])
     Z = tasks.Z.copy()
     Z[1, :, :2] = rng.standard_normal((16, 2))
     Z[1, :, 2] = Z[1, :, :2] @ tasks.w[1]
     with pytest.raises(ValueError, match="share"):
-        stability.gradient_gap(U, v, tasks, Z, [4, 16])
+        gradient_gap.gradient_gap(U, v, tasks, Z, [4, 16])
     with pytest.raises(ValueError, match="kind"):
-        stability.gradient_gap(U, v, tasks, tasks.Z, [4, 16], kind="mean")
+        gradient_gap.gradient_gap(U, v, tasks, tasks.Z, [4, 16], kind="mean")
 
 
 def test_gap_decays_like_inverse_sqrt_L_at_fixed_parameters():
@@ -125,20 +125,20 @@ def test_gap_decays_like_inverse_sqrt_L_at_fixed_parameters():
     tasks = icl.make_tasks(rng, 2, 8, 2, Ls[-1], law)
     U0, v0 = icl.init_theta(2, Sigma)
     prompts = np.concatenate([tasks.Z[None], _prompts(rng, tasks, law, 5)])
-    g = stability.gradient_gap(0.3 * U0, v0, tasks, prompts, Ls)[:, 0]
+    g = gradient_gap.gradient_gap(0.3 * U0, v0, tasks, prompts, Ls)[:, 0]
     slope = np.polyfit(np.log(Ls), np.log(g), 1)[0]
     assert -0.7 < slope < -0.3, slope
     assert g[-1] < g[0] / 4
 
 
-@pytest.mark.parametrize("trainer", stability.TRAINERS)
+@pytest.mark.parametrize("trainer", gradient_gap.TRAINERS)
 def test_trajectory_outputs_and_draw_order(trainer):
     """gradient_gap_trajectory = training of linear(inf) + gradient_gap on the documented draws."""
     Sigma = np.diag([1.2, 0.7])
     Ls = [4, 16, 32]
     kw = dict(n_pairs=3, n_queries=2, n_replicates=3, lr=0.05, n_steps=40, ckpt_every=10)
-    out = stability.gradient_gap_trajectory(np.random.default_rng(5), Sigma, Ls, trainer=trainer, **kw)
-    assert set(out) == set(stability.TRAJECTORY_KEYS)
+    out = gradient_gap.gradient_gap_trajectory(np.random.default_rng(5), Sigma, Ls, trainer=trainer, **kw)
+    assert set(out) == set(gradient_gap.TRAJECTORY_KEYS)
     rng = np.random.default_rng(5)
     law = laws.covariate_law("gaussian", Sigma)
     tasks = icl.make_tasks(rng, 2, 3, 2, 32, law)
@@ -158,7 +158,7 @@ def test_trajectory_outputs_and_draw_order(trainer):
     np.testing.assert_array_equal(out["U_inf"], U)
     np.testing.assert_array_equal(out["v_inf"], v)
     np.testing.assert_array_equal(out["risk_inf"], risk)
-    both = stability.gradient_gap(U, v, tasks, np.stack(prompts), Ls, kind="both")
+    both = gradient_gap.gradient_gap(U, v, tasks, np.stack(prompts), Ls, kind="both")
     np.testing.assert_allclose(out["g"], both["task"], rtol=1e-12)
     np.testing.assert_allclose(out["g_risk"], both["risk"], rtol=1e-12)
     assert out["g"].shape == (3, 5)
@@ -175,14 +175,14 @@ def test_trajectory_outputs_and_draw_order(trainer):
 def test_trajectory_rejects_bad_arguments():
     kw = dict(n_pairs=2, n_queries=1, lr=0.01, n_steps=10, ckpt_every=5)
     with pytest.raises(ValueError, match="n_replicates"):
-        stability.gradient_gap_trajectory(np.random.default_rng(0), np.eye(2), [4, 8], n_replicates=0, **kw)
+        gradient_gap.gradient_gap_trajectory(np.random.default_rng(0), np.eye(2), [4, 8], n_replicates=0, **kw)
     with pytest.raises(ValueError, match="increasing"):
-        stability.gradient_gap_trajectory(np.random.default_rng(0), np.eye(2), [8, 4], n_replicates=1, **kw)
+        gradient_gap.gradient_gap_trajectory(np.random.default_rng(0), np.eye(2), [8, 4], n_replicates=1, **kw)
     with pytest.raises(ValueError, match="trainer"):
-        stability.gradient_gap_trajectory(np.random.default_rng(0), np.eye(2), [4, 8], n_replicates=1,
+        gradient_gap.gradient_gap_trajectory(np.random.default_rng(0), np.eye(2), [4, 8], n_replicates=1,
                                           trainer="adam", **kw)
     with pytest.raises(ValueError, match="multiple"):
-        stability.gradient_gap_trajectory(np.random.default_rng(0), np.eye(2), [4, 8], n_replicates=1,
+        gradient_gap.gradient_gap_trajectory(np.random.default_rng(0), np.eye(2), [4, 8], n_replicates=1,
                                           **{**kw, "n_steps": 7})
 
 
@@ -203,7 +203,7 @@ def test_concentration_constant_matches_monte_carlo(Sigma):
     """tau > 16 here, so the Monte Carlo estimate has finite variance: 6 standard errors."""
     assert np.sum(np.linalg.eigvalsh(Sigma) ** -2.0) > 16
     est, se = _mc_constant(Sigma, 400_000, 1)
-    exact = stability.concentration_constant(Sigma)
+    exact = gradient_gap.concentration_constant(Sigma)
     assert abs(est - exact) < 6 * se, (est, se, exact)
     assert se < 0.01 * exact
 
@@ -212,16 +212,16 @@ def test_concentration_constant_closed_forms_and_threshold():
     # isotropic: Sigma = s I_3, tau = 3 / s^2
     for s in [0.2, 0.5, 0.8]:
         tau = 3 / s**2
-        assert stability.concentration_constant(s, d=3) == pytest.approx((1 - 2 / np.sqrt(tau)) ** -1.5, rel=1e-12)
-        assert stability.concentration_constant(s * np.eye(3)) == stability.concentration_constant(s, d=3)
-    assert stability.concentration_constant(np.eye(4)) == np.inf          # tau = 4 exactly
-    assert stability.concentration_constant(2.0, d=3) == np.inf            # tau = 0.75
-    assert stability.concentration_constant([1.0, 1.0, 1.0]) == np.inf    # tau = 3
-    assert np.isfinite(stability.concentration_constant(0.86, d=3))        # tau = 4.06
+        assert gradient_gap.concentration_constant(s, d=3) == pytest.approx((1 - 2 / np.sqrt(tau)) ** -1.5, rel=1e-12)
+        assert gradient_gap.concentration_constant(s * np.eye(3)) == gradient_gap.concentration_constant(s, d=3)
+    assert gradient_gap.concentration_constant(np.eye(4)) == np.inf          # tau = 4 exactly
+    assert gradient_gap.concentration_constant(2.0, d=3) == np.inf            # tau = 0.75
+    assert gradient_gap.concentration_constant([1.0, 1.0, 1.0]) == np.inf    # tau = 3
+    assert np.isfinite(gradient_gap.concentration_constant(0.86, d=3))        # tau = 4.06
     # just above 4 the constant is large and decreasing in tau
-    vals = [stability.concentration_constant(np.sqrt(3 / t), d=3) for t in (4.01, 5, 8, 15)]
+    vals = [gradient_gap.concentration_constant(np.sqrt(3 / t), d=3) for t in (4.01, 5, 8, 15)]
     assert vals[0] > 1e3 and np.all(np.diff(vals) < 0)
     with pytest.raises(ValueError, match="positive definite"):
-        stability.concentration_constant(np.diag([1.0, 0.0]))
+        gradient_gap.concentration_constant(np.diag([1.0, 0.0]))
     with pytest.raises(ValueError, match="needs a positive integer d"):
-        stability.concentration_constant(0.5)
+        gradient_gap.concentration_constant(0.5)

@@ -1,6 +1,6 @@
-"""Gradient stability along the infinite-prompt trajectory (claim C2, "trajectory stability" and
-"threshold study": docs/claims.md, docs/protocols.md), and the query-averaged concentration
-constant (docs/models.md, section 2).
+"""The gradient gap of softmax(L) against linear(inf), along the infinite-prompt training trajectory and at
+the Bayes optimum (claim C2, "trajectory stability" and "threshold study": docs/claims.md, docs/protocols.md),
+and the query-averaged concentration constant (docs/models.md, section 2).
 
 * :func:`gradient_gap_trajectory` trains ``linear(inf)`` (the Lemma 2.1 limit, matrix
   ``Gamma_w``) by gradient descent and, at every checkpoint ``theta_inf(t)`` and every prompt
