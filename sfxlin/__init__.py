@@ -8,7 +8,7 @@ from .attention import (asymptotic_mse, limit_attention, linear_attention, softm
 from .laws import LAWS, Gaussian, GaussianMixture, Law, NoLimitError, Rademacher, StudentT, Uniform
 from .engine.storage import open_results, save
 from .engine.sweep import Experiment, Variable, build
-from .engine.runs import run
+from .runs import run
 from .analysis import accessor as _accessor  # registers the ``.sfx`` accessors  # noqa: F401
 
 __all__ = [

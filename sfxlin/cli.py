@@ -50,7 +50,7 @@ from pathlib import Path
 from ._version import __version__
 from .engine.experiments import ENV, experiments
 from .engine.experiments import get as get_experiment
-from .engine.runs import default_out
+from .runs import default_out
 from .engine.storage import FOLDER_RULE, RESULTS_ENV, ResultsError, changed_input_files, default_results_dir, results_path
 
 __all__ = ["main"]
@@ -243,11 +243,11 @@ def _declared_processes(experiment, config, out_dir, fresh):
 
 def run_experiment(experiment, config, out_dir, name, args):
     """Compute ``experiment`` under ``config`` into ``out_dir/name.nc`` (and its figure), keeping
-    every finished cell in ``out_dir/.EXP.cells``, then print its tables (:func:`sfxlin.engine.runs.execute`);
+    every finished cell in ``out_dir/.EXP.cells``, then print its tables (:func:`sfxlin.runs.execute`);
     ``args`` holds the run options (``--force``, ``--fresh``, ``--chunks``, the scheduler,
     ``--quiet``/``--verbose``, ``--no-figure``) and ``argv``, the command line that resumes. Returns the
     verdict rows."""
-    from .engine.runs import RunInterrupted, execute
+    from .runs import RunInterrupted, execute
 
     try:
         outcome = execute(

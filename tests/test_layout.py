@@ -73,12 +73,13 @@ def _imported(path: Path, package: str) -> set[str]:
 
 
 def _layer(module: str) -> int:
-    """0 the mathematics, 1 the engine, 2 pipelines and analysis, 3 the command line."""
+    """0 the mathematics, 1 the engine, 2 pipelines and analysis, 3 the command line and its Python face
+    (``sfxlin.runs``: a run judged by its analysis)."""
     if module.startswith(("sfxlin.pipelines", "sfxlin.analysis", "sfxlin.benchmarks")):
         return 2
     if module.startswith("sfxlin.engine"):
         return 1
-    if module == "sfxlin.cli":
+    if module in ("sfxlin.cli", "sfxlin.runs"):
         return 3
     return 0
 

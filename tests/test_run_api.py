@@ -14,7 +14,7 @@ import pytest
 import xarray as xr
 
 from sfxlin.engine.params import Param, parse_text
-from sfxlin.engine.runs import override_text
+from sfxlin.runs import override_text
 from sfxlin.testing import assert_same_results
 
 BIN = Path(sys.executable).parent

@@ -16,8 +16,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .params import Param
-from .storage import changed_input_files, default_results_dir, ensure_writable, record_cell_kernels, ResultsError, save
+from .engine.params import Param
+from .engine.storage import changed_input_files, default_results_dir, ensure_writable, record_cell_kernels, ResultsError, save
 
 __all__ = ["run", "execute", "judge", "Outcome", "RunInterrupted", "default_out", "check_replaceable", "override_text"]
 
@@ -116,9 +116,9 @@ def execute(experiment, config, out_dir, *, name=None, force=False, fresh=False,
     (scheduler, why)`` when given (the command line's rule for small sweeps). An interruption raises
     :class:`RunInterrupted` with the count of kept cells, as does any failure once ``terminated()``
     (the command line's: a SIGTERM arrived) says the run is being ended."""
-    from .cellstore import CellStore
-    from .execution import compute
-    from .sweep import build
+    from .engine.cellstore import CellStore
+    from .engine.execution import compute
+    from .engine.sweep import build
 
     name = name or experiment.name
     path = Path(out_dir) / f"{name}.nc"
@@ -161,9 +161,9 @@ def judge(ds, figure=None, quiet=False, resamples=None):
     and verdict tables, printed unless ``quiet``; returns the verdict rows. The analysis runs
     either way: ``quiet`` only silences it, so a failing analysis fails the run with or without
     it. ``resamples``: of each verdict's robustness (default: the analysis module's)."""
-    from ..analysis.report import analysis_for, fit_tables, verdicts
-    from ..analysis.tables import to_text
-    from ..analysis.verdicts import calibration_note, format_table
+    from .analysis.report import analysis_for, fit_tables, verdicts
+    from .analysis.tables import to_text
+    from .analysis.verdicts import calibration_note, format_table
 
     module = analysis_for(ds)
     if figure is not None:
@@ -207,7 +207,7 @@ def run(experiment, profile="quick", out=None, *, name=None, scheduler=None, wor
     ``"processes"``, ``"synchronous"``), ``workers`` (a new LocalCluster of that many processes) or
     ``address`` (an existing dask cluster) pick where the cells run; ``chunks``: cells per dask
     task along grid dims. A KeyboardInterrupt says how many cells were kept."""
-    from .experiments import get
+    from .engine.experiments import get
 
     exp = get(experiment) if isinstance(experiment, str) else experiment
     table = {p.name: p for p in exp.params}
