@@ -56,6 +56,10 @@ __all__ = ["TrainingDiverged", "train", "train_all", "train_all_arrays", "valida
            "perturbed_init", "pair_structure", "train_until"]
 
 FINITE_MODELS = ("softmax", "linear")
+#: largest ``2 d + 1`` for which :class:`SoftmaxPrefixEngine` keeps the tokens as the feature rows
+#: ``[x y, 1, x]`` (faster while the products are narrow); above, as ``[1, x, y]`` with ``E_p x y`` a
+#: row-weighted moment (docs/performance.md, section 11)
+FEATURE_ROWS = 19
 TRAINED_MODELS = icl.MODELS + icl.LAW_MODELS
 _TINY, _HUGE = 1e-200, 1e200
 
@@ -265,6 +269,8 @@ def pair_structure(tasks):
     points, opposite ``w``, labels and query targets), else 1."""
     if not tasks.paired or tasks.n_tasks % 2:
         return 1
+    if tasks.pairs is not None:          # stored once per pair: exact pairs, checked at construction
+        return 2
     d = tasks.d
     Z, w = tasks.Z, tasks.w
     pairs = (np.array_equal(Z[0::2, :, :d], Z[1::2, :, :d]) and np.array_equal(Z[1::2, :, d], -Z[0::2, :, d])
@@ -305,6 +311,16 @@ class _ItemSum:
         return self._fold(T) @ X_items
 
 
+def _group_tokens(tasks, g):
+    """``(X (ng, L_max, d), Y (ng, L_max))``: the covariates of each group of ``g`` tasks sharing them
+    and the labels of the group's first task (views of ``Z``, or the pairs themselves when the tasks
+    store them once: :class:`sfxlin.icl.PairTokens`)."""
+    if g == 2 and tasks.pairs is not None:
+        return tasks.pairs.x, tasks.pairs.y
+    Z = tasks.Z
+    return Z[::g, :, :tasks.d], Z[::g, :, tasks.d]
+
+
 class SoftmaxPrefixEngine:
     """Risk and gradient of ``softmax(L)`` for all ``L`` in ``Ls`` at once (see module doc).
 
@@ -318,13 +334,25 @@ class SoftmaxPrefixEngine:
     and never the logits: with ``Ls = (n_atoms,)`` on :func:`sfxlin.icl.support_tasks` this is
     softmax(inf) under an empirical covariate law.
 
-    Token features per group of tasks sharing covariates (rows, tokens last): ``x_i y`` (``y``
-    the label of the group's first task), ``1``, ``x_i``, ``x_i x_j (i <= j)``. The moments of
-    ``[1, x, x x^T]`` ("quad") give ``E_p x`` and ``E_p x (x . u)`` for ``z . v = x . u``,
-    ``u = v_x + v_y w``; when ``v[:, :d] == 0`` exactly, ``u = v_y w`` and the moments of
-    ``[x y, 1, x]`` ("xy", fewer rows) suffice. With ``pair_first`` the gradient sums add
-    antithetic partners first, and whenever ``U[:, d, :d] == 0`` exactly the partners have
-    bitwise identical logits and are evaluated once.
+    The moments per column (a prompt length and a query) are ``E_p 1``, ``E_p x``, ``E_p x y``
+    (``y`` the label of the group's first task) and, while ``v[:, :d] != 0``, ``E_p x (x . v_x)``;
+    with ``z . v = x . u``, ``u = v_x + v_y w``, they give ``E_p x (x . u) = E_p x (x . v_x) +
+    v_y sign E_p x y`` (a partner's sign enters there, so partners share the pass). The tokens are
+    kept once per group of tasks sharing covariates, tokens last, ``O(d)`` numbers a token, in one of
+    two layouts (the ``features`` attribute; docs/performance.md, section 11, measures both):
+
+    * ``features`` (``2 d + 1 <= FEATURE_ROWS``): rows ``x_i y, 1, x_i``; the logits read ``[1, x]``,
+      the moments all rows, so ``E_p x y`` is the moment of the feature ``x y``;
+    * otherwise rows ``1, x_i, y``; the logits read all of them (``y`` carries ``+- a_y`` of a
+      partner evaluated apart), the moments ``[1, x]``, and ``E_p x y`` is a moment weighted by the
+      ``y`` row (:func:`sfxlin.softmax_core.prefix_moments`' ``row_weights``): fewer rows a token,
+      larger products.
+
+    ``E_p x (x . v_x)`` is a column-weighted moment of ``[1, x]`` (``col_weights``: the weight
+    ``x . v_x(L)`` per column and token, a product of the logits' shape), so no token carries its
+    products ``x_i x_j``. With ``pair_first`` the gradient sums add antithetic partners first, and
+    whenever ``U[:, d, :d] == 0`` exactly the partners have bitwise identical logits and are
+    evaluated once.
     """
 
     #: Evaluate antithetic partners' softmax once whenever their logits and shifts are bitwise
@@ -337,13 +365,12 @@ class SoftmaxPrefixEngine:
         Ls = validate_Ls(Ls, tasks.L_max)
         weights = token_weights(weights, tasks.L_max)
         d, n, q = tasks.d, tasks.n_tasks, tasks.n_queries
-        x = tasks.Z[:, :, :d]
-        y_model = np.einsum("nli,ni->nl", x, tasks.w)
-        scale = np.max(np.abs(tasks.Z[:, :, d])) + 1.0
-        resid = np.abs(tasks.Z[:, :, d] - y_model)
-        if not np.all(resid <= 1e-12 * scale):
-            if (pair_structure(tasks) if _group is None else _group) == 2:
-                self._embed_noise(tasks, Ls, cache_bytes, pair_first, weights)
+        g = pair_structure(tasks) if _group is None else _group
+        X, Y = _group_tokens(tasks, g)                         # (ng, L_max, d), (ng, L_max)
+        resid = np.abs(Y - np.einsum("nli,ni->nl", X, tasks.w[::g]))
+        if not np.all(resid <= 1e-12 * (np.max(np.abs(Y)) + 1.0)):
+            if g == 2:
+                self._embed_noise(tasks, X, Y, Ls, cache_bytes, pair_first, weights)
                 return
             task, token = np.unravel_index(np.argmax(resid), resid.shape)
             raise ValueError(
@@ -352,39 +379,41 @@ class SoftmaxPrefixEngine:
                 f"{resid.max():.3g}, task {task}, token {token}, pairs not exact); for other labels call the general "
                 "path training.train('softmax', tasks, L) once per prompt length L (slower); linear(L) accepts them "
                 "in train_all(tasks, Ls, models=('linear',))")
-        g = pair_structure(tasks) if _group is None else _group
         if pair_first and g != 2:
             raise ValueError("pair_first needs tasks in exact antithetic pairs sharing covariates")
         ng = n // g
         self.Ls, self.nL, self.d, self.D, self.g, self.ng, self.q = Ls, len(Ls), d, d + 1, g, ng, q
         self.N = n * q
         self.cache_bytes = int(cache_bytes)
-        X = tasks.Z[::g, :, :d]                                 # (ng, L_max, d)
-        Y = tasks.Z[::g, :, d]                                  # labels of each group's first task
         self.w = tasks.w.reshape(ng, g, d)
         self.xq = np.ascontiguousarray(tasks.x_q[::g])          # (ng, q, d), shared in a group
         self.WT = np.ascontiguousarray(np.repeat(tasks.w, q, axis=0).T)   # (d, N) per item
-        self.sign = np.tile(np.repeat([1.0, -1.0][:g], q), ng)  # y_item = sign * y_group
+        self.partner_sign = np.array([1.0, -1.0][:g])           # y of partner j = partner_sign[j] * y of the group
+        self.sign = np.tile(np.repeat(self.partner_sign, q), ng)  # y_item = sign * y_group
         self.XQ = tasks.x_q.reshape(self.N, d)                  # (N, d)
         self.YQ = tasks.y_q.reshape(self.N)
         self.sum_items = _ItemSum(n, q, pair_first)
         self.XQ_items = self.sum_items.items(self.XQ)
-        iu = np.triu_indices(d)
-        nquad = len(iu[0])
-        # feature rows: [x_i y (d) | 1 | x_i (d) | x_i x_j (nquad)]
-        self.rows = {"xy": slice(0, 2 * d + 1), "quad": slice(d, 2 * d + 1 + nquad)}
-        self.logit_rows = slice(d, 2 * d + 1)
-        self._m2_index = 1 + d + icl.pair_index(d)               # x_i x_j within the "quad" rows
-        Phi = np.empty((ng, 2 * d + 1 + nquad, Ls[-1]))          # feature rows, tokens last
-        xb = X[:, : Ls[-1], :].transpose(0, 2, 1)                 # (ng, d, tokens)
-        Phi[:, :d, :] = xb * Y[:, None, : Ls[-1]]
-        Phi[:, d, :] = 1.0
-        Phi[:, d + 1:2 * d + 1, :] = xb
-        Phi[:, 2 * d + 1:, :] = xb[:, iu[0], :] * xb[:, iu[1], :]
-        self.X = Phi[:, self.logit_rows]                         # logit features [1, x]
+        L = Ls[-1]
+        xb = X[:, :L, :].transpose(0, 2, 1)                     # (ng, d, tokens)
+        self.features = 2 * d + 1 <= FEATURE_ROWS
+        if self.features:                                       # rows [x_i y (d) | 1 | x_i (d)]
+            Phi = np.empty((ng, 2 * d + 1, L))
+            Phi[:, :d] = xb * Y[:, None, :L]
+            Phi[:, d] = 1.0
+            Phi[:, d + 1:] = xb
+            self.X, self.y_row = Phi[:, d:], None               # logits on [1, x]
+            self.rows = dict(one=d, x=slice(d + 1, 2 * d + 1), xy=(0, slice(0, d)))
+        else:                                                   # rows [1 | x_i (d) | y]
+            Xop = np.empty((ng, d + 2, L))
+            Xop[:, 0] = 1.0
+            Xop[:, 1:d + 1] = xb
+            Xop[:, d + 1] = Y[:, :L]
+            self.X, self.y_row, Phi = Xop, Xop[:, d + 1:], Xop[:, :d + 1]   # logits on [1, x, y]
+            self.rows = dict(one=0, x=slice(1, d + 1), xy=(-1, slice(1, d + 1)))
         if weights is not None:
             self.X = self.X.copy()
-            Phi *= weights[: Ls[-1]]
+            Phi = Phi * weights[:L]
         self.Phi, self.edges = Phi, (0,) + Ls
         self.reach = np.repeat(np.arange(self.nL), q)            # column (L_l, query) needs blocks <= l
         self._B, self._work = {}, {}                             # coefficient buffers, core workspace
@@ -392,21 +421,21 @@ class SoftmaxPrefixEngine:
         self.n_exact = 0                                        # steps needing the exact max
         self.n_shared = 0                                       # steps with shared pair logits
 
-    def _embed_noise(self, tasks, Ls, cache_bytes, pair_first, weights):
+    def _embed_noise(self, tasks, X, Y, Ls, cache_bytes, pair_first, weights):
         """Noisy labels in exact antithetic pairs: run the engine on noiseless tasks in ``d + 1``
         covariate dimensions. The noise ``eps = y - w^T x`` of each token becomes a covariate and
         ``w`` gains the entry ``+-1`` (``(w, 1)`` and ``(-w, -1)``: still exact pairs sharing the
-        covariates ``(x, eps)``), so the labels ``(w, 1) . (x, eps)`` are unchanged. The model's
-        ``(U, v)`` are embedded with zero rows, columns and read-out on that coordinate, where the
-        logits, predictions and gradients equal the original model's exactly (same maths; the
-        extra coordinate's gradient is dropped). Query points get 0 there (``U`` ignores it)."""
+        covariates ``(x, eps)``, stored once per pair), so the labels ``(w, 1) . (x, eps)`` are
+        unchanged. The model's ``(U, v)`` are embedded with zero rows, columns and read-out on that
+        coordinate, where the logits, predictions and gradients equal the original model's exactly
+        (same maths; the extra coordinate's gradient is dropped). Query points get 0 there (``U``
+        ignores it)."""
         d = tasks.d
-        eps = tasks.Z[0::2, :, d] - np.einsum("nli,ni->nl", tasks.Z[0::2, :, :d], tasks.w[0::2])
-        eps = np.repeat(eps, 2, axis=0)               # a covariate: shared by the partners
+        eps = Y - np.einsum("nli,ni->nl", X, tasks.w[0::2])     # a covariate: shared by the partners
         s = np.where(np.arange(tasks.n_tasks) % 2, -1.0, 1.0)
         Sigma = np.eye(d + 1)
         Sigma[:d, :d] = tasks.Sigma
-        aug = icl.Tasks(Z=np.concatenate([tasks.Z[:, :, :d], eps[..., None], tasks.Z[:, :, d:]], axis=-1),
+        aug = icl.Tasks(Z=icl.PairTokens(np.concatenate([X, eps[..., None]], axis=-1), Y),
                         w=np.concatenate([tasks.w, s[:, None]], axis=-1),
                         x_q=np.concatenate([tasks.x_q, np.zeros(tasks.x_q.shape[:-1] + (1,))], axis=-1),
                         y_q=tasks.y_q, Sigma=Sigma, paired=True)
@@ -429,28 +458,28 @@ class SoftmaxPrefixEngine:
         self.n_exact, self.n_shared, self.inner = 0, 0, inner
         self.step = step
 
-    def _passes(self, B, feats, shifted):
-        """Un-normalised moments ``(ng, nL, ge, q, nf)`` and the largest logit ``(ng, nL, ge, q)``
-        (0 when ``shifted``) of the coefficients ``B (ng, ge, nL, q, D)`` (``[-shift, b]`` on the
-        logit rows ``[1, x]``), from the softmax core: one call per partner column ``j``, each of
-        the same shapes whatever ``ge`` is, so a partner's logits and moments are the same
-        floating-point operations on the same operands in the shared pass (``ge = 1``) and in
-        the partner-by-partner pass (``ge = 2``). Sharing changes the cost, never a bit."""
-        ng, ge, nL, q, D = B.shape
-        rows = self.rows[feats]
-        nf = rows.stop - rows.start
-        Mom, top = np.empty((ng, nL, ge, q, nf)), np.empty((ng, nL, ge, q))
+    def _passes(self, B, C, shifted):
+        """Un-normalised moments ``(ng, nL, ge, q, nw, nf)`` and the largest logit ``(ng, nL, ge, q)``
+        (0 when ``shifted``) of the logit coefficients ``B (ng, ge, nL, q, K)`` (the shift on the
+        row ``1``) and the column weights ``C (ng, nL * q, 1, K)`` (``x . v_x``; ``None`` while
+        ``v_x == 0``), from the softmax core: one call per partner column ``j``, each of the same
+        shapes whatever ``ge`` is, so a partner's logits and moments are the same floating-point
+        operations on the same operands in the shared pass (``ge = 1``) and in the
+        partner-by-partner pass (``ge = 2``). Sharing changes the cost, never a bit."""
+        ng, ge, nL, q, K = B.shape
+        nw = 1 + (C is not None) + (self.y_row is not None)
+        nf = self.Phi.shape[1]
+        Mom, top = np.empty((ng, nL, ge, q, nw, nf)), np.empty((ng, nL, ge, q))
         for j in range(ge):
             M, P = softmax_core.prefix_moments(
-                self.Phi[:, rows], self.edges, A=B[:, j].reshape(ng, nL * q, D), X=self.X,
-                reach=self.reach, shifted=shifted, at_reach=True, cache_bytes=self.cache_bytes, work=self._work)
-            Mom[:, :, j] = P.reshape(ng, nL, q, nf)               # column (L_l, query) at its own prompt l
+                self.Phi, self.edges, A=B[:, j].reshape(ng, nL * q, K), X=self.X, reach=self.reach, shifted=shifted,
+                at_reach=True, col_weights=C, row_weights=self.y_row, cache_bytes=self.cache_bytes, work=self._work)
+            Mom[:, :, j] = P.reshape(ng, nL, q, nw, nf)          # column (L_l, query) at its own prompt l
             top[:, :, j] = M.reshape(ng, nL, q)
         return Mom, top
 
-    @staticmethod
-    def _ok(Mom, i0):
-        M0 = Mom[..., i0]
+    def _ok(self, Mom):
+        M0 = Mom[..., 0, self.rows["one"]]
         return bool(np.all(np.isfinite(Mom)) and M0.min() > _TINY and M0.max() < _HUGE)
 
     def _partners_alike(self, g):
@@ -461,57 +490,66 @@ class SoftmaxPrefixEngine:
         return self.shift is None or np.array_equal(self.shift[:, :, 0], self.shift[:, :, 1])
 
     def moments(self, U, v):
-        """Un-normalised moments ``(ng, nL, g, q, nf)`` of the softmax weights and the feature
-        plan used (``None`` if they cannot be made finite); updates the shift to the log-sum-exp."""
-        d, g = self.d, self.g
+        """Un-normalised moments ``(ng, nL, g, q, nw, nf)`` of the softmax weights (the plain sums,
+        then the ``x . v_x``-weighted ones while ``v_x != 0``, then the ``y``-weighted ones in the
+        ``1, x, y`` layout), or ``None`` if they cannot be made finite; updates the shift to the
+        log-sum-exp."""
+        d, g, K = self.d, self.g, self.X.shape[1]
         a = (self.xq.reshape(-1, d) @ np.swapaxes(U[:, :, :d], -1, -2))   # (nL, ng*q, D)
         a = a.reshape(self.nL, self.ng, self.q, self.D).transpose(1, 0, 2, 3)
         shared = not np.any(U[:, d, :d]) and (self.sum_items.pair_first or self._partners_alike(g))
-        ge, feats = (1 if shared else g), ("quad" if np.any(v[:, :d]) else "xy")
-        rows = self.rows[feats]
-        plan = dict(feats=feats, nf=rows.stop - rows.start, i0=self.logit_rows.start - rows.start)
-        B, i0 = self._B.get(ge), plan["i0"]
+        ge = 1 if shared else g
+        B = self._B.get(ge)
         if B is None:
-            B = self._B[ge] = np.zeros((self.ng, ge, self.nL, self.q, d + 1))
-        if shared:   # a_y == 0 exactly: both partners have the logits x . a_x
+            B = self._B[ge] = np.zeros((self.ng, ge, self.nL, self.q, K))
+        if self.features and shared:   # a_y == 0 exactly: both partners have the logits x . a_x
             B[:, 0, :, :, 1:] = a[..., :d]
-        else:
+        elif self.features:
             B[..., 1:] = a[:, None, :, :, :d] + a[:, None, :, :, d:] * self.w[:, :, None, None, :]
+        else:                          # x . a_x + y_j a_y, y_j = sign_j y of the group
+            B[..., 1:d + 1] = a[:, None, :, :, :d]
+            if not shared:
+                B[..., d + 1] = a[:, None, :, :, d] * self.partner_sign[:, None, None]
+        C = None
+        if np.any(v[:, :d]):           # weights x . v_x(L) of the column (L, query), on the rows [1, x]
+            C = np.zeros((self.ng, self.nL, self.q, 1, K))
+            C[..., 0, 1:d + 1] = v[:, None, :d]
+            C = C.reshape(self.ng, self.nL * self.q, 1, K)
         shift = None if self.shift is None else self.shift[:, :, :ge]
         Mom = None
         if shift is not None:
             B[..., 0] = -shift.transpose(0, 2, 1, 3)
-            Mom = self._passes(B, feats, shifted=True)[0]
-        if Mom is None or not self._ok(Mom, i0):
+            Mom = self._passes(B, C, shifted=True)[0]
+        if Mom is None or not self._ok(Mom):
             self.n_exact += 1
             B[..., 0] = 0.0
-            Mom, shift = self._passes(B, feats, shifted=False)
-            if not (np.all(np.isfinite(shift)) and self._ok(Mom, i0)):
+            Mom, shift = self._passes(B, C, shifted=False)
+            if not (np.all(np.isfinite(shift)) and self._ok(Mom)):
                 self.shift = None
-                return None, plan
+                return None
         if shared:
             self.n_shared += 1
-            Mom = np.broadcast_to(Mom, (self.ng, self.nL, g, self.q, plan["nf"]))
+            Mom = np.broadcast_to(Mom, (self.ng, self.nL, g) + Mom.shape[3:])
             shift = np.broadcast_to(shift, (self.ng, self.nL, g, self.q))
-        self.shift = shift + np.log(Mom[..., i0])               # log-sum-exp: next step's shift
-        return Mom, plan
+        self.shift = shift + np.log(Mom[..., 0, self.rows["one"]])   # log-sum-exp: next step's shift
+        return Mom
 
     def step(self, U, v):
         d, D, nL, N = self.d, self.D, self.nL, self.N
         with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
-            Mom, plan = self.moments(U, v)
+            Mom = self.moments(U, v)
         if Mom is None:
             return np.full(nL, np.nan), np.full((nL, D, D), np.nan), np.full((nL, D), np.nan)
-        i0 = plan["i0"]
-        M = Mom.transpose(4, 1, 0, 2, 3).reshape(plan["nf"], nL, N)   # items (task, query) last
-        inv = 1.0 / M[i0]
-        m1 = M[i0 + 1:i0 + 1 + d] * inv                            # E_p x   (d, nL, N)
+        nw, nf = Mom.shape[-2:]
+        M = Mom.transpose(4, 5, 1, 0, 2, 3).reshape(nw, nf, nL, N)   # items (task, query) last
+        rows = self.rows
+        inv = 1.0 / M[0, rows["one"]]
+        m1 = M[0, rows["x"]] * inv                                 # E_p x   (d, nL, N)
         WT = self.WT                                               # (d, N): w of each item
         u = v.T[:d, :, None] + v[:, d, None] * WT[:, None, :]      # z . v = x . u   (d, nL, N)
-        if plan["feats"] == "quad":                                # E_p x (x . u)
-            m2u = (M[self._m2_index] * u).sum(axis=1) * inv
-        else:                                                      # u = v_y w: v_y E_p x y
-            m2u = M[:d] * (v[:, d, None] * self.sign * inv)
+        m2u = M[rows["xy"]] * (v[:, d, None] * self.sign * inv)    # E_p x (x . u) = v_y sign E_p x y
+        if np.any(v[:, :d]):                                       #   + E_p x (x . v_x)
+            m2u += M[1, rows["x"]] * inv
         pred = (m1 * u).sum(axis=0)                                # v . mbar_z = u . E_p x
         r = pred - self.YQ                                         # (nL, N)
         rc = r * (m2u - m1 * pred)                                 # r (C v), x-part; y-part w . rc
@@ -622,7 +660,7 @@ def train_all_arrays(tasks, Ls, *, models=icl.MODELS, lr=0.01, n_steps=2500, ckp
             engines[m] = SoftmaxPrefixEngine(tasks, Ls, cache_bytes=cache_bytes, pair_first=pair_first,
                                              _group=group)
         elif m == "linear":
-            G = np.stack([icl.Ghat(tasks.Z, L) for L in Ls])
+            G = np.stack([tasks.Ghat(L) for L in Ls])
             engines[m] = LinearEngine(tasks, G, pair_first=pair_first, _group=group)
         elif m == "softmax_inf":
             support, weights = icl.support_tasks(tasks, x_law)
@@ -774,9 +812,9 @@ def heldout_risks(held, Ls, L_eval, U, v, U_inf, v_inf):
             at_eval[0, i, j] = eng_eval.step(U["softmax"][i, j][None], v["softmax"][i, j][None])[0][0]
         inf_eval[j] = eng_eval.step(U_inf[j][None], v_inf[j][None])[0][0]
     z_q, y_q = held.z_q, held.y_q
-    G_eval = icl.Ghat(held.Z, L_eval)
+    G_eval = held.Ghat(L_eval)
     for i, L in enumerate(Ls):
-        G = icl.Ghat(held.Z, int(L))
+        G = held.Ghat(int(L))
         at_L[1, i] = 0.5 * np.mean((icl.linear_predict(U["linear"][i], v["linear"][i], G, z_q) - y_q) ** 2, axis=(-2, -1))
         at_eval[1, i] = 0.5 * np.mean((icl.linear_predict(U["linear"][i], v["linear"][i], G_eval, z_q) - y_q) ** 2,
                                       axis=(-2, -1))

@@ -12,6 +12,8 @@ from sfxlin.training import SoftmaxPrefixEngine, TrainingDiverged, train, train_
 
 ANISO = np.diag([2.0, 1.0, 0.5])
 LS = (4, 8, 16, 32, 64)
+#: training.FEATURE_ROWS forcing each token layout of the softmax engine
+LAYOUTS = {"features": 10**6, "weighted": 0}
 
 
 def _rng(*ids):
@@ -88,13 +90,15 @@ def test_fast_engine_reproduces_the_per_L_reference(setting, pair_first):
         assert 1 <= fast["n_shared_steps"] <= expected
 
 
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("setting", ["isotropic", "anisotropic"])
-def test_shared_pass_changes_no_bit_along_a_plain_sum_run(setting, monkeypatch):
+def test_shared_pass_changes_no_bit_along_a_plain_sum_run(setting, layout, monkeypatch):
     """Whether partners share a pass with the plain sums rests on a rounding (does the summed
     off-block gradient come out exactly 0?), so it differs between BLAS kernels. The shared pass
     computes each partner's logits and moments with the same products, of the same shapes, as
     the partner-by-partner pass (SoftmaxPrefixEngine._plan): the whole run is bit-identical with
     sharing on or off, on every kernel, whatever the number of shared steps."""
+    monkeypatch.setattr(training, "FEATURE_ROWS", LAYOUTS[layout])
     Sigma = np.eye(3) if setting == "isotropic" else ANISO
     tasks = _tasks(Sigma=Sigma, seed=4)
     U0, v0 = icl.init_theta(3, Sigma)
@@ -107,30 +111,115 @@ def test_shared_pass_changes_no_bit_along_a_plain_sum_run(setting, monkeypatch):
         np.testing.assert_array_equal(shared["softmax"][k], apart["softmax"][k])
 
 
-def test_a_partner_product_has_the_same_shape_shared_or_apart(monkeypatch):
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_a_partner_product_has_the_same_shape_shared_or_apart(layout, monkeypatch):
     """What makes the shared pass exact by construction: each partner column is one call of the
     softmax core with arguments of the same shapes for one logit column per group (shared) as
     for each of two (apart), so no bit can depend on how a BLAS kernel splits a product of more
     rows."""
+    monkeypatch.setattr(training, "FEATURE_ROWS", LAYOUTS[layout])
     tasks = _tasks(seed=5)
     eng = SoftmaxPrefixEngine(tasks, LS)
+    assert eng.features == (layout == "features")
     calls = []
     real = softmax_core.prefix_moments
 
     def spy(phi, edges, **kw):
-        calls.append((phi.shape, kw["A"].shape, kw["X"].shape, tuple(kw["reach"]), kw["shifted"], kw["cache_bytes"]))
+        calls.append((phi.shape, kw["A"].shape, kw["X"].shape, tuple(kw["reach"]), kw["shifted"], kw["cache_bytes"],
+                      None if kw["col_weights"] is None else kw["col_weights"].shape))
         return real(phi, edges, **kw)
 
     monkeypatch.setattr(softmax_core, "prefix_moments", spy)
-    for feats in ("xy", "quad"):
+    K = eng.X.shape[1]
+    for C in (None, np.ones((eng.ng, eng.nL * eng.q, 1, K))):    # v_x == 0, v_x != 0
         for ge in (1, 2):
-            B = np.zeros((eng.ng, ge, eng.nL, eng.q, eng.D))
+            B = np.zeros((eng.ng, ge, eng.nL, eng.q, K))
             calls.clear()
-            eng._passes(B, feats, shifted=True)
+            eng._passes(B, C, shifted=True)
             assert len(calls) == ge and len(set(calls)) == 1
             if ge == 1:
                 one = calls[0]
         assert calls[0] == one
+
+
+def _point(d, Ls, path, rng):
+    """Parameters per L: a block-structured point (Eq. 9 init plus a random top-left block and
+    read-out) with, by ``path``, off-block entries in ``U[d, :d]`` ("U") and ``v[:d]`` ("v")."""
+    U0, v0 = icl.init_theta(d, np.eye(d))
+    nL, s = len(Ls), 1 / np.sqrt(d)
+    U, v = np.repeat(U0[None], nL, 0), np.repeat(v0[None], nL, 0)
+    U[:, :d, :d] += 0.3 * s * rng.standard_normal((nL, d, d))
+    v[:, d] += 0.5 * rng.standard_normal(nL)
+    if "U" in path:
+        U[:, d, :d] = 0.3 * s * rng.standard_normal((nL, d))
+    if "v" in path:
+        v[:, :d] = 0.5 * s * rng.standard_normal((nL, d))
+    return U, v
+
+
+def _assert_reference_steps(eng, Z, z_q, y_q, Ls, U, v, weights=None, tol=1e-12):
+    risk, gU, gv = eng.step(U, v)
+    for i, L in enumerate(Ls):
+        if weights is None:
+            ref = softmax_step(U[i], v[i], Z[:, :L], z_q, y_q)
+        else:
+            ref = icl.softmax_risk_grad(U[i], v[i], Z[:, :L], z_q, y_q, weights[:L])
+        for name, a, b in zip(("risk", "grad_U", "grad_v"), (risk[i], gU[i], gv[i]), ref):
+            assert _rel(a, b) <= tol, (name, L, _rel(a, b))
+
+
+@pytest.mark.parametrize("pair_first", [False, True])
+@pytest.mark.parametrize("path", ["block", "U", "v", "Uv"])
+@pytest.mark.parametrize("d", [3, 8, 16])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_engine_step_is_the_per_L_reference_step(layout, d, path, pair_first, monkeypatch):
+    """Risk and gradient of every L against the plain per-L reference (testing.reference_c3) in
+    both token layouts, at d = 3, 8, 16, on every path: block-structured (partners in one pass),
+    U[d, :d] != 0 (partners apart), v[:d] != 0 (the x . v_x-weighted moments); first with the exact
+    maximum, then with the carried shift."""
+    monkeypatch.setattr(training, "FEATURE_ROWS", LAYOUTS[layout])
+    tasks, Ls = _tasks(d, 3, 2, 40, seed=d), (4, 16, 40)
+    eng = SoftmaxPrefixEngine(tasks, Ls, pair_first=pair_first)
+    assert eng.features == (layout == "features")
+    rng = _rng(d, 2)
+    for _ in range(2):
+        _assert_reference_steps(eng, tasks.Z, tasks.z_q, tasks.y_q, Ls, *_point(d, Ls, path, rng))
+    assert eng.n_exact == 1
+
+
+@pytest.mark.parametrize("path", ["block", "Uv"])
+@pytest.mark.parametrize("d", [3, 8, 16])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_engine_step_with_noisy_pairs_and_with_token_weights(layout, d, path, monkeypatch):
+    """Noisy labels in antithetic pairs (run in d + 1 covariates) and token weights (softmax(inf)
+    on an empirical law's support) against the per-L reference and icl's weighted risk."""
+    monkeypatch.setattr(training, "FEATURE_ROWS", LAYOUTS[layout])
+    rng = _rng(d, 3)
+    law = laws.covariate_law("gaussian", np.eye(d))
+    noisy = icl.make_tasks(_rng(d, 4), d, 3, 2, 40, law, noise=0.5, query_noise=0.5)
+    Ls = (4, 16, 40)
+    eng = SoftmaxPrefixEngine(noisy, Ls)
+    assert eng.inner.features == (layout == "features")
+    _assert_reference_steps(eng, noisy.Z, noisy.z_q, noisy.y_q, Ls, *_point(d, Ls, path, rng))
+    atoms = laws.Empirical(rng.standard_normal((30, d)), weights=rng.uniform(0.5, 1.5, 30))
+    tasks = icl.make_tasks(_rng(d, 5), d, 3, 2, 8, atoms)
+    support, weights = icl.support_tasks(tasks, atoms)
+    eng = SoftmaxPrefixEngine(support, (30,), weights=weights)
+    _assert_reference_steps(eng, support.Z, tasks.z_q, tasks.y_q, (30,), *_point(d, (30,), path, rng),
+                            weights=weights)
+
+
+@pytest.mark.parametrize("path", ["block", "Uv"])
+@pytest.mark.parametrize("d", [8, 16])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_fast_engine_trajectories_at_larger_d(layout, d, path, monkeypatch):
+    """Every model's trajectory against the per-L reference loop at d = 8 and 16 in both layouts."""
+    monkeypatch.setattr(training, "FEATURE_ROWS", LAYOUTS[layout])
+    tasks = _tasks(d, 4, 2, 32, seed=d + 1)
+    U0, v0 = _perturbed_init(d, tasks.Sigma, 1e-2, d, parts=("U", "v")) if path == "Uv" else icl.init_theta(d, tasks.Sigma)
+    kw = dict(lr=0.2 / d, n_steps=8, ckpt_every=2, U0=U0, v0=v0)
+    _assert_same_run(train_all_arrays(tasks, (4, 8, 32), **kw), train_reference_all(tasks, (4, 8, 32), **kw),
+                     tol=1e-12)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
