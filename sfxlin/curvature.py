@@ -159,7 +159,7 @@ def off_block_hessian(model, tasks, Ls, U, v):
             tasks = tasks.subset(slice(0, None, 2))
         H = _softmax_hessian(tasks, Ls, U, v)
     elif model == "linear":
-        H = _linear_hessian(tasks, np.stack([tasks.Ghat(L) for L in Ls]), U, v)
+        H = _linear_hessian(tasks, tasks.Ghat(Ls), U, v)
     else:
         H = _linear_hessian(tasks, icl.model_matrix("linear_inf", tasks)[None], U, v)
     if not np.all(np.isfinite(H)):

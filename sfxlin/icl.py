@@ -230,17 +230,29 @@ class Tasks:
         return self.Z[:, :L, :]
 
     def Ghat(self, L=None):
-        """:func:`Ghat` of every task's first ``L`` tokens, ``(n, D, D)``, bit for bit ``Ghat(self.Z, L)``
-        without assembling ``Z`` when stored as pairs (tasks assembled a few pairs at a time)."""
+        """:func:`Ghat` of every task's first ``L`` tokens, ``(n, D, D)``, or for a sequence of prompt
+        lengths ``(len(L), n, D, D)``: bit for bit ``Ghat(self.Z, L)``. Tasks stored as pairs are
+        assembled a few pairs at a time (first partners only, once for all the lengths); a second
+        partner's matrix is its first's with the label row and column negated, exactly (each product
+        in them changes sign, and ``-a`` rounds as ``a``)."""
+        many = L is not None and not isinstance(L, (int, np.integer))
+        Ls = [self.L_max if L is None else check_L(L, self.L_max)] if not many else [check_L(x, self.L_max) for x in L]
         if self.pairs is None:
-            return Ghat(self.Z, L)
-        L = self.L_max if L is None else check_L(L, self.L_max)
-        out = np.empty((self.n_tasks, self.D, self.D))
-        step = 2 * max(1, _ASSEMBLE_BYTES // (16 * L * self.D))
-        for i in range(0, self.n_tasks, step):
-            part = slice(i, min(self.n_tasks, i + step))
-            out[part] = Ghat(self._assemble(part, L))
-        return out
+            out = np.stack([Ghat(self.Z, x) for x in Ls])
+            return out if many else out[0]
+        n_pairs, D = self.n_tasks // 2, self.D
+        out = np.empty((len(Ls), n_pairs, 2, D, D))
+        step = max(1, _ASSEMBLE_BYTES // (8 * max(Ls) * D))
+        for p0 in range(0, n_pairs, step):
+            part = slice(p0, min(n_pairs, p0 + step))
+            Z = self._assemble(slice(2 * part.start, 2 * part.stop, 2), max(Ls))     # first partners
+            for i, x in enumerate(Ls):
+                out[i, part, 0] = Ghat(Z, x)
+        out[:, :, 1] = out[:, :, 0]
+        out[:, :, 1, :-1, -1] *= -1.0
+        out[:, :, 1, -1, :-1] *= -1.0
+        out = out.reshape(len(Ls), self.n_tasks, D, D)
+        return out if many else out[0]
 
     def subset(self, idx):
         """Tasks ``idx`` (e.g. a slice); ``paired`` only if whole pairs are kept in order (then stored
@@ -274,6 +286,22 @@ Tasks.Z = property(_tokens_of, _store_tokens, doc="Prompt tokens ``(n, L_max, D)
 _ASSEMBLE_BYTES = 1 << 25
 
 
+def _tokens_last(x):
+    """``x (n, L, d)`` rewritten in its own memory tokens last, ``(n, d, L)``, one block of ``L d``
+    numbers at a time, and returned as the ``(n, L, d)`` view of that: the same values, laid out as
+    the softmax engine reads them (a row per coordinate), with no second copy of the array."""
+    if not (x.flags.c_contiguous and x.flags.owndata):
+        x = np.array(x, order="C")
+    n, L, d = x.shape
+    rows = x.reshape(n, d, L)
+    tile = 2048
+    for i in range(n):
+        block = x[i].copy()
+        for t0 in range(0, L, tile):
+            rows[i, :, t0:t0 + tile] = block[t0:t0 + tile].T
+    return rows.transpose(0, 2, 1)
+
+
 def _slice_keeps_pairs(s, n):
     start, stop, step = s.indices(n)
     return step == 1 and start % 2 == 0 and (stop - start) % 2 == 0
@@ -300,7 +328,9 @@ def make_tasks(rng, d, n_pairs, n_queries, L_max, x_law, *, noise=0.0, query_noi
     Task ``2i`` has ``(w_i, eps_i)``, task ``2i + 1`` has ``(-w_i, -eps_i)``, both with the same
     covariates; the labels and targets of the second are the exact negatives of the first. The
     prompt tokens are kept once per pair (``Z`` given as :class:`PairTokens`: the covariates as
-    drawn, the first task's labels), so the tasks hold ``d + 1`` numbers a pair and token.
+    drawn, the first task's labels), so the tasks hold ``d + 1`` numbers a pair and token; the
+    covariates are kept tokens last (``pairs.x`` a view of an ``(n_pairs, d, L_max)`` array, rewritten
+    in the memory they were drawn in), the layout the softmax engine reads without a copy.
     ``x_law`` is a token law of :mod:`sfxlin.laws` on ``R^d``, usually from
     :func:`sfxlin.laws.covariate_law` (the tasks read ``Sigma = x_law.cov`` and ``mean =
     x_law.mean``, and draw with ``x_law.sample``).
@@ -329,6 +359,7 @@ def make_tasks(rng, d, n_pairs, n_queries, L_max, x_law, *, noise=0.0, query_noi
         y = y + noise * rng.standard_normal((n_pairs, L_max))
     if query_noise > 0:
         yq = yq + query_noise * rng.standard_normal((n_pairs, n_queries))
+    x = _tokens_last(x)
     n = 2 * n_pairs
     W = np.stack([w, -w], axis=1).reshape(n, d)
     XQ = np.broadcast_to(xq[:, None], (n_pairs, 2, n_queries, d)).reshape(n, n_queries, d).copy()

@@ -82,7 +82,7 @@ def _buffer(work, tag, shape):
     return buf
 
 
-def _check(phi, edges, A, X, logits, reach, col_weights, row_weights):
+def _check(phi, edges, A, X, logits, reach, col_weights, row_weights, shift):
     phi = np.asarray(phi, dtype=float)
     if phi.ndim != 3:
         raise ValueError(f"phi must be (groups, features, tokens), got shape {phi.shape}")
@@ -112,6 +112,10 @@ def _check(phi, edges, A, X, logits, reach, col_weights, row_weights):
         row_weights = np.asarray(row_weights, dtype=float)
         if row_weights.ndim != 3 or row_weights.shape[0] != G or row_weights.shape[2] < edges[-1]:
             raise ValueError(f"row_weights must be ({G}, R, >= {edges[-1]}), got {row_weights.shape}")
+    if shift is not None:
+        shift = np.asarray(shift, dtype=float)
+        if shift.shape != (G, C):
+            raise ValueError(f"shift must be ({G}, {C}), one per group and column, got {shift.shape}")
     nb = edges.size - 1
     if reach is None:
         first = np.zeros(nb, dtype=np.int64)
@@ -120,17 +124,20 @@ def _check(phi, edges, A, X, logits, reach, col_weights, row_weights):
         if reach.shape != (C,) or np.any(np.diff(reach) < 0) or reach.min() < 0 or reach.max() >= nb:
             raise ValueError(f"reach must be {C} non-decreasing block indices in [0, {nb}), got {reach!r}")
         first = np.searchsorted(reach, np.arange(nb), side="left")
-    return phi, edges, A, X, logits, C, first, col_weights, row_weights
+    return phi, edges, A, X, logits, C, first, col_weights, row_weights, shift
 
 
 def prefix_moments(phi, edges, *, A=None, X=None, logits=None, reach=None, shifted=False, at_reach=False,
-                   ones=False, col_weights=None, row_weights=None, cache_bytes=None, gemm_mnk=None, work=None):
+                   ones=False, col_weights=None, row_weights=None, shift=None, cache_bytes=None, gemm_mnk=None,
+                   work=None):
     """Running max logit and un-normalised softmax sums of every nested prompt (module doc).
 
     ``phi (G, F, T)`` features; logits from ``A (G, C, K)`` and ``X (G, K, T)``, or given as
     ``logits (G, C, T)``; ``edges = (0, L_1, ..., L_n)``; ``reach (C,)`` optional (non-decreasing:
     column ``c`` needs the blocks ``0..reach[c]``); ``shifted``: exponentiate the logits as given
-    (the running max is then 0) instead of shifting each block by its own max; ``ones``: feature
+    (the running max is then 0) instead of shifting each block by its own max, or ``shift (G, C)``:
+    exponentiate the logits less the column's shift (a carried shift where ``X`` has no constant row
+    to fold it into ``A``; implies ``shifted``); ``ones``: feature
     0 is the constant 1, not stored in ``phi`` (``P`` then has ``F + 1`` features, the first the
     sum of the weights), so a caller's tokens can be passed as a view; ``work``: a dict the caller
     keeps to reuse the buffers across calls.
@@ -149,8 +156,9 @@ def prefix_moments(phi, edges, *, A=None, X=None, logits=None, reach=None, shift
 
     The blocks are merged into running sums as they are computed (``P <- P exp(M - M') +
     S_b exp(m_b - M')``, ``M' = max(M, m_b)``), so the cost is that of the block sums."""
-    phi, edges, A, X, logits, C, first, col_weights, row_weights = _check(
-        phi, edges, A, X, logits, reach, col_weights, row_weights)
+    phi, edges, A, X, logits, C, first, col_weights, row_weights, shift = _check(
+        phi, edges, A, X, logits, reach, col_weights, row_weights, shift)
+    shifted = shifted or shift is not None
     cache_bytes = CACHE_BYTES if cache_bytes is None else int(cache_bytes)
     gemm_mnk = GEMM_MNK if gemm_mnk is None else int(gemm_mnk)
     G, F, _ = phi.shape
@@ -190,7 +198,9 @@ def prefix_moments(phi, edges, *, A=None, X=None, logits=None, reach=None, shift
                         np.matmul(ab, X[g0:g1, :, t0:t1], out=w[:, :(1 + S) * m])
                     else:
                         np.matmul(A[g0:g1, j0:j1], X[g0:g1, :, t0:t1], out=s)
-                    if not shifted:
+                    if shift is not None:
+                        s -= shift[g0:g1, j0:j1, None]
+                    elif not shifted:
                         mx = s.max(axis=-1)
                         s -= mx[..., None]
                     np.exp(s, out=s)

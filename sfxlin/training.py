@@ -321,6 +321,27 @@ def _group_tokens(tasks, g):
     return Z[::g, :, :tasks.d], Z[::g, :, tasks.d]
 
 
+def _tokens_last(X, Y, L, *, x, one=None, xy=None):
+    """The first ``L`` tokens of the groups, tokens last, ``(ng, rows, L)``: rows ``x .. x + d`` the
+    covariates, row ``one`` the constant 1 and rows ``xy .. xy + d`` the products ``x_i y`` (when
+    given). Filled a tile of tokens at a time (a transposing copy that stays in cache),
+    ``X (ng, L_max, d)``, ``Y (ng, L_max)``."""
+    ng, _, d = X.shape
+    rows = d + (0 if one is None else 1) + (0 if xy is None else d)
+    out = np.empty((ng, rows, L))
+    if one is not None:
+        out[:, one] = 1.0
+    tile = 2048
+    for g in range(ng):
+        for t0 in range(0, L, tile):
+            t1 = min(L, t0 + tile)
+            xb = X[g, t0:t1].T
+            out[g, x:x + d, t0:t1] = xb
+            if xy is not None:
+                np.multiply(xb, Y[g, t0:t1], out=out[g, xy:xy + d, t0:t1])
+    return out
+
+
 class SoftmaxPrefixEngine:
     """Risk and gradient of ``softmax(L)`` for all ``L`` in ``Ls`` at once (see module doc).
 
@@ -395,25 +416,21 @@ class SoftmaxPrefixEngine:
         self.sum_items = _ItemSum(n, q, pair_first)
         self.XQ_items = self.sum_items.items(self.XQ)
         L = Ls[-1]
-        xb = X[:, :L, :].transpose(0, 2, 1)                     # (ng, d, tokens)
         self.features = 2 * d + 1 <= FEATURE_ROWS
         if self.features:                                       # rows [x_i y (d) | 1 | x_i (d)]
-            Phi = np.empty((ng, 2 * d + 1, L))
-            Phi[:, :d] = xb * Y[:, None, :L]
-            Phi[:, d] = 1.0
-            Phi[:, d + 1:] = xb
+            Phi = _tokens_last(X, Y, L, one=d, x=d + 1, xy=0)
             self.X, self.y_row = Phi[:, d:], None               # logits on [1, x]
             self.rows = dict(one=d, x=slice(d + 1, 2 * d + 1), xy=(0, slice(0, d)))
-        else:                                                   # rows [1 | x_i (d) | y]
-            Xop = np.empty((ng, d + 2, L))
-            Xop[:, 0] = 1.0
-            Xop[:, 1:d + 1] = xb
-            Xop[:, d + 1] = Y[:, :L]
-            self.X, self.y_row, Phi = Xop, Xop[:, d + 1:], Xop[:, :d + 1]   # logits on [1, x, y]
+            if weights is not None:
+                self.X = self.X.copy()
+                Phi *= weights[:L]
+        else:                                                   # rows x_i (d): the pairs' own when stored so
+            self.X = X[:, :L].transpose(0, 2, 1) if X.strides[1] == X.itemsize else _tokens_last(X, Y, L, x=0)
+            self.y_row = Y[:, None, :L]                         # E_p x y: weighted by the label
             self.rows = dict(one=0, x=slice(1, d + 1), xy=(-1, slice(1, d + 1)))
-        if weights is not None:
-            self.X = self.X.copy()
-            Phi = Phi * weights[:L]
+            Phi = self.X                                        # with the sums of the weights as feature 0
+            if weights is not None:
+                Phi = _tokens_last(X, Y, L, one=0, x=1) * weights[:L]
         self.Phi, self.edges = Phi, (0,) + Ls
         self.reach = np.repeat(np.arange(self.nL), q)            # column (L_l, query) needs blocks <= l
         self._B, self._work = {}, {}                             # coefficient buffers, core workspace
@@ -431,11 +448,17 @@ class SoftmaxPrefixEngine:
         (same maths; the extra coordinate's gradient is dropped). Query points get 0 there (``U``
         ignores it)."""
         d = tasks.d
-        eps = Y - np.einsum("nli,ni->nl", X, tasks.w[0::2])     # a covariate: shared by the partners
+        eps = np.empty(Y.shape)                                 # a covariate: shared by the partners
+        for p in range(0, X.shape[0], 64):                      # w . x over contiguous tokens, as ever
+            part = slice(p, p + 64)
+            eps[part] = Y[part] - np.einsum("nli,ni->nl", np.ascontiguousarray(X[part]), tasks.w[0::2][part])
         s = np.where(np.arange(tasks.n_tasks) % 2, -1.0, 1.0)
         Sigma = np.eye(d + 1)
         Sigma[:d, :d] = tasks.Sigma
-        aug = icl.Tasks(Z=icl.PairTokens(np.concatenate([X, eps[..., None]], axis=-1), Y),
+        Xa = np.empty((X.shape[0], d + 1, X.shape[1]))          # (x, eps), tokens last
+        Xa[:, :d] = X.transpose(0, 2, 1)
+        Xa[:, d] = eps
+        aug = icl.Tasks(Z=icl.PairTokens(Xa.transpose(0, 2, 1), Y),
                         w=np.concatenate([tasks.w, s[:, None]], axis=-1),
                         x_q=np.concatenate([tasks.x_q, np.zeros(tasks.x_q.shape[:-1] + (1,))], axis=-1),
                         y_q=tasks.y_q, Sigma=Sigma, paired=True)
@@ -458,22 +481,28 @@ class SoftmaxPrefixEngine:
         self.n_exact, self.n_shared, self.inner = 0, 0, inner
         self.step = step
 
-    def _passes(self, B, C, shifted):
+    def _passes(self, B, C, shift):
         """Un-normalised moments ``(ng, nL, ge, q, nw, nf)`` and the largest logit ``(ng, nL, ge, q)``
-        (0 when ``shifted``) of the logit coefficients ``B (ng, ge, nL, q, K)`` (the shift on the
-        row ``1``) and the column weights ``C (ng, nL * q, 1, K)`` (``x . v_x``; ``None`` while
-        ``v_x == 0``), from the softmax core: one call per partner column ``j``, each of the same
-        shapes whatever ``ge`` is, so a partner's logits and moments are the same floating-point
-        operations on the same operands in the shared pass (``ge = 1``) and in the
-        partner-by-partner pass (``ge = 2``). Sharing changes the cost, never a bit."""
+        (0 with a shift) of the logit coefficients ``B (ng, ge, nL, q, K)`` and the column weights
+        ``C (ng, nL * q, 1, K)`` (``x . v_x``; ``None`` while ``v_x == 0``), shifted by ``shift
+        (ng, nL, ge, q)`` (folded into ``B``'s constant row in the features layout) or, ``None``, by
+        each block's maximum, from the softmax core: one call per partner column ``j``, each of the
+        same shapes whatever ``ge`` is, so a partner's logits and moments are the same floating-point
+        operations on the same operands in the shared pass (``ge = 1``) and in the partner-by-partner
+        pass (``ge = 2``). Sharing changes the cost, never a bit."""
         ng, ge, nL, q, K = B.shape
         nw = 1 + (C is not None) + (self.y_row is not None)
-        nf = self.Phi.shape[1]
+        nf = self.rows["x"].stop
         Mom, top = np.empty((ng, nL, ge, q, nw, nf)), np.empty((ng, nL, ge, q))
         for j in range(ge):
+            if self.features:
+                kw = dict(shifted=shift is not None)
+            else:
+                kw = dict(shift=None if shift is None else shift[:, :, j].reshape(ng, nL * q),
+                          ones=self.Phi is self.X)
             M, P = softmax_core.prefix_moments(
-                self.Phi, self.edges, A=B[:, j].reshape(ng, nL * q, K), X=self.X, reach=self.reach, shifted=shifted,
-                at_reach=True, col_weights=C, row_weights=self.y_row, cache_bytes=self.cache_bytes, work=self._work)
+                self.Phi, self.edges, A=B[:, j].reshape(ng, nL * q, K), X=self.X, reach=self.reach, at_reach=True,
+                col_weights=C, row_weights=self.y_row, cache_bytes=self.cache_bytes, work=self._work, **kw)
             Mom[:, :, j] = P.reshape(ng, nL, q, nw, nf)          # column (L_l, query) at its own prompt l
             top[:, :, j] = M.reshape(ng, nL, q)
         return Mom, top
@@ -502,28 +531,27 @@ class SoftmaxPrefixEngine:
         B = self._B.get(ge)
         if B is None:
             B = self._B[ge] = np.zeros((self.ng, ge, self.nL, self.q, K))
-        if self.features and shared:   # a_y == 0 exactly: both partners have the logits x . a_x
-            B[:, 0, :, :, 1:] = a[..., :d]
-        elif self.features:
-            B[..., 1:] = a[:, None, :, :, :d] + a[:, None, :, :, d:] * self.w[:, :, None, None, :]
-        else:                          # x . a_x + y_j a_y, y_j = sign_j y of the group
-            B[..., 1:d + 1] = a[:, None, :, :, :d]
-            if not shared:
-                B[..., d + 1] = a[:, None, :, :, d] * self.partner_sign[:, None, None]
+        x = slice(K - d, K)                                     # the x rows (after the constant one)
+        if shared:                     # a_y == 0 exactly: both partners have the logits x . a_x
+            B[:, 0, :, :, x] = a[..., :d]
+        else:                          # y_j = w_j . x: x . (a_x + a_y w_j)
+            B[..., x] = a[:, None, :, :, :d] + a[:, None, :, :, d:] * self.w[:, :, None, None, :]
         C = None
-        if np.any(v[:, :d]):           # weights x . v_x(L) of the column (L, query), on the rows [1, x]
+        if np.any(v[:, :d]):           # weights x . v_x(L) of the column (L, query)
             C = np.zeros((self.ng, self.nL, self.q, 1, K))
-            C[..., 0, 1:d + 1] = v[:, None, :d]
+            C[..., 0, x] = v[:, None, :d]
             C = C.reshape(self.ng, self.nL * self.q, 1, K)
         shift = None if self.shift is None else self.shift[:, :, :ge]
         Mom = None
         if shift is not None:
-            B[..., 0] = -shift.transpose(0, 2, 1, 3)
-            Mom = self._passes(B, C, shifted=True)[0]
+            if self.features:
+                B[..., 0] = -shift.transpose(0, 2, 1, 3)
+            Mom = self._passes(B, C, shift)[0]
         if Mom is None or not self._ok(Mom):
             self.n_exact += 1
-            B[..., 0] = 0.0
-            Mom, shift = self._passes(B, C, shifted=False)
+            if self.features:
+                B[..., 0] = 0.0
+            Mom, shift = self._passes(B, C, None)
             if not (np.all(np.isfinite(shift)) and self._ok(Mom)):
                 self.shift = None
                 return None
@@ -660,7 +688,7 @@ def train_all_arrays(tasks, Ls, *, models=icl.MODELS, lr=0.01, n_steps=2500, ckp
             engines[m] = SoftmaxPrefixEngine(tasks, Ls, cache_bytes=cache_bytes, pair_first=pair_first,
                                              _group=group)
         elif m == "linear":
-            G = np.stack([tasks.Ghat(L) for L in Ls])
+            G = tasks.Ghat(Ls)
             engines[m] = LinearEngine(tasks, G, pair_first=pair_first, _group=group)
         elif m == "softmax_inf":
             support, weights = icl.support_tasks(tasks, x_law)
@@ -812,9 +840,9 @@ def heldout_risks(held, Ls, L_eval, U, v, U_inf, v_inf):
             at_eval[0, i, j] = eng_eval.step(U["softmax"][i, j][None], v["softmax"][i, j][None])[0][0]
         inf_eval[j] = eng_eval.step(U_inf[j][None], v_inf[j][None])[0][0]
     z_q, y_q = held.z_q, held.y_q
-    G_eval = held.Ghat(L_eval)
+    *Gs, G_eval = held.Ghat(tuple(int(L) for L in Ls) + (int(L_eval),))
     for i, L in enumerate(Ls):
-        G = held.Ghat(int(L))
+        G = Gs[i]
         at_L[1, i] = 0.5 * np.mean((icl.linear_predict(U["linear"][i], v["linear"][i], G, z_q) - y_q) ** 2, axis=(-2, -1))
         at_eval[1, i] = 0.5 * np.mean((icl.linear_predict(U["linear"][i], v["linear"][i], G_eval, z_q) - y_q) ** 2,
                                       axis=(-2, -1))

@@ -119,6 +119,9 @@ def test_pairs_are_stored_once_and_read_as_the_whole_tasks():
         np.testing.assert_array_equal(t.prompt(L), whole.prompt(L))
         np.testing.assert_array_equal(t.Ghat(L), icl.Ghat(whole.Z, L))   # bit for bit
         np.testing.assert_array_equal(icl.model_matrix("linear", t, L), icl.Ghat(whole.Z, L))
+    many = np.stack([icl.Ghat(whole.Z, L) for L in (3, 9, L_max)])
+    np.testing.assert_array_equal(t.Ghat((3, 9, L_max)), many)
+    np.testing.assert_array_equal(whole.Ghat([3, 9, L_max]), many)
     for idx in (slice(2, 6), slice(1, 4), [0, 3, 5], np.array([7, 2])):
         a, b = t.subset(idx), whole.subset(idx)
         np.testing.assert_array_equal(a.Z, b.Z)

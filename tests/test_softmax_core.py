@@ -215,3 +215,22 @@ def test_bad_weights_are_refused(kw, match):
     args.update(kw)
     with pytest.raises(ValueError, match=match):
         core.prefix_moments(phi, (0, 40), **args)
+
+
+def test_a_given_shift_is_the_shift_folded_into_a_constant_row():
+    """``shift`` subtracts a constant per column before the exponential: the sums of a shift folded
+    into the coefficient of a constant feature row, to rounding (plain and weighted sums)."""
+    rng = np.random.default_rng(11)
+    A, X, phi = _problem(rng, G=3, C=4, K=3, F=3, T=120, scale=2.0)
+    shift = rng.uniform(-3, 3, (3, 4))
+    Bw, Rw = rng.standard_normal((3, 4, 1, 3)), rng.standard_normal((3, 1, 120))
+    A1 = np.concatenate([-shift[..., None], A], axis=-1)
+    X1 = np.concatenate([np.ones((3, 1, 120)), X], axis=1)
+    Bw1 = np.concatenate([np.zeros((3, 4, 1, 1)), Bw], axis=-1)
+    for kw, kw1 in ((dict(), dict()), (dict(col_weights=Bw, row_weights=Rw), dict(col_weights=Bw1, row_weights=Rw))):
+        M, P = core.prefix_moments(phi, (0, 30, 120), A=A, X=X, shift=shift, cache_bytes=900, **kw)
+        M1, P1 = core.prefix_moments(phi, (0, 30, 120), A=A1, X=X1, shifted=True, cache_bytes=900, **kw1)
+        np.testing.assert_array_equal(M, 0)
+        np.testing.assert_allclose(P, P1, rtol=1e-13, atol=1e-13 * np.abs(P1).max())
+    with pytest.raises(ValueError, match="shift must be"):
+        core.prefix_moments(phi, (0, 120), A=A, X=X, shift=shift[:, :2])

@@ -125,7 +125,8 @@ def test_a_partner_product_has_the_same_shape_shared_or_apart(layout, monkeypatc
     real = softmax_core.prefix_moments
 
     def spy(phi, edges, **kw):
-        calls.append((phi.shape, kw["A"].shape, kw["X"].shape, tuple(kw["reach"]), kw["shifted"], kw["cache_bytes"],
+        calls.append((phi.shape, kw["A"].shape, kw["X"].shape, tuple(kw["reach"]), kw.get("shifted"),
+                      None if kw.get("shift") is None else kw["shift"].shape, kw.get("ones"), kw["cache_bytes"],
                       None if kw["col_weights"] is None else kw["col_weights"].shape))
         return real(phi, edges, **kw)
 
@@ -135,7 +136,7 @@ def test_a_partner_product_has_the_same_shape_shared_or_apart(layout, monkeypatc
         for ge in (1, 2):
             B = np.zeros((eng.ng, ge, eng.nL, eng.q, K))
             calls.clear()
-            eng._passes(B, C, shifted=True)
+            eng._passes(B, C, np.zeros((eng.ng, eng.nL, ge, eng.q)))
             assert len(calls) == ge and len(set(calls)) == 1
             if ge == 1:
                 one = calls[0]
