@@ -59,6 +59,8 @@ __all__ = ["exponentials", "prefix_moments", "normalised"]
 CACHE_BYTES = 1 << 20
 #: largest M * N * K of one BLAS product: OpenBLAS runs smaller products single-threaded
 GEMM_MNK = 200_000
+#: bytes of one chunk's working set (its rows, the tokens' coefficients and features): groups per chunk
+CHUNK_BYTES = 1 << 20
 
 
 _tally = threading.local()
@@ -127,9 +129,23 @@ def _check(phi, edges, A, X, logits, reach, col_weights, row_weights, shift):
     return phi, edges, A, X, logits, C, first, col_weights, row_weights, shift
 
 
+def _spans(edges, first, C, nw, cache_bytes, merge_tokens):
+    """The token ranges evaluated together: ``(lo, hi, b)`` with ``b`` the first block of the range.
+    Consecutive blocks join while the range has at most ``merge_tokens`` tokens and the rows of its
+    columns still fit one sub-block (``cache_bytes``); otherwise a range is one block."""
+    spans, b, nb = [], 0, edges.size - 1
+    while b < nb:
+        lo, hi, e = int(edges[b]), int(edges[b + 1]), b + 1
+        while e < nb and edges[e + 1] - lo <= min(merge_tokens, cache_bytes // (8 * (C - int(first[b])) * nw)):
+            hi, e = int(edges[e + 1]), e + 1
+        spans.append((lo, hi, b))
+        b = e
+    return spans
+
+
 def prefix_moments(phi, edges, *, A=None, X=None, logits=None, reach=None, shifted=False, at_reach=False,
-                   ones=False, col_weights=None, row_weights=None, shift=None, cache_bytes=None, gemm_mnk=None,
-                   work=None):
+                   ones=False, col_weights=None, row_weights=None, shift=None, merge_tokens=0, cache_bytes=None,
+                   gemm_mnk=None, work=None):
     """Running max logit and un-normalised softmax sums of every nested prompt (module doc).
 
     ``phi (G, F, T)`` features; logits from ``A (G, C, K)`` and ``X (G, K, T)``, or given as
@@ -150,6 +166,11 @@ def prefix_moments(phi, edges, *, A=None, X=None, logits=None, reach=None, shift
     the same shift and the same online merge. (``E_p[x (x . v)]`` for a ``v`` per column costs
     ``2 K`` multiply-adds a logit this way, not a feature per product ``x_i x_j``.)
 
+    ``merge_tokens`` (with ``at_reach``): consecutive short blocks, up to this many tokens together,
+    are one range of the products, each column's logits past its own prompt masked out (fewer, larger
+    products; the sums are then added in another order, so the last bits differ from those of
+    ``merge_tokens = 0``).
+
     Returns ``(M (nb, G, C), P (nb, G, C, [1 + S + R,] F))``, the prefixes of every block edge (a
     column's values past its reach are those of its reach), or with ``at_reach`` only each column's
     own prefix: ``(M (G, C), P (G, C, [1 + S + R,] F))``.
@@ -168,6 +189,9 @@ def prefix_moments(phi, edges, *, A=None, X=None, logits=None, reach=None, shift
     nw = 1 + S + R                                            # sums per column: plain, column- and row-weighted
     nb = edges.size - 1
     F_out = F + bool(ones)
+    if merge_tokens and not at_reach:
+        raise ValueError("merge_tokens needs at_reach: merged blocks have no prefix sums at their inner edges")
+    limit = edges[1:][reach] if reach is not None else np.full(C, edges[-1])   # a column's prompt length
     if S:   # the logits' and the column weights' coefficients, stacked: one product gives both
         coef = np.concatenate([A[:, :, None], col_weights], axis=2)   # (G, C, 1 + S, K)
     run_m, run_P = np.zeros((G, C)), np.zeros((G, nw, C, F_out))
@@ -175,13 +199,13 @@ def prefix_moments(phi, edges, *, A=None, X=None, logits=None, reach=None, shift
         out_m, out_P = run_m, run_P          # a column stops changing after its reach
     else:
         out_m, out_P = np.empty((nb, G, C)), np.empty((nb, G, nw, C, F_out))
-    for b in range(nb):
+    for lo, hi, b in _spans(edges, first, C, nw, cache_bytes, merge_tokens):
         c0 = int(first[b])
-        lo, hi = int(edges[b]), int(edges[b + 1])
         Cb = C - c0
+        short = [j for j in range(c0, C) if limit[j] < hi]   # (merged blocks) columns whose prompt ends inside
         step = int(max(1, min(hi - lo, cache_bytes // (8 * Cb * nw))))                       # tokens per sub-block
         cc = int(max(1, min(Cb, gemm_mnk // (step * max(F * nw, K * (1 + S), 1)))))           # columns per product
-        gc = int(max(1, min(G, cache_bytes // (8 * step * (cc * nw + F + K)))))                # groups per chunk
+        gc = int(max(1, min(G, CHUNK_BYTES // (8 * step * (cc * nw + F + K)))))                # groups per chunk
         for t0 in range(lo, hi, step):
             t1 = min(hi, t0 + step)
             for j0 in range(c0, C, cc):
@@ -200,19 +224,25 @@ def prefix_moments(phi, edges, *, A=None, X=None, logits=None, reach=None, shift
                         np.matmul(A[g0:g1, j0:j1], X[g0:g1, :, t0:t1], out=s)
                     if shift is not None:
                         s -= shift[g0:g1, j0:j1, None]
-                    elif not shifted:
+                    if not shifted:
+                        for j in short:              # past the column's prompt: out of the max
+                            if j0 <= j < j1:
+                                s[:, j - j0, limit[j] - t0:] = -np.inf
                         mx = s.max(axis=-1)
                         s -= mx[..., None]
                     np.exp(s, out=s)
+                    for j in short:                  # past the column's prompt: no weight
+                        if j0 <= j < j1:
+                            s[:, j - j0, limit[j] - t0:] = 0.0
                     _tally.n = getattr(_tally, "n", 0) + s.size
                     for k in range(S):
                         w[:, (1 + k) * m:(2 + k) * m] *= s
                     for k in range(R):
                         np.multiply(s, row_weights[g0:g1, k, None, t0:t1], out=w[:, (1 + S + k) * m:(2 + S + k) * m])
-                    part = _buffer(work, "sums", (g1 - g0, nw * m, F))
-                    np.matmul(w, np.swapaxes(phi[g0:g1, :, t0:t1], 1, 2), out=part)  # (gc, nw cc, F)
+                    part = _buffer(work, "sums", (g1 - g0, nw * m, F_out))
+                    np.matmul(w, np.swapaxes(phi[g0:g1, :, t0:t1], 1, 2), out=part[..., F_out - F:])  # (gc, nw cc, F)
                     if ones:
-                        part = np.concatenate([w.sum(axis=-1)[..., None], part], axis=-1)
+                        np.sum(w, axis=-1, out=part[..., 0])
                     part = part.reshape(g1 - g0, nw, m, F_out)
                     mm, P = run_m[g0:g1, j0:j1], run_P[g0:g1, :, j0:j1]
                     if shifted:
@@ -225,7 +255,7 @@ def prefix_moments(phi, edges, *, A=None, X=None, logits=None, reach=None, shift
                         P += part * np.exp(mx - new)[:, None, :, None]
                         mm[...] = new
         if not at_reach:
-            out_m[b], out_P[b] = run_m, run_P
+            out_m[b], out_P[b] = run_m, run_P       # (one block per range without merge_tokens)
     out_P = np.moveaxis(out_P, -3, -2)                       # (..., G, C, nw, F_out)
     return out_m, (out_P if nw > 1 else out_P[..., 0, :])
 

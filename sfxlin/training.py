@@ -60,6 +60,10 @@ FINITE_MODELS = ("softmax", "linear")
 #: ``[x y, 1, x]`` (faster while the products are narrow); above, as ``[1, x, y]`` with ``E_p x y`` a
 #: row-weighted moment (docs/performance.md, section 11)
 FEATURE_ROWS = 19
+#: the layout ``[1, x, y]``: short prompt blocks evaluated together up to this many tokens, and the
+#: logits exponentiated without a shift while every carried log-sum-exp is within this bound (the
+#: sums then stay within the checked range ``[1e-200, 1e200]``; beyond it the shift is subtracted)
+MERGE_TOKENS, FREE_SHIFT = 64, 300.0
 TRAINED_MODELS = icl.MODELS + icl.LAW_MODELS
 _TINY, _HUGE = 1e-200, 1e200
 
@@ -497,9 +501,11 @@ class SoftmaxPrefixEngine:
         for j in range(ge):
             if self.features:
                 kw = dict(shifted=shift is not None)
-            else:
-                kw = dict(shift=None if shift is None else shift[:, :, j].reshape(ng, nL * q),
-                          ones=self.Phi is self.X)
+            else:                      # exponentiated as given while the carried shift is moderate
+                sh = None if shift is None else shift[:, :, j].reshape(ng, nL * q)
+                kw = dict(ones=self.Phi is self.X, merge_tokens=MERGE_TOKENS,
+                          **(dict(shift=sh) if sh is not None and np.abs(sh).max() > FREE_SHIFT else
+                             dict(shifted=sh is not None)))
             M, P = softmax_core.prefix_moments(
                 self.Phi, self.edges, A=B[:, j].reshape(ng, nL * q, K), X=self.X, reach=self.reach, at_reach=True,
                 col_weights=C, row_weights=self.y_row, cache_bytes=self.cache_bytes, work=self._work, **kw)
@@ -519,10 +525,10 @@ class SoftmaxPrefixEngine:
         return self.shift is None or np.array_equal(self.shift[:, :, 0], self.shift[:, :, 1])
 
     def moments(self, U, v):
-        """Un-normalised moments ``(ng, nL, g, q, nw, nf)`` of the softmax weights (the plain sums,
+        """Un-normalised moments ``(ng, nL, ge, q, nw, nf)`` of the softmax weights (the plain sums,
         then the ``x . v_x``-weighted ones while ``v_x != 0``, then the ``y``-weighted ones in the
-        ``1, x, y`` layout), or ``None`` if they cannot be made finite; updates the shift to the
-        log-sum-exp."""
+        weighted layout), ``ge = 1`` when the partners shared the pass (``ge = g`` otherwise), or
+        ``None`` if they cannot be made finite; updates the shift to the log-sum-exp."""
         d, g, K = self.d, self.g, self.X.shape[1]
         a = (self.xq.reshape(-1, d) @ np.swapaxes(U[:, :, :d], -1, -2))   # (nL, ng*q, D)
         a = a.reshape(self.nL, self.ng, self.q, self.D).transpose(1, 0, 2, 3)
@@ -555,12 +561,49 @@ class SoftmaxPrefixEngine:
             if not (np.all(np.isfinite(shift)) and self._ok(Mom)):
                 self.shift = None
                 return None
+        self.shift = shift + np.log(Mom[..., 0, self.rows["one"]])   # log-sum-exp: next step's shift
         if shared:
             self.n_shared += 1
-            Mom = np.broadcast_to(Mom, (self.ng, self.nL, g) + Mom.shape[3:])
-            shift = np.broadcast_to(shift, (self.ng, self.nL, g, self.q))
-        self.shift = shift + np.log(Mom[..., 0, self.rows["one"]])   # log-sum-exp: next step's shift
+            self.shift = np.broadcast_to(self.shift, (self.ng, self.nL, g, self.q))
         return Mom
+
+    def _pair_step(self, Mom, v):
+        """Risk and gradient from the moments ``(ng, nL, q, nw, nf)`` of a pass shared by antithetic
+        partners (weighted layout, ``pair_first``): each pair's two contributions added in closed
+        form. With ``m1 = E_p x``, ``m2 = E_p x y``, ``m3 = E_p x (x . v_x)`` of the pair's first task,
+        partner ``s = +-1`` has ``pred = A + s B`` (``A = v_x . m1``, ``B = v_y w . m1``) and the
+        residual ``r = A + s E`` (``E = B - y_q``), so ``sum_s r^2 = 2 (A^2 + E^2)``, ``sum_s r m1 =
+        2 A m1``, ``sum_s r (w_s . m1) = 2 E w . m1``, and ``rc_s = r (E_p x (x . u) - m1 pred) =
+        (A + s E)(P + s Q)`` with ``P = m3 - A m1``, ``Q = v_y m2 - B m1``: ``sum_s rc_s = 2 (A P +
+        E Q)``, ``sum_s s rc_s = 2 (A Q + E P)``. While ``v_x == 0`` exactly, ``A = 0`` and ``m3 = 0``, so
+        the off-block gradient (``grad v_x``, ``grad U[d, :d]``) is exactly 0, as partner-first sums
+        make it."""
+        d, D, nL, N = self.d, self.D, self.nL, self.N
+        rows, vy = self.rows, v[None, :, None, d]
+        inv = 1.0 / Mom[..., 0, rows["one"]]                               # (ng, nL, q)
+        m1 = Mom[..., 0, rows["x"]] * inv[..., None]                       # (ng, nL, q, d)
+        w = self.w[:, 0]                                                   # (ng, d) of the first partner
+        wm1 = np.einsum("glqi,gi->glq", m1, w)
+        B = vy * wm1
+        E = B - self.YQ.reshape(self.ng, 2, self.q)[:, None, 0]
+        Q = Mom[..., rows["xy"][0], rows["xy"][1]] * (inv * vy)[..., None] - B[..., None] * m1
+        xq = self.xq.reshape(-1, d)                                        # (ng q, d)
+        gv, gU = np.zeros((nL, D)), np.zeros((nL, D, D))
+        c1 = E[..., None] * Q
+        if np.any(v[:, :d]):
+            A = np.einsum("glqi,li->glq", m1, v[:, :d])
+            P = Mom[..., 1, rows["x"]] * inv[..., None] - A[..., None] * m1
+            c1 += A[..., None] * P
+            c2 = A[..., None] * Q + E[..., None] * P
+            gv[:, :d] = 2.0 * np.einsum("glq,glqi->li", A, m1) / N
+            gU[:, d, :d] = 2.0 * np.einsum("glq,gqj->lj", np.einsum("glqi,gi->glq", c2, w),
+                                           self.xq) / N
+            risk = np.einsum("glq->l", A * A + E * E) / N
+        else:
+            risk = np.einsum("glq->l", E * E) / N
+        gv[:, d] = 2.0 * np.einsum("glq,glq->l", E, wm1) / N
+        gU[:, :d, :d] = 2.0 * (c1.transpose(1, 3, 0, 2).reshape(nL, d, -1) @ xq) / N
+        return risk, gU, gv
 
     def step(self, U, v):
         d, D, nL, N = self.d, self.D, self.nL, self.N
@@ -568,6 +611,9 @@ class SoftmaxPrefixEngine:
             Mom = self.moments(U, v)
         if Mom is None:
             return np.full(nL, np.nan), np.full((nL, D, D), np.nan), np.full((nL, D), np.nan)
+        if Mom.shape[2] == 1 and self.g == 2 and self.sum_items.pair_first and not self.features:
+            return self._pair_step(Mom[:, :, 0], v)
+        Mom = np.broadcast_to(Mom, Mom.shape[:2] + (self.g,) + Mom.shape[3:])
         nw, nf = Mom.shape[-2:]
         M = Mom.transpose(4, 5, 1, 0, 2, 3).reshape(nw, nf, nL, N)   # items (task, query) last
         rows = self.rows

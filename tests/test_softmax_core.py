@@ -234,3 +234,26 @@ def test_a_given_shift_is_the_shift_folded_into_a_constant_row():
         np.testing.assert_allclose(P, P1, rtol=1e-13, atol=1e-13 * np.abs(P1).max())
     with pytest.raises(ValueError, match="shift must be"):
         core.prefix_moments(phi, (0, 120), A=A, X=X, shift=shift[:, :2])
+
+
+@pytest.mark.parametrize("shifted", [False, True])
+def test_merged_short_blocks_give_each_columns_own_prompt(shifted):
+    """``merge_tokens``: short blocks evaluated as one range, a column's logits past its prompt masked:
+    the sums of each column's own prompt (to rounding), weighted ones included; refused without
+    ``at_reach``."""
+    rng = np.random.default_rng(12)
+    A, X, phi = _problem(rng, G=3, C=6, K=3, F=3, T=100, scale=1.5)
+    Bw, Rw = rng.standard_normal((3, 6, 1, 3)), rng.standard_normal((3, 1, 100))
+    edges, reach = (0, 4, 9, 20, 100), np.array([0, 0, 1, 2, 3, 3])
+    kw = dict(A=A, X=X, col_weights=Bw, row_weights=Rw, reach=reach, at_reach=True, shifted=shifted)
+    M0, P0 = core.prefix_moments(phi, edges, **kw)
+    M1, P1 = core.prefix_moments(phi, edges, merge_tokens=20, **kw)
+    assert core._spans(np.array(edges), np.searchsorted(reach, np.arange(4)), 6, 3, core.CACHE_BYTES, 20) == [
+        (0, 20, 0), (20, 100, 3)]
+    if shifted:
+        np.testing.assert_array_equal(M1, 0)
+    else:
+        np.testing.assert_allclose(M1, M0, rtol=1e-14)
+    np.testing.assert_allclose(P1, P0, rtol=1e-13, atol=1e-13 * np.abs(P0).max())
+    with pytest.raises(ValueError, match="merge_tokens needs at_reach"):
+        core.prefix_moments(phi, edges, A=A, X=X, merge_tokens=20)

@@ -223,6 +223,18 @@ def test_fast_engine_trajectories_at_larger_d(layout, d, path, monkeypatch):
                      tol=1e-12)
 
 
+@pytest.mark.parametrize("d", [3, 16])
+def test_pair_first_keeps_the_block_structure_exactly_in_the_weighted_layout(d, monkeypatch):
+    """The weighted layout adds a pair's two contributions in closed form (``_pair_step``): from the
+    block-structured init the off-block part stays exactly 0, every step sharing the pass."""
+    monkeypatch.setattr(training, "FEATURE_ROWS", 0)
+    tasks = _tasks(d, 4, 2, 64, seed=d + 2)
+    res = train_all_arrays(tasks, (4, 8, 64), models=("softmax",), pair_first=True, lr=0.2 / d, n_steps=30,
+                           ckpt_every=1)
+    assert res["n_shared_steps"] == 31
+    assert np.all(icl.off_block_mass(res["softmax"]["U"], res["softmax"]["v"]) == 0.0)
+
+
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(d=st.integers(1, 3), n_pairs=st.integers(1, 3), n_queries=st.integers(1, 3),
        Ls=st.lists(st.integers(1, 40), min_size=1, max_size=5, unique=True).map(sorted),
@@ -596,6 +608,21 @@ def test_bench_c3_smoke():
     assert out["n_exp_per_step"] == 48 * 2 * 8184 == 785_664
     assert out["ms_exp_floor"] > 0
     assert out["ratio_exp_bound"] == out["ms_per_step_reference"] / out["ms_exp_floor"]
+
+
+def test_bench_c3_dims_prints_every_column(capsys):
+    """The per-d benchmark on a tiny workload: one row per d with every column (no timing asserted)."""
+    from sfxlin.benchmarks.c3 import bench_c3_dims
+
+    rows = bench_c3_dims((2, 3), workloads={2: (2, 32), 3: (3, 16)}, steps=(1, 3), repeats=1)
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if "ms/step" in line).split()
+    assert header == ["d", "pairs", "L_max", "logits", "ms/step", "exp", "ms", "madd", "ms", "floor", "ms", "ratio"]
+    for r, (n_pairs, L_max, Ls) in zip(rows, ((2, 32, (8, 16, 32)), (3, 16, (8, 16)))):
+        assert r["n_logits"] == n_pairs * 2 * sum(Ls) and r["L_max"] == L_max
+        assert r["ms_floor"] == r["ms_exp"] + r["ms_madd"] and r["ratio"] == r["ms_step"] / r["ms_floor"]
+        line = next(line for line in out.splitlines() if line.split()[:3] == [str(r["d"]), str(n_pairs), str(L_max)])
+        assert len(line.split()) == 9
 
 
 def test_exp_floor_times_the_requested_count(monkeypatch):
