@@ -132,18 +132,10 @@ def bench_c3(n_steps=100, *, repeats=3, seed=0, setting="isotropic", Ls=PAPER_LS
     return out
 
 
-if __name__ == "__main__":  # pragma: no cover
-    bench_c3()
-
 
 def _cpu_best(fn, repeats):
     """Best CPU seconds of this process over ``repeats`` calls of ``fn``."""
-    best = np.inf
-    for _ in range(repeats):
-        start = time.process_time()
-        fn()
-        best = min(best, time.process_time() - start)
-    return best
+    return best_time(fn, repeats, clock=time.process_time)[0]
 
 
 def matmul_rate(n=1536, repeats=5, seed=0):
@@ -208,3 +200,7 @@ def bench_c3_dims(ds=(3, 8, 16), *, workloads=None, n_queries=2, steps=(2, 22), 
             print(f"  {r['d']:3d} {r['n_pairs']:6d} {r['L_max']:6d} {r['n_logits']:10,d} {r['ms_step']:9.2f} "
                   f"{r['ms_exp']:8.2f} {r['ms_madd']:8.2f} {r['ms_floor']:9.2f} {r['ratio']:6.2f}")
     return rows
+
+
+if __name__ == "__main__":  # pragma: no cover
+    bench_c3()

@@ -10,21 +10,21 @@ Two paths:
   strictly increasing list and every model in one vectorised loop. It is exact (same maths,
   float64), only organised differently:
 
-  - the tokens are fixed during training, so for each group of tasks sharing covariates (an
-    antithetic pair) the feature matrix ``Phi = [1, x, x_i x_j (i <= j)]`` of every token is
-    computed once. Because ``y = w^T x``, a logit is ``z.a = x.(a_x + a_y w)`` and every softmax
-    moment (``sum p``, ``sum p z``, ``sum p z z^T``) is a linear image of the ``x``-moments, so
-    one batched matmul ``exp(S) @ Phi`` per block gives them all (and pred and both gradients).
-    While ``v[:d] == 0`` exactly, ``z . v = v_y y`` and ``C v`` only needs ``sum p x y``: the
-    smaller features ``[x y, 1, x]`` replace the quadratic ones;
+  - the tokens are fixed during training and kept once per group of tasks sharing covariates (an
+    antithetic pair), ``O(d)`` numbers a token (:class:`SoftmaxPrefixEngine`: the rows
+    ``[x y, 1, x]`` at small d, the pairs' own covariates at larger d). Because ``y = w^T x``, a
+    logit is ``z.a = x.(a_x + a_y w)`` and ``z . v = x . u``, ``u = v_x + v_y w``, so the moments a
+    step needs are ``E_p 1``, ``E_p x``, ``E_p x y`` and, while ``v[:d] != 0``, ``E_p x (x . v_x)``, a
+    moment weighted by ``x . v_x`` (a product of the logits' shape, never a row ``x_i x_j``);
   - the softmax moments come from the package's one softmax-moments core
     (:mod:`sfxlin.softmax_core`): nested prompts, tokens split into the blocks ``[L_{b-1}, L_b)``;
     the column of ``(L_j, query)`` reaches block ``j`` only (its parameters are ``L_j``'s), so a
     step costs ``sum_L L`` token evaluations per (task, query), nothing wasted;
   - the softmax shift is the previous step's log-sum-exp of each column (``>= max``, within
     ``log L`` of it; parameters move little per step), folded into the logit matmul as an extra
-    coordinate, so a block costs one matmul, one in-place ``exp`` and one matmul. Every step
-    checks that the normaliser is finite and far from under/overflow (``[1e-200, 1e200]``);
+    coordinate (or, with the pairs' own covariates, subtracted, and skipped while every shift is
+    within ``FREE_SHIFT``), so a block costs one matmul, one in-place ``exp`` and one matmul. Every
+    step checks that the normaliser is finite and far from under/overflow (``[1e-200, 1e200]``);
     otherwise it recomputes the step shifting each block by its own maximum, merged online
     (always safe);
   - antithetic partners (tasks ``2i``, ``2i + 1``) share their covariates, hence their logits

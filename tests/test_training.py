@@ -217,7 +217,10 @@ def test_fast_engine_trajectories_at_larger_d(layout, d, path, monkeypatch):
     """Every model's trajectory against the per-L reference loop at d = 8 and 16 in both layouts."""
     monkeypatch.setattr(training, "FEATURE_ROWS", LAYOUTS[layout])
     tasks = _tasks(d, 4, 2, 32, seed=d + 1)
-    U0, v0 = _perturbed_init(d, tasks.Sigma, 1e-2, d, parts=("U", "v")) if path == "Uv" else icl.init_theta(d, tasks.Sigma)
+    if path == "Uv":
+        U0, v0 = _perturbed_init(d, tasks.Sigma, 1e-2, d, parts=("U", "v"))
+    else:
+        U0, v0 = icl.init_theta(d, tasks.Sigma)
     kw = dict(lr=0.2 / d, n_steps=8, ckpt_every=2, U0=U0, v0=v0)
     _assert_same_run(train_all_arrays(tasks, (4, 8, 32), **kw), train_reference_all(tasks, (4, 8, 32), **kw),
                      tol=1e-12)
