@@ -362,22 +362,24 @@ class SoftmaxPrefixEngine:
     The moments per column (a prompt length and a query) are ``E_p 1``, ``E_p x``, ``E_p x y``
     (``y`` the label of the group's first task) and, while ``v[:, :d] != 0``, ``E_p x (x . v_x)``;
     with ``z . v = x . u``, ``u = v_x + v_y w``, they give ``E_p x (x . u) = E_p x (x . v_x) +
-    v_y sign E_p x y`` (a partner's sign enters there, so partners share the pass). The tokens are
-    kept once per group of tasks sharing covariates, tokens last, ``O(d)`` numbers a token, in one of
-    two layouts (the ``features`` attribute; docs/performance.md, section 11, measures both):
+    v_y sign E_p x y`` (a partner's sign enters there, so partners share the pass). A logit is
+    ``x . (a_x + a_y w_j)`` for partner ``j`` (``y = w . x``). The tokens are kept once per group of
+    tasks sharing covariates, tokens last, ``O(d)`` numbers a token, in one of two layouts (the
+    ``features`` attribute; docs/performance.md, section 11, measures both):
 
-    * ``features`` (``2 d + 1 <= FEATURE_ROWS``): rows ``x_i y, 1, x_i``; the logits read ``[1, x]``,
-      the moments all rows, so ``E_p x y`` is the moment of the feature ``x y``;
-    * otherwise rows ``1, x_i, y``; the logits read all of them (``y`` carries ``+- a_y`` of a
-      partner evaluated apart), the moments ``[1, x]``, and ``E_p x y`` is a moment weighted by the
-      ``y`` row (:func:`sfxlin.softmax_core.prefix_moments`' ``row_weights``): fewer rows a token,
-      larger products.
+    * ``2 d + 1 <= FEATURE_ROWS``: the rows ``x_i y, 1, x_i``; the logits read ``[1, x]`` (the shift
+      on the row 1), the moments all rows, so ``E_p x y`` is the moment of the feature ``x y``;
+    * otherwise the rows ``x_i`` alone, the pairs' own covariates when the tasks store them
+      (:class:`sfxlin.icl.PairTokens`: no copy); ``E_p 1`` is the sum of the weights, ``E_p x y`` a
+      moment weighted by the label (:func:`sfxlin.softmax_core.prefix_moments`' ``row_weights``),
+      the shift subtracted only when some carried log-sum-exp leaves ``[-FREE_SHIFT, FREE_SHIFT]``,
+      short blocks merged up to ``MERGE_TOKENS``, and with ``pair_first`` a pair's two contributions
+      added in closed form (:meth:`_pair_step`).
 
-    ``E_p x (x . v_x)`` is a column-weighted moment of ``[1, x]`` (``col_weights``: the weight
-    ``x . v_x(L)`` per column and token, a product of the logits' shape), so no token carries its
-    products ``x_i x_j``. With ``pair_first`` the gradient sums add antithetic partners first, and
-    whenever ``U[:, d, :d] == 0`` exactly the partners have bitwise identical logits and are
-    evaluated once.
+    ``E_p x (x . v_x)`` is a column-weighted moment (``col_weights``: the weight ``x . v_x(L)`` per
+    column and token, a product of the logits' shape), so no token carries its products ``x_i x_j``.
+    With ``pair_first`` the gradient sums add antithetic partners first, and whenever ``U[:, d, :d] ==
+    0`` exactly the partners have bitwise identical logits and are evaluated once.
     """
 
     #: Evaluate antithetic partners' softmax once whenever their logits and shifts are bitwise
