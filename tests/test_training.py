@@ -416,7 +416,9 @@ def test_off_block_perturbation_follows_the_linearised_gd_map(model, L, lr, n_st
         assert np.max(lr * lam) < 2.0 and growth <= 1.0, (np.max(lr * lam), growth)
 
 
-def test_wrong_softmax_shift_falls_back_to_the_exact_maximum():
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_wrong_softmax_shift_falls_back_to_the_exact_maximum(layout, monkeypatch):
+    monkeypatch.setattr(training, "FEATURE_ROWS", LAYOUTS[layout])
     tasks = _tasks(seed=6)
     U0, v0 = _perturbed_init(3, tasks.Sigma, 0.05, 6)
     U, v = np.repeat(U0[None], len(LS), 0), np.repeat(v0[None], len(LS), 0)
@@ -543,13 +545,18 @@ def test_too_large_lr_raises_naming_the_step(model):
         train(model, tasks, Ls[0], lr=lr, n_steps=n_steps, ckpt_every=1, max_abs=max_abs)
 
 
-def test_softmax_training_with_huge_logits_stays_finite():
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_softmax_training_with_huge_logits_stays_finite(layout, monkeypatch):
+    """Logits of order 1e3: the carried shift (subtracted in the weighted layout, its log-sum-exp
+    beyond FREE_SHIFT) keeps every step on the shifted pass after the first."""
+    monkeypatch.setattr(training, "FEATURE_ROWS", LAYOUTS[layout])
     tasks = _tasks(seed=12)
     U0, v0 = icl.init_theta(3, tasks.Sigma)
     U0 = 1e3 * U0 + 1e2 * _rng(12, 2).standard_normal((4, 4))   # logits of order 1e3
     kw = dict(lr=1e-4, n_steps=20, ckpt_every=5, U0=U0, v0=v0)
     fast = train_all_arrays(tasks, LS, models=("softmax",), **kw)
     ref = train_reference_all(tasks, LS, models=("softmax",), **kw)
+    assert fast["n_exact_shift_steps"] == 1
     for k in ("U", "v", "risk"):
         assert np.all(np.isfinite(fast["softmax"][k]))
     # near one-hot weights: C = E zz^T - mbar mbar^T cancels, so agreement is to ~1e-9 only
