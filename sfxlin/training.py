@@ -488,32 +488,38 @@ class SoftmaxPrefixEngine:
         self.step = step
 
     def _passes(self, B, C, shift):
-        """Un-normalised moments ``(ng, nL, ge, q, nw, nf)`` and the largest logit ``(ng, nL, ge, q)``
-        (0 with a shift) of the logit coefficients ``B (ng, ge, nL, q, K)`` and the column weights
-        ``C (ng, nL * q, 1, K)`` (``x . v_x``; ``None`` while ``v_x == 0``), shifted by ``shift
-        (ng, nL, ge, q)`` (folded into ``B``'s constant row in the features layout) or, ``None``, by
-        each block's maximum, from the softmax core: one call per partner column ``j``, each of the
+        """Un-normalised moments ``(ng, nL, ge, q, nw, nf)`` and the shift their logits had
+        ``(ng, nL, ge, q)`` (the log-sum-exp is that plus ``log`` of the sum of the weights), of the
+        logit coefficients ``B (ng, ge, nL, q, K)`` and the column weights ``C (ng, nL * q, 1, K)``
+        (``x . v_x``; ``None`` while ``v_x == 0``), shifted by the carried ``shift (ng, nL, ge, q)``
+        (folded into ``B``'s constant row in the features layout; in the weighted layout only for the
+        groups it keeps far from 0) or, ``None``, by each block's maximum (the largest logit is then
+        the shift), from the softmax core: one call per partner column ``j``, each of the
         same shapes whatever ``ge`` is, so a partner's logits and moments are the same floating-point
         operations on the same operands in the shared pass (``ge = 1``) and in the partner-by-partner
         pass (``ge = 2``). Sharing changes the cost, never a bit."""
         ng, ge, nL, q, K = B.shape
         nw = 1 + (C is not None) + (self.y_row is not None)
         nf = self.rows["x"].stop
-        Mom, top = np.empty((ng, nL, ge, q, nw, nf)), np.empty((ng, nL, ge, q))
+        Mom, applied = np.empty((ng, nL, ge, q, nw, nf)), np.empty((ng, nL, ge, q))
         for j in range(ge):
-            if self.features:
-                kw = dict(shifted=shift is not None)
-            else:                      # exponentiated as given while the carried shift is moderate
-                sh = None if shift is None else shift[:, :, j].reshape(ng, nL * q)
-                kw = dict(ones=self.Phi is self.X, merge_tokens=MERGE_TOKENS,
-                          **(dict(shift=sh) if sh is not None and np.abs(sh).max() > FREE_SHIFT else
-                             dict(shifted=sh is not None)))
+            kw = dict(shifted=shift is not None)
+            if shift is not None:
+                applied[:, :, j] = shift[:, :, j]
+            if not self.features:      # a group's logits exponentiated as given while its carried shift is
+                kw.update(ones=self.Phi is self.X, merge_tokens=MERGE_TOKENS)
+                if shift is not None:  # moderate (s - 0 is s: its bits do not depend on the other groups)
+                    far = np.abs(shift[:, :, j]).max(axis=(1, 2)) > FREE_SHIFT
+                    applied[:, :, j] = np.where(far[:, None, None], shift[:, :, j], 0.0)
+                    if np.any(far):
+                        kw["shift"] = applied[:, :, j].reshape(ng, nL * q)
             M, P = softmax_core.prefix_moments(
                 self.Phi, self.edges, A=B[:, j].reshape(ng, nL * q, K), X=self.X, reach=self.reach, at_reach=True,
                 col_weights=C, row_weights=self.y_row, cache_bytes=self.cache_bytes, work=self._work, **kw)
             Mom[:, :, j] = P.reshape(ng, nL, q, nw, nf)          # column (L_l, query) at its own prompt l
-            top[:, :, j] = M.reshape(ng, nL, q)
-        return Mom, top
+            if shift is None:
+                applied[:, :, j] = M.reshape(ng, nL, q)
+        return Mom, applied
 
     def _ok(self, Mom):
         M0 = Mom[..., 0, self.rows["one"]]
@@ -554,7 +560,7 @@ class SoftmaxPrefixEngine:
         if shift is not None:
             if self.features:
                 B[..., 0] = -shift.transpose(0, 2, 1, 3)
-            Mom = self._passes(B, C, shift)[0]
+            Mom, shift = self._passes(B, C, shift)
         if Mom is None or not self._ok(Mom):
             self.n_exact += 1
             if self.features:

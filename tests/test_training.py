@@ -226,6 +226,30 @@ def test_fast_engine_trajectories_at_larger_d(layout, d, path, monkeypatch):
                      tol=1e-12)
 
 
+def test_a_groups_moments_do_not_depend_on_the_other_groups_in_the_weighted_layout(monkeypatch):
+    """The weighted layout subtracts a carried shift only for the groups whose log-sum-exp leaves
+    [-FREE_SHIFT, FREE_SHIFT] (the others' logits less 0, which is themselves): with a pair of huge
+    logits beside them, the other pairs' moments are bit for bit those computed without it."""
+    monkeypatch.setattr(training, "FEATURE_ROWS", 0)
+    t = _tasks(6, 4, 2, 64, seed=13)
+    x, y = t.pairs.x.copy(), t.pairs.y.copy()
+    x[0] *= 300.0
+    y[0] *= 300.0
+    full = icl.Tasks(Z=icl.PairTokens(x, y), w=t.w, x_q=t.x_q, y_q=t.y_q, Sigma=t.Sigma)
+    rest = full.subset(slice(2, 8))
+    U, v = _point(6, LS, "v", _rng(13))
+    a, b = SoftmaxPrefixEngine(full, LS, pair_first=True), SoftmaxPrefixEngine(rest, LS, pair_first=True)
+    shifts = []
+    for _ in range(4):                  # the exact maximum, then the carried shifts
+        with np.errstate(over="ignore", under="ignore"):
+            np.testing.assert_array_equal(a.moments(U, v)[1:], b.moments(U, v))
+        shifts.append(np.array(a.shift))
+    assert np.abs(a.shift[0]).max() > training.FREE_SHIFT >= np.abs(a.shift[1:]).max()
+    assert a.n_exact == b.n_exact == 1
+    for s in shifts[1:]:                # the carried shift is the log-sum-exp, applied or not
+        np.testing.assert_allclose(s, shifts[0], rtol=1e-12)
+
+
 @pytest.mark.parametrize("d", [3, 16])
 def test_pair_first_keeps_the_block_structure_exactly_in_the_weighted_layout(d, monkeypatch):
     """The weighted layout adds a pair's two contributions in closed form (``_pair_step``): from the
