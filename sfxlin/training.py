@@ -22,8 +22,9 @@ Two paths:
     step costs ``sum_L L`` token evaluations per (task, query), nothing wasted;
   - the softmax shift is the previous step's log-sum-exp of each column (``>= max``, within
     ``log L`` of it; parameters move little per step), folded into the logit matmul as an extra
-    coordinate (or, with the pairs' own covariates, subtracted, and skipped while every shift is
-    within ``FREE_SHIFT``), so a block costs one matmul, one in-place ``exp`` and one matmul. Every
+    coordinate (or, with the pairs' own covariates, subtracted, and skipped for a pair whose
+    shifts are within ``FREE_SHIFT``), so a block costs one matmul, one in-place ``exp`` and one
+    matmul. Every
     step checks that the normaliser is finite and far from under/overflow (``[1e-200, 1e200]``);
     otherwise it recomputes the step shifting each block by its own maximum, merged online
     (always safe);
@@ -57,12 +58,13 @@ __all__ = ["TrainingDiverged", "train", "train_all", "train_all_arrays", "valida
 
 FINITE_MODELS = ("softmax", "linear")
 #: largest ``2 d + 1`` for which :class:`SoftmaxPrefixEngine` keeps the tokens as the feature rows
-#: ``[x y, 1, x]`` (faster while the products are narrow); above, as ``[1, x, y]`` with ``E_p x y`` a
-#: row-weighted moment (docs/performance.md, section 11)
+#: ``[x y, 1, x]`` (faster while the products are narrow); above, it reads the pairs' own covariates,
+#: ``E_p x y`` a label-weighted moment (docs/performance.md, section 11)
 FEATURE_ROWS = 19
-#: the layout ``[1, x, y]``: short prompt blocks evaluated together up to this many tokens, and the
-#: logits exponentiated without a shift while every carried log-sum-exp is within this bound (the
-#: sums then stay within the checked range ``[1e-200, 1e200]``; beyond it the shift is subtracted)
+#: the layout of the pairs' own covariates: short prompt blocks evaluated together up to this many
+#: tokens, and a group's logits exponentiated without a shift while its carried log-sum-exps are
+#: within this bound (the sums then stay within the checked ``[1e-200, 1e200]``; beyond it the shift
+#: is subtracted)
 MERGE_TOKENS, FREE_SHIFT = 64, 300.0
 TRAINED_MODELS = icl.MODELS + icl.LAW_MODELS
 _TINY, _HUGE = 1e-200, 1e200
