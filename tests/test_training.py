@@ -188,6 +188,23 @@ def test_engine_step_is_the_per_L_reference_step(layout, d, path, pair_first, mo
     assert eng.n_exact == 1
 
 
+@pytest.mark.parametrize("storage", ["whole", "unpaired"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_engine_step_on_tasks_given_whole_or_unpaired(layout, storage, monkeypatch):
+    """Tasks given as the whole (n, L_max, D) array, in pairs or not: the engine copies the
+    covariates tokens last (weighted layout) or builds its rows; the per-L reference steps agree."""
+    monkeypatch.setattr(training, "FEATURE_ROWS", LAYOUTS[layout])
+    t, Ls, d = _tasks(8, 3, 2, 40, seed=14), (4, 16, 40), 8
+    keep = [0, 3, 4] if storage == "unpaired" else slice(None)
+    tasks = icl.Tasks(Z=t.Z[keep], w=t.w[keep], x_q=t.x_q[keep], y_q=t.y_q[keep], Sigma=t.Sigma,
+                      paired=storage == "whole")
+    assert tasks.pairs is None and training.pair_structure(tasks) == (2 if storage == "whole" else 1)
+    eng = SoftmaxPrefixEngine(tasks, Ls)
+    rng = _rng(14)
+    for path in ("block", "Uv"):
+        _assert_reference_steps(eng, tasks.Z, tasks.z_q, tasks.y_q, Ls, *_point(d, Ls, path, rng))
+
+
 @pytest.mark.parametrize("path", ["block", "Uv"])
 @pytest.mark.parametrize("d", [3, 8, 16])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
