@@ -12,6 +12,12 @@ It also times, in the same run, the one cost no exact float64 engine can avoid: 
 the logits of one step (one per antithetic pair, query, prompt length and token:
 ``n_pairs * n_queries * sum(Ls)``), and prints the ratio an engine would reach if that were
 its only cost.
+
+``bench_c3_dims()`` (``sfxlin bench c3 --d 3,8,16``): the softmax engine alone at each ``d`` against
+its floor, in one run: per ``d`` the milliseconds of a step (a 22-step run less a 2-step run, over
+20), and the floor of a step, ``np.exp`` of its logits plus its necessary multiply-adds (``d + 2`` a
+logit for the logit, ``2 d + 1`` for the moments ``E_p[1, x, x y]``) at the rate of one large
+``np.matmul``, with both parts and the ratio.
 """
 from __future__ import annotations
 
@@ -19,14 +25,17 @@ import math
 import time
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from sfxlin import icl, laws, training
 from sfxlin.benchmarks.c1 import best_time
 from sfxlin.testing import reference_c3
 
-__all__ = ["bench_c3", "c3_bench_tasks", "exp_floor_ms", "max_rel_diff"]
+__all__ = ["bench_c3", "bench_c3_dims", "c3_bench_tasks", "exp_floor_ms", "max_rel_diff", "DIM_WORKLOADS"]
 
 PAPER_LS = tuple(8 * 2**k for k in range(10))
+#: the workload of :func:`bench_c3_dims` per d: (antithetic pairs, largest L)
+DIM_WORKLOADS = {3: (48, 4096), 8: (128, 2048), 16: (512, 1024)}
 
 
 def c3_bench_tasks(seed=0, setting="isotropic", n_pairs=48, n_queries=2, L_max=4096, d=3):
@@ -121,6 +130,76 @@ def bench_c3(n_steps=100, *, repeats=3, seed=0, setting="isotropic", Ls=PAPER_LS
               f"ratio {out['ratio_exp_bound']:5.1f}x   ({out['n_exp_per_step']:,} logits a step, "
               "one per pair, query, L and token: the bound of an engine that computed nothing else)")
     return out
+
+
+
+def _cpu_best(fn, repeats):
+    """Best CPU seconds of this process over ``repeats`` calls of ``fn``."""
+    return best_time(fn, repeats, clock=time.process_time)[0]
+
+
+def matmul_rate(n=1536, repeats=5, seed=0):
+    """Multiply-adds a second of one large ``n x n`` by ``n x n`` ``np.matmul`` (best of ``repeats``,
+    CPU seconds)."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+    out = np.empty((n, n))
+    return n**3 / _cpu_best(lambda: np.matmul(a, b, out=out), repeats)
+
+
+def bench_c3_dims(ds=(3, 8, 16), *, workloads=None, n_queries=2, steps=(2, 22), repeats=3, seed=0, verbose=True):
+    """The softmax(L) engine's step at each ``d`` against the floor of that step, in one run.
+
+    ``workloads``: ``{d: (n_pairs, L_max)}`` (default :data:`DIM_WORKLOADS`), ``L = 8, 16, ...,
+    L_max``, isotropic Gaussian covariates, ``n_queries`` queries, the Eq. 9 init, lr 0.01,
+    ``models=("softmax",)``. A step's time is the difference of runs of ``steps[1]`` and
+    ``steps[0]`` steps over ``steps[1] - steps[0]`` (set-up cancels), each the best of
+    ``repeats``. The floor: ``np.exp`` of the step's ``n_pairs * n_queries * sum(L)`` logits (one per
+    pair: partners share them), plus ``3 d + 3`` multiply-adds a logit at :func:`matmul_rate`. All
+    times are CPU seconds of this process with the BLAS held to one thread (the engine's products
+    run on one; other jobs on a shared machine then disturb the times less than the wall clock).
+
+    Returns a list of dicts per ``d``: ``d``, ``n_pairs``, ``L_max``, ``n_logits``, ``ms_step``,
+    ``ms_exp``, ``ms_madd``, ``gmadd_per_s``, ``ms_floor``, ``ratio``."""
+    workloads = {**DIM_WORKLOADS, **(workloads or {})}
+    rows = []
+    with threadpool_limits(1):
+        rate = matmul_rate()
+        for d in ds:
+            n_pairs, L_max = workloads[d]
+            Ls = tuple(L for L in (8 * 2**k for k in range(32)) if L <= L_max)
+            rng = np.random.default_rng([seed, d, 3])
+            tasks = icl.make_tasks(rng, d, n_pairs, n_queries, Ls[-1], laws.Gaussian(cov=np.eye(d)))
+
+            def run(n, tasks=tasks, Ls=Ls):
+                training.train_all_arrays(tasks, Ls, models=("softmax",), lr=0.01, n_steps=n, ckpt_every=n,
+                                          label="bench_c3_dims")
+
+            short, long = np.inf, np.inf
+            for _ in range(repeats):        # in turn, so that both see the same machine
+                short = min(short, _cpu_best(lambda: run(steps[0]), 1))
+                long = min(long, _cpu_best(lambda: run(steps[1]), 1))
+            n_logits = n_pairs * n_queries * sum(Ls)
+            ms_step = 1e3 * (long - short) / (steps[1] - steps[0])
+            logits = np.random.default_rng(seed).uniform(-10.0, 0.0, n_logits)
+            exps = np.empty_like(logits)
+            ms_exp = 1e3 * _cpu_best(lambda: np.exp(logits, out=exps), max(5, repeats))
+            ms_madd = 1e3 * n_logits * (3 * d + 3) / rate
+            rows.append(dict(d=d, n_pairs=n_pairs, L_max=Ls[-1], n_logits=n_logits, ms_step=ms_step, ms_exp=ms_exp,
+                             ms_madd=ms_madd, gmadd_per_s=rate / 1e9, ms_floor=ms_exp + ms_madd,
+                             ratio=ms_step / (ms_exp + ms_madd)))
+    if verbose:
+        print(f"C3 engine against its floor: softmax(L) alone, {n_queries} queries, L = 8, 16, ..., L_max; a step = "
+              f"({steps[1]}-step run - {steps[0]}-step run) / {steps[1] - steps[0]}, best of {repeats}; CPU time of "
+              "this process, BLAS on one thread")
+        print(f"  floor = np.exp of the step's logits + (3d + 3) multiply-adds a logit at one large np.matmul's rate "
+              f"({rows[0]['gmadd_per_s']:.1f} G multiply-adds/s)" if rows else "")
+        print(f"  {'d':>3} {'pairs':>6} {'L_max':>6} {'logits':>10} {'ms/step':>9} {'exp ms':>8} {'madd ms':>8} "
+              f"{'floor ms':>9} {'ratio':>6}")
+        for r in rows:
+            print(f"  {r['d']:3d} {r['n_pairs']:6d} {r['L_max']:6d} {r['n_logits']:10,d} {r['ms_step']:9.2f} "
+                  f"{r['ms_exp']:8.2f} {r['ms_madd']:8.2f} {r['ms_floor']:9.2f} {r['ratio']:6.2f}")
+    return rows
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -7,7 +7,7 @@
     sfxlin rerun FILE.nc [--out DIR] [--name NAME] [the options of run but --profile and --set]
     sfxlin merge A.nc B.nc [...] -o C.nc
     sfxlin cells OUT [--experiment EXP] [--prune [--all]]
-    sfxlin bench c1 | c3 [--protocol [--steps N] [--heldout-every N]]
+    sfxlin bench c1 | c3 [--protocol [--steps N] [--heldout-every N] | --d 3,8,16]
     sfxlin list [EXP]
     sfxlin report [--results DIR] [--out FILE.html|FILE.md] [--strict]
     sfxlin reproduce [EXP ...] [--profile P] [--out DIR] [--quiet]
@@ -78,6 +78,20 @@ def _int_at_least(low: int, what: str):
 
 #: ``--workers``, ``--steps``, ``--heldout-every``; ``--resamples``
 _positive_int = _int_at_least(1, "a positive integer")
+
+
+def _dims(text):
+    """The covariate dimensions of ``sfxlin bench c3 --d 3,8,16``; ValueError naming the workloads."""
+    from .benchmarks.c3 import DIM_WORKLOADS
+
+    try:
+        ds = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--d: expected comma-separated integers such as 3,8,16, got {text!r}") from None
+    unknown = [d for d in ds if d not in DIM_WORKLOADS]
+    if unknown:
+        raise ValueError(f"--d: no workload for d = {unknown}; the benchmark has d in {sorted(DIM_WORKLOADS)}")
+    return ds
 _non_negative_int = _int_at_least(0, "an integer >= 0")
 
 
@@ -399,10 +413,19 @@ def cmd_bench(args):
         return 0
     if args.steps is not None or args.heldout_every is not None:
         raise ValueError("--steps and --heldout-every go with --protocol")
+    if args.d is not None and args.experiment != "c3":
+        raise ValueError(f"--d: only the c3 engine has a benchmark per dimension, got {args.experiment!r}")
+    ds = None if args.d is None else _dims(args.d)
     if any(os.environ.get(k) != v for k, v in BENCH_MALLOC.items()):
         env = {**os.environ, **BENCH_MALLOC}
-        return subprocess.call([sys.executable, "-m", "sfxlin.cli", "bench", args.experiment], env=env)
+        again = ["--d", args.d] if ds else []
+        return subprocess.call([sys.executable, "-m", "sfxlin.cli", "bench", args.experiment, *again], env=env)
     print("(allocator: " + ", ".join(f"{k}={v}" for k, v in BENCH_MALLOC.items()) + ", for both arms)")
+    if ds:
+        from .benchmarks.c3 import bench_c3_dims
+
+        bench_c3_dims(tuple(ds))
+        return 0
     mod, _, fn = target.partition(":")
     getattr(importlib.import_module(mod), fn)()
 
@@ -803,6 +826,9 @@ def parser():
                             "same tasks, both wall times and their ratio")
     bench.add_argument("--steps", type=_positive_int, help="with --protocol: n_steps of both arms (shorter run)")
     bench.add_argument("--heldout-every", type=_positive_int, help="with --protocol: heldout_every of both arms")
+    bench.add_argument("--d", metavar="D,D,...",
+                       help="c3 only: the softmax engine's step at each of these d against its floor (np.exp of the "
+                            "logits and the multiply-adds at one large matmul's rate), e.g. --d 3,8,16")
     lst = command("list", "experiments, their parameters and profiles", cmd_list)
     lst.add_argument("experiment", nargs="?", help="only this experiment (name or short name)")
     rep = command("report", "one self-contained HTML page (and Markdown) of every claim", cmd_report)

@@ -1,4 +1,5 @@
-"""Off-block curvature of the C3 risks along a block-structured trajectory (docs/performance.md).
+"""Curvature of the C3 risks: the off-block Hessian along a block-structured trajectory
+(docs/performance.md), and the whole Hessian of linear(inf) with the step size it allows.
 
 From a block-structured point ``theta = (U, v)`` (``U[d, :] = 0``, ``U[:d, d] = 0``, ``v[:d] = 0``)
 on antithetic tasks, the risk is even in the active off-block coordinates
@@ -51,8 +52,15 @@ import numpy as np
 from . import icl
 from .softmax_core import normalised, prefix_moments
 from .training import pair_structure, validate_Ls
+from .validation import as_sigma, noise_std
 
-__all__ = ["off_block_coordinates", "off_block_hessian", "curvature_extremes", "spectral_radius"]
+__all__ = ["off_block_coordinates", "off_block_hessian", "curvature_extremes", "spectral_radius",
+           "linear_inf_gradient", "linear_inf_hessian", "linear_inf_training_hessian", "faithful_lr",
+           "FAITHFUL_MARGIN"]
+
+#: :func:`faithful_lr`'s default: ``lr = 0.1 * 2 / lambda_max``, the stiffest direction contracting by
+#: 0.8 a step, where gradient descent and the gradient flow differ by ``lr^2 lambda^2 / 2 = 2%`` a step
+FAITHFUL_MARGIN = 0.1
 
 #: bytes of softmax moments and Hessian terms per pass of :func:`_softmax_hessian` (bounds its memory)
 _MOMENT_BYTES = 1 << 24
@@ -159,7 +167,7 @@ def off_block_hessian(model, tasks, Ls, U, v):
             tasks = tasks.subset(slice(0, None, 2))
         H = _softmax_hessian(tasks, Ls, U, v)
     elif model == "linear":
-        H = _linear_hessian(tasks, np.stack([icl.Ghat(tasks.Z, L) for L in Ls]), U, v)
+        H = _linear_hessian(tasks, tasks.Ghat(Ls), U, v)
     else:
         H = _linear_hessian(tasks, icl.model_matrix("linear_inf", tasks)[None], U, v)
     if not np.all(np.isfinite(H)):
@@ -177,3 +185,135 @@ def spectral_radius(lam_min, lam_max, lr):
     """``max |1 - lr lambda|`` over the spectrum of ``H`` (symmetric): the per-step growth factor
     of an off-block perturbation aligned with the worst mode."""
     return np.maximum(np.abs(1 - lr * np.asarray(lam_min)), np.abs(1 - lr * np.asarray(lam_max)))
+
+
+# --------------------------------------------------------------------------- the whole Hessian of linear(inf)
+
+
+def _active(U, v, Sigma):
+    U, v = np.asarray(U, dtype=float), np.asarray(v, dtype=float)
+    if U.ndim != 2 or U.shape[0] != U.shape[1] or v.shape != (U.shape[0],) or U.shape[0] < 2:
+        raise ValueError(f"U must be (D, D) and v (D,) with D = d + 1 >= 2, got {U.shape} and {v.shape}")
+    if not (np.all(np.isfinite(U)) and np.all(np.isfinite(v))):
+        raise ValueError("U and v must be finite")
+    d = U.shape[0] - 1
+    S = as_sigma(Sigma, d)
+    if np.linalg.eigvalsh(S)[0] < -1e-12 * max(np.abs(S).max(), 1e-300):
+        raise ValueError("Sigma must be positive semi-definite")
+    return U[:d, :d], U[d, :d], v[:d], float(v[d]), S
+
+
+def _place(d, blocks):
+    """The ``(D^2 + D)``-square matrix of ``theta = (U row-major, v)`` from the blocks of the active
+    parameters ``A = U[:d, :d]`` (``d^2``, row-major), ``b = U[d, :d]``, ``v_x = v[:d]``, ``v_y = v[d]``;
+    ``U[:, d]`` multiplies ``z_q[d] = 0``: its rows and columns are 0."""
+    D = d + 1
+    index = {"A": (np.arange(d)[:, None] * D + np.arange(d)).ravel(), "b": d * D + np.arange(d),
+             "vx": D * D + np.arange(d), "vy": np.array([D * D + d])}
+    H = np.zeros((D * D + D, D * D + D))
+    for (x, y), block in blocks.items():
+        block = np.asarray(block, dtype=float).reshape(index[x].size, index[y].size)
+        if x == y:                                   # symmetric to rounding: made exactly so
+            block = 0.5 * (block + block.T)
+        H[np.ix_(index[x], index[y])] = block
+        H[np.ix_(index[y], index[x])] = block.T
+    return H
+
+
+def linear_inf_gradient(U, v, Sigma, noise=0.0):
+    """Gradient of the population risk of linear(inf), :func:`sfxlin.icl.linear_inf_risk`, at ``(U, v)``:
+    ``(grad_U (D, D), grad_v (D,))``, in closed form (see :func:`linear_inf_hessian`)."""
+    A, b, vx, vy, S = _active(U, v, Sigma)
+    d = S.shape[0]
+    m1 = np.trace(S) + noise_std(noise, "noise") ** 2
+    S2 = S @ S
+    k2 = m1 * m1 + 2 * np.trace(S2)                  # E rho^2
+    e = A.T @ S @ vx + vy * m1 * b                   # E c
+    Ewc = vy * S @ A + np.outer(S @ vx, b) - np.eye(d)   # E[w c^T]
+    Ebc = vy * m1 * A.T @ S @ vx + vy * A.T @ S2 @ vx + (vy * vy * k2 + vx @ S2 @ vx) * b - S @ vx   # E[beta c]
+    gU, gv = np.zeros((d + 1, d + 1)), np.zeros(d + 1)
+    gU[:d, :d] = (np.outer(S @ vx, e) + vy * S @ Ewc) @ S
+    gU[d, :d] = S @ Ebc
+    gv[:d] = S @ A @ S @ e + S @ Ewc @ S @ b
+    gv[d] = np.trace(S @ A @ S @ Ewc.T) + b @ S @ (m1 * A.T @ S @ vx + vy * k2 * b)
+    return gU, gv
+
+
+def linear_inf_hessian(U, v, Sigma, noise=0.0):
+    """Hessian of the population risk of linear(inf) (:func:`sfxlin.icl.linear_inf_risk`, ``w ~ N(0,
+    I_d)``, queries of covariance ``Sigma``, prompt-label noise ``noise``) at ``(U, v)``, over all of
+    ``theta = (U row-major, v)``: ``(D^2 + D, D^2 + D)``, exact, any parameters.
+
+    The query error is ``c(w) . x_q`` with ``c = A^T g + beta b - w``, ``g = Sigma (v_x + v_y w)``,
+    ``beta = v_y rho + v_x . Sigma w``, ``rho = w^T Sigma w + noise^2`` (``A = U[:d, :d]``, ``b =
+    U[d, :d]``), so ``R = E_w c^T Sigma c / 2`` (plus the query noise) and ``H = E_w[J^T Sigma J +
+    (Sigma c) . c'']``, ``J`` the Jacobian of ``c`` (linear in ``theta``) and ``c''`` its constant second
+    derivatives (the products ``A v_x``, ``A v_y``, ``b v_y``, ``b v_x`` of ``c``). Every entry is a
+    polynomial of degree <= 4 in ``w``; its expectation follows from ``E w w^T = I``, ``E rho = m_1 =
+    tr Sigma + noise^2``, ``E rho w w^T = m_1 I + 2 Sigma``, ``E rho^2 = m_1^2 + 2 tr Sigma^2``.
+    ``U[:, d]`` multiplies ``z_q[d] = 0``: its rows and columns are 0."""
+    A, b, vx, vy, S = _active(U, v, Sigma)
+    d = S.shape[0]
+    m1 = np.trace(S) + noise_std(noise, "noise") ** 2
+    S2 = S @ S
+    k2 = m1 * m1 + 2 * np.trace(S2)
+    Svx, Sb, SAS = S @ vx, S @ b, S @ A @ S
+    e = A.T @ Svx + vy * m1 * b                                         # E c
+    Mg = np.outer(Svx, Svx) + vy * vy * S2                              # E g g^T
+    gb = vy * (m1 * S + S2) @ vx                                        # E beta g
+    blocks = {
+        ("A", "A"): np.einsum("ij,kl->ikjl", Mg, S),
+        ("A", "b"): np.einsum("j,kl->jkl", gb, S),
+        ("A", "vx"): np.einsum("j,kl->jkl", Svx, SAS.T) + vy * np.einsum("k,jl->jkl", Sb, S2)
+        + np.einsum("k,jl->jkl", S @ e, S),                              # + residual E(Sigma c)_k Sigma_jl
+        ("A", "vy"): vy * S2 @ A @ S + m1 * np.outer(Svx, Sb)
+        + vy * (S @ A.T @ S2).T + np.outer(S2 @ vx, Sb) - S2,             # + residual E(Sigma c)_k (Sigma w)_j
+        ("b", "b"): (vy * vy * k2 + vx @ S2 @ vx) * S,
+        ("b", "vx"): vy * m1 * SAS.T + np.outer(Sb, S2 @ vx)
+        + S @ (vy * A.T @ S2 + np.outer(b, S2 @ vx) - S),                 # + residual E(Sigma c)_j (Sigma w)_l
+        ("b", "vy"): S @ A.T @ S2 @ vx + vy * k2 * Sb
+        + S @ (m1 * A.T @ Svx + vy * k2 * b),                             # + residual E rho (Sigma c)_j
+        ("vx", "vx"): SAS @ A.T @ S + (b @ Sb) * S2,
+        ("vx", "vy"): (m1 * S + S2) @ A @ Sb,
+        ("vy", "vy"): np.trace(SAS @ A.T @ S) + k2 * (b @ Sb),
+    }
+    return _place(d, blocks)
+
+
+def linear_inf_training_hessian(tasks, U, v):
+    """Hessian of the training risk of linear(inf) on ``tasks`` (``mean 1/2 (v^T Gamma_w U z_q -
+    y_q)^2`` over tasks and queries, ``Gamma_w`` of :func:`sfxlin.icl.model_matrix`) at ``(U, v)``, over
+    ``theta = (U row-major, v)``, exact: each prediction ``f = v^T G U z_q`` is bilinear, so ``H =
+    mean[grad f grad f^T + (f - y_q) hess f]`` with ``grad_v f = G U z_q``, ``grad_U f = (G v) z_q^T``
+    and ``d^2 f / dv_i dU_jk = G_ij z_q,k``."""
+    U, v = np.asarray(U, dtype=float), np.asarray(v, dtype=float)
+    D = tasks.D
+    if U.shape != (D, D) or v.shape != (D,):
+        raise ValueError(f"U must be ({D}, {D}) and v ({D},), got {U.shape} and {v.shape}")
+    G = icl.model_matrix("linear_inf", tasks)                           # (n, D, D), symmetric
+    z = tasks.z_q                                                       # (n, q, D)
+    h = np.einsum("nij,jk,nqk->nqi", G, U, z)                           # G U z_q
+    r = (h @ v - tasks.y_q).reshape(-1)                                 # (N,)
+    Gv = G @ v                                                          # (n, D)
+    J = np.concatenate([np.einsum("ni,nqk->nqik", Gv, z).reshape(r.size, D * D), h.reshape(r.size, D)], axis=1)
+    H = J.T @ J / r.size
+    cross = np.einsum("nq,nij,nqk->ijk", r.reshape(z.shape[:2]), G, z).reshape(D, D * D) / r.size   # (v_i, U_jk)
+    H[D * D:, :D * D] += cross
+    H[:D * D, D * D:] += cross.T
+    return H
+
+
+def faithful_lr(d, Sigma, margin=FAITHFUL_MARGIN, noise=0.0, tasks=None):
+    """The step size ``lr = margin * 2 / lambda_max`` of gradient descent on linear(inf) from the
+    Eq. 9 initialisation (:func:`sfxlin.icl.init_theta` of ``Sigma``), ``lambda_max`` the largest
+    eigenvalue of the Hessian of its population risk there (:func:`linear_inf_hessian`), or of its
+    training risk on ``tasks`` when given (:func:`linear_inf_training_hessian`). With ``margin`` <= 1/2
+    the stiffest direction of the quadratic model contracts by ``1 - 2 margin`` a step without
+    overshooting: gradient descent then follows the gradient flow ``exp(-lambda t)``, which ``2 / lambda``
+    (the edge of stability) does not. Returns ``(lr, lambda_max)``."""
+    if not 0 < margin <= 0.5:
+        raise ValueError(f"margin must be in (0, 1/2] (lr below 1 / lambda_max: no overshoot), got {margin}")
+    U0, v0 = icl.init_theta(d, Sigma)
+    H = linear_inf_hessian(U0, v0, Sigma, noise) if tasks is None else linear_inf_training_hessian(tasks, U0, v0)
+    lam = float(np.linalg.eigvalsh(H)[-1])
+    return 2.0 * margin / lam, lam

@@ -54,7 +54,7 @@ from .laws import Empirical
 from .validation import as_sigma, as_spd, finite_array, noise_std, numeric_array, positive_int, token_weights
 
 __all__ = [
-    "Tasks", "make_tasks", "check_L", "check_model", "Ghat", "Gamma_w", "init_alpha", "init_theta",
+    "Tasks", "PairTokens", "make_tasks", "check_L", "check_model", "Ghat", "Gamma_w", "init_alpha", "init_theta",
     "bayes_optimum", "off_block_mass", "theta_distance", "ridge_risk",
     "softmax_predict", "linear_predict", "softmax_risk_grad", "linear_risk_grad",
     "model_matrix", "risk", "risk_grad", "pair_index", "support_tasks", "linear_inf_risk", "MODELS", "LAW_MODELS",
@@ -63,6 +63,17 @@ __all__ = [
 MODELS = ("softmax", "linear", "linear_inf")
 #: models defined by the covariate law itself (an argument ``x_law``), not by the tasks alone
 LAW_MODELS = ("softmax_inf",)
+
+
+@dataclass(frozen=True)
+class PairTokens:
+    """The prompt tokens of antithetic pairs, stored once per pair: ``x (n_pairs, L_max, d)`` the
+    covariates both partners share, ``y (n_pairs, L_max)`` the labels of the pair's first task (the
+    second task's are ``-y``). Given as ``Tasks(Z=PairTokens(x, y), ...)``, it holds the tokens of
+    ``2 n_pairs`` tasks in ``d + 1`` numbers a pair and token instead of ``2 (d + 1)``."""
+
+    x: np.ndarray
+    y: np.ndarray
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,6 +88,12 @@ class Tasks:
     ``noise`` the standard deviation of the prompt-label noise, ``query_noise`` that of the query
     targets (both ``>= 0``, default 0), ``Omega (d, d)`` the covariance of the prior of ``w``
     (``None``: ``I_d``, stored as the identity).
+
+    ``Z`` may also be given as :class:`PairTokens` (``make_tasks`` does): exact antithetic pairs
+    (``w``, ``x_q``, ``y_q`` of task ``2i + 1`` checked to be ``-w``, ``x_q``, ``-y_q`` of task
+    ``2i``) whose tokens are stored once per pair (:attr:`pairs`). Reading ``Z`` then assembles the
+    ``(n, L_max, D)`` array, a new one at each read (as ``z_q``): the engines of
+    :mod:`sfxlin.training` and :meth:`Ghat` read the pairs and never assemble it.
 
     Construction checks that the shapes agree (``n`` and ``D`` from ``Z``, ``n_queries`` from
     ``x_q``), that every array is finite and that ``Sigma`` is symmetric positive definite; a
@@ -97,19 +114,25 @@ class Tasks:
 
     def __post_init__(self):
         """Validate (see the class doc) and store the arrays as float64, ``Sigma`` as ``d x d``."""
-        Z = finite_array(self.Z, "Tasks.Z")
-        if Z.ndim != 3 or Z.shape[0] < 1 or Z.shape[1] < 1 or Z.shape[2] < 2:
-            raise ValueError(f"Tasks.Z must have shape (n, L_max, D) with n, L_max >= 1 and D = d + 1 >= 2, "
-                             f"got {Z.shape}")
-        n, _, D = Z.shape
+        tokens = self.__dict__["_tokens"]
+        if isinstance(tokens, PairTokens):
+            n, L_max, D = self._check_pairs(tokens)
+        else:
+            Z = finite_array(tokens, "Tasks.Z")
+            if Z.ndim != 3 or Z.shape[0] < 1 or Z.shape[1] < 1 or Z.shape[2] < 2:
+                raise ValueError(f"Tasks.Z must have shape (n, L_max, D) with n, L_max >= 1 and D = d + 1 >= 2, "
+                                 f"got {Z.shape}")
+            n, L_max, D = Z.shape
+            self.__dict__["_tokens"] = Z
+        self.__dict__["_shape"] = (n, L_max, D)
         d = D - 1
         w = finite_array(self.w, "Tasks.w")
         if w.shape != (n, d):
-            raise ValueError(f"Tasks.w must have shape (n, d) = {(n, d)} (from Z {Z.shape}), got {w.shape}")
+            raise ValueError(f"Tasks.w must have shape (n, d) = {(n, d)} (from Z {(n, L_max, D)}), got {w.shape}")
         x_q = finite_array(self.x_q, "Tasks.x_q")
         if x_q.ndim != 3 or x_q.shape[0] != n or x_q.shape[1] < 1 or x_q.shape[2] != d:
             raise ValueError(f"Tasks.x_q must have shape (n, n_queries, d) = ({n}, n_queries, {d}) "
-                             f"(n and d from Z {Z.shape}), got {x_q.shape}")
+                             f"(n and d from Z {(n, L_max, D)}), got {x_q.shape}")
         q = x_q.shape[1]
         y_q = finite_array(self.y_q, "Tasks.y_q")
         if y_q.shape != (n, q):
@@ -121,29 +144,69 @@ class Tasks:
             raise ValueError(f"Tasks.Sigma must be positive definite, smallest eigenvalue {lam[0]:.3g}")
         mean = np.zeros(d) if self.mean is None else finite_array(self.mean, "Tasks.mean")
         if mean.shape != (d,):
-            raise ValueError(f"Tasks.mean must have shape (d,) = {(d,)} (from Z {Z.shape}), got {mean.shape}")
+            raise ValueError(f"Tasks.mean must have shape (d,) = {(d,)} (from Z {(n, L_max, D)}), got {mean.shape}")
         noise = noise_std(self.noise, "Tasks.noise")
         query_noise = noise_std(self.query_noise, "Tasks.query_noise")
         Omega = np.eye(d) if self.Omega is None else as_spd(self.Omega, d, "Tasks.Omega")
-        for name, value in (("Z", Z), ("w", w), ("x_q", x_q), ("y_q", y_q), ("Sigma", Sigma), ("mean", mean),
+        if self.pairs is not None and not (self.paired and np.array_equal(w[1::2], -w[0::2])
+                                           and np.array_equal(x_q[1::2], x_q[0::2])
+                                           and np.array_equal(y_q[1::2], -y_q[0::2])):
+            raise ValueError("Tasks.Z given as PairTokens needs exact antithetic pairs (paired=True; task 2i + 1 has "
+                             "-w, the same x_q and -y_q of task 2i); give the whole (n, L_max, D) array otherwise")
+        for name, value in (("w", w), ("x_q", x_q), ("y_q", y_q), ("Sigma", Sigma), ("mean", mean),
                             ("noise", noise), ("query_noise", query_noise), ("Omega", Omega)):
             object.__setattr__(self, name, value)
 
+    @staticmethod
+    def _check_pairs(tokens):
+        x = finite_array(tokens.x, "Tasks.Z.x")
+        y = finite_array(tokens.y, "Tasks.Z.y")
+        if x.ndim != 3 or x.shape[0] < 1 or x.shape[1] < 1 or x.shape[2] < 1 or y.shape != x.shape[:2]:
+            raise ValueError(f"Tasks.Z as PairTokens needs x (n_pairs, L_max, d) and y (n_pairs, L_max), got "
+                             f"{x.shape} and {y.shape}")
+        object.__setattr__(tokens, "x", x)
+        object.__setattr__(tokens, "y", y)
+        return 2 * x.shape[0], x.shape[1], x.shape[2] + 1
+
+    @property
+    def pairs(self):
+        """The :class:`PairTokens` the tokens are stored as, or ``None`` (stored as ``Z``)."""
+        tokens = self.__dict__["_tokens"]
+        return tokens if isinstance(tokens, PairTokens) else None
+
+    def _assemble(self, tasks=slice(None), L=None):
+        """The tokens ``(len(tasks), L, D)`` of tasks ``tasks`` (a slice or index array), first ``L``
+        tokens (``None``: all), from the pairs: task ``i`` is pair ``i // 2`` with labels of sign
+        ``(-1)^i``."""
+        x, y = self.pairs.x, self.pairs.y
+        L = self.L_max if L is None else L
+        if isinstance(tasks, slice) and tasks == slice(None):     # every task: no gathered copy of x
+            Z = np.empty((x.shape[0], 2, L, self.D))
+            Z[..., :-1] = x[:, None, :L]
+            Z[:, 0, :, -1] = y[:, :L]
+            Z[:, 1, :, -1] = -y[:, :L]
+            return Z.reshape(self.n_tasks, L, self.D)
+        idx = np.arange(self.n_tasks)[tasks]
+        Z = np.empty(idx.shape + (L, self.D))
+        Z[..., :-1] = x[idx // 2, :L]
+        Z[..., -1] = np.where((idx % 2 == 1)[..., None], -y[idx // 2, :L], y[idx // 2, :L])
+        return Z
+
     @property
     def n_tasks(self):
-        return self.Z.shape[0]
+        return self.__dict__["_shape"][0]
 
     @property
     def L_max(self):
-        return self.Z.shape[1]
+        return self.__dict__["_shape"][1]
 
     @property
     def D(self):
-        return self.Z.shape[2]
+        return self.__dict__["_shape"][2]
 
     @property
     def d(self):
-        return self.Z.shape[2] - 1
+        return self.__dict__["_shape"][2] - 1
 
     @property
     def n_queries(self):
@@ -160,15 +223,83 @@ class Tasks:
         return np.concatenate([self.x_q, np.zeros(self.x_q.shape[:-1] + (1,))], axis=-1)
 
     def prompt(self, L):
-        """The first ``L`` tokens, ``(n, L, D)`` (a view)."""
-        return self.Z[:, :check_L(L, self.L_max), :]
+        """The first ``L`` tokens, ``(n, L, D)`` (a view; a new array when stored as pairs)."""
+        L = check_L(L, self.L_max)
+        if self.pairs is not None:
+            return self._assemble(slice(None), L)
+        return self.Z[:, :L, :]
+
+    def Ghat(self, L=None):
+        """:func:`Ghat` of every task's first ``L`` tokens, ``(n, D, D)``, or for a sequence of prompt
+        lengths ``(len(L), n, D, D)``: bit for bit ``Ghat(self.Z, L)``. Tasks stored as pairs are
+        assembled a few pairs at a time (first partners only, once for all the lengths); a second
+        partner's matrix is its first's with the label row and column negated, exactly (each product
+        in them changes sign, and ``-a`` rounds as ``a``)."""
+        many = L is not None and not isinstance(L, (int, np.integer))
+        Ls = [self.L_max if L is None else check_L(L, self.L_max)] if not many else [check_L(x, self.L_max) for x in L]
+        if self.pairs is None:
+            out = np.stack([Ghat(self.Z, x) for x in Ls])
+            return out if many else out[0]
+        n_pairs, D = self.n_tasks // 2, self.D
+        out = np.empty((len(Ls), n_pairs, 2, D, D))
+        step = max(1, _ASSEMBLE_BYTES // (8 * max(Ls) * D))
+        for p0 in range(0, n_pairs, step):
+            part = slice(p0, min(n_pairs, p0 + step))
+            Z = self._assemble(slice(2 * part.start, 2 * part.stop, 2), max(Ls))     # first partners
+            for i, x in enumerate(Ls):
+                out[i, part, 0] = Ghat(Z, x)
+        out[:, :, 1] = out[:, :, 0]
+        out[:, :, 1, :-1, -1] *= -1.0
+        out[:, :, 1, -1, :-1] *= -1.0
+        out = out.reshape(len(Ls), self.n_tasks, D, D)
+        return out if many else out[0]
 
     def subset(self, idx):
-        """Tasks ``idx`` (e.g. a slice); ``paired`` only if whole pairs are kept in order."""
-        Z, w, x_q, y_q = self.Z[idx], self.w[idx], self.x_q[idx], self.y_q[idx]
+        """Tasks ``idx`` (e.g. a slice); ``paired`` only if whole pairs are kept in order (then stored
+        as pairs again when they were)."""
         paired = self.paired and isinstance(idx, slice) and _slice_keeps_pairs(idx, self.n_tasks)
-        return Tasks(Z=Z, w=w, x_q=x_q, y_q=y_q, Sigma=self.Sigma, paired=paired, mean=self.mean,
-                     noise=self.noise, query_noise=self.query_noise, Omega=self.Omega)
+        if self.pairs is not None and paired:
+            start, stop, _ = idx.indices(self.n_tasks)
+            pairs = slice(start // 2, stop // 2)
+            Z = PairTokens(self.pairs.x[pairs], self.pairs.y[pairs])
+        else:
+            Z = self.Z[idx] if self.pairs is None else self._assemble(idx)
+        return Tasks(Z=Z, w=self.w[idx], x_q=self.x_q[idx], y_q=self.y_q[idx], Sigma=self.Sigma, paired=paired,
+                     mean=self.mean, noise=self.noise, query_noise=self.query_noise, Omega=self.Omega)
+
+
+def _tokens_of(self):
+    tokens = self.__dict__["_tokens"]
+    return self._assemble() if isinstance(tokens, PairTokens) else tokens
+
+
+def _store_tokens(self, value):
+    self.__dict__["_tokens"] = value   # reached only through object.__setattr__ (the instance is frozen)
+
+
+# ``Z`` is a field (constructor, ``dataclasses.replace``, ``fields``) read through a property: the
+# tokens given are validated and kept as given, an array or PairTokens, and read as the array
+Tasks.Z = property(_tokens_of, _store_tokens, doc="Prompt tokens ``(n, L_max, D)`` (assembled at each read when "
+                                                   "stored as :class:`PairTokens`).")
+
+#: bytes of assembled tokens per chunk of :meth:`Tasks.Ghat`
+_ASSEMBLE_BYTES = 1 << 25
+
+
+def _tokens_last(x):
+    """``x (n, L, d)`` rewritten in its own memory tokens last, ``(n, d, L)``, one block of ``L d``
+    numbers at a time, and returned as the ``(n, L, d)`` view of that: the same values, laid out as
+    the softmax engine reads them (a row per coordinate), with no second copy of the array."""
+    if not (x.flags.c_contiguous and x.flags.owndata):
+        x = np.array(x, order="C")
+    n, L, d = x.shape
+    rows = x.reshape(n, d, L)
+    tile = 2048
+    for i in range(n):
+        block = x[i].copy()
+        for t0 in range(0, L, tile):
+            rows[i, :, t0:t0 + tile] = block[t0:t0 + tile].T
+    return rows.transpose(0, 2, 1)
 
 
 def _slice_keeps_pairs(s, n):
@@ -195,7 +326,11 @@ def make_tasks(rng, d, n_pairs, n_queries, L_max, x_law, *, noise=0.0, query_noi
     With the defaults (``noise = query_noise = 0``, ``Omega = None``: ``w ~ N(0, I_d)``) nothing
     else is drawn and the tasks are bit-for-bit those of the paper's setting.
     Task ``2i`` has ``(w_i, eps_i)``, task ``2i + 1`` has ``(-w_i, -eps_i)``, both with the same
-    covariates; the labels and targets of the second are the exact negatives of the first.
+    covariates; the labels and targets of the second are the exact negatives of the first. The
+    prompt tokens are kept once per pair (``Z`` given as :class:`PairTokens`: the covariates as
+    drawn, the first task's labels), so the tasks hold ``d + 1`` numbers a pair and token; the
+    covariates are kept tokens last (``pairs.x`` a view of an ``(n_pairs, d, L_max)`` array, rewritten
+    in the memory they were drawn in), the layout the softmax engine reads without a copy.
     ``x_law`` is a token law of :mod:`sfxlin.laws` on ``R^d``, usually from
     :func:`sfxlin.laws.covariate_law` (the tasks read ``Sigma = x_law.cov`` and ``mean =
     x_law.mean``, and draw with ``x_law.sample``).
@@ -224,16 +359,13 @@ def make_tasks(rng, d, n_pairs, n_queries, L_max, x_law, *, noise=0.0, query_noi
         y = y + noise * rng.standard_normal((n_pairs, L_max))
     if query_noise > 0:
         yq = yq + query_noise * rng.standard_normal((n_pairs, n_queries))
+    x = _tokens_last(x)
     n = 2 * n_pairs
-    Z = np.empty((n_pairs, 2, L_max, d + 1))
-    Z[:, :, :, :d] = x[:, None]
-    Z[:, 0, :, d] = y
-    Z[:, 1, :, d] = -y
     W = np.stack([w, -w], axis=1).reshape(n, d)
     XQ = np.broadcast_to(xq[:, None], (n_pairs, 2, n_queries, d)).reshape(n, n_queries, d).copy()
     YQ = np.stack([yq, -yq], axis=1).reshape(n, n_queries)
-    return Tasks(Z=Z.reshape(n, L_max, d + 1), w=W, x_q=XQ, y_q=YQ, Sigma=Sigma, paired=True, mean=mean,
-                 noise=noise, query_noise=query_noise, Omega=Omega)
+    return Tasks(Z=PairTokens(x, y), w=W, x_q=XQ, y_q=YQ, Sigma=Sigma, paired=True, mean=mean, noise=noise,
+                 query_noise=query_noise, Omega=Omega)
 
 
 # --------------------------------------------------------------------------- matrices, init
@@ -470,7 +602,7 @@ def model_matrix(model, tasks, L=None):
     ``"linear_inf"`` (``(n, D, D)``; the ``L -> inf`` limit of ``Ghat_L``, from the covariates'
     second moment ``Sigma + m m^T`` and the label-noise variance ``tasks.noise^2``)."""
     if model == "linear":
-        return Ghat(tasks.Z, L)
+        return tasks.Ghat(L)
     if model == "linear_inf":
         return Gamma_w(tasks.Sigma, tasks.w, tasks.mean, tasks.noise)
     raise ValueError(f"model {model!r} has no fixed matrix; expected 'linear' or 'linear_inf'")

@@ -10,21 +10,22 @@ Two paths:
   strictly increasing list and every model in one vectorised loop. It is exact (same maths,
   float64), only organised differently:
 
-  - the tokens are fixed during training, so for each group of tasks sharing covariates (an
-    antithetic pair) the feature matrix ``Phi = [1, x, x_i x_j (i <= j)]`` of every token is
-    computed once. Because ``y = w^T x``, a logit is ``z.a = x.(a_x + a_y w)`` and every softmax
-    moment (``sum p``, ``sum p z``, ``sum p z z^T``) is a linear image of the ``x``-moments, so
-    one batched matmul ``exp(S) @ Phi`` per block gives them all (and pred and both gradients).
-    While ``v[:d] == 0`` exactly, ``z . v = v_y y`` and ``C v`` only needs ``sum p x y``: the
-    smaller features ``[x y, 1, x]`` replace the quadratic ones;
+  - the tokens are fixed during training and kept once per group of tasks sharing covariates (an
+    antithetic pair), ``O(d)`` numbers a token (:class:`SoftmaxPrefixEngine`: the rows
+    ``[x y, 1, x]`` at small d, the pairs' own covariates at larger d). Because ``y = w^T x``, a
+    logit is ``z.a = x.(a_x + a_y w)`` and ``z . v = x . u``, ``u = v_x + v_y w``, so the moments a
+    step needs are ``E_p 1``, ``E_p x``, ``E_p x y`` and, while ``v[:d] != 0``, ``E_p x (x . v_x)``, a
+    moment weighted by ``x . v_x`` (a product of the logits' shape, never a row ``x_i x_j``);
   - the softmax moments come from the package's one softmax-moments core
     (:mod:`sfxlin.softmax_core`): nested prompts, tokens split into the blocks ``[L_{b-1}, L_b)``;
     the column of ``(L_j, query)`` reaches block ``j`` only (its parameters are ``L_j``'s), so a
     step costs ``sum_L L`` token evaluations per (task, query), nothing wasted;
   - the softmax shift is the previous step's log-sum-exp of each column (``>= max``, within
     ``log L`` of it; parameters move little per step), folded into the logit matmul as an extra
-    coordinate, so a block costs one matmul, one in-place ``exp`` and one matmul. Every step
-    checks that the normaliser is finite and far from under/overflow (``[1e-200, 1e200]``);
+    coordinate (or, with the pairs' own covariates, subtracted, and skipped for a pair whose
+    shifts are within ``FREE_SHIFT``), so a block costs one matmul, one in-place ``exp`` and one
+    matmul. Every
+    step checks that the normaliser is finite and far from under/overflow (``[1e-200, 1e200]``);
     otherwise it recomputes the step shifting each block by its own maximum, merged online
     (always safe);
   - antithetic partners (tasks ``2i``, ``2i + 1``) share their covariates, hence their logits
@@ -56,6 +57,15 @@ __all__ = ["TrainingDiverged", "train", "train_all", "train_all_arrays", "valida
            "perturbed_init", "pair_structure", "train_until"]
 
 FINITE_MODELS = ("softmax", "linear")
+#: largest ``2 d + 1`` for which :class:`SoftmaxPrefixEngine` keeps the tokens as the feature rows
+#: ``[x y, 1, x]`` (faster while the products are narrow); above, it reads the pairs' own covariates,
+#: ``E_p x y`` a label-weighted moment (docs/performance.md, section 11)
+FEATURE_ROWS = 19
+#: the layout of the pairs' own covariates: short prompt blocks evaluated together up to this many
+#: tokens, and a group's logits exponentiated without a shift while its carried log-sum-exps are
+#: within this bound (the sums then stay within the checked ``[1e-200, 1e200]``; beyond it the shift
+#: is subtracted)
+MERGE_TOKENS, FREE_SHIFT = 64, 300.0
 TRAINED_MODELS = icl.MODELS + icl.LAW_MODELS
 _TINY, _HUGE = 1e-200, 1e200
 
@@ -265,6 +275,8 @@ def pair_structure(tasks):
     points, opposite ``w``, labels and query targets), else 1."""
     if not tasks.paired or tasks.n_tasks % 2:
         return 1
+    if tasks.pairs is not None:          # stored once per pair: exact pairs, checked at construction
+        return 2
     d = tasks.d
     Z, w = tasks.Z, tasks.w
     pairs = (np.array_equal(Z[0::2, :, :d], Z[1::2, :, :d]) and np.array_equal(Z[1::2, :, d], -Z[0::2, :, d])
@@ -305,6 +317,37 @@ class _ItemSum:
         return self._fold(T) @ X_items
 
 
+def _group_tokens(tasks, g):
+    """``(X (ng, L_max, d), Y (ng, L_max))``: the covariates of each group of ``g`` tasks sharing them
+    and the labels of the group's first task (views of ``Z``, or the pairs themselves when the tasks
+    store them once: :class:`sfxlin.icl.PairTokens`)."""
+    if g == 2 and tasks.pairs is not None:
+        return tasks.pairs.x, tasks.pairs.y
+    Z = tasks.Z
+    return Z[::g, :, :tasks.d], Z[::g, :, tasks.d]
+
+
+def _tokens_last(X, Y, L, *, x, one=None, xy=None):
+    """The first ``L`` tokens of the groups, tokens last, ``(ng, rows, L)``: rows ``x .. x + d`` the
+    covariates, row ``one`` the constant 1 and rows ``xy .. xy + d`` the products ``x_i y`` (when
+    given). Filled a tile of tokens at a time (a transposing copy that stays in cache),
+    ``X (ng, L_max, d)``, ``Y (ng, L_max)``."""
+    ng, _, d = X.shape
+    rows = d + (0 if one is None else 1) + (0 if xy is None else d)
+    out = np.empty((ng, rows, L))
+    if one is not None:
+        out[:, one] = 1.0
+    tile = 2048
+    for g in range(ng):
+        for t0 in range(0, L, tile):
+            t1 = min(L, t0 + tile)
+            xb = X[g, t0:t1].T
+            out[g, x:x + d, t0:t1] = xb
+            if xy is not None:
+                np.multiply(xb, Y[g, t0:t1], out=out[g, xy:xy + d, t0:t1])
+    return out
+
+
 class SoftmaxPrefixEngine:
     """Risk and gradient of ``softmax(L)`` for all ``L`` in ``Ls`` at once (see module doc).
 
@@ -318,13 +361,27 @@ class SoftmaxPrefixEngine:
     and never the logits: with ``Ls = (n_atoms,)`` on :func:`sfxlin.icl.support_tasks` this is
     softmax(inf) under an empirical covariate law.
 
-    Token features per group of tasks sharing covariates (rows, tokens last): ``x_i y`` (``y``
-    the label of the group's first task), ``1``, ``x_i``, ``x_i x_j (i <= j)``. The moments of
-    ``[1, x, x x^T]`` ("quad") give ``E_p x`` and ``E_p x (x . u)`` for ``z . v = x . u``,
-    ``u = v_x + v_y w``; when ``v[:, :d] == 0`` exactly, ``u = v_y w`` and the moments of
-    ``[x y, 1, x]`` ("xy", fewer rows) suffice. With ``pair_first`` the gradient sums add
-    antithetic partners first, and whenever ``U[:, d, :d] == 0`` exactly the partners have
-    bitwise identical logits and are evaluated once.
+    The moments per column (a prompt length and a query) are ``E_p 1``, ``E_p x``, ``E_p x y``
+    (``y`` the label of the group's first task) and, while ``v[:, :d] != 0``, ``E_p x (x . v_x)``;
+    with ``z . v = x . u``, ``u = v_x + v_y w``, they give ``E_p x (x . u) = E_p x (x . v_x) +
+    v_y sign E_p x y`` (a partner's sign enters there, so partners share the pass). A logit is
+    ``x . (a_x + a_y w_j)`` for partner ``j`` (``y = w . x``). The tokens are kept once per group of
+    tasks sharing covariates, tokens last, ``O(d)`` numbers a token, in one of two layouts (the
+    ``features`` attribute; docs/performance.md, section 11, measures both):
+
+    * ``2 d + 1 <= FEATURE_ROWS``: the rows ``x_i y, 1, x_i``; the logits read ``[1, x]`` (the shift
+      on the row 1), the moments all rows, so ``E_p x y`` is the moment of the feature ``x y``;
+    * otherwise the rows ``x_i`` alone, the pairs' own covariates when the tasks store them
+      (:class:`sfxlin.icl.PairTokens`: no copy); ``E_p 1`` is the sum of the weights, ``E_p x y`` a
+      moment weighted by the label (:func:`sfxlin.softmax_core.prefix_moments`' ``row_weights``),
+      the shift subtracted only when some carried log-sum-exp leaves ``[-FREE_SHIFT, FREE_SHIFT]``,
+      short blocks merged up to ``MERGE_TOKENS``, and with ``pair_first`` a pair's two contributions
+      added in closed form (:meth:`_pair_step`).
+
+    ``E_p x (x . v_x)`` is a column-weighted moment (``col_weights``: the weight ``x . v_x(L)`` per
+    column and token, a product of the logits' shape), so no token carries its products ``x_i x_j``.
+    With ``pair_first`` the gradient sums add antithetic partners first, and whenever ``U[:, d, :d] ==
+    0`` exactly the partners have bitwise identical logits and are evaluated once.
     """
 
     #: Evaluate antithetic partners' softmax once whenever their logits and shifts are bitwise
@@ -337,13 +394,12 @@ class SoftmaxPrefixEngine:
         Ls = validate_Ls(Ls, tasks.L_max)
         weights = token_weights(weights, tasks.L_max)
         d, n, q = tasks.d, tasks.n_tasks, tasks.n_queries
-        x = tasks.Z[:, :, :d]
-        y_model = np.einsum("nli,ni->nl", x, tasks.w)
-        scale = np.max(np.abs(tasks.Z[:, :, d])) + 1.0
-        resid = np.abs(tasks.Z[:, :, d] - y_model)
-        if not np.all(resid <= 1e-12 * scale):
-            if (pair_structure(tasks) if _group is None else _group) == 2:
-                self._embed_noise(tasks, Ls, cache_bytes, pair_first, weights)
+        g = pair_structure(tasks) if _group is None else _group
+        X, Y = _group_tokens(tasks, g)                         # (ng, L_max, d), (ng, L_max)
+        resid = np.abs(Y - np.einsum("nli,ni->nl", X, tasks.w[::g]))
+        if not np.all(resid <= 1e-12 * (np.max(np.abs(Y)) + 1.0)):
+            if g == 2:
+                self._embed_noise(tasks, X, Y, Ls, cache_bytes, pair_first, weights)
                 return
             task, token = np.unravel_index(np.argmax(resid), resid.shape)
             raise ValueError(
@@ -352,39 +408,37 @@ class SoftmaxPrefixEngine:
                 f"{resid.max():.3g}, task {task}, token {token}, pairs not exact); for other labels call the general "
                 "path training.train('softmax', tasks, L) once per prompt length L (slower); linear(L) accepts them "
                 "in train_all(tasks, Ls, models=('linear',))")
-        g = pair_structure(tasks) if _group is None else _group
         if pair_first and g != 2:
             raise ValueError("pair_first needs tasks in exact antithetic pairs sharing covariates")
         ng = n // g
         self.Ls, self.nL, self.d, self.D, self.g, self.ng, self.q = Ls, len(Ls), d, d + 1, g, ng, q
         self.N = n * q
         self.cache_bytes = int(cache_bytes)
-        X = tasks.Z[::g, :, :d]                                 # (ng, L_max, d)
-        Y = tasks.Z[::g, :, d]                                  # labels of each group's first task
         self.w = tasks.w.reshape(ng, g, d)
         self.xq = np.ascontiguousarray(tasks.x_q[::g])          # (ng, q, d), shared in a group
         self.WT = np.ascontiguousarray(np.repeat(tasks.w, q, axis=0).T)   # (d, N) per item
-        self.sign = np.tile(np.repeat([1.0, -1.0][:g], q), ng)  # y_item = sign * y_group
+        self.partner_sign = np.array([1.0, -1.0][:g])           # y of partner j = partner_sign[j] * y of the group
+        self.sign = np.tile(np.repeat(self.partner_sign, q), ng)  # y_item = sign * y_group
         self.XQ = tasks.x_q.reshape(self.N, d)                  # (N, d)
         self.YQ = tasks.y_q.reshape(self.N)
         self.sum_items = _ItemSum(n, q, pair_first)
         self.XQ_items = self.sum_items.items(self.XQ)
-        iu = np.triu_indices(d)
-        nquad = len(iu[0])
-        # feature rows: [x_i y (d) | 1 | x_i (d) | x_i x_j (nquad)]
-        self.rows = {"xy": slice(0, 2 * d + 1), "quad": slice(d, 2 * d + 1 + nquad)}
-        self.logit_rows = slice(d, 2 * d + 1)
-        self._m2_index = 1 + d + icl.pair_index(d)               # x_i x_j within the "quad" rows
-        Phi = np.empty((ng, 2 * d + 1 + nquad, Ls[-1]))          # feature rows, tokens last
-        xb = X[:, : Ls[-1], :].transpose(0, 2, 1)                 # (ng, d, tokens)
-        Phi[:, :d, :] = xb * Y[:, None, : Ls[-1]]
-        Phi[:, d, :] = 1.0
-        Phi[:, d + 1:2 * d + 1, :] = xb
-        Phi[:, 2 * d + 1:, :] = xb[:, iu[0], :] * xb[:, iu[1], :]
-        self.X = Phi[:, self.logit_rows]                         # logit features [1, x]
-        if weights is not None:
-            self.X = self.X.copy()
-            Phi *= weights[: Ls[-1]]
+        L = Ls[-1]
+        self.features = 2 * d + 1 <= FEATURE_ROWS
+        if self.features:                                       # rows [x_i y (d) | 1 | x_i (d)]
+            Phi = _tokens_last(X, Y, L, one=d, x=d + 1, xy=0)
+            self.X, self.y_row = Phi[:, d:], None               # logits on [1, x]
+            self.rows = dict(one=d, x=slice(d + 1, 2 * d + 1), xy=(0, slice(0, d)))
+            if weights is not None:
+                self.X = self.X.copy()
+                Phi *= weights[:L]
+        else:                                                   # rows x_i (d): the pairs' own when stored so
+            self.X = X[:, :L].transpose(0, 2, 1) if X.strides[1] == X.itemsize else _tokens_last(X, Y, L, x=0)
+            self.y_row = Y[:, None, :L]                         # E_p x y: weighted by the label
+            self.rows = dict(one=0, x=slice(1, d + 1), xy=(-1, slice(1, d + 1)))
+            Phi = self.X                                        # with the sums of the weights as feature 0
+            if weights is not None:
+                Phi = _tokens_last(X, Y, L, one=0, x=1) * weights[:L]
         self.Phi, self.edges = Phi, (0,) + Ls
         self.reach = np.repeat(np.arange(self.nL), q)            # column (L_l, query) needs blocks <= l
         self._B, self._work = {}, {}                             # coefficient buffers, core workspace
@@ -392,21 +446,27 @@ class SoftmaxPrefixEngine:
         self.n_exact = 0                                        # steps needing the exact max
         self.n_shared = 0                                       # steps with shared pair logits
 
-    def _embed_noise(self, tasks, Ls, cache_bytes, pair_first, weights):
+    def _embed_noise(self, tasks, X, Y, Ls, cache_bytes, pair_first, weights):
         """Noisy labels in exact antithetic pairs: run the engine on noiseless tasks in ``d + 1``
         covariate dimensions. The noise ``eps = y - w^T x`` of each token becomes a covariate and
         ``w`` gains the entry ``+-1`` (``(w, 1)`` and ``(-w, -1)``: still exact pairs sharing the
-        covariates ``(x, eps)``), so the labels ``(w, 1) . (x, eps)`` are unchanged. The model's
-        ``(U, v)`` are embedded with zero rows, columns and read-out on that coordinate, where the
-        logits, predictions and gradients equal the original model's exactly (same maths; the
-        extra coordinate's gradient is dropped). Query points get 0 there (``U`` ignores it)."""
+        covariates ``(x, eps)``, stored once per pair), so the labels ``(w, 1) . (x, eps)`` are
+        unchanged. The model's ``(U, v)`` are embedded with zero rows, columns and read-out on that
+        coordinate, where the logits, predictions and gradients equal the original model's exactly
+        (same maths; the extra coordinate's gradient is dropped). Query points get 0 there (``U``
+        ignores it)."""
         d = tasks.d
-        eps = tasks.Z[0::2, :, d] - np.einsum("nli,ni->nl", tasks.Z[0::2, :, :d], tasks.w[0::2])
-        eps = np.repeat(eps, 2, axis=0)               # a covariate: shared by the partners
+        eps = np.empty(Y.shape)                                 # a covariate: shared by the partners
+        for p in range(0, X.shape[0], 64):                      # w . x over contiguous tokens, as ever
+            part = slice(p, p + 64)
+            eps[part] = Y[part] - np.einsum("nli,ni->nl", np.ascontiguousarray(X[part]), tasks.w[0::2][part])
         s = np.where(np.arange(tasks.n_tasks) % 2, -1.0, 1.0)
         Sigma = np.eye(d + 1)
         Sigma[:d, :d] = tasks.Sigma
-        aug = icl.Tasks(Z=np.concatenate([tasks.Z[:, :, :d], eps[..., None], tasks.Z[:, :, d:]], axis=-1),
+        Xa = np.empty((X.shape[0], d + 1, X.shape[1]))          # (x, eps), tokens last
+        Xa[:, :d] = X.transpose(0, 2, 1)
+        Xa[:, d] = eps
+        aug = icl.Tasks(Z=icl.PairTokens(Xa.transpose(0, 2, 1), Y),
                         w=np.concatenate([tasks.w, s[:, None]], axis=-1),
                         x_q=np.concatenate([tasks.x_q, np.zeros(tasks.x_q.shape[:-1] + (1,))], axis=-1),
                         y_q=tasks.y_q, Sigma=Sigma, paired=True)
@@ -429,28 +489,42 @@ class SoftmaxPrefixEngine:
         self.n_exact, self.n_shared, self.inner = 0, 0, inner
         self.step = step
 
-    def _passes(self, B, feats, shifted):
-        """Un-normalised moments ``(ng, nL, ge, q, nf)`` and the largest logit ``(ng, nL, ge, q)``
-        (0 when ``shifted``) of the coefficients ``B (ng, ge, nL, q, D)`` (``[-shift, b]`` on the
-        logit rows ``[1, x]``), from the softmax core: one call per partner column ``j``, each of
-        the same shapes whatever ``ge`` is, so a partner's logits and moments are the same
-        floating-point operations on the same operands in the shared pass (``ge = 1``) and in
-        the partner-by-partner pass (``ge = 2``). Sharing changes the cost, never a bit."""
-        ng, ge, nL, q, D = B.shape
-        rows = self.rows[feats]
-        nf = rows.stop - rows.start
-        Mom, top = np.empty((ng, nL, ge, q, nf)), np.empty((ng, nL, ge, q))
+    def _passes(self, B, C, shift):
+        """Un-normalised moments ``(ng, nL, ge, q, nw, nf)`` and the shift their logits had
+        ``(ng, nL, ge, q)`` (the log-sum-exp is that plus ``log`` of the sum of the weights), of the
+        logit coefficients ``B (ng, ge, nL, q, K)`` and the column weights ``C (ng, nL * q, 1, K)``
+        (``x . v_x``; ``None`` while ``v_x == 0``), shifted by the carried ``shift (ng, nL, ge, q)``
+        (folded into ``B``'s constant row in the features layout; in the weighted layout only for the
+        groups it keeps far from 0) or, ``None``, by each block's maximum (the largest logit is then
+        the shift), from the softmax core: one call per partner column ``j``, each of the
+        same shapes whatever ``ge`` is, so a partner's logits and moments are the same floating-point
+        operations on the same operands in the shared pass (``ge = 1``) and in the partner-by-partner
+        pass (``ge = 2``). Sharing changes the cost, never a bit."""
+        ng, ge, nL, q, K = B.shape
+        nw = 1 + (C is not None) + (self.y_row is not None)
+        nf = self.rows["x"].stop
+        Mom, applied = np.empty((ng, nL, ge, q, nw, nf)), np.empty((ng, nL, ge, q))
         for j in range(ge):
+            kw = dict(shifted=shift is not None)
+            if shift is not None:
+                applied[:, :, j] = shift[:, :, j]
+            if not self.features:      # a group's logits exponentiated as given while its carried shift is
+                kw.update(ones=self.Phi is self.X, merge_tokens=MERGE_TOKENS)
+                if shift is not None:  # moderate (s - 0 is s: its bits do not depend on the other groups)
+                    far = np.abs(shift[:, :, j]).max(axis=(1, 2)) > FREE_SHIFT
+                    applied[:, :, j] = np.where(far[:, None, None], shift[:, :, j], 0.0)
+                    if np.any(far):
+                        kw["shift"] = applied[:, :, j].reshape(ng, nL * q)
             M, P = softmax_core.prefix_moments(
-                self.Phi[:, rows], self.edges, A=B[:, j].reshape(ng, nL * q, D), X=self.X,
-                reach=self.reach, shifted=shifted, at_reach=True, cache_bytes=self.cache_bytes, work=self._work)
-            Mom[:, :, j] = P.reshape(ng, nL, q, nf)               # column (L_l, query) at its own prompt l
-            top[:, :, j] = M.reshape(ng, nL, q)
-        return Mom, top
+                self.Phi, self.edges, A=B[:, j].reshape(ng, nL * q, K), X=self.X, reach=self.reach, at_reach=True,
+                col_weights=C, row_weights=self.y_row, cache_bytes=self.cache_bytes, work=self._work, **kw)
+            Mom[:, :, j] = P.reshape(ng, nL, q, nw, nf)          # column (L_l, query) at its own prompt l
+            if shift is None:
+                applied[:, :, j] = M.reshape(ng, nL, q)
+        return Mom, applied
 
-    @staticmethod
-    def _ok(Mom, i0):
-        M0 = Mom[..., i0]
+    def _ok(self, Mom):
+        M0 = Mom[..., 0, self.rows["one"]]
         return bool(np.all(np.isfinite(Mom)) and M0.min() > _TINY and M0.max() < _HUGE)
 
     def _partners_alike(self, g):
@@ -461,57 +535,105 @@ class SoftmaxPrefixEngine:
         return self.shift is None or np.array_equal(self.shift[:, :, 0], self.shift[:, :, 1])
 
     def moments(self, U, v):
-        """Un-normalised moments ``(ng, nL, g, q, nf)`` of the softmax weights and the feature
-        plan used (``None`` if they cannot be made finite); updates the shift to the log-sum-exp."""
-        d, g = self.d, self.g
+        """Un-normalised moments ``(ng, nL, ge, q, nw, nf)`` of the softmax weights (the plain sums,
+        then the ``x . v_x``-weighted ones while ``v_x != 0``, then the ``y``-weighted ones in the
+        weighted layout), ``ge = 1`` when the partners shared the pass (``ge = g`` otherwise), or
+        ``None`` if they cannot be made finite; updates the shift to the log-sum-exp."""
+        d, g, K = self.d, self.g, self.X.shape[1]
         a = (self.xq.reshape(-1, d) @ np.swapaxes(U[:, :, :d], -1, -2))   # (nL, ng*q, D)
         a = a.reshape(self.nL, self.ng, self.q, self.D).transpose(1, 0, 2, 3)
         shared = not np.any(U[:, d, :d]) and (self.sum_items.pair_first or self._partners_alike(g))
-        ge, feats = (1 if shared else g), ("quad" if np.any(v[:, :d]) else "xy")
-        rows = self.rows[feats]
-        plan = dict(feats=feats, nf=rows.stop - rows.start, i0=self.logit_rows.start - rows.start)
-        B, i0 = self._B.get(ge), plan["i0"]
+        ge = 1 if shared else g
+        B = self._B.get(ge)
         if B is None:
-            B = self._B[ge] = np.zeros((self.ng, ge, self.nL, self.q, d + 1))
-        if shared:   # a_y == 0 exactly: both partners have the logits x . a_x
-            B[:, 0, :, :, 1:] = a[..., :d]
-        else:
-            B[..., 1:] = a[:, None, :, :, :d] + a[:, None, :, :, d:] * self.w[:, :, None, None, :]
+            B = self._B[ge] = np.zeros((self.ng, ge, self.nL, self.q, K))
+        x = slice(K - d, K)                                     # the x rows (after the constant one)
+        if shared:                     # a_y == 0 exactly: both partners have the logits x . a_x
+            B[:, 0, :, :, x] = a[..., :d]
+        else:                          # y_j = w_j . x: x . (a_x + a_y w_j)
+            B[..., x] = a[:, None, :, :, :d] + a[:, None, :, :, d:] * self.w[:, :, None, None, :]
+        C = None
+        if np.any(v[:, :d]):           # weights x . v_x(L) of the column (L, query)
+            C = np.zeros((self.ng, self.nL, self.q, 1, K))
+            C[..., 0, x] = v[:, None, :d]
+            C = C.reshape(self.ng, self.nL * self.q, 1, K)
         shift = None if self.shift is None else self.shift[:, :, :ge]
         Mom = None
         if shift is not None:
-            B[..., 0] = -shift.transpose(0, 2, 1, 3)
-            Mom = self._passes(B, feats, shifted=True)[0]
-        if Mom is None or not self._ok(Mom, i0):
+            if self.features:
+                B[..., 0] = -shift.transpose(0, 2, 1, 3)
+            Mom, shift = self._passes(B, C, shift)
+        if Mom is None or not self._ok(Mom):
             self.n_exact += 1
-            B[..., 0] = 0.0
-            Mom, shift = self._passes(B, feats, shifted=False)
-            if not (np.all(np.isfinite(shift)) and self._ok(Mom, i0)):
+            if self.features:
+                B[..., 0] = 0.0
+            Mom, shift = self._passes(B, C, None)
+            if not (np.all(np.isfinite(shift)) and self._ok(Mom)):
                 self.shift = None
-                return None, plan
+                return None
+        self.shift = shift + np.log(Mom[..., 0, self.rows["one"]])   # log-sum-exp: next step's shift
         if shared:
             self.n_shared += 1
-            Mom = np.broadcast_to(Mom, (self.ng, self.nL, g, self.q, plan["nf"]))
-            shift = np.broadcast_to(shift, (self.ng, self.nL, g, self.q))
-        self.shift = shift + np.log(Mom[..., i0])               # log-sum-exp: next step's shift
-        return Mom, plan
+            self.shift = np.broadcast_to(self.shift, (self.ng, self.nL, g, self.q))
+        return Mom
+
+    def _pair_step(self, Mom, v):
+        """Risk and gradient from the moments ``(ng, nL, q, nw, nf)`` of a pass shared by antithetic
+        partners (weighted layout, ``pair_first``): each pair's two contributions added in closed
+        form. With ``m1 = E_p x``, ``m2 = E_p x y``, ``m3 = E_p x (x . v_x)`` of the pair's first task,
+        partner ``s = +-1`` has ``pred = A + s B`` (``A = v_x . m1``, ``B = v_y w . m1``) and the
+        residual ``r = A + s E`` (``E = B - y_q``), so ``sum_s r^2 = 2 (A^2 + E^2)``, ``sum_s r m1 =
+        2 A m1``, ``sum_s r (w_s . m1) = 2 E w . m1``, and ``rc_s = r (E_p x (x . u) - m1 pred) =
+        (A + s E)(P + s Q)`` with ``P = m3 - A m1``, ``Q = v_y m2 - B m1``: ``sum_s rc_s = 2 (A P +
+        E Q)``, ``sum_s s rc_s = 2 (A Q + E P)``. While ``v_x == 0`` exactly, ``A = 0`` and ``m3 = 0``, so
+        the off-block gradient (``grad v_x``, ``grad U[d, :d]``) is exactly 0, as partner-first sums
+        make it."""
+        d, D, nL, N = self.d, self.D, self.nL, self.N
+        rows, vy = self.rows, v[None, :, None, d]
+        inv = 1.0 / Mom[..., 0, rows["one"]]                               # (ng, nL, q)
+        m1 = Mom[..., 0, rows["x"]] * inv[..., None]                       # (ng, nL, q, d)
+        w = self.w[:, 0]                                                   # (ng, d) of the first partner
+        wm1 = np.einsum("glqi,gi->glq", m1, w)
+        B = vy * wm1
+        E = B - self.YQ.reshape(self.ng, 2, self.q)[:, None, 0]
+        Q = Mom[..., rows["xy"][0], rows["xy"][1]] * (inv * vy)[..., None] - B[..., None] * m1
+        xq = self.xq.reshape(-1, d)                                        # (ng q, d)
+        gv, gU = np.zeros((nL, D)), np.zeros((nL, D, D))
+        c1 = E[..., None] * Q
+        if np.any(v[:, :d]):
+            A = np.einsum("glqi,li->glq", m1, v[:, :d])
+            P = Mom[..., 1, rows["x"]] * inv[..., None] - A[..., None] * m1
+            c1 += A[..., None] * P
+            c2 = A[..., None] * Q + E[..., None] * P
+            gv[:, :d] = 2.0 * np.einsum("glq,glqi->li", A, m1) / N
+            gU[:, d, :d] = 2.0 * np.einsum("glq,gqj->lj", np.einsum("glqi,gi->glq", c2, w),
+                                           self.xq) / N
+            risk = np.einsum("glq->l", A * A + E * E) / N
+        else:
+            risk = np.einsum("glq->l", E * E) / N
+        gv[:, d] = 2.0 * np.einsum("glq,glq->l", E, wm1) / N
+        gU[:, :d, :d] = 2.0 * (c1.transpose(1, 3, 0, 2).reshape(nL, d, -1) @ xq) / N
+        return risk, gU, gv
 
     def step(self, U, v):
         d, D, nL, N = self.d, self.D, self.nL, self.N
         with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
-            Mom, plan = self.moments(U, v)
+            Mom = self.moments(U, v)
         if Mom is None:
             return np.full(nL, np.nan), np.full((nL, D, D), np.nan), np.full((nL, D), np.nan)
-        i0 = plan["i0"]
-        M = Mom.transpose(4, 1, 0, 2, 3).reshape(plan["nf"], nL, N)   # items (task, query) last
-        inv = 1.0 / M[i0]
-        m1 = M[i0 + 1:i0 + 1 + d] * inv                            # E_p x   (d, nL, N)
+        if Mom.shape[2] == 1 and self.g == 2 and self.sum_items.pair_first and not self.features:
+            return self._pair_step(Mom[:, :, 0], v)
+        Mom = np.broadcast_to(Mom, Mom.shape[:2] + (self.g,) + Mom.shape[3:])
+        nw, nf = Mom.shape[-2:]
+        M = Mom.transpose(4, 5, 1, 0, 2, 3).reshape(nw, nf, nL, N)   # items (task, query) last
+        rows = self.rows
+        inv = 1.0 / M[0, rows["one"]]
+        m1 = M[0, rows["x"]] * inv                                 # E_p x   (d, nL, N)
         WT = self.WT                                               # (d, N): w of each item
         u = v.T[:d, :, None] + v[:, d, None] * WT[:, None, :]      # z . v = x . u   (d, nL, N)
-        if plan["feats"] == "quad":                                # E_p x (x . u)
-            m2u = (M[self._m2_index] * u).sum(axis=1) * inv
-        else:                                                      # u = v_y w: v_y E_p x y
-            m2u = M[:d] * (v[:, d, None] * self.sign * inv)
+        m2u = M[rows["xy"]] * (v[:, d, None] * self.sign * inv)    # E_p x (x . u) = v_y sign E_p x y
+        if np.any(v[:, :d]):                                       #   + E_p x (x . v_x)
+            m2u += M[1, rows["x"]] * inv
         pred = (m1 * u).sum(axis=0)                                # v . mbar_z = u . E_p x
         r = pred - self.YQ                                         # (nL, N)
         rc = r * (m2u - m1 * pred)                                 # r (C v), x-part; y-part w . rc
@@ -622,7 +744,7 @@ def train_all_arrays(tasks, Ls, *, models=icl.MODELS, lr=0.01, n_steps=2500, ckp
             engines[m] = SoftmaxPrefixEngine(tasks, Ls, cache_bytes=cache_bytes, pair_first=pair_first,
                                              _group=group)
         elif m == "linear":
-            G = np.stack([icl.Ghat(tasks.Z, L) for L in Ls])
+            G = tasks.Ghat(Ls)
             engines[m] = LinearEngine(tasks, G, pair_first=pair_first, _group=group)
         elif m == "softmax_inf":
             support, weights = icl.support_tasks(tasks, x_law)
@@ -774,9 +896,9 @@ def heldout_risks(held, Ls, L_eval, U, v, U_inf, v_inf):
             at_eval[0, i, j] = eng_eval.step(U["softmax"][i, j][None], v["softmax"][i, j][None])[0][0]
         inf_eval[j] = eng_eval.step(U_inf[j][None], v_inf[j][None])[0][0]
     z_q, y_q = held.z_q, held.y_q
-    G_eval = icl.Ghat(held.Z, L_eval)
+    *Gs, G_eval = held.Ghat(tuple(int(L) for L in Ls) + (int(L_eval),))
     for i, L in enumerate(Ls):
-        G = icl.Ghat(held.Z, int(L))
+        G = Gs[i]
         at_L[1, i] = 0.5 * np.mean((icl.linear_predict(U["linear"][i], v["linear"][i], G, z_q) - y_q) ** 2, axis=(-2, -1))
         at_eval[1, i] = 0.5 * np.mean((icl.linear_predict(U["linear"][i], v["linear"][i], G_eval, z_q) - y_q) ** 2,
                                       axis=(-2, -1))

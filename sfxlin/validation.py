@@ -30,6 +30,8 @@ def finite_array(x, name) -> np.ndarray:
     """``x`` as a float64 array with finite entries only; ``ValueError`` naming ``name``, the number
     of non-finite entries and the first one's index otherwise (``TypeError`` if not numeric)."""
     a = numeric_array(x, name)
+    if a.size == 0 or (np.isfinite(a.min()) and np.isfinite(a.max())):   # NaN and inf reach the extremes
+        return a
     finite = np.isfinite(a)
     if not finite.all():   # (the mask is inverted only to report the bad entries)
         bad = ~finite

@@ -22,6 +22,9 @@ def run_cli(*args):
     (["bench", "c7"], "no benchmark 'c7'"),
     (["bench", "c1", "--protocol"], "--protocol: only the c3 protocol"),
     (["bench", "c3", "--steps", "40"], "--steps and --heldout-every go with --protocol"),
+    (["bench", "c1", "--d", "3"], "--d: only the c3 engine has a benchmark per dimension"),
+    (["bench", "c3", "--d", "3,4"], "--d: no workload for d = [4]; the benchmark has d in [3, 8, 16]"),
+    (["bench", "c3", "--d", "3;8"], "--d: expected comma-separated integers"),
     (["info", "/nonexistent/file.nc"], "no results file"),
 ])
 def test_bad_input_gives_one_clear_line_and_exit_2(args, message):

@@ -46,3 +46,105 @@ def test_softmax_off_block_hessian_matches_two_pass_central_moments(monkeypatch,
         for t in range(U.shape[1]):
             ref = _two_pass(tasks, L, U[i, t], v[i, t])
             assert np.max(np.abs(H[i, t] - ref)) <= 1e-10 * np.max(np.abs(ref)), (L, t)
+
+
+# --------------------------------------------------------------------------- the whole Hessian of linear(inf)
+
+def _stencil_hessian(risk, theta, h=0.5):
+    """Dense Hessian of a polynomial of degree <= 5 along every line: the 5-point second difference
+    ``(-R(2h) + 16 R(h) - 30 R(0) + 16 R(-h) - R(-2h)) / 12 h^2`` is exact for it, ``H_ii`` along
+    ``e_i`` and ``H_ij = (R''(e_i + e_j) - R''(e_i - e_j)) / 4``; ``risk`` takes ``(..., P)``."""
+    P = theta.size
+    eye = np.eye(P)
+    dirs = np.concatenate([eye, (eye[:, None] + eye[None]).reshape(-1, P), (eye[:, None] - eye[None]).reshape(-1, P)])
+    pts = theta + h * np.array([-2, -1, 0, 1, 2])[:, None, None] * dirs[None]
+    R = risk(pts)
+    second = (-R[0] + 16 * R[1] - 30 * R[2] + 16 * R[3] - R[4]) / (12 * h * h)
+    H = np.diag(second[:P])
+    plus, minus = second[P:P + P * P].reshape(P, P), second[P + P * P:].reshape(P, P)
+    off = (plus - minus) / 4
+    return np.where(np.eye(P, dtype=bool), H, off)
+
+
+def _theta(U, v):
+    return np.concatenate([U.ravel(), v])
+
+
+def _split(theta, D):
+    return theta[..., :D * D].reshape(theta.shape[:-1] + (D, D)), theta[..., D * D:]
+
+
+@pytest.mark.parametrize("d, Sigma, noise", [(2, np.eye(2), 0.0), (3, np.diag([2.0, 1.0, 0.5]), 0.0),
+                                             (3, np.diag([2.0, 1.0, 0.5]), 0.4), (4, None, 0.2)])
+def test_linear_inf_gradient_and_hessian_of_the_exact_risk(d, Sigma, noise):
+    """At a generic point (no block structure): the gradient against central differences of the
+    closed-form risk (sfxlin.icl.linear_inf_risk); the Hessian against central differences of that
+    gradient and against a dense Hessian of the risk itself by an exact stencil (the risk is a
+    quartic polynomial of theta)."""
+    rng = np.random.default_rng(d)
+    if Sigma is None:
+        Q = np.linalg.qr(rng.standard_normal((d, d)))[0]
+        Sigma = Q @ np.diag(np.linspace(0.5, 2.0, d)) @ Q.T
+    D = d + 1
+    U, v = 0.4 * rng.standard_normal((D, D)), rng.standard_normal(D)
+    theta = _theta(U, v)
+    risk = lambda t: icl.linear_inf_risk(*_split(t, D), Sigma, noise)          # noqa: E731
+    grad = lambda t: _theta(*curvature.linear_inf_gradient(*_split(t, D), Sigma, noise))   # noqa: E731
+    h, eye = 1e-5, np.eye(theta.size)
+    num = np.array([(risk(theta + h * e) - risk(theta - h * e)) / (2 * h) for e in eye])
+    g = grad(theta)
+    assert np.abs(g - num).max() <= 1e-8 * np.abs(num).max()
+    H = curvature.linear_inf_hessian(U, v, Sigma, noise)
+    assert H.shape == (D * D + D,) * 2 and np.array_equal(H, H.T)
+    fd = np.stack([(grad(theta + h * e) - grad(theta - h * e)) / (2 * h) for e in eye], axis=1)
+    assert np.abs(H - fd).max() <= 1e-8 * np.abs(H).max()
+    dense = _stencil_hessian(risk, theta)
+    assert np.abs(H - dense).max() <= 1e-10 * np.abs(H).max()
+    dead = np.arange(d) * D + d          # U[:d, d] multiplies z_q[d] = 0
+    assert not np.any(H[dead]) and not np.any(H[:, dead])
+
+
+def test_linear_inf_training_hessian_against_its_gradient_and_an_exact_stencil():
+    rng = np.random.default_rng(5)
+    tasks = icl.make_tasks(rng, 3, 4, 3, 8, laws.covariate_law("gaussian", np.diag([2.0, 1.0, 0.5])))
+    D = tasks.D
+    U, v = 0.4 * rng.standard_normal((D, D)), rng.standard_normal(D)
+    theta = _theta(U, v)
+    G = icl.model_matrix("linear_inf", tasks)
+    grad = lambda t: _theta(*icl.linear_risk_grad(*_split(t, D), G, tasks.z_q, tasks.y_q)[1:])   # noqa: E731
+    H = curvature.linear_inf_training_hessian(tasks, U, v)
+    h, eye = 1e-5, np.eye(theta.size)
+    fd = np.stack([(grad(theta + h * e) - grad(theta - h * e)) / (2 * h) for e in eye], axis=1)
+    assert np.abs(H - fd).max() <= 1e-8 * np.abs(H).max()
+    dense = _stencil_hessian(lambda t: icl.risk("linear_inf", *_split(t, D), tasks), theta)
+    assert np.abs(H - dense).max() <= 1e-10 * np.abs(H).max()
+
+
+def test_faithful_lr_at_the_eq9_init():
+    """lr = margin * 2 / lambda_max of the Hessian at the Eq. 9 init (population, or training risk on
+    given tasks); with it the stiffest direction contracts by 1 - 2 margin a step."""
+    Sigma = np.diag([2.0, 1.0, 0.5])
+    lr, lam = curvature.faithful_lr(3, Sigma)
+    U0, v0 = icl.init_theta(3, Sigma)
+    dense = _stencil_hessian(lambda t: icl.linear_inf_risk(*_split(t, 4), Sigma), _theta(U0, v0))
+    lam_dense = np.linalg.eigvalsh(dense)[-1]
+    assert abs(lam - lam_dense) <= 1e-10 * lam_dense
+    assert lr == 2 * curvature.FAITHFUL_MARGIN / lam
+    lams = np.linalg.eigvalsh(curvature.linear_inf_hessian(U0, v0, Sigma))
+    assert lams[0] < 0 < lams[-1]                          # a saddle's neighbourhood: the flow leaves it
+    contraction = 1 - lr * lams[lams > 0]                   # positive curvature: no overshoot
+    assert np.all(contraction >= 1 - 2 * curvature.FAITHFUL_MARGIN - 1e-12) and np.all(contraction < 1)
+    tasks = icl.make_tasks(np.random.default_rng(6), 3, 8, 2, 4, laws.covariate_law("gaussian", Sigma))
+    lr_t, lam_t = curvature.faithful_lr(3, Sigma, margin=0.25, tasks=tasks)
+    assert lam_t == np.linalg.eigvalsh(curvature.linear_inf_training_hessian(tasks, U0, v0))[-1]
+    assert lr_t == 0.5 / lam_t
+    for bad in (0.0, 0.6, -1.0):
+        with pytest.raises(ValueError, match="margin must be in"):
+            curvature.faithful_lr(3, Sigma, margin=bad)
+
+
+def test_linear_inf_hessian_refuses_bad_parameters():
+    with pytest.raises(ValueError, match=r"U must be \(D, D\)"):
+        curvature.linear_inf_hessian(np.zeros((3, 4)), np.zeros(4), np.eye(2))
+    with pytest.raises(ValueError, match="finite"):
+        curvature.linear_inf_hessian(np.full((3, 3), np.nan), np.zeros(3), np.eye(2))

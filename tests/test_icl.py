@@ -85,6 +85,72 @@ def test_subset_keeps_pairs_only_when_whole_pairs_are_kept():
 # --------------------------------------------------------------------------- fixed matrices
 
 
+def test_make_tasks_draws_in_the_documented_order():
+    """w, then the prompt covariates, then the query covariates, each one call of the law: the
+    tasks' arrays are those draws (task 2i + 1 the antithetic partner of task 2i)."""
+    law = laws.covariate_law("gaussian", ANISO)
+    t = icl.make_tasks(_rng(4), 3, 5, 2, 20, law)
+    rng = _rng(4)
+    w = rng.standard_normal((5, 3))
+    x = law.sample(rng, (5, 20))
+    xq = law.sample(rng, (5, 2))
+    np.testing.assert_array_equal(t.w[0::2], w)
+    np.testing.assert_array_equal(t.Z[0::2, :, :3], x)
+    np.testing.assert_array_equal(t.Z[1::2, :, :3], x)
+    np.testing.assert_array_equal(t.Z[0::2, :, 3], np.einsum("pli,pi->pl", x, w))
+    np.testing.assert_array_equal(t.Z[1::2, :, 3], -np.einsum("pli,pi->pl", x, w))
+    np.testing.assert_array_equal(t.x_q[1::2], xq)
+
+
+def test_pairs_are_stored_once_and_read_as_the_whole_tasks():
+    """make_tasks keeps each pair's tokens once (d + 1 numbers a pair and token); Z, prompt,
+    subset, Ghat and the linear models read the same numbers as tasks given the whole array."""
+    d, n_pairs, L_max = 3, 4, 24
+    t = _tasks(d, n_pairs, 2, L_max, ANISO, seed=5)
+    assert t.pairs is not None
+    stored = sum(a.nbytes for a in vars(t).values() if isinstance(a, np.ndarray))
+    stored += t.pairs.x.nbytes + t.pairs.y.nbytes
+    assert t.pairs.x.nbytes + t.pairs.y.nbytes == n_pairs * L_max * (d + 1) * 8
+    assert stored < t.Z.nbytes                      # the whole array is not held
+    assert t.Z is not t.Z                           # assembled at each read, as z_q
+    whole = icl.Tasks(Z=t.Z, w=t.w, x_q=t.x_q, y_q=t.y_q, Sigma=t.Sigma)
+    assert whole.pairs is None
+    for L in (1, 7, L_max):
+        np.testing.assert_array_equal(t.prompt(L), whole.prompt(L))
+        np.testing.assert_array_equal(t.Ghat(L), icl.Ghat(whole.Z, L))   # bit for bit
+        np.testing.assert_array_equal(icl.model_matrix("linear", t, L), icl.Ghat(whole.Z, L))
+    many = np.stack([icl.Ghat(whole.Z, L) for L in (3, 9, L_max)])
+    np.testing.assert_array_equal(t.Ghat((3, 9, L_max)), many)
+    np.testing.assert_array_equal(whole.Ghat([3, 9, L_max]), many)
+    for idx in (slice(2, 6), slice(1, 4), [0, 3, 5], np.array([7, 2])):
+        a, b = t.subset(idx), whole.subset(idx)
+        np.testing.assert_array_equal(a.Z, b.Z)
+        assert a.paired == b.paired and (a.pairs is not None) == (isinstance(idx, slice) and a.paired)
+    import dataclasses
+
+    unpaired = dataclasses.replace(t, paired=False)
+    assert unpaired.pairs is None and not unpaired.paired
+    np.testing.assert_array_equal(unpaired.Z, t.Z)
+
+
+def test_pair_tokens_need_exact_antithetic_pairs():
+    t = _tasks(seed=6)
+    x, y = t.pairs.x, t.pairs.y
+    kw = dict(w=t.w, x_q=t.x_q, y_q=t.y_q, Sigma=t.Sigma)
+    w = t.w.copy()
+    w[1] *= 1.5
+    with pytest.raises(ValueError, match="exact antithetic pairs"):
+        icl.Tasks(Z=icl.PairTokens(x, y), **dict(kw, w=w))
+    with pytest.raises(ValueError, match="exact antithetic pairs"):
+        icl.Tasks(Z=icl.PairTokens(x, y), paired=False, **kw)
+    with pytest.raises(ValueError, match=r"x \(n_pairs, L_max, d\) and y \(n_pairs, L_max\)"):
+        icl.Tasks(Z=icl.PairTokens(x, y[:, :-1]), **kw)
+    bad = x.copy()
+    bad[0, 2, 1] = np.nan
+    with pytest.raises(ValueError, match="Tasks.Z.x must be finite"):
+        icl.Tasks(Z=icl.PairTokens(bad, y), **kw)
+
+
 @pytest.mark.parametrize("law", ["gaussian", "rademacher"])
 def test_Gamma_w_is_the_exact_second_moment(law):
     """Gamma_w = E[z z^T] for z = (x, w^T x): Monte Carlo mean within 5 CLT standard errors."""

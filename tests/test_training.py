@@ -12,6 +12,8 @@ from sfxlin.training import SoftmaxPrefixEngine, TrainingDiverged, train, train_
 
 ANISO = np.diag([2.0, 1.0, 0.5])
 LS = (4, 8, 16, 32, 64)
+#: training.FEATURE_ROWS forcing each token layout of the softmax engine
+LAYOUTS = {"features": 10**6, "weighted": 0}
 
 
 def _rng(*ids):
@@ -88,13 +90,15 @@ def test_fast_engine_reproduces_the_per_L_reference(setting, pair_first):
         assert 1 <= fast["n_shared_steps"] <= expected
 
 
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("setting", ["isotropic", "anisotropic"])
-def test_shared_pass_changes_no_bit_along_a_plain_sum_run(setting, monkeypatch):
+def test_shared_pass_changes_no_bit_along_a_plain_sum_run(setting, layout, monkeypatch):
     """Whether partners share a pass with the plain sums rests on a rounding (does the summed
     off-block gradient come out exactly 0?), so it differs between BLAS kernels. The shared pass
     computes each partner's logits and moments with the same products, of the same shapes, as
     the partner-by-partner pass (SoftmaxPrefixEngine._plan): the whole run is bit-identical with
     sharing on or off, on every kernel, whatever the number of shared steps."""
+    monkeypatch.setattr(training, "FEATURE_ROWS", LAYOUTS[layout])
     Sigma = np.eye(3) if setting == "isotropic" else ANISO
     tasks = _tasks(Sigma=Sigma, seed=4)
     U0, v0 = icl.init_theta(3, Sigma)
@@ -107,30 +111,172 @@ def test_shared_pass_changes_no_bit_along_a_plain_sum_run(setting, monkeypatch):
         np.testing.assert_array_equal(shared["softmax"][k], apart["softmax"][k])
 
 
-def test_a_partner_product_has_the_same_shape_shared_or_apart(monkeypatch):
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_a_partner_product_has_the_same_shape_shared_or_apart(layout, monkeypatch):
     """What makes the shared pass exact by construction: each partner column is one call of the
     softmax core with arguments of the same shapes for one logit column per group (shared) as
     for each of two (apart), so no bit can depend on how a BLAS kernel splits a product of more
     rows."""
+    monkeypatch.setattr(training, "FEATURE_ROWS", LAYOUTS[layout])
     tasks = _tasks(seed=5)
     eng = SoftmaxPrefixEngine(tasks, LS)
+    assert eng.features == (layout == "features")
     calls = []
     real = softmax_core.prefix_moments
 
     def spy(phi, edges, **kw):
-        calls.append((phi.shape, kw["A"].shape, kw["X"].shape, tuple(kw["reach"]), kw["shifted"], kw["cache_bytes"]))
+        calls.append((phi.shape, kw["A"].shape, kw["X"].shape, tuple(kw["reach"]), kw.get("shifted"),
+                      None if kw.get("shift") is None else kw["shift"].shape, kw.get("ones"), kw["cache_bytes"],
+                      None if kw["col_weights"] is None else kw["col_weights"].shape))
         return real(phi, edges, **kw)
 
     monkeypatch.setattr(softmax_core, "prefix_moments", spy)
-    for feats in ("xy", "quad"):
+    K = eng.X.shape[1]
+    for C in (None, np.ones((eng.ng, eng.nL * eng.q, 1, K))):    # v_x == 0, v_x != 0
         for ge in (1, 2):
-            B = np.zeros((eng.ng, ge, eng.nL, eng.q, eng.D))
+            B = np.zeros((eng.ng, ge, eng.nL, eng.q, K))
             calls.clear()
-            eng._passes(B, feats, shifted=True)
+            eng._passes(B, C, np.zeros((eng.ng, eng.nL, ge, eng.q)))
             assert len(calls) == ge and len(set(calls)) == 1
             if ge == 1:
                 one = calls[0]
         assert calls[0] == one
+
+
+def _point(d, Ls, path, rng):
+    """Parameters per L: a block-structured point (Eq. 9 init plus a random top-left block and
+    read-out) with, by ``path``, off-block entries in ``U[d, :d]`` ("U") and ``v[:d]`` ("v")."""
+    U0, v0 = icl.init_theta(d, np.eye(d))
+    nL, s = len(Ls), 1 / np.sqrt(d)
+    U, v = np.repeat(U0[None], nL, 0), np.repeat(v0[None], nL, 0)
+    U[:, :d, :d] += 0.3 * s * rng.standard_normal((nL, d, d))
+    v[:, d] += 0.5 * rng.standard_normal(nL)
+    if "U" in path:
+        U[:, d, :d] = 0.3 * s * rng.standard_normal((nL, d))
+    if "v" in path:
+        v[:, :d] = 0.5 * s * rng.standard_normal((nL, d))
+    return U, v
+
+
+def _assert_reference_steps(eng, Z, z_q, y_q, Ls, U, v, weights=None, tol=1e-12):
+    risk, gU, gv = eng.step(U, v)
+    for i, L in enumerate(Ls):
+        if weights is None:
+            ref = softmax_step(U[i], v[i], Z[:, :L], z_q, y_q)
+        else:
+            ref = icl.softmax_risk_grad(U[i], v[i], Z[:, :L], z_q, y_q, weights[:L])
+        for name, a, b in zip(("risk", "grad_U", "grad_v"), (risk[i], gU[i], gv[i]), ref):
+            assert _rel(a, b) <= tol, (name, L, _rel(a, b))
+
+
+@pytest.mark.parametrize("pair_first", [False, True])
+@pytest.mark.parametrize("path", ["block", "U", "v", "Uv"])
+@pytest.mark.parametrize("d", [3, 8, 16])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_engine_step_is_the_per_L_reference_step(layout, d, path, pair_first, monkeypatch):
+    """Risk and gradient of every L against the plain per-L reference (testing.reference_c3) in
+    both token layouts, at d = 3, 8, 16, on every path: block-structured (partners in one pass),
+    U[d, :d] != 0 (partners apart), v[:d] != 0 (the x . v_x-weighted moments); first with the exact
+    maximum, then with the carried shift."""
+    monkeypatch.setattr(training, "FEATURE_ROWS", LAYOUTS[layout])
+    tasks, Ls = _tasks(d, 3, 2, 40, seed=d), (4, 16, 40)
+    eng = SoftmaxPrefixEngine(tasks, Ls, pair_first=pair_first)
+    assert eng.features == (layout == "features")
+    rng = _rng(d, 2)
+    for _ in range(2):
+        _assert_reference_steps(eng, tasks.Z, tasks.z_q, tasks.y_q, Ls, *_point(d, Ls, path, rng))
+    assert eng.n_exact == 1
+
+
+@pytest.mark.parametrize("storage", ["whole", "unpaired"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_engine_step_on_tasks_given_whole_or_unpaired(layout, storage, monkeypatch):
+    """Tasks given as the whole (n, L_max, D) array, in pairs or not: the engine copies the
+    covariates tokens last (weighted layout) or builds its rows; the per-L reference steps agree."""
+    monkeypatch.setattr(training, "FEATURE_ROWS", LAYOUTS[layout])
+    t, Ls, d = _tasks(8, 3, 2, 40, seed=14), (4, 16, 40), 8
+    keep = [0, 3, 4] if storage == "unpaired" else slice(None)
+    tasks = icl.Tasks(Z=t.Z[keep], w=t.w[keep], x_q=t.x_q[keep], y_q=t.y_q[keep], Sigma=t.Sigma,
+                      paired=storage == "whole")
+    assert tasks.pairs is None and training.pair_structure(tasks) == (2 if storage == "whole" else 1)
+    eng = SoftmaxPrefixEngine(tasks, Ls)
+    rng = _rng(14)
+    for path in ("block", "Uv"):
+        _assert_reference_steps(eng, tasks.Z, tasks.z_q, tasks.y_q, Ls, *_point(d, Ls, path, rng))
+
+
+@pytest.mark.parametrize("path", ["block", "Uv"])
+@pytest.mark.parametrize("d", [3, 8, 16])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_engine_step_with_noisy_pairs_and_with_token_weights(layout, d, path, monkeypatch):
+    """Noisy labels in antithetic pairs (run in d + 1 covariates) and token weights (softmax(inf)
+    on an empirical law's support) against the per-L reference and icl's weighted risk."""
+    monkeypatch.setattr(training, "FEATURE_ROWS", LAYOUTS[layout])
+    rng = _rng(d, 3)
+    law = laws.covariate_law("gaussian", np.eye(d))
+    noisy = icl.make_tasks(_rng(d, 4), d, 3, 2, 40, law, noise=0.5, query_noise=0.5)
+    Ls = (4, 16, 40)
+    eng = SoftmaxPrefixEngine(noisy, Ls)
+    assert eng.inner.features == (layout == "features")
+    _assert_reference_steps(eng, noisy.Z, noisy.z_q, noisy.y_q, Ls, *_point(d, Ls, path, rng))
+    atoms = laws.Empirical(rng.standard_normal((30, d)), weights=rng.uniform(0.5, 1.5, 30))
+    tasks = icl.make_tasks(_rng(d, 5), d, 3, 2, 8, atoms)
+    support, weights = icl.support_tasks(tasks, atoms)
+    eng = SoftmaxPrefixEngine(support, (30,), weights=weights)
+    _assert_reference_steps(eng, support.Z, tasks.z_q, tasks.y_q, (30,), *_point(d, (30,), path, rng),
+                            weights=weights)
+
+
+@pytest.mark.parametrize("path", ["block", "Uv"])
+@pytest.mark.parametrize("d", [8, 16])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_fast_engine_trajectories_at_larger_d(layout, d, path, monkeypatch):
+    """Every model's trajectory against the per-L reference loop at d = 8 and 16 in both layouts."""
+    monkeypatch.setattr(training, "FEATURE_ROWS", LAYOUTS[layout])
+    tasks = _tasks(d, 4, 2, 32, seed=d + 1)
+    if path == "Uv":
+        U0, v0 = _perturbed_init(d, tasks.Sigma, 1e-2, d, parts=("U", "v"))
+    else:
+        U0, v0 = icl.init_theta(d, tasks.Sigma)
+    kw = dict(lr=0.2 / d, n_steps=8, ckpt_every=2, U0=U0, v0=v0)
+    _assert_same_run(train_all_arrays(tasks, (4, 8, 32), **kw), train_reference_all(tasks, (4, 8, 32), **kw),
+                     tol=1e-12)
+
+
+def test_a_groups_moments_do_not_depend_on_the_other_groups_in_the_weighted_layout(monkeypatch):
+    """The weighted layout subtracts a carried shift only for the groups whose log-sum-exp leaves
+    [-FREE_SHIFT, FREE_SHIFT] (the others' logits less 0, which is themselves): with a pair of huge
+    logits beside them, the other pairs' moments are bit for bit those computed without it."""
+    monkeypatch.setattr(training, "FEATURE_ROWS", 0)
+    t = _tasks(6, 4, 2, 64, seed=13)
+    x, y = t.pairs.x.copy(), t.pairs.y.copy()
+    x[0] *= 300.0
+    y[0] *= 300.0
+    full = icl.Tasks(Z=icl.PairTokens(x, y), w=t.w, x_q=t.x_q, y_q=t.y_q, Sigma=t.Sigma)
+    rest = full.subset(slice(2, 8))
+    U, v = _point(6, LS, "v", _rng(13))
+    a, b = SoftmaxPrefixEngine(full, LS, pair_first=True), SoftmaxPrefixEngine(rest, LS, pair_first=True)
+    shifts = []
+    for _ in range(4):                  # the exact maximum, then the carried shifts
+        with np.errstate(over="ignore", under="ignore"):
+            np.testing.assert_array_equal(a.moments(U, v)[1:], b.moments(U, v))
+        shifts.append(np.array(a.shift))
+    assert np.abs(a.shift[0]).max() > training.FREE_SHIFT >= np.abs(a.shift[1:]).max()
+    assert a.n_exact == b.n_exact == 1
+    for s in shifts[1:]:                # the carried shift is the log-sum-exp, applied or not
+        np.testing.assert_allclose(s, shifts[0], rtol=1e-12)
+
+
+@pytest.mark.parametrize("d", [3, 16])
+def test_pair_first_keeps_the_block_structure_exactly_in_the_weighted_layout(d, monkeypatch):
+    """The weighted layout adds a pair's two contributions in closed form (``_pair_step``): from the
+    block-structured init the off-block part stays exactly 0, every step sharing the pass."""
+    monkeypatch.setattr(training, "FEATURE_ROWS", 0)
+    tasks = _tasks(d, 4, 2, 64, seed=d + 2)
+    res = train_all_arrays(tasks, (4, 8, 64), models=("softmax",), pair_first=True, lr=0.2 / d, n_steps=30,
+                           ckpt_every=1)
+    assert res["n_shared_steps"] == 31
+    assert np.all(icl.off_block_mass(res["softmax"]["U"], res["softmax"]["v"]) == 0.0)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -311,7 +457,9 @@ def test_off_block_perturbation_follows_the_linearised_gd_map(model, L, lr, n_st
         assert np.max(lr * lam) < 2.0 and growth <= 1.0, (np.max(lr * lam), growth)
 
 
-def test_wrong_softmax_shift_falls_back_to_the_exact_maximum():
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_wrong_softmax_shift_falls_back_to_the_exact_maximum(layout, monkeypatch):
+    monkeypatch.setattr(training, "FEATURE_ROWS", LAYOUTS[layout])
     tasks = _tasks(seed=6)
     U0, v0 = _perturbed_init(3, tasks.Sigma, 0.05, 6)
     U, v = np.repeat(U0[None], len(LS), 0), np.repeat(v0[None], len(LS), 0)
@@ -438,13 +586,18 @@ def test_too_large_lr_raises_naming_the_step(model):
         train(model, tasks, Ls[0], lr=lr, n_steps=n_steps, ckpt_every=1, max_abs=max_abs)
 
 
-def test_softmax_training_with_huge_logits_stays_finite():
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_softmax_training_with_huge_logits_stays_finite(layout, monkeypatch):
+    """Logits of order 1e3: the carried shift (subtracted in the weighted layout, its log-sum-exp
+    beyond FREE_SHIFT) keeps every step on the shifted pass after the first."""
+    monkeypatch.setattr(training, "FEATURE_ROWS", LAYOUTS[layout])
     tasks = _tasks(seed=12)
     U0, v0 = icl.init_theta(3, tasks.Sigma)
     U0 = 1e3 * U0 + 1e2 * _rng(12, 2).standard_normal((4, 4))   # logits of order 1e3
     kw = dict(lr=1e-4, n_steps=20, ckpt_every=5, U0=U0, v0=v0)
     fast = train_all_arrays(tasks, LS, models=("softmax",), **kw)
     ref = train_reference_all(tasks, LS, models=("softmax",), **kw)
+    assert fast["n_exact_shift_steps"] == 1
     for k in ("U", "v", "risk"):
         assert np.all(np.isfinite(fast["softmax"][k]))
     # near one-hot weights: C = E zz^T - mbar mbar^T cancels, so agreement is to ~1e-9 only
@@ -506,6 +659,21 @@ def test_bench_c3_smoke():
     assert out["n_exp_per_step"] == 48 * 2 * 8184 == 785_664
     assert out["ms_exp_floor"] > 0
     assert out["ratio_exp_bound"] == out["ms_per_step_reference"] / out["ms_exp_floor"]
+
+
+def test_bench_c3_dims_prints_every_column(capsys):
+    """The per-d benchmark on a tiny workload: one row per d with every column (no timing asserted)."""
+    from sfxlin.benchmarks.c3 import bench_c3_dims
+
+    rows = bench_c3_dims((2, 3), workloads={2: (2, 32), 3: (3, 16)}, steps=(1, 3), repeats=1)
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if "ms/step" in line).split()
+    assert header == ["d", "pairs", "L_max", "logits", "ms/step", "exp", "ms", "madd", "ms", "floor", "ms", "ratio"]
+    for r, (n_pairs, L_max, Ls) in zip(rows, ((2, 32, (8, 16, 32)), (3, 16, (8, 16)))):
+        assert r["n_logits"] == n_pairs * 2 * sum(Ls) and r["L_max"] == L_max
+        assert r["ms_floor"] == r["ms_exp"] + r["ms_madd"] and r["ratio"] == r["ms_step"] / r["ms_floor"]
+        line = next(line for line in out.splitlines() if line.split()[:3] == [str(r["d"]), str(n_pairs), str(L_max)])
+        assert len(line.split()) == 9
 
 
 def test_exp_floor_times_the_requested_count(monkeypatch):
