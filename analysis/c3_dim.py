@@ -30,7 +30,7 @@ import numpy as np
 import xarray as xr
 
 from .c3_horizon import line_np
-from .fits import OLS_LINE_FIELDS, ols_line_np, too_few
+from .fits import ols_line, too_few
 from .tables import column, make_table
 from .verdicts import Criteria, Inconclusive, NotJudged, Shared, measure_unless
 
@@ -41,7 +41,6 @@ QUANTITIES = {"D": "max_t ||theta_L(t) - theta_inf(t)|| (softmax)",
               "excess": "held-out risk of softmax(L) - that of theta_inf(T) (same held-out tasks)"}
 
 _LINE = ("slope", "se", "ci_low", "ci_high")
-_IDX = [OLS_LINE_FIELDS.index(f) for f in ("slope", "slope_se", "slope_ci_low", "slope_ci_high")]
 
 
 def _softmax(ds):
@@ -94,22 +93,15 @@ def slopes(ds: xr.Dataset) -> xr.Dataset:
     return res
 
 
-def _T_line(T, dvals, alpha=0.05):
-    """OLS of ``log T`` on ``log d`` over every run, HC1 SE: ``(slope, se, ci_low, ci_high)``; NaN with
-    fewer than 2 distinct d."""
-    x = np.log(np.repeat(np.asarray(dvals, dtype=float), T.shape[1]))
-    if np.unique(x).size < 2 or x.size < 3:
-        return (np.nan,) * 4
-    out = ols_line_np(x, np.log(T.ravel()), cov_type="HC1", alpha=alpha)
-    return tuple(float(out[i]) for i in _IDX)
-
-
 def T_growth(ds: xr.Dataset) -> xr.Dataset:
-    """Per setting the line ``T_conv ~ d^b`` (:func:`_T_line`): ``slope``, ``se``, ``ci_low``, ``ci_high``;
+    """Per setting the line ``T_conv ~ d^b``, OLS of ``log T_conv`` on ``log d`` over every run, HC1 SE
+    (NaN with one d): ``slope``, ``se``, ``ci_low``, ``ci_high``;
     per ``(setting, d)`` the median, min and max of ``T_conv`` over seeds and ``n_not_converged``."""
     T = ds.T_conv.transpose("setting", "d", "seed")
-    line = np.array([_T_line(T.values[s], ds.d.values) for s in range(ds.sizes["setting"])])
-    out = xr.Dataset({k: ("setting", line[:, i]) for i, k in enumerate(_LINE)}, coords={"setting": T.setting.values})
+    fit = ols_line(np.log(T), np.log(T.d), ("d", "seed"), cov_type="HC1")
+    out = xr.Dataset({k: ("setting", fit[f].values) for k, f in zip(_LINE, ("slope", "slope_se", "slope_ci_low",
+                                                                             "slope_ci_high"))},
+                     coords={"setting": T.setting.values})
     out["T_median"] = T.median("seed")
     out["T_min"] = T.min("seed")
     out["T_max"] = T.max("seed")

@@ -37,7 +37,7 @@ import json
 import numpy as np
 import xarray as xr
 
-from .fits import OLS_LINE_FIELDS, clustered_loglog_np, loglog_slopes_np, not_fitted, too_few
+from .fits import loglog_slope, loglog_slopes_np, not_fitted, too_few
 from .tables import column, make_table
 from .verdicts import Criteria, Inconclusive, NotJudged, Shared, measure_unless
 
@@ -48,7 +48,6 @@ __all__ = ["CRITERIA", "EPS", "resolution", "first_exceedance_np", "horizons", "
 EPS = (0.05, 0.1, 0.2)
 
 _LINE = ("slope", "slope_se", "slope_ci_low", "slope_ci_high")
-_IDX = [OLS_LINE_FIELDS.index(f) for f in _LINE]
 
 
 # --------------------------------------------------------------------------- numpy kernels
@@ -97,8 +96,8 @@ def line_np(L, Y, alpha=0.05):
         return (np.nan,) * 4
     if Y.shape[1] < 2:
         return (float(loglog_slopes_np(Y[:, 0], L)),) + (np.nan,) * 3
-    out = clustered_loglog_np(np.log(L), Y, alpha=alpha)
-    return tuple(float(out[i]) for i in _IDX)
+    fit = loglog_slope(xr.DataArray(Y, dims=("L", "seed"), coords={"L": L}), "L", units="seed", alpha=alpha)
+    return tuple(float(fit[f]) for f in _LINE)
 
 
 # --------------------------------------------------------------------------- labelled

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from .fits import MIN_LINE_POINTS, OLS_LINE_FIELDS, clustered_loglog_np, loglog_slope, loglog_slopes_np, too_few
+from .fits import MIN_LINE_POINTS, loglog_slope, loglog_slopes_np, too_few
 from .tables import column, make_table
 from .verdicts import Criteria, NotJudged, measure_unless
 
@@ -133,10 +133,8 @@ def _vanish_slope(a):
           quick=NotJudged("2 seeds: a t interval with 1 dof (replicate upper ends -0.4 .. 7)"))
 def _vanish_ci(a):
     def upper():
-        logx = np.log(a.L)
-        hi = OLS_LINE_FIELDS.index("slope_ci_high")
-        D = a.D.reshape((-1,) + a.D.shape[-2:])
-        return np.array([clustered_loglog_np(logx, y)[hi] for y in D])
+        D = xr.DataArray(a.D, dims=(*SETTING, "L", "seed"), coords={"L": a.L})
+        return loglog_slope(D, "L", units="seed").slope_ci_high.values.ravel()
     return measure_unless(a.few_L or _one_seed(a), upper)
 
 
