@@ -26,8 +26,8 @@ would make it robust. A non-PASS verdict carries the class its criterion declare
 one-line reason. Criteria that are statistical tests declare their ``level`` and a ``pvalue``
 measure: :func:`multiplicity` says how many FAILs chance alone would give and the Holm view.
 
-The criteria themselves live with their experiments (``pipelines/``); this module holds the
-machinery only and imports nothing but numpy.
+The criteria themselves live with their experiments' analysis modules; this module holds the
+machinery only and imports nothing but numpy (xarray where it resamples).
 """
 from __future__ import annotations
 
@@ -50,7 +50,9 @@ __all__ = [
     "NotJudged",
     "PASS",
     "multiplicity",
-    "resample_units",
+    "RESAMPLE",
+    "resample_indices",
+    "resampled",
     "Criterion",
     "Inconclusive",
     "Shared",
@@ -228,7 +230,8 @@ class Criteria:
     claim holds, and the p-value of its statistic (for the Holm view of :func:`multiplicity`).
     """
 
-    def __init__(self, claim, prepare=None, inconclusive=None, units=("seed",)):
+    def __init__(self, claim, prepare=None, inconclusive=None, units=("seed",), vectorised=False):
+        self.vectorised = vectorised
         self.claim = claim
         self.prepare = prepare
         self.inconclusive = inconclusive
@@ -302,36 +305,63 @@ class Criteria:
 
         Every PASS / FAIL carries its robustness: the fraction of ``resamples`` resamples (with
         replacement) of the units ``self.units`` present in ``ds`` under which the verdict is the
-        same, every measure rerun (0: none computed). When the units have at most ``resamples``
-        distinct resamples (2 seeds: 4), every one is judged: the exact bootstrap fraction.
-        Otherwise they are drawn from a generator keyed by the claim, so the fraction is the same
-        at every call."""
+        same (0: none computed). The resamples are a dimension (:func:`resample_indices`,
+        :func:`resampled`): each measure is called once on every resample at once. When the units
+        have at most ``resamples`` distinct resamples (2 seeds: 4), every one is judged: the exact
+        bootstrap fraction. Otherwise they are drawn from a generator keyed by the claim, so the
+        fraction is the same at every call."""
         stored = criteria_from_attrs(ds)
         rows = self._judge(ds, stored, inconclusive, with_pvalues=True)
         return self._with_robustness(ds, stored, rows, inconclusive, resamples)
 
     def _with_robustness(self, ds, stored, rows, inconclusive, resamples, size=None) -> list:
+        """``rows`` with the robustness of each PASS / FAIL over ``resamples`` resamples of the units
+        (``size[u]`` draws of unit dim ``u``, default as many as there are)."""
         units = [u for u in self.units if u in ds.dims]
-        sizes = {u: ds.sizes[u] for u in units}
         if resamples <= 0:
             return rows
-        if not units or max(sizes.values()) < 2:
+        if not units or max(ds.sizes[u] for u in units) < 2:
             why = "one independent unit: no resample" if units else "no independent units in the file"
             return [replace(r, robustness_note=why) if r.verdict in (PASS, FAIL) else r for r in rows]
-        agree = np.zeros(len(rows))
-        base = ds.drop_vars([u for u in units if u in ds.coords])
-        draws = _every_resample(sizes, size, resamples)
-        if draws is None:  # more distinct resamples than ``resamples``: a Monte Carlo of them
-            rng = np.random.default_rng(substream_key(self.claim))
-            draws = ({u: rng.integers(0, n, (size or sizes).get(u, n)) for u, n in sizes.items()}
-                     for _ in range(resamples))
-        count = 0
-        for idx in draws:
-            again = self._judge(base.isel(idx), stored, inconclusive)
-            agree += [a.verdict == r.verdict for a, r in zip(again, rows)]
-            count += 1
-        return [replace(r, robustness=float(agree[i] / count)) if r.verdict in (PASS, FAIL) else r
-                for i, r in enumerate(rows)]
+        idx = resample_indices({u: ds.sizes[u] for u in units}, resamples, self.claim, size)
+        grow = {u: (size or {}).get(u, ds.sizes[u]) / ds.sizes[u] for u in units}
+        per = sum(v.nbytes * math.prod(grow[u] for u in units if u in v.dims) for v in ds.variables.values()
+                  if set(v.dims) & set(units))
+        R = idx[units[0]].sizes[RESAMPLE]
+        step = max(1, int(_RESAMPLED_BYTES // max(per, 1)))
+        parts = [self._judge_resamples(resampled(ds, {u: i[start:start + step] for u, i in idx.items()}), stored,
+                                       inconclusive) for start in range(0, R, step)]
+        again = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        return [replace(r, robustness=float(np.mean(again[r.id] == r.verdict))) if r.verdict in (PASS, FAIL) else r
+                for r in rows]
+
+    def _judge_resamples(self, data, stored, inconclusive) -> dict:
+        """``{id: verdicts (resample,)}`` of the criteria judged on ``data`` (resamples of a file's
+        units along :data:`RESAMPLE`): each measure called once on every resample, each resample's
+        values judged as :func:`evaluate` judges a file's."""
+        import xarray as xr
+
+        R = data.sizes[RESAMPLE]
+        if not self.vectorised:
+            rows = [self._judge(data.isel({RESAMPLE: r}), stored, inconclusive) for r in range(R)]
+            return {row.id: np.array([rs[k].verdict for rs in rows], dtype=object) for k, row in enumerate(rows[0])}
+        live = [j for j in (c.for_profile(data.attrs.get("profile", "custom")) for c in stored)
+                if not isinstance(j, NotJudged)]
+        shared = self.prepare(data) if self.prepare is not None else data
+        flags = dict(_flag_reasons(inconclusive))
+        if self.inconclusive is not None:
+            flags.update(self.inconclusive(shared))
+        measures = dict((c.id, m) for c, m in self._items)
+        out = {}
+        for crit in live:
+            value = measures[crit.id](shared) if crit.id in measures else None
+            verdict = _resample_verdicts(crit, value, R)
+            flag = flags.get(crit.id)
+            if flag is not None:
+                flagged = flag.values if isinstance(flag, xr.DataArray) else np.ones(R, dtype=bool)
+                verdict = np.where(flagged, INCONCLUSIVE, verdict)
+            out[crit.id] = verdict
+        return out
 
     def seeds_needed(self, ds, ids=None, *, target: float = FRAGILE_BELOW, factors=(2, 4, 8, 16),
                      resamples: int = RESAMPLES) -> dict:
@@ -361,6 +391,32 @@ class Criteria:
         return out
 
 
+def _resample_verdicts(crit: Criterion, value, R: int) -> np.ndarray:
+    """The verdict of ``crit`` in each of ``R`` resamples from its measured ``value``: an
+    :class:`Inconclusive` or None (INCONCLUSIVE in all), values with a :data:`RESAMPLE` dim (one set
+    per resample), or values without one (the same in every resample); each set judged as
+    :func:`evaluate` judges a file's (INCONCLUSIVE when empty or not all finite)."""
+    import xarray as xr
+
+    if value is None or isinstance(value, Inconclusive):
+        return np.full(R, INCONCLUSIVE, dtype=object)
+    if isinstance(value, xr.DataArray) and RESAMPLE in value.dims:
+        v = np.asarray(value.transpose(RESAMPLE, ...).values, dtype=np.float64).reshape(R, -1)
+    else:
+        v = np.broadcast_to(_as_values(crit, value), (R, np.size(_as_values(crit, value))))
+    if v.shape[1] == 0:
+        return np.full(R, INCONCLUSIVE, dtype=object)
+    ok = crit.holds(v).all(axis=1)
+    return np.where(~np.isfinite(v).all(axis=1), INCONCLUSIVE, np.where(ok, PASS, FAIL)).astype(object)
+
+
+#: the dimension of the resamples of a file's units (the robustness judges them all at once)
+RESAMPLE = "resample"
+
+#: resamples judged at once at most, such that the resampled variables hold at most this many bytes
+_RESAMPLED_BYTES = 1 << 30
+
+
 def substream_key(text: str) -> int:
     """A stable integer key of ``text`` (the resamples of a claim's robustness draw from it)."""
     import hashlib
@@ -368,26 +424,38 @@ def substream_key(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
 
 
-def _every_resample(sizes: Mapping[str, int], size, resamples: int):
-    """Every equally likely resample with replacement of the units (a list of index dicts) when
-    there are at most ``resamples`` of them (2 seeds: 4; 3 seeds: 27), so that the robustness is
-    the exact bootstrap fraction; None when there are more (or ``size`` asks for other sizes)."""
+def resample_indices(sizes: Mapping[str, int], resamples: int, key: str,
+                     size: Mapping[str, int] | None = None) -> dict[str, xr.DataArray]:
+    """The resamples with replacement of the units, as indices: ``{unit dim: DataArray (resample,
+    unit dim)}``, row ``r`` the positions drawn in resample ``r`` (``size[u]`` of them, default as
+    many as there are). Every equally likely resample when there are at most ``resamples`` of
+    them and ``size`` keeps the sizes (2 seeds: 4; 3 seeds: 27): the exact bootstrap. Otherwise
+    ``resamples`` draws of a generator keyed by ``key`` (:func:`substream_key`), one unit dim after
+    the other within a resample, so the same key gives the same resamples."""
     import itertools
 
-    if size is not None and any(size.get(u, n) != n for u, n in sizes.items()):
-        return None
-    if math.prod(n**n for n in sizes.values()) > resamples:
-        return None
-    per_dim = [[np.array(c) for c in itertools.product(range(n), repeat=n)] for n in sizes.values()]
-    return [dict(zip(sizes, combo)) for combo in itertools.product(*per_dim)]
+    import xarray as xr
+
+    sizes = dict(sizes)
+    grown = {u: (size or {}).get(u, n) for u, n in sizes.items()}
+    if grown == sizes and math.prod(n**n for n in sizes.values()) <= resamples:
+        per_dim = [list(itertools.product(range(n), repeat=n)) for n in sizes.values()]
+        rows = list(itertools.product(*per_dim))
+        draws = {u: np.array([r[k] for r in rows], dtype=np.int64).reshape(len(rows), n)
+                 for k, (u, n) in enumerate(sizes.items())}
+    else:
+        rng = np.random.default_rng(substream_key(key))
+        picked = [[rng.integers(0, n, grown[u]) for u, n in sizes.items()] for _ in range(resamples)]
+        draws = {u: np.stack([p[k] for p in picked]) for k, u in enumerate(sizes)}
+    return {u: xr.DataArray(a, dims=(RESAMPLE, u)) for u, a in draws.items()}
 
 
-def resample_units(ds, sizes: Mapping[str, int], rng, size: Mapping[str, int] | None = None):
-    """``ds`` with each unit dim of ``sizes`` resampled with replacement (``size[u]`` draws, default
-    as many as there are). The units' own coordinates are dropped (a resample repeats labels, and a
-    measure must not select units by label); drop them once beforehand to make repeated calls cheap."""
-    idx = {u: rng.integers(0, n, (size or sizes).get(u, n)) for u, n in sizes.items()}
-    return ds.drop_vars([u for u in sizes if u in ds.coords]).isel(idx)
+def resampled(ds, indices: Mapping[str, xr.DataArray]):
+    """``ds`` with each unit dim of ``indices`` (:func:`resample_indices`) resampled: the variables
+    with a unit dim gain a :data:`RESAMPLE` dim (``ds.isel(seed=idx)``, the xskillscore pattern), the
+    others are as they are. The units' own coordinates are dropped (a resample repeats labels, and a
+    measure must not select units by label)."""
+    return ds.drop_vars([u for u in indices if u in ds.coords]).isel(dict(indices))
 
 
 class Shared:

@@ -11,7 +11,7 @@ import xarray as xr
 from sfxlin import icl, laws, training
 from sfxlin.engine import storage
 from sfxlin.analysis import c3 as c3_analysis
-from sfxlin.analysis.verdicts import FAIL, NOT_JUDGED, PASS, format_table, resample_units
+from sfxlin.analysis.verdicts import FAIL, NOT_JUDGED, PASS, format_table, resample_indices, resampled
 from sfxlin.engine.execution import compute
 from sfxlin.pipelines import c3_transfer as c3
 from sfxlin.engine.sweep import CellError, build, cell_rng, run_cell
@@ -395,9 +395,9 @@ def test_a_resample_without_a_control_seed_is_inconclusive_not_a_crash():
     assert fit.setting.values.tolist() == ["isotropic", "anisotropic"]
     assert fit.n_units.values.tolist() == [2, 2]
     # every resample of the seeds of the synthetic file is measurable: the verdicts' robustness runs
-    rng = np.random.default_rng(0)
-    for _ in range(5):
-        c3_analysis.measures(resample_units(synthetic.c3(), {"seed": 2}, rng))
+    every = resampled(synthetic.c3(), resample_indices({"seed": 2}, 100, "C3"))
+    for r in range(every.sizes["resample"]):
+        c3_analysis.measures(every.isel(resample=r))
 
 
 def test_the_control_verdicts_have_no_robustness_with_one_control_seed():

@@ -23,7 +23,9 @@ from sfxlin.analysis.verdicts import (
     criteria_from_attrs,
     multiplicity,
     multiplicity_line,
-    resample_units,
+    resample_indices,
+    resampled,
+    substream_key,
 )
 
 
@@ -71,11 +73,59 @@ def test_robustness_is_the_same_at_every_call_and_none_without_units():
     assert row.robustness is None
 
 
-def test_resampled_units_are_drawn_with_replacement_without_their_labels():
-    ds = xr.Dataset({"x": ("seed", [10.0, 20.0, 30.0])}, coords={"seed": [5, 6, 7]})
-    out = resample_units(ds, {"seed": 3}, np.random.default_rng(1), {"seed": 12})
-    assert out.sizes["seed"] == 12 and "seed" not in out.coords
-    assert set(out.x.values.tolist()) <= {10.0, 20.0, 30.0} and len(set(out.x.values.tolist())) > 1
+def test_resample_indices_are_every_resample_or_the_keyed_draws():
+    """At most ``resamples`` distinct resamples: each once (the exact bootstrap); more: the draws of a
+    generator keyed by the claim, unit dim after unit dim within a resample."""
+    every = resample_indices({"seed": 2, "query": 2}, 100, "CX")
+    assert every["seed"].dims == ("resample", "seed") and every["seed"].shape == (16, 2)
+    pairs = {(tuple(s), tuple(q)) for s, q in zip(every["seed"].values, every["query"].values)}
+    assert pairs == {(s, q) for s in itertools.product(range(2), repeat=2) for q in itertools.product(range(2),
+                                                                                                      repeat=2)}
+    drawn = resample_indices({"seed": 4, "query": 3}, 50, "CX", size={"seed": 8, "query": 3})
+    rng = np.random.default_rng(substream_key("CX"))
+    for r in range(50):
+        np.testing.assert_array_equal(drawn["seed"].values[r], rng.integers(0, 4, 8))
+        np.testing.assert_array_equal(drawn["query"].values[r], rng.integers(0, 3, 3))
+
+
+def test_resampled_units_are_a_dimension_drawn_with_replacement_without_their_labels():
+    ds = xr.Dataset({"x": ("seed", [10.0, 20.0, 30.0]), "y": ("L", [1.0, 2.0])}, coords={"seed": [5, 6, 7]})
+    idx = resample_indices({"seed": 3}, 12, "CX", size={"seed": 12})
+    out = resampled(ds, idx)
+    assert out.x.dims == ("resample", "seed") and out.sizes["seed"] == 12 and "seed" not in out.coords
+    np.testing.assert_array_equal(out.x.values, ds.x.values[idx["seed"].values])
+    assert out.y.dims == ("L",)  # a variable without the unit dim is not replicated
+
+
+def test_a_vectorised_measure_is_called_once_for_every_resample():
+    """A measure that reads its values along the resample dim is called once for the file and once for
+    all its resamples, and the robustness is the exact bootstrap fraction, as with one call each."""
+    calls = []
+    crit = Criteria("CX", units=("seed",), vectorised=True)
+
+    @crit("CX-mean", "mean of x over the seeds", ">", 0.0)
+    def _mean(ds):
+        calls.append(dict(ds.sizes))
+        return ds.x.mean("seed")
+
+    x = [3.0, -1.0, -1.5]
+    (row,) = crit.verdicts(results(x, crit), resamples=100)
+    assert row.robustness == exact_bootstrap_agreement(x, row.verdict == PASS)
+    assert len(calls) == 2 and calls[1] == {"resample": 27, "seed": 3}
+
+
+def test_a_flag_can_hold_in_some_resamples_only():
+    """``inconclusive`` may flag a criterion in some resamples (a boolean over the resample dim):
+    those resamples are INCONCLUSIVE, so they disagree with the file's PASS."""
+    crit = Criteria("CX", units=("seed",), vectorised=True,
+                    inconclusive=lambda ds: {"CX-mean": ds.x.min("seed") < 0} if "resample" in ds.dims else {})
+
+    @crit("CX-mean", "mean of x over the seeds", ">", -10.0)
+    def _mean(ds):
+        return ds.x.mean("seed")
+
+    (row,) = crit.verdicts(results([1.0, -1.0], crit), resamples=100)
+    assert row.verdict == PASS and row.robustness == 0.25   # (0, 0) is the one resample without -1
 
 
 def test_seeds_needed_is_the_smallest_m_out_of_n_bootstrap_size_reaching_the_target():
