@@ -61,6 +61,7 @@ __all__ = [
     "to_frame",
     "evaluate",
     "format_table",
+    "judged_where",
     "measure_unless",
     "multiplicity_line",
     "to_markdown",
@@ -425,7 +426,7 @@ def substream_key(text: str) -> int:
 
 
 def resample_indices(sizes: Mapping[str, int], resamples: int, key: str,
-                     size: Mapping[str, int] | None = None) -> dict[str, xr.DataArray]:
+                     size: Mapping[str, int] | None = None) -> dict:
     """The resamples with replacement of the units, as indices: ``{unit dim: DataArray (resample,
     unit dim)}``, row ``r`` the positions drawn in resample ``r`` (``size[u]`` of them, default as
     many as there are). Every equally likely resample when there are at most ``resamples`` of
@@ -450,7 +451,7 @@ def resample_indices(sizes: Mapping[str, int], resamples: int, key: str,
     return {u: xr.DataArray(a, dims=(RESAMPLE, u)) for u, a in draws.items()}
 
 
-def resampled(ds, indices: Mapping[str, xr.DataArray]):
+def resampled(ds, indices: Mapping):
     """``ds`` with each unit dim of ``indices`` (:func:`resample_indices`) resampled: the variables
     with a unit dim gain a :data:`RESAMPLE` dim (``ds.isel(seed=idx)``, the xskillscore pattern), the
     others are as they are. The units' own coordinates are dropped (a resample repeats labels, and a
@@ -482,6 +483,24 @@ class Inconclusive:
     reports its criterion INCONCLUSIVE with ``reason`` as the note."""
 
     reason: str
+
+
+def judged_where(values, keep, dims, empty: str):
+    """The values of a measure at the cells ``keep`` selects (both DataArrays over ``dims``), or
+    ``Inconclusive(empty)`` when it selects none. On a file: the kept values. On resampled data (a
+    :data:`RESAMPLE` dim, where the kept cells may differ between resamples): per resample the
+    smallest and the largest kept value, which every comparison judges as it judges all of them
+    (NaN where a kept value is not finite or none is kept: INCONCLUSIVE, as on a file)."""
+    import xarray as xr
+
+    values, keep = xr.broadcast(values, keep)
+    if RESAMPLE not in values.dims:
+        kept = values.values[keep.values]
+        return Inconclusive(empty) if kept.size == 0 else kept
+    inside = values.where(keep)
+    bad = (keep & ~np.isfinite(values)).any(dims) | ~keep.any(dims)
+    ends = xr.concat([inside.min(dims), inside.max(dims)], dim="end")
+    return ends.where(~bad)
 
 
 def measure_unless(reason: str | None, compute):
