@@ -4,35 +4,21 @@ Every C1 experiment measures an error to an exact limit along the prompt length 
 log-log slope in L on the mean over independent units (seeds, queries, prompts): the prompts are
 nested along L (the prompt of length 2L extends that of length L), so a unit's errors at
 different L share draws, and the SE of the slope is cluster-robust over the units
-(:func:`unit_slopes`). With one unit there is no spread to read: the plain OLS fit of its curve,
+(:func:`~.fits.unit_slopes`). With one unit there is no spread to read: the plain OLS fit of its curve,
 whose table says so (:func:`se_note`).
 """
 from __future__ import annotations
 
-import numpy as np
 import xarray as xr
 
-from .fits import MIN_LINE_POINTS, loglog_slope, too_few
+from .fits import MIN_LINE_POINTS, too_few
 
-__all__ = ["se_note", "slope_shortfall", "unit_slopes"]
+__all__ = ["se_note", "slope_shortfall"]
 
 
 def slope_shortfall(ds: xr.Dataset, dim: str = "L", what: str = "prompt lengths") -> str | None:
     """Why a log-log slope along ``dim`` cannot be fitted (fewer than 3 values), or None."""
     return too_few(ds.sizes[dim], MIN_LINE_POINTS, what, "a log-log slope")
-
-
-def unit_slopes(da: xr.DataArray, units, dim: str = "L", *, cov_type: str | None = None, **kw) -> xr.Dataset:
-    """The log-log slope along ``dim`` of the mean of ``da`` over ``units`` (a dim or several):
-    :func:`~.fits.loglog_slope` with ``units``, SE cluster-robust over them by default
-    (``cov_type="nonrobust"``: the plain OLS SE of the mean curve, by name); with one unit, the plain
-    OLS fit of its curve. The scalar coordinates ``units`` and ``n_units`` say which."""
-    units = (units,) if isinstance(units, str) else tuple(units)
-    n = int(np.prod([da.sizes[u] for u in units]))
-    if n >= 2:
-        return loglog_slope(da, dim, units=units, cov_type=cov_type, **kw)
-    return loglog_slope(da.mean(units), dim, cov_type=None if cov_type == "cluster" else cov_type,
-                        **kw).assign_coords(units=",".join(units), n_units=n)
 
 
 def se_note(fit: xr.Dataset) -> str:

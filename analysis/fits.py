@@ -22,7 +22,7 @@ import xarray as xr
 from scipy import stats
 
 __all__ = ["COV_TYPES", "LINE_FIELDS", "MIN_LINE_POINTS", "check_alpha", "check_cov_type", "loglog_slope", "loglog_slopes_np",
-           "not_fitted", "ols_line", "paper_form_fit", "power_law_fit", "too_few"]
+           "not_fitted", "ols_line", "paper_form_fit", "power_law_fit", "too_few", "unit_slopes"]
 
 #: covariance estimators of the fits (statsmodels' names). ``"cluster"`` is cluster-robust over the
 #: independent units of a fit (``units=``): the default wherever a fit has them.
@@ -382,6 +382,20 @@ def loglog_slope(da: xr.DataArray, dim: str = "L", *, units=None, cov_type: str 
         f"; SE {cov_type}" + (f", ignoring that the units' draws are shared along {dim}" if units else "")),
         "fitted_dim": dim, "source_variable": str(name)}
     return out
+
+
+def unit_slopes(da: xr.DataArray, units, dim: str = "L", *, cov_type: str | None = None, **kw) -> xr.Dataset:
+    """The log-log slope along ``dim`` of the mean of ``da`` over ``units`` (a dim or several):
+    :func:`loglog_slope` with ``units``, SE cluster-robust over them by default (``cov_type=
+    "nonrobust"``: the plain OLS SE of the mean curve, by name); with one unit, the plain OLS fit of
+    its curve (no spread to read). The scalar coordinates ``cov_type``, ``units`` and ``n_units`` say
+    which; ``kw`` as in :func:`loglog_slope`."""
+    units = _dims(units)
+    n = int(np.prod([da.sizes[u] for u in units]))
+    if n >= 2:
+        return loglog_slope(da, dim, units=units, cov_type=cov_type, **kw)
+    return loglog_slope(da.mean(units), dim, cov_type=None if cov_type == "cluster" else cov_type,
+                        **kw).assign_coords(units=",".join(units), n_units=n)
 
 
 def power_law_fit(da: xr.DataArray, dim: str = "L", *, units=None, cov_type: str | None = None,
