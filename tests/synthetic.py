@@ -255,6 +255,10 @@ def c3(L=C3_L):
         "risk_heldout_inf_eval": (("setting", "seed", "t_heldout"), np.broadcast_to([1.0, 1e-3], (3, 2, 2)).copy()),
         "risk_ridge": (("setting", "seed", "L"), np.full((3, 2, nL), 1e-30)),
         "risk_plugin": (("setting", "seed", "L"), np.broadcast_to(power(L, -1.0), (3, 2, nL)).copy()),
+        "risk_pgd": (("setting", "seed", "L"), np.broadcast_to(power(L, -1.0, 2.0), (3, 2, nL)).copy()),
+        "risk_bayes_ridge": (("setting", "seed", "L"), np.full((3, 2, nL), 1e-30)),
+        "off_block_curvature_max": (gm, np.full((3, 2, 2, nL, 3), 50.0)),      # lr * 50 = 0.5: stable
+        "off_block_curvature_min": (gm, np.full((3, 2, 2, nL, 3), 1.0)),
     }
     ds = xr.Dataset(data, coords={"setting": settings, "seed": [0, 1], "model": list(c3_transfer.MODELS), "L": L,
                                   "t": t, "t_heldout": th})
