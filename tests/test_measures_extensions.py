@@ -455,10 +455,10 @@ def test_c3_deep_measures_are_the_known_values():
     assert {r.id: r.verdict for r in c3_deep.verdicts(ds)} == {c.id: PASS for c in c3_deep.CRITERIA}
     m = c3_deep.measures(ds)
     for cid, value in [("C3D-a-slope", -1.0), ("C3D-a-median-slope", -1.0), ("C3D-a-cov-slope", -0.5)]:
-        np.testing.assert_allclose(m[cid], np.full(12, value), rtol=0, atol=1e-12)
-    np.testing.assert_allclose(m["C3D-b-slope"], np.full(4, -0.5), rtol=0, atol=1e-12)
-    np.testing.assert_allclose(m["C3D-b-heldout"], np.full(4, 0.1), rtol=1e-12)
-    np.testing.assert_allclose(m["C3D-b-heldout-limit"], np.full(4, 0.2), rtol=1e-12)
+        np.testing.assert_allclose(np.ravel(m[cid]), np.full(12, value), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.ravel(m["C3D-b-slope"]), np.full(4, -0.5), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.ravel(m["C3D-b-heldout"]), np.full(4, 0.1), rtol=1e-12)
+    np.testing.assert_allclose(np.ravel(m["C3D-b-heldout-limit"]), np.full(4, 0.2), rtol=1e-12)
 
 
 @pytest.mark.parametrize("cid, mutate, expected", C3D_CASES)
