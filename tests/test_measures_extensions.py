@@ -613,13 +613,13 @@ C3L_CASES = [
 def test_c3_landscape_measures_are_the_known_values():
     ds = synthetic.c3l()
     m = c3_landscape.measures(ds)
-    np.testing.assert_allclose(m["C3L-risk-slope"], np.full(4, -0.7), rtol=0, atol=1e-12)
-    np.testing.assert_allclose(m["C3L-D-slope"], np.full(4, -0.5), rtol=0, atol=1e-12)
-    np.testing.assert_allclose(m["C3L-DlinL-slope"], np.full(4, -0.5), rtol=0, atol=1e-12)
-    np.testing.assert_allclose(m["C3L-DlinL-ratio"], np.ones(4), rtol=1e-12)
-    np.testing.assert_array_equal(m["C3L-block"], np.zeros(8))
-    np.testing.assert_allclose(m["C3L-control-plateau"], np.zeros(4), rtol=0, atol=1e-12)
-    np.testing.assert_allclose(m["C3L-control-gap"], np.full(4, 0.1), rtol=1e-12)
+    np.testing.assert_allclose(np.ravel(m["C3L-risk-slope"]), np.full(4, -0.7), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.ravel(m["C3L-D-slope"]), np.full(4, -0.5), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.ravel(m["C3L-DlinL-slope"]), np.full(4, -0.5), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.ravel(m["C3L-DlinL-ratio"]), np.ones(4), rtol=1e-12)
+    np.testing.assert_array_equal(np.ravel(m["C3L-block"]), np.zeros(8))
+    np.testing.assert_allclose(np.ravel(m["C3L-control-plateau"]), np.zeros(4), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.ravel(m["C3L-control-gap"]), np.full(4, 0.1), rtol=1e-12)
 
 
 @pytest.mark.parametrize("cid, mutate, expected", C3L_CASES)
