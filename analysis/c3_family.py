@@ -16,7 +16,10 @@ import xarray as xr
 
 from .fits import loglog_slope
 
-__all__ = ["ONE_SEED", "increases", "seed_slopes", "softmax"]
+__all__ = ["LINE", "ONE_SEED", "increases", "seed_line", "seed_slopes", "softmax"]
+
+#: the variables of :func:`seed_line`'s line
+LINE = ("slope", "se", "ci_low", "ci_high")
 
 #: what a table shows for an SE that one seed cannot give
 ONE_SEED = "n/a (1 seed)"
@@ -45,3 +48,14 @@ def seed_slopes(da: xr.DataArray, dim: str = "L", *, cov_type: str | None = None
 def increases(da: xr.DataArray, dim: str = "L") -> xr.DataArray:
     """Number of steps along ``dim`` at which ``da`` increases (NaN where a value along it is not finite)."""
     return (da.diff(dim) > 0).sum(dim).where(np.isfinite(da).all(dim))
+
+
+def seed_line(T: xr.DataArray, alpha: float = 0.05) -> xr.Dataset:
+    """Log-log line in L of the seed mean of ``T`` (dims ``seed``, ``L`` and any other) over the L at
+    which ``T`` is finite in every seed: ``slope``, ``se``, ``ci_low``, ``ci_high`` (level ``1 - alpha``,
+    cluster-robust over the seeds; with one seed the run's slope and NaN for the rest) and ``n_L`` (the L
+    fitted). NaN where fewer than 3 L are fitted (:func:`~.c3_family.seed_slopes`)."""
+    every = np.isfinite(T).all("seed")
+    fit = seed_slopes(T.where(every), alpha=alpha, skipna=True)
+    out = xr.Dataset({k: fit[f] for k, f in zip(LINE, ("slope", "slope_se", "slope_ci_low", "slope_ci_high"))})
+    return out.drop_attrs().reset_coords(drop=True).assign(n_L=every.sum("L"))
