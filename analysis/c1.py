@@ -85,7 +85,7 @@ def _growth(y: xr.DataArray) -> xr.DataArray:
     return (y.isel(L=-1) / y.isel(L=0)).max("d")
 
 
-CRITERIA = Criteria("C1", units=UNITS, vectorised=True)
+CRITERIA = Criteria("C1", units=UNITS)
 
 #: The quick profile (d in {2, 3}, U_norm in {0.1, 0.5}, 2 seeds x 6 queries x 8 prompts, L = 16 .. 1024)
 #: is a smoke test. Its thresholds come from 160 replicate quick runs of a correct install (root_seed

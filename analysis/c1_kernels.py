@@ -93,7 +93,7 @@ def _few_m(ds):
     return slope_shortfall(ds, "rf_m", "feature counts m")
 
 
-CRITERIA = Criteria("C1", units=UNITS, vectorised=True)
+CRITERIA = Criteria("C1", units=UNITS)
 
 #: The quick profile (1 seed x 3 queries x 8 prompts per (kernel, r), r in {0.5, 1}, L = 16 .. 1024; 200
 #: feature draws at m = 4 .. 256) is a smoke test. Its thresholds come from 160 replicate quick runs of a

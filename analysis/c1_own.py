@@ -124,7 +124,7 @@ def _slope_gap(ds, alpha=0.05):
     return np.maximum(np.maximum((lines.s - half) + 1.0, -1.0 - (lines.s + half)), 0.0)
 
 
-CRITERIA = Criteria("C1", units=UNITS, vectorised=True)
+CRITERIA = Criteria("C1", units=UNITS)
 
 #: The quick profile (the built-in digits set, D = 4, default head U_norm 0.5, 8 queries, 2 seeds x 12
 #: prompts, L = 16 .. 256) is a smoke test: a mean of 24 units' squared errors has a relative SE near

@@ -95,7 +95,7 @@ def _judged(ds, values):
 
 
 SETTING = ("dataset", "D", "U_norm")
-CRITERIA = Criteria("C1", units=UNITS, vectorised=True)
+CRITERIA = Criteria("C1", units=UNITS)
 
 #: The quick profile (4 data sets x D in {2, 5} x U_norm in {0.05, 0.1, 0.8}, 1 seed x 6 queries x 8
 #: prompts, L = 16 .. 1024) is a smoke test. Its thresholds come from 160 replicate quick runs of a

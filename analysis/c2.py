@@ -273,7 +273,7 @@ def _vacuous_tails(sh: Shared) -> dict:
     return {"C2-tail-violations": "every tail bound is vacuous (>= 1)"} if bool(vacuous) else {}
 
 
-CRITERIA = Criteria("C2", prepare=Shared, inconclusive=_vacuous_tails, units=UNITS, vectorised=True)
+CRITERIA = Criteria("C2", prepare=Shared, inconclusive=_vacuous_tails, units=UNITS)
 
 # Quick profile (d = 2, 3; U_norm = 0.1, 0.5; L = 8 .. 256; 2 seeds; 256 prompts per tail test;
 # 4 prompt sets per gradient cell; one trajectory seed of 100 steps with one prompt set): each

@@ -377,7 +377,7 @@ def _break_flags(sh: Shared) -> dict:
     return {} if br is None else inconclusive(sh.ds, br)
 
 
-CRITERIA = Criteria("C2", prepare=Shared, inconclusive=_break_flags, units=UNITS, vectorised=True)
+CRITERIA = Criteria("C2", prepare=Shared, inconclusive=_break_flags, units=UNITS)
 
 # Quick profile (6 tau, one seed, 4 task pairs, L = 8 .. 512, 200 steps; one family, one family
 # seed): each calibration below is set from the spread of 7 quick files (root seeds 1-6 and the

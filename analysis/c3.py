@@ -252,7 +252,7 @@ class _C3Criteria(Criteria):
         return out
 
 
-CRITERIA = _C3Criteria("C3", prepare=Shared, units=("seed",), vectorised=True)
+CRITERIA = _C3Criteria("C3", prepare=Shared, units=("seed",))
 
 _COLLOQUIAL = ("colloquial reading", "the paper bounds the distance to theta_inf only up to a horizon T(L); the "
                "criterion reads uniform tracking over a fixed run at L^-1/2 (the reference fails it too)")

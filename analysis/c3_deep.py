@@ -112,7 +112,7 @@ def _a_rate(sh, var):
     return measure_unless(_no_a(sh.ds), lambda: sh(rates)[var])
 
 
-CRITERIA = Criteria("C3", prepare=Shared, units=("seed",), vectorised=True)
+CRITERIA = Criteria("C3", prepare=Shared, units=("seed",))
 
 # Quick profile (one seed, one head, 2 layers; (a) L = 8..32 with 2 task pairs x 2 queries, (b) L_train
 # = 4..16, 10 Adam steps): most figures cannot be judged there, each NotJudged says why. The

@@ -83,7 +83,7 @@ def T_growth(ds: xr.Dataset) -> xr.Dataset:
 
 # --------------------------------------------------------------------------- criteria
 
-CRITERIA = Criteria("C3D", prepare=Shared, units=("seed",), vectorised=True)
+CRITERIA = Criteria("C3D", prepare=Shared, units=("seed",))
 
 _QUICK = NotJudged("quick profile: d = 2, 3, L = 8 .. 32, 2 seeds: the pipeline is checked, not the slopes")
 

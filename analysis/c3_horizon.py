@@ -165,7 +165,7 @@ def best_slopes(ds: xr.Dataset) -> xr.Dataset:
 
 # --------------------------------------------------------------------------- criteria
 
-CRITERIA = Criteria("C3H", prepare=Shared, units=("seed",), vectorised=True)
+CRITERIA = Criteria("C3H", prepare=Shared, units=("seed",))
 
 _QUICK = NotJudged("T_max = 60 steps on 3 task pairs at L = 8 .. 32: theta_inf has not converged and the horizons "
                    "lie in the first steps; the quick run checks the pipeline, not the horizon")

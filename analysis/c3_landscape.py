@@ -111,7 +111,7 @@ class _LandscapeCriteria(Criteria):
         return [replace(r, robustness_note=note) if r.verdict in (PASS, FAIL) else r for r in rows]
 
 
-CRITERIA = _LandscapeCriteria("C3L", prepare=Shared, units=("seed",), vectorised=True)
+CRITERIA = _LandscapeCriteria("C3L", prepare=Shared, units=("seed",))
 
 # Quick profile (d = 2, L = 8 .. 64, T = 100, 3 task pairs, one seed): the rates are not judged
 # there, the exact symmetry and the closed-form limit gap are (same bounds).

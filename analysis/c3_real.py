@@ -85,7 +85,7 @@ def _means(ds) -> xr.Dataset:
     return summaries(ds).mean("seed")
 
 
-CRITERIA = Criteria("C3R", prepare=Shared, units=UNITS, vectorised=True)
+CRITERIA = Criteria("C3R", prepare=Shared, units=UNITS)
 
 #: The quick profile (wine and diabetes, d = 3, 2 seeds x 2 pairs x 2 queries, L = 8 .. 64, T = 100)
 #: is a smoke test; its thresholds come from 40 replicate quick runs of a correct install (root_seed

@@ -67,7 +67,7 @@ def slopes(ds: xr.Dataset, *, alpha: float = 0.05) -> xr.Dataset:
     return fit[["slope", "slope_se", "slope_ci_low", "slope_ci_high"]].reset_coords(drop=True).where(positive)
 
 
-CRITERIA = Criteria("C3S", prepare=Shared, units=("seed",), vectorised=True)
+CRITERIA = Criteria("C3S", prepare=Shared, units=("seed",))
 
 _TINY = NotJudged("4 held-out pairs x 2 queries and L_eval <= 32 after 40 training steps: the Monte Carlo error "
                   "of one seed's held-out risk is tens of percent, the large-L regime not reached")

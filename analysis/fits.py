@@ -21,7 +21,7 @@ import numpy as np
 import xarray as xr
 from scipy import stats
 
-__all__ = ["COV_TYPES", "LINE_FIELDS", "MIN_LINE_POINTS", "check_alpha", "check_cov_type", "loglog_slope", "loglog_slopes_np",
+__all__ = ["COV_TYPES", "LINE_FIELDS", "MIN_LINE_POINTS", "check_alpha", "check_cov_type", "loglog_slope",
            "not_fitted", "ols_line", "paper_form_fit", "power_law_fit", "too_few", "unit_slopes"]
 
 #: covariance estimators of the fits (statsmodels' names). ``"cluster"`` is cluster-robust over the
@@ -203,16 +203,6 @@ def ols_line(y: xr.DataArray, x, dim, *, units=None, cov_type: str | None = None
 
 
 # --------------------------------------------------------------------------------- log-log lines
-
-
-def loglog_slopes_np(y, x) -> np.ndarray:
-    """OLS slope of ``log y`` on ``log x`` along the last axis of ``y``, vectorised over the other
-    axes (the point estimate of :func:`loglog_slope`); NaN where a ``y`` is not positive."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        logy = np.log(np.asarray(y, dtype=np.float64))
-    lx = np.log(np.asarray(x, dtype=np.float64))
-    lx = lx - lx.mean()
-    return logy @ lx / (lx @ lx)
 
 
 def _format_coord(value) -> str:

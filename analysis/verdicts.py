@@ -231,8 +231,7 @@ class Criteria:
     claim holds, and the p-value of its statistic (for the Holm view of :func:`multiplicity`).
     """
 
-    def __init__(self, claim, prepare=None, inconclusive=None, units=("seed",), vectorised=False):
-        self.vectorised = vectorised
+    def __init__(self, claim, prepare=None, inconclusive=None, units=("seed",)):
         self.claim = claim
         self.prepare = prepare
         self.inconclusive = inconclusive
@@ -330,22 +329,21 @@ class Criteria:
                   if set(v.dims) & set(units))
         R = idx[units[0]].sizes[RESAMPLE]
         step = max(1, int(_RESAMPLED_BYTES // max(per, 1)))
+        sizes = {r.id: np.size(r.measured) if not isinstance(r.measured, Inconclusive) else 0 for r in rows}
         parts = [self._judge_resamples(resampled(ds, {u: i[start:start + step] for u, i in idx.items()}), stored,
-                                       inconclusive) for start in range(0, R, step)]
+                                       inconclusive, sizes) for start in range(0, R, step)]
         again = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         return [replace(r, robustness=float(np.mean(again[r.id] == r.verdict))) if r.verdict in (PASS, FAIL) else r
                 for r in rows]
 
-    def _judge_resamples(self, data, stored, inconclusive) -> dict:
+    def _judge_resamples(self, data, stored, inconclusive, sizes) -> dict:
         """``{id: verdicts (resample,)}`` of the criteria judged on ``data`` (resamples of a file's
         units along :data:`RESAMPLE`): each measure called once on every resample, each resample's
-        values judged as :func:`evaluate` judges a file's."""
+        values judged as :func:`evaluate` judges a file's; ``sizes``: ``{id: number of values}`` the
+        measures gave on the file."""
         import xarray as xr
 
         R = data.sizes[RESAMPLE]
-        if not self.vectorised:
-            rows = [self._judge(data.isel({RESAMPLE: r}), stored, inconclusive) for r in range(R)]
-            return {row.id: np.array([rs[k].verdict for rs in rows], dtype=object) for k, row in enumerate(rows[0])}
         live = [j for j in (c.for_profile(data.attrs.get("profile", "custom")) for c in stored)
                 if not isinstance(j, NotJudged)]
         shared = self.prepare(data) if self.prepare is not None else data
@@ -356,7 +354,7 @@ class Criteria:
         out = {}
         for crit in live:
             value = measures[crit.id](shared) if crit.id in measures else None
-            verdict = _resample_verdicts(crit, value, R)
+            verdict = _resample_verdicts(crit, value, R, sizes.get(crit.id, 0))
             flag = flags.get(crit.id)
             if flag is not None:
                 flagged = flag.values if isinstance(flag, xr.DataArray) else np.ones(R, dtype=bool)
@@ -392,11 +390,13 @@ class Criteria:
         return out
 
 
-def _resample_verdicts(crit: Criterion, value, R: int) -> np.ndarray:
+def _resample_verdicts(crit: Criterion, value, R: int, alone: int) -> np.ndarray:
     """The verdict of ``crit`` in each of ``R`` resamples from its measured ``value``: an
     :class:`Inconclusive` or None (INCONCLUSIVE in all), values with a :data:`RESAMPLE` dim (one set
-    per resample), or values without one (the same in every resample); each set judged as
-    :func:`evaluate` judges a file's (INCONCLUSIVE when empty or not all finite)."""
+    per resample), or values without one (a measure that reads no unit: the same in every resample);
+    each set judged as :func:`evaluate` judges a file's (INCONCLUSIVE when empty or not all finite).
+    ``alone``: the number of values the measure gives on the file; values without a resample dim
+    that are more than that are the resamples' values unlabelled: a ValueError naming the criterion."""
     import xarray as xr
 
     if value is None or isinstance(value, Inconclusive):
@@ -404,7 +404,12 @@ def _resample_verdicts(crit: Criterion, value, R: int) -> np.ndarray:
     if isinstance(value, xr.DataArray) and RESAMPLE in value.dims:
         v = np.asarray(value.transpose(RESAMPLE, ...).values, dtype=np.float64).reshape(R, -1)
     else:
-        v = np.broadcast_to(_as_values(crit, value), (R, np.size(_as_values(crit, value))))
+        flat = _as_values(crit, value)
+        if flat.size > max(alone, 1):
+            raise ValueError(f"the measure of {crit.id!r} returned {flat.size} values without a {RESAMPLE!r} dim on "
+                             f"resampled data ({alone} on the file): a measure keeps the dims it does not reduce "
+                             f"(xarray reductions over named dims, not .values.ravel())")
+        v = np.broadcast_to(flat, (R, flat.size))
     if v.shape[1] == 0:
         return np.full(R, INCONCLUSIVE, dtype=object)
     ok = crit.holds(v).all(axis=1)

@@ -26,7 +26,7 @@ def _same_verdicts_alone_and_together(ds, resamples):
         pytest.skip("no units to resample")
     data = resampled(ds, resample_indices(units, resamples, "test", {u: n + 1 for u, n in units.items()}))
     stored = criteria_from_attrs(ds)
-    together = criteria._judge_resamples(data, stored, None)
+    together = criteria._judge_resamples(data, stored, None, {})
     for r in range(data.sizes[RESAMPLE]):
         alone = {row.id: row.verdict for row in criteria._judge(data.isel({RESAMPLE: r}), stored, None)}
         for cid, verdicts in together.items():

@@ -35,7 +35,7 @@ def declared(quick=None, fails_as=None, units=("seed",)):
 
     @crit("CX-mean", "mean of x over the seeds", ">", 0.0, quick=quick, fails_as=fails_as)
     def _mean(ds):
-        return float(ds.x.mean())
+        return ds.x.mean("seed")
 
     return crit
 
@@ -101,7 +101,7 @@ def test_a_vectorised_measure_is_called_once_for_every_resample():
     """A measure that reads its values along the resample dim is called once for the file and once for
     all its resamples, and the robustness is the exact bootstrap fraction, as with one call each."""
     calls = []
-    crit = Criteria("CX", units=("seed",), vectorised=True)
+    crit = Criteria("CX", units=("seed",))
 
     @crit("CX-mean", "mean of x over the seeds", ">", 0.0)
     def _mean(ds):
@@ -114,10 +114,23 @@ def test_a_vectorised_measure_is_called_once_for_every_resample():
     assert len(calls) == 2 and calls[1] == {"resample": 27, "seed": 3}
 
 
+def test_a_measure_that_drops_the_resample_dim_is_refused_by_name():
+    """A measure that flattens its values (``.values.ravel()``) loses the resample dim: its values
+    would be judged as one resample's; the robustness refuses it, naming the criterion."""
+    crit = Criteria("CX", units=("seed",))
+
+    @crit("CX-each", "x of every seed", ">", -10.0)
+    def _each(ds):
+        return ds.x.values.ravel()
+
+    with pytest.raises(ValueError, match="'CX-each' returned 81 values without a 'resample' dim"):
+        crit.verdicts(results([1.0, -1.0, 2.0], crit), resamples=100)
+
+
 def test_a_flag_can_hold_in_some_resamples_only():
     """``inconclusive`` may flag a criterion in some resamples (a boolean over the resample dim):
     those resamples are INCONCLUSIVE, so they disagree with the file's PASS."""
-    crit = Criteria("CX", units=("seed",), vectorised=True,
+    crit = Criteria("CX", units=("seed",),
                     inconclusive=lambda ds: {"CX-mean": ds.x.min("seed") < 0} if "resample" in ds.dims else {})
 
     @crit("CX-mean", "mean of x over the seeds", ">", -10.0)
