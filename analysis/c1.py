@@ -23,7 +23,7 @@ import xarray as xr
 from .c1_family import se_note, slope_shortfall
 from .fits import paper_form_fit, too_few, unit_slopes
 from .tables import column, make_table
-from .verdicts import Criteria, Inconclusive, NotJudged, judged_where, measure_unless
+from .verdicts import Criteria, Inconclusive, NotJudged, Shared, judged_where, measure_unless
 
 __all__ = ["CRITERIA", "UNITS", "PAPER_FORM_UNITS", "slopes", "slope_shortfall", "measures", "verdicts",
            "fit_tables", "figure", "paper_form", "sharp_ratio", "own_limit_laws", "no_limit_laws", "dependent_laws",
@@ -85,7 +85,7 @@ def _growth(y: xr.DataArray) -> xr.DataArray:
     return (y.isel(L=-1) / y.isel(L=0)).max("d")
 
 
-CRITERIA = Criteria("C1", units=UNITS)
+CRITERIA = Criteria("C1", prepare=Shared, units=UNITS)
 
 #: The quick profile (d in {2, 3}, U_norm in {0.1, 0.5}, 2 seeds x 6 queries x 8 prompts, L = 16 .. 1024)
 #: is a smoke test. Its thresholds come from 160 replicate quick runs of a correct install (root_seed
@@ -100,7 +100,8 @@ CRITERIA = Criteria("C1", units=UNITS)
 @CRITERIA("C1-quadrature", "max |closed form - Gauss-Hermite| of the Gaussian tilted mean", "<", 1e-8,
           reference="2.9e-15", profile="any",
           reason="both sides are deterministic and smooth: rounding level (~1e-15); a wrong formula errs at O(1)")
-def _quadrature(ds):
+def _quadrature(sh):
+    ds = sh.ds
     return float(ds.quadrature_error.max())
 
 
@@ -110,8 +111,9 @@ def _quadrature(ds):
           # quick: replicate SD 0.027 .. 0.052 per setting, range -1.080 .. -0.586 (640 values; the right tail is a
           # query of large ||Uq||, above): +-0.5 is 9 SD of the widest setting and 0.09 beyond the tail's worst
           quick=(-1.5, -0.5))
-def _slopes(ds):
-    return measure_unless(slope_shortfall(ds), lambda: slopes(ds).slope)
+def _slopes(sh):
+    ds = sh.ds
+    return measure_unless(slope_shortfall(ds), lambda: sh(slopes).slope)
 
 
 @CRITERIA("C1-monotone", "settings whose seed-mean error decreases at every L step (fraction)", ">=", 1.0,
@@ -119,7 +121,8 @@ def _slopes(ds):
           # quick: 4 of 160 replicates have one of the 4 settings with a non-decreasing step (0.75), none two
           # (about p^2 = 1.5e-4 for the two U_norm 0.5 settings, p = 0.0125 each): at most one setting
           quick=0.75)
-def _monotone(ds):
+def _monotone(sh):
+    ds = sh.ds
     gauss = ds.mse.sel(law="gaussian").mean("seed")
     return measure_unless(_no_step(ds), lambda: (gauss.diff("L") < 0).all("L").mean(["d", "U_norm"]))
 
@@ -130,7 +133,8 @@ def _monotone(ds):
           quick=NotJudged("a mean over 6 queries at L = 1024: one query of large ||Uq|| (heavy-tailed error) "
                           "moves it 2-4x, above 2 in 2 of 160 replicate quick runs; the constant is judged at the "
                           "paper profile"))
-def _sharp_constant(ds):
+def _sharp_constant(sh):
+    ds = sh.ds
     return sharp_ratio(ds)
 
 
@@ -139,7 +143,8 @@ def _sharp_constant(ds):
           reason="no exponential moments, no limit: growth, against a 1/1000 fall for a convergent law",
           # quick: replicate minimum 4.9 over 160 runs (a convergent law falls 64x over L = 16 .. 1024): same bound
           quick=1.0)
-def _no_limit_grows(ds):
+def _no_limit_grows(sh):
+    ds = sh.ds
     laws = no_limit_laws(ds)
     if not laws:
         return Inconclusive("no law without a limit in this file")
@@ -149,7 +154,8 @@ def _no_limit_grows(ds):
 @CRITERIA("C1-sqrtL-grows", "error growth with U_norm ~ sqrt(L), largest U_norm", ">", 1.0, reference="27.6x",
           reason="a'Sigma a grows like L, so the effective sample size L exp(-a'Sigma a) collapses",
           quick=1.0)  # quick: replicate minimum 3.4 (160 runs): same bound
-def _sqrtL_grows(ds):
+def _sqrtL_grows(sh):
+    ds = sh.ds
     return measure_unless(_no_step(ds), lambda: _growth(ds.mse_scaled_U))
 
 
@@ -159,7 +165,8 @@ def _sqrtL_grows(ds):
           # quick: bounded tokens, no heavy tail: replicate SD 0.06 .. 0.094, range 0.755 .. 1.285 (640 values):
           # [0.6, 1.5] is 4 SD below and 5 SD above 1
           quick=(0.6, 1.5))
-def _plateau(ds):
+def _plateau(sh):
+    ds = sh.ds
     laws = own_limit_laws(ds)
     if not laws:
         return Inconclusive("no non-Gaussian law with a limit in this file")
@@ -180,8 +187,9 @@ def _no_dependent(ds):
           # (pre-asymptotic: L_eff = L / 9 from 16), SD 0.028 .. 0.042, range -1.028 .. -0.806; the band is
           # C1-slopes' quick band moved by that offset, for the same heavy-tailed query (+0.4 at worst)
           quick=(-1.5, -0.45))
-def _ar1_slopes(ds):
-    return measure_unless(_no_dependent(ds) or slope_shortfall(ds), lambda: ar1_fits(ds).slope)
+def _ar1_slopes(sh):
+    ds = sh.ds
+    return measure_unless(_no_dependent(ds) or slope_shortfall(ds), lambda: sh(ar1_fits).slope)
 
 
 @CRITERIA("C1-ar1-constant", "Gaussian AR(1) tokens: mse / (dependent constant / L) at the largest L, every "
@@ -192,8 +200,9 @@ def _ar1_slopes(ds):
           # the same runs 0.68 .. 1.81: the queries are shared by the laws, so its heavy tail is this one's too
           quick=NotJudged("a mean over 6 queries at L = 1024: as C1-sharp-constant, one query of large ||Uq|| moves "
                           "it 2-4x; the constant is judged at the paper profile"))
-def _ar1_constant(ds):
-    return measure_unless(_no_dependent(ds), lambda: ar1_fits(ds).ratio_dependent)
+def _ar1_constant(sh):
+    ds = sh.ds
+    return measure_unless(_no_dependent(ds), lambda: sh(ar1_fits).ratio_dependent)
 
 
 @CRITERIA("C1-ar1-iid-rejected", f"Gaussian AR(1) tokens whose dependent constant is >= {IID_REJECT_FROM:g}x the "
@@ -204,9 +213,10 @@ def _ar1_constant(ds):
           # quick (rho 0.8): 100 replicate quick runs (root_seed 1000 .. 1099): range 4.05 .. 11.6, SD 0.70 .. 1.16
           # per setting; a heavy-tailed query only raises it: the same bound
           quick=1.1)
-def _ar1_iid_rejected(ds):
+def _ar1_iid_rejected(sh):
+    ds = sh.ds
     def measure():
-        fit = ar1_fits(ds)
+        fit = sh(ar1_fits)
         strong = fit.const_dependent >= IID_REJECT_FROM * fit.const_iid  # the settings where the two differ
         return judged_where(fit.ratio_iid, strong, ["law", "d", "U_norm"],
                             f"no ar1 law with a dependent constant >= {IID_REJECT_FROM:g}x the i.i.d. one (rho too small)")
