@@ -229,8 +229,7 @@ def breaks(ex: xr.Dataset, x: str = "auto", se: str = "cluster") -> xr.Dataset:
         value = {k: (_to_tau(f[field], k) if to_tau else f[field]) for k, f in found.items()}
         return xr.DataArray(np.where(pick, value.get("log_tau", value[first]), value[first]), dims=dims)
 
-    done = xr.DataArray(np.isfinite(np.where(pick, found.get("log_tau", found[first])["ssr"], found[first]["ssr"])),
-                        dims=dims)
+    done = ~chosen("singular")
     lo, hi = chosen("c_ci_low", True), chosen("c_ci_high", True)
     out = xr.Dataset({"break_tau": chosen("c_hat", True), "ci_low": lo, "ci_high": hi,
                       "ci_truncated": chosen("ci_truncated"), "covers_4": (lo <= TAU_STAR) & (TAU_STAR <= hi),

@@ -253,7 +253,8 @@ def _as_real(da: xr.DataArray) -> xr.DataArray:
     try:
         return da.astype(np.float64)
     except (TypeError, ValueError):
-        raise TypeError("loglog_slope: the values must be numeric, got an object array holding non-numbers") from None
+        raise TypeError(f"loglog_slope: {da.name if da.name is not None else 'da'} must be numeric, got an object array "
+                        "holding non-numbers") from None
 
 
 def _log_points(da: xr.DataArray, dim: str, units: tuple, skipna: bool) -> tuple[xr.DataArray, xr.DataArray]:

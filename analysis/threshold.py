@@ -248,7 +248,7 @@ def threshold_regression(
     y, x, w = _checked_data(y, x, weights)
     found = break_search(y, x, weights=None if weights is None else w, trim=trim, n_grid=n_grid, alpha=alpha,
                          lr_crit=lr_crit)
-    if not np.isfinite(found["ssr"]):
+    if found["singular"]:
         raise ValueError(
             "threshold_regression: the hinge design is singular at every candidate breakpoint "
             "(too few distinct x values on one side of the trimmed grid)"
@@ -291,9 +291,9 @@ def break_search(y, x, weights=None, *, trim: float = 0.15, n_grid: int = 200, a
 
     ``y`` (..., n) and ``weights`` (its shape, or None) over the points ``x`` (n,); the points of
     positive weight must be the same in every cell (zero-weight points drop out). Returns arrays over
-    the leading cells: ``c_hat``, ``c_ci_low``, ``c_ci_high``, ``ci_truncated``, ``ssr`` (at ``c_hat``,
-    ``inf`` where the design is singular at every candidate; the other figures are then meaningless),
-    ``index`` (of ``c_hat`` in ``grid``), ``ssr_profile``, ``lr_profile`` (..., grid), ``slope_left``,
+    the leading cells: ``c_hat``, ``c_ci_low``, ``c_ci_high``, ``ci_truncated``, ``ssr`` (at ``c_hat``),
+    ``singular`` (True where the design is singular at every candidate: the other figures are then
+    meaningless), ``index`` (of ``c_hat`` in ``grid``), ``ssr_profile``, ``lr_profile`` (..., grid), ``slope_left``,
     ``slope_right`` (the hinge's slopes at ``c_hat``, WLS); and ``grid``, ``n``, ``lr_crit`` and the
     ``standardised`` data of the fits (module doc of :func:`threshold_regression`, Numerics)."""
     alpha = check_alpha(alpha)
@@ -323,6 +323,7 @@ def break_search(y, x, weights=None, *, trim: float = 0.15, n_grid: int = 200, a
     slopes = _slopes_at(ys, xs, grid_s[j], wts, sy / sx)
     return {"c_hat": grid[j], "c_ci_low": grid[lo], "c_ci_high": grid[hi],
             "ci_truncated": (lo == 0) | (hi == grid.size - 1), "ssr": np.take_along_axis(ssr, j[..., None], -1)[..., 0],
+            "singular": ~np.isfinite(ssr_s).any(axis=-1),
             "index": j, "ssr_profile": ssr, "lr_profile": lr, "slope_left": slopes[0], "slope_right": slopes[1],
             "grid": grid, "n": n, "lr_crit": crit, "standardised": (xs, ys, grid_s, wts, (mx, sx, my, sy))}
 

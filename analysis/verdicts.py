@@ -19,8 +19,8 @@ Rules:
 
 Each PASS / FAIL carries its **robustness** (:meth:`Criteria.verdicts`): the fraction of
 resamples of the file's independent units (seeds; ``Criteria(units=...)``) under which the
-verdict stays the same, the measures rerun on each resample. Below :data:`FRAGILE_BELOW` the
-verdict is *fragile*, whatever it is. :meth:`Criteria.seeds_needed` estimates how many units
+verdict stays the same; the resamples are a dimension, every measure called once on them all.
+Below :data:`FRAGILE_BELOW` the verdict is *fragile*, whatever it is. :meth:`Criteria.seeds_needed` estimates how many units
 would make it robust. A non-PASS verdict carries the class its criterion declares for it
 (:data:`CLASSES`: a finding, pre-asymptotic, or a colloquial reading of the paper) and a
 one-line reason. Criteria that are statistical tests declare their ``level`` and a ``pvalue``
@@ -37,35 +37,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-__all__ = [
-    "calibration_note",
-    "criteria_from_attrs",
-    "Criteria",
-    "FAIL",
-    "CLASSES",
-    "FRAGILE_BELOW",
-    "INCONCLUSIVE",
-    "KINDS",
-    "NOT_JUDGED",
-    "NotJudged",
-    "PASS",
-    "multiplicity",
-    "RESAMPLE",
-    "resample_indices",
-    "resampled",
-    "Criterion",
-    "Inconclusive",
-    "Shared",
-    "VerdictRow",
-    "count_verdicts",
-    "to_frame",
-    "evaluate",
-    "format_table",
-    "judged_where",
-    "measure_unless",
-    "multiplicity_line",
-    "to_markdown",
-]
+__all__ = ["calibration_note", "criteria_from_attrs", "Criteria", "FAIL", "CLASSES", "FRAGILE_BELOW", "INCONCLUSIVE",
+           "KINDS", "NOT_JUDGED", "NotJudged", "PASS", "multiplicity", "RESAMPLE", "resample_indices", "resampled",
+           "Criterion", "Inconclusive", "Shared", "VerdictRow", "count_verdicts", "to_frame", "evaluate", "format_table",
+           "judged_where", "measure_unless", "multiplicity_line", "to_markdown"]
 
 PASS = "PASS"
 FAIL = "FAIL"
@@ -214,13 +189,16 @@ class Criteria:
                   "in", (-1.1, -0.9), reference="-0.982 .. -1.027", reason="the error is O(1/L)",
                   quick=(-1.3, -0.7), fails_as=("pre-asymptotic", "curvature at small L"))
         def _slopes(ds):
-            return slopes(ds).slope.values.ravel()
+            return slopes(ds).slope
 
+    A measure returns labelled values: it reduces over named dims and keeps the others, so that on
+    the resamples of the units (a ``resample`` dim) it gives every resample's values at once.
     Iterating gives the :class:`Criterion` s in declaration order (what ``build()`` stores in a
     results file); :meth:`measures` calls every measure on a results Dataset, or on what
     ``prepare(ds)`` returns (e.g. ``prepare=Shared``, when the measures share a computation);
     :meth:`verdicts` judges them. ``inconclusive(data)`` (optional, given what ``prepare``
-    returns) says which criteria the data cannot decide whatever their value, ``{id: reason}``.
+    returns) says which criteria the data cannot decide whatever their value, ``{id: reason}`` (on
+    resampled data a reason may be a boolean over the resamples: those it flags).
     ``units``: the dims of a results file's independent units (seeds, independent replicates),
     resampled for each verdict's robustness.
 
