@@ -20,8 +20,8 @@ import json
 import numpy as np
 import xarray as xr
 
-from .c1_family import se_note, slope_shortfall
-from .fits import paper_form_fit, too_few, unit_slopes
+from .c1_family import se_note
+from .fits import paper_form_fit, slope_shortfall, too_few, unit_slopes
 from .tables import column, make_table
 from .verdicts import Criteria, Inconclusive, NotJudged, Shared, judged_where, measure_unless
 

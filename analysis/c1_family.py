@@ -11,14 +11,7 @@ from __future__ import annotations
 
 import xarray as xr
 
-from .fits import MIN_LINE_POINTS, too_few
-
-__all__ = ["se_note", "slope_shortfall"]
-
-
-def slope_shortfall(ds: xr.Dataset, dim: str = "L", what: str = "prompt lengths") -> str | None:
-    """Why a log-log slope along ``dim`` cannot be fitted (fewer than 3 values), or None."""
-    return too_few(ds.sizes[dim], MIN_LINE_POINTS, what, "a log-log slope")
+__all__ = ["se_note"]
 
 
 def se_note(fit: xr.Dataset) -> str:

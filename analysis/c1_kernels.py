@@ -18,8 +18,8 @@ import math
 import numpy as np
 import xarray as xr
 
-from .c1_family import se_note, slope_shortfall
-from .fits import loglog_slope, unit_slopes
+from .c1_family import se_note
+from .fits import loglog_slope, slope_shortfall, unit_slopes
 from .tables import column, make_table
 from .verdicts import Criteria, Inconclusive, measure_unless
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from .c1_family import se_note, slope_shortfall
-from .fits import too_few, unit_slopes
+from .c1_family import se_note
+from .fits import slope_shortfall, too_few, unit_slopes
 from .tables import column, make_table
 from .verdicts import Criteria, judged_where, measure_unless
 

@@ -72,7 +72,7 @@ import xarray as xr
 from scipy.stats import rankdata
 
 from .c2_family import se_note
-from .fits import MIN_LINE_POINTS, loglog_slope, not_fitted, too_few, unit_slopes
+from .fits import loglog_slope, not_fitted, slope_shortfall, too_few, unit_slopes
 from .tables import column, make_table, to_text
 from .threshold import MIN_HINGE_POINTS, break_search, threshold_lr_pvalue, threshold_regression
 from .verdicts import RESAMPLE, Criteria, Shared, measure_unless, resample_indices, resampled
@@ -279,7 +279,7 @@ def shortfalls(ds: xr.Dataset) -> dict:
     lengths), ``threshold`` (the hinge regression: those exponents at >= 6 tau values), ``trend``
     (the rank correlation: >= 3 tau values)."""
     n_tau = ds.sizes["tau"]
-    no_ex = too_few(ds.sizes["L"], MIN_LINE_POINTS, "prompt lengths", "a log-log slope")
+    no_ex = slope_shortfall(ds)
     tau = ds.tau.values
     no_fam = None if ds.sizes.get("family", 0) > 0 else "the file has no covariance families (run with none)"
     above = "needs a tau > 4 (the constant is finite only there)" if not np.any(tau > TAU_STAR) else None

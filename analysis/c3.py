@@ -42,7 +42,7 @@ import numpy as np
 import xarray as xr
 
 from .c3_family import ONE_SEED, increases, seed_slopes, softmax
-from .fits import MIN_LINE_POINTS, loglog_slope, too_few
+from .fits import loglog_slope, slope_shortfall, too_few
 from .tables import column, make_table
 from .verdicts import FAIL, PASS, RESAMPLE, RESAMPLES, Criteria, NotJudged, Shared, measure_unless
 
@@ -152,11 +152,6 @@ def off_block_stability(ds: xr.Dataset, lr: float) -> xr.Dataset:
     first = ds.t.where(over).min("t")
     return xr.Dataset({"edge": (lr * hi).max(["t", "seed"]), "rho": rho.max(["t", "seed"]),
                        "first_t": first.min("seed")})
-
-
-def slope_shortfall(ds: xr.Dataset) -> str | None:
-    """Why slopes in L cannot be fitted (fewer than 3 prompt lengths), or None."""
-    return too_few(ds.sizes["L"], MIN_LINE_POINTS, "prompt lengths", "a log-log slope")
 
 
 def _first(*reasons):

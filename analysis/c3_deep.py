@@ -31,7 +31,7 @@ import numpy as np
 import xarray as xr
 
 from .c3_family import ONE_SEED, seed_slopes, softmax
-from .fits import MIN_LINE_POINTS, not_fitted, too_few
+from .fits import MIN_LINE_POINTS, not_fitted, slope_shortfall
 from .tables import column, make_table
 from .verdicts import Criteria, NotJudged, Shared, measure_unless
 
@@ -96,12 +96,8 @@ def training(ds: xr.Dataset) -> xr.Dataset:
     return out.drop_vars([c for c in out.coords if c not in ("depth", "heads", "model", "L_train")])
 
 
-def _no_a(ds):
-    return too_few(ds.sizes["L"], MIN_LINE_POINTS, "prompt lengths", "a log-log slope")
-
-
 def _no_b(ds):
-    return too_few(ds.sizes["L_train"], MIN_LINE_POINTS, "training prompt lengths", "a log-log slope")
+    return slope_shortfall(ds, "L_train", "training prompt lengths")
 
 
 # --------------------------------------------------------------------------- criteria
@@ -109,7 +105,7 @@ def _no_b(ds):
 
 
 def _a_rate(sh, var):
-    return measure_unless(_no_a(sh.ds), lambda: sh(rates)[var])
+    return measure_unless(slope_shortfall(sh.ds), lambda: sh(rates)[var])
 
 
 CRITERIA = Criteria("C3", prepare=Shared, units=("seed",))
@@ -202,7 +198,7 @@ def _se_note(ds):
 
 def _rates_table(ds):
     L = ds.L.values[fit_range(ds.L.values)]
-    no_a = _no_a(ds)
+    no_a = slope_shortfall(ds)
     title = (f"(a) squared error to the deep limit, err ~ C / L: slopes over L = {int(L[0])}..{int(L[-1])} (seed "
              f"means; {_se_note(ds)}; median: of the median over tasks and queries), C = geometric mean of L err, "
              "C / mean pred_inf^2, C(l) / C(1), slope of the token-moment error")
@@ -290,7 +286,7 @@ def figure(ds: xr.Dataset, path):
            title=f"(b) softmax, H = {int(h1)}: mean vs median")
     ax.legend(fontsize=6, ncol=2)
     ax = axes[2]
-    no_a = _no_a(ds)
+    no_a = slope_shortfall(ds)
     if no_a:
         not_fitted(ax, no_a)
     else:

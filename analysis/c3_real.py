@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from .fits import MIN_LINE_POINTS, too_few, unit_slopes
+from .fits import slope_shortfall, unit_slopes
 from .tables import column, make_table
 from .verdicts import Criteria, NotJudged, Shared, measure_unless
 
@@ -69,11 +69,6 @@ def slopes(ds: xr.Dataset, *, cov_type: str | None = None, alpha: float = 0.05) 
     s = summaries(ds)
     stacked = xr.concat([s.D, s.D_T], dim=xr.Variable("quantity", ["D", "D_T"]))
     return unit_slopes(stacked, UNITS, cov_type=cov_type, alpha=alpha)
-
-
-def slope_shortfall(ds: xr.Dataset) -> str | None:
-    """Why slopes in L cannot be fitted (fewer than 3 prompt lengths), or None."""
-    return too_few(ds.sizes["L"], MIN_LINE_POINTS, "prompt lengths", "a log-log slope")
 
 
 def _one_seed(ds):

@@ -22,7 +22,7 @@ import xarray as xr
 from scipy import stats
 
 __all__ = ["COV_TYPES", "LINE_FIELDS", "MIN_LINE_POINTS", "check_alpha", "check_cov_type", "loglog_slope",
-           "not_fitted", "ols_line", "paper_form_fit", "power_law_fit", "too_few", "unit_slopes"]
+           "not_fitted", "ols_line", "paper_form_fit", "power_law_fit", "slope_shortfall", "too_few", "unit_slopes"]
 
 #: covariance estimators of the fits (statsmodels' names). ``"cluster"`` is cluster-robust over the
 #: independent units of a fit (``units=``): the default wherever a fit has them.
@@ -66,6 +66,11 @@ def too_few(n: int, need: int, what: str, purpose: str) -> str | None:
     """Why a fit cannot be done, or None: ``too_few(1, 3, "prompt lengths", "a log-log slope")`` is
     ``"needs >= 3 prompt lengths for a log-log slope, got 1"`` (the reason of an INCONCLUSIVE verdict)."""
     return f"needs >= {need} {what} for {purpose}, got {n}" if n < need else None
+
+
+def slope_shortfall(ds, dim: str = "L", what: str = "prompt lengths") -> str | None:
+    """Why a log-log slope along ``dim`` of ``ds`` cannot be fitted (fewer than 3 values), or None."""
+    return too_few(ds.sizes[dim], MIN_LINE_POINTS, what, "a log-log slope")
 
 
 def not_fitted(ax, reason: str) -> None:
