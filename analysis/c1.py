@@ -20,8 +20,7 @@ import json
 import numpy as np
 import xarray as xr
 
-from .c1_family import se_note
-from .fits import paper_form_fit, slope_shortfall, too_few, unit_slopes
+from .fits import paper_form_fit, se_note, slope_shortfall, too_few, unit_slopes
 from .tables import column, make_table
 from .verdicts import Criteria, Inconclusive, NotJudged, Shared, judged_where, measure_unless
 
@@ -45,7 +44,7 @@ UNITS = ("seed",)
 
 def slopes(ds: xr.Dataset, *, cov_type: str | None = None) -> xr.Dataset:
     """Log-log slope (OLS, SE, 95% CI, test of -1) of the seed-mean Gaussian error in L, per (d,
-    U_norm): :func:`~.c1_family.unit_slopes` over the seeds (cluster-robust SE by default; one seed:
+    U_norm): :func:`~.fits.unit_slopes` over the seeds (cluster-robust SE by default; one seed:
     the plain OLS fit of it)."""
     return unit_slopes(ds.mse.sel(law="gaussian"), UNITS, cov_type=cov_type, test_exponent=-1.0)
 

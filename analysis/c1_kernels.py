@@ -18,8 +18,7 @@ import math
 import numpy as np
 import xarray as xr
 
-from .c1_family import se_note
-from .fits import loglog_slope, slope_shortfall, unit_slopes
+from .fits import loglog_slope, se_note, slope_shortfall, unit_slopes
 from .tables import column, make_table
 from .verdicts import Criteria, Inconclusive, measure_unless
 
@@ -48,7 +47,7 @@ def slopes(ds: xr.Dataset, *, cov_type: str | None = None) -> xr.Dataset:
     """Log-log slope (OLS, SE, 95% CI) in L of the mean error to the kernel's own limit, per (kernel, r).
 
     The mean is over the seeds and queries; the prompts are nested along L, so the SE is
-    cluster-robust over the (seed, query) units by default (:func:`~.c1_family.unit_slopes`);
+    cluster-robust over the (seed, query) units by default (:func:`~.fits.unit_slopes`);
     ``cov_type="nonrobust"`` gives the plain OLS SE of the mean line by name."""
     return unit_slopes(ds.mse_query, ("seed", "query"), cov_type=cov_type, test_exponent=-1.0)
 

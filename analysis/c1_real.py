@@ -14,8 +14,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from .c1_family import se_note
-from .fits import slope_shortfall, too_few, unit_slopes
+from .fits import se_note, slope_shortfall, too_few, unit_slopes
 from .tables import column, make_table
 from .verdicts import Criteria, judged_where, measure_unless
 
@@ -34,7 +33,7 @@ def slopes(ds: xr.Dataset, *, cov_type: str | None = None) -> xr.Dataset:
     per (dataset, D, U_norm). The prompts are nested along L: the SE is cluster-robust over the seeds
     by default (Student-t with seeds - 1 dof: 1 at the paper's 2 seeds, so the interval is wide),
     ``cov_type="nonrobust"`` the plain OLS SE of the seed-mean line by name; one seed: plain OLS
-    (:func:`~.c1_family.unit_slopes`)."""
+    (:func:`~.fits.unit_slopes`)."""
     return unit_slopes(ds.mse, UNITS, cov_type=cov_type, test_exponent=-1.0)
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from .fits import slope_shortfall, unit_slopes
+from .fits import se_note, slope_shortfall, unit_slopes
 from .tables import column, make_table
 from .verdicts import Criteria, NotJudged, Shared, measure_unless
 
@@ -155,8 +155,7 @@ def fit_tables(ds: xr.Dataset) -> dict:
     cols, how = {}, ""
     if reason is None:
         fit = slopes(ds)
-        n, kind = int(fit.n_units), fit.cov_type.item()
-        how = f"; SE {'cluster-robust over' if kind == 'cluster' else kind + ' OLS,'} {n} unit{'s' * (n != 1)} (seed)"
+        how = f"; {se_note(fit)}"
         D = fit.sel(quantity="D")
         cols.update(slope=column(D.slope, "slope D", ".3f"), slope_se=column(D.slope_se, "SE", ".3f"),
                     ci_low=column(D.slope_ci_low, "CI low", ".3f"), ci_high=column(D.slope_ci_high, "CI high", ".3f"),

@@ -22,7 +22,7 @@ import xarray as xr
 from scipy import stats
 
 __all__ = ["COV_TYPES", "LINE_FIELDS", "MIN_LINE_POINTS", "check_alpha", "check_cov_type", "loglog_slope",
-           "not_fitted", "ols_line", "paper_form_fit", "power_law_fit", "slope_shortfall", "too_few", "unit_slopes"]
+           "not_fitted", "ols_line", "paper_form_fit", "power_law_fit", "se_note", "slope_shortfall", "too_few", "unit_slopes"]
 
 #: covariance estimators of the fits (statsmodels' names). ``"cluster"`` is cluster-robust over the
 #: independent units of a fit (``units=``): the default wherever a fit has them.
@@ -392,6 +392,14 @@ def unit_slopes(da: xr.DataArray, units, dim: str = "L", *, cov_type: str | None
         return loglog_slope(da, dim, units=units, cov_type=cov_type, **kw)
     return loglog_slope(da.mean(units), dim, cov_type=None if cov_type == "cluster" else cov_type,
                         **kw).assign_coords(units=",".join(units), n_units=n)
+
+
+def se_note(fit: xr.Dataset) -> str:
+    """How the SE of a :func:`unit_slopes` fit was taken, for a table title: ``"SE cluster-robust over
+    4 units (seed)"``, or ``"SE nonrobust OLS, 1 unit (seed)"``."""
+    units, n = str(fit.units.item()).replace(",", " x "), int(fit.n_units)
+    kind = "cluster-robust over" if fit.cov_type.item() == "cluster" else f"{fit.cov_type.item()} OLS,"
+    return f"SE {kind} {n} unit{'s' if n != 1 else ''} ({units})"
 
 
 def power_law_fit(da: xr.DataArray, dim: str = "L", *, units=None, cov_type: str | None = None,
