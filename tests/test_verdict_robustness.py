@@ -23,6 +23,7 @@ from sfxlin.analysis.verdicts import (
     criteria_from_attrs,
     multiplicity,
     multiplicity_line,
+    judged_where,
     resample_indices,
     resampled,
     substream_key,
@@ -125,6 +126,32 @@ def test_a_measure_that_drops_the_resample_dim_is_refused_by_name():
 
     with pytest.raises(ValueError, match="'CX-each' returned 81 values without a 'resample' dim"):
         crit.verdicts(results([1.0, -1.0, 2.0], crit), resamples=100)
+
+
+@pytest.mark.parametrize("kind, threshold", [("in", (-1.0, 1.0)), (">", 0.0), ("<=", 0.5)])
+def test_the_cells_a_resample_keeps_are_judged_by_their_ends(kind, threshold):
+    """judged_where: on a file, the kept values; on resamples (the kept cells differ between them), the
+    smallest and largest kept value, which every comparison judges as it judges all of them (checked
+    against evaluate() of each resample's kept values), NaN (INCONCLUSIVE) where none is kept or a kept
+    one is not finite."""
+    from sfxlin.analysis.verdicts import Criterion, evaluate
+    from sfxlin.analysis.verdicts import _resample_verdicts
+
+    rng = np.random.default_rng(7)
+    values = xr.DataArray(rng.uniform(-1.5, 1.5, (40, 6)), dims=("resample", "cell"))
+    keep = xr.DataArray(rng.uniform(size=(40, 6)) < 0.5, dims=("resample", "cell"))
+    values[3, :] = np.where(keep[3], np.nan, values[3])
+    keep[5, :] = False
+    crit = Criterion(id="CX-w", claim="CX", description="d", kind=kind, threshold=threshold)
+    ends = judged_where(values, keep, ["cell"], "none kept")
+    together = _resample_verdicts(crit, ends, 40, 6)
+    for r in range(40):
+        kept = values.values[r][keep.values[r]]
+        alone = evaluate([crit], {"CX-w": kept if kept.size else None})[0].verdict
+        assert together[r] == alone, r
+    file = judged_where(values.isel(resample=0), keep.isel(resample=0), ["cell"], "none kept")
+    np.testing.assert_array_equal(file, values.values[0][keep.values[0]])
+    assert judged_where(values.isel(resample=5), keep.isel(resample=5), ["cell"], "none kept").reason == "none kept"
 
 
 def test_a_flag_can_hold_in_some_resamples_only():
