@@ -20,13 +20,13 @@ import json
 import numpy as np
 import xarray as xr
 
-from .fits import MIN_LINE_POINTS, loglog_slope, loglog_slopes_np, paper_form_fit, too_few
+from .fits import paper_form_fit, se_note, slope_shortfall, too_few, unit_slopes
 from .tables import column, make_table
-from .verdicts import Criteria, Inconclusive, NotJudged, measure_unless
+from .verdicts import Criteria, Inconclusive, NotJudged, Shared, judged_where, measure_unless
 
-__all__ = ["CRITERIA", "UNITS", "PAPER_FORM_UNITS", "slopes", "se_note", "slope_shortfall", "measures",
-           "verdicts", "fit_tables", "figure", "paper_form", "sharp_ratio", "own_limit_laws", "no_limit_laws",
-           "dependent_laws", "ar1_fits", "DEPENDENT_PREFIX", "IID_REJECT_FROM"]
+__all__ = ["CRITERIA", "UNITS", "PAPER_FORM_UNITS", "slopes", "slope_shortfall", "measures", "verdicts",
+           "fit_tables", "figure", "paper_form", "sharp_ratio", "own_limit_laws", "no_limit_laws", "dependent_laws",
+           "ar1_fits", "DEPENDENT_PREFIX", "IID_REJECT_FROM"]
 
 #: the law labels of the dependent (Gaussian AR(1)) token laws: ``"ar1:RHO"``
 DEPENDENT_PREFIX = "ar1:"
@@ -43,33 +43,10 @@ UNITS = ("seed",)
 
 
 def slopes(ds: xr.Dataset, *, cov_type: str | None = None) -> xr.Dataset:
-    """Log-log slope (OLS, SE, 95% CI) of the seed-mean Gaussian error in L, per (d, U_norm).
-
-    The prompts are nested along L (the prompt of length 2L extends that of length L), so the
-    errors at different L of one seed share draws: the SE is cluster-robust over the seeds by
-    default (:func:`~.fits.loglog_slope` with ``units="seed"``: the spread of the per-seed slopes),
-    ``cov_type="nonrobust"`` gives the plain OLS SE of the seed-mean line by name. With one seed
-    there is no spread to read: the plain OLS fit of that seed (``n_units`` 1)."""
-    gauss = ds.mse.sel(law="gaussian")
-    if ds.sizes["seed"] < 2:
-        return loglog_slope(gauss.mean("seed"), "L", cov_type=cov_type, test_exponent=-1.0).assign_coords(
-            units="seed", n_units=ds.sizes["seed"])
-    return loglog_slope(gauss, "L", units="seed", cov_type=cov_type, test_exponent=-1.0)
-
-
-def slope_shortfall(ds: xr.Dataset) -> str | None:
-    """Why :func:`slopes` cannot be fitted (fewer than 3 prompt lengths), or None."""
-    return too_few(ds.sizes["L"], MIN_LINE_POINTS, "prompt lengths", "a log-log slope")
-
-
-def _values(da: xr.DataArray, *dims) -> np.ndarray:
-    """The numpy values of ``da`` with its axes in the order ``dims`` (every dim of ``da``)."""
-    return np.transpose(da.values, [da.dims.index(d) for d in dims])
-
-
-def _bias_by_law(ds):
-    b = ds.bias_exact
-    return _values(b, "law", *(d for d in b.dims if d != "law")).reshape(b.sizes["law"], -1)
+    """Log-log slope (OLS, SE, 95% CI, test of -1) of the seed-mean Gaussian error in L, per (d,
+    U_norm): :func:`~.fits.unit_slopes` over the seeds (cluster-robust SE by default; one seed:
+    the plain OLS fit of it)."""
+    return unit_slopes(ds.mse.sel(law="gaussian"), UNITS, cov_type=cov_type, test_exponent=-1.0)
 
 
 def dependent_laws(ds: xr.Dataset) -> dict:
@@ -78,46 +55,36 @@ def dependent_laws(ds: xr.Dataset) -> dict:
             if law.startswith(DEPENDENT_PREFIX)}
 
 
+def _laws_where(ds, test) -> list:
+    """The laws whose exact bias satisfies ``test`` (elementwise) at every cell."""
+    b = ds.bias_exact
+    ok = test(b).all([d for d in b.dims if d != "law"]).values
+    return [law for law, keep in zip(ds.law.values.tolist(), ok) if keep]
+
+
 def own_limit_laws(ds: xr.Dataset) -> list:
     """The non-Gaussian i.i.d. laws with a limit of their own (finite exact bias: Rademacher,
     uniform, ...); the dependent laws (:func:`dependent_laws`) are judged apart."""
-    finite = np.isfinite(_bias_by_law(ds)).all(axis=1)
     dependent = dependent_laws(ds)
-    return [law for law, ok in zip(ds.law.values.tolist(), finite) if law != "gaussian" and ok and law not in dependent]
+    return [law for law in _laws_where(ds, np.isfinite) if law != "gaussian" and law not in dependent]
 
 
 def no_limit_laws(ds: xr.Dataset) -> list:
     """The laws without a limit (exact bias NaN by design: Student-t)."""
-    nan = np.isnan(_bias_by_law(ds)).all(axis=1)
-    return [law for law, none in zip(ds.law.values.tolist(), nan) if none]
+    return _laws_where(ds, np.isnan)
 
 
 def _no_step(ds):
     return too_few(ds.sizes["L"], 2, "prompt lengths", "a change along L")
 
 
-class _Arrays:
-    """What the criteria read, as numpy arrays taken once per file (and per resample of its seeds:
-    the robustness of every verdict reruns the measures 100 times, so they avoid xarray's per-call
-    overhead). Axes: law, d, U_norm, L (seed means)."""
-
-    def __init__(self, ds):
-        self.ds = ds
-        self.laws = ds.law.values.tolist()
-        self.top = int(np.argmax(ds.U_norm.values))
-        self.L = np.asarray(ds.L.values, dtype=float)
-        self.mse_seeds = _values(ds.mse, "law", "d", "U_norm", "L", "seed")
-        self.mse = self.mse_seeds.mean(axis=-1)
-        self.gauss = self.mse[self.laws.index("gaussian")]
-        self.own, self.no_limit = own_limit_laws(ds), no_limit_laws(ds)
-        self.few_L, self.no_step = slope_shortfall(ds), _no_step(ds)
-        self.dep = [self.laws.index(law) for law in dependent_laws(ds)]
-        if self.dep:  # the dependent laws' predictions at the largest L: (law, d, U_norm, seed)
-            self.dep_pred = _values(ds.mse_predicted, "law", "d", "U_norm", "L", "seed")[self.dep, :, :, -1]
-            self.iid_pred = _values(ds.mse_asymptotic, "d", "U_norm", "L", "seed")[None, :, :, -1]
+def _growth(y: xr.DataArray) -> xr.DataArray:
+    """``max over d of y(L_max) / y(L_min)`` of the seed mean of ``y`` at the largest U_norm."""
+    y = y.mean("seed").isel(U_norm=int(np.argmax(y.U_norm.values)))
+    return (y.isel(L=-1) / y.isel(L=0)).max("d")
 
 
-CRITERIA = Criteria("C1", prepare=_Arrays, units=UNITS)
+CRITERIA = Criteria("C1", prepare=Shared, units=UNITS)
 
 #: The quick profile (d in {2, 3}, U_norm in {0.1, 0.5}, 2 seeds x 6 queries x 8 prompts, L = 16 .. 1024)
 #: is a smoke test. Its thresholds come from 160 replicate quick runs of a correct install (root_seed
@@ -132,8 +99,9 @@ CRITERIA = Criteria("C1", prepare=_Arrays, units=UNITS)
 @CRITERIA("C1-quadrature", "max |closed form - Gauss-Hermite| of the Gaussian tilted mean", "<", 1e-8,
           reference="2.9e-15", profile="any",
           reason="both sides are deterministic and smooth: rounding level (~1e-15); a wrong formula errs at O(1)")
-def _quadrature(a):
-    return float(np.max(a.ds.quadrature_error.values))
+def _quadrature(sh):
+    ds = sh.ds
+    return float(ds.quadrature_error.max())
 
 
 @CRITERIA("C1-slopes", "log-log slope of E||f_L - f_inf||^2 in L, Gaussian tokens, every (d, U_norm)", "in",
@@ -142,9 +110,9 @@ def _quadrature(a):
           # quick: replicate SD 0.027 .. 0.052 per setting, range -1.080 .. -0.586 (640 values; the right tail is a
           # query of large ||Uq||, above): +-0.5 is 9 SD of the widest setting and 0.09 beyond the tail's worst
           quick=(-1.5, -0.5))
-def _slopes(a):
-    # the slope of slopes(ds) (the seed-mean line), without its SE: tests/test_c1_pipeline.py checks they agree
-    return measure_unless(a.few_L, lambda: loglog_slopes_np(a.gauss, a.L).ravel())
+def _slopes(sh):
+    ds = sh.ds
+    return measure_unless(slope_shortfall(ds), lambda: sh(slopes).slope)
 
 
 @CRITERIA("C1-monotone", "settings whose seed-mean error decreases at every L step (fraction)", ">=", 1.0,
@@ -152,8 +120,10 @@ def _slopes(a):
           # quick: 4 of 160 replicates have one of the 4 settings with a non-decreasing step (0.75), none two
           # (about p^2 = 1.5e-4 for the two U_norm 0.5 settings, p = 0.0125 each): at most one setting
           quick=0.75)
-def _monotone(a):
-    return measure_unless(a.no_step, lambda: float((np.diff(a.gauss, axis=-1) < 0).all(axis=-1).mean()))
+def _monotone(sh):
+    ds = sh.ds
+    gauss = ds.mse.sel(law="gaussian").mean("seed")
+    return measure_unless(_no_step(ds), lambda: (gauss.diff("L") < 0).all("L").mean(["d", "U_norm"]))
 
 
 @CRITERIA("C1-sharp-constant", "mse / mse_asymptotic at the largest L, every (d, U_norm)", "in", (0.9, 1.1),
@@ -162,14 +132,9 @@ def _monotone(a):
           quick=NotJudged("a mean over 6 queries at L = 1024: one query of large ||Uq|| (heavy-tailed error) "
                           "moves it 2-4x, above 2 in 2 of 160 replicate quick runs; the constant is judged at the "
                           "paper profile"))
-def _sharp_constant(a):
-    asym = _values(a.ds.mse_asymptotic, "d", "U_norm", "L", "seed")[..., -1, :]
-    return (a.mse_seeds[a.laws.index("gaussian"), :, :, -1] / asym).mean(axis=-1).ravel()   # sharp_ratio(ds)
-
-
-def _growth_np(y):
-    """max over the other axes of y(L_max) / y(L_min), L the last axis."""
-    return float(np.max(y[..., -1] / y[..., 0]))
+def _sharp_constant(sh):
+    ds = sh.ds
+    return sharp_ratio(ds)
 
 
 @CRITERIA("C1-student-t-grows", "Student-t3 error growth mse(L_max)/mse(L_min), largest U_norm (every law "
@@ -177,18 +142,20 @@ def _growth_np(y):
           reason="no exponential moments, no limit: growth, against a 1/1000 fall for a convergent law",
           # quick: replicate minimum 4.9 over 160 runs (a convergent law falls 64x over L = 16 .. 1024): same bound
           quick=1.0)
-def _no_limit_grows(a):
-    if not a.no_limit:
+def _no_limit_grows(sh):
+    ds = sh.ds
+    laws = no_limit_laws(ds)
+    if not laws:
         return Inconclusive("no law without a limit in this file")
-    return measure_unless(a.no_step, lambda: [_growth_np(a.mse[a.laws.index(law), :, a.top]) for law in a.no_limit])
+    return measure_unless(_no_step(ds), lambda: _growth(ds.mse.sel(law=laws)))
 
 
 @CRITERIA("C1-sqrtL-grows", "error growth with U_norm ~ sqrt(L), largest U_norm", ">", 1.0, reference="27.6x",
           reason="a'Sigma a grows like L, so the effective sample size L exp(-a'Sigma a) collapses",
           quick=1.0)  # quick: replicate minimum 3.4 (160 runs): same bound
-def _sqrtL_grows(a):
-    scaled = _values(a.ds.mse_scaled_U, "d", "U_norm", "L", "seed")[:, a.top].mean(axis=-1)
-    return measure_unless(a.no_step, lambda: _growth_np(scaled))
+def _sqrtL_grows(sh):
+    ds = sh.ds
+    return measure_unless(_no_step(ds), lambda: _growth(ds.mse_scaled_U))
 
 
 @CRITERIA("C1-plateau", "bounded laws: mse(L_max) / (bias_exact + own SNIS constant / L_max), largest U_norm",
@@ -197,16 +164,17 @@ def _sqrtL_grows(a):
           # quick: bounded tokens, no heavy tail: replicate SD 0.06 .. 0.094, range 0.755 .. 1.285 (640 values):
           # [0.6, 1.5] is 4 SD below and 5 SD above 1
           quick=(0.6, 1.5))
-def _plateau(a):
-    if not a.own:
+def _plateau(sh):
+    ds = sh.ds
+    laws = own_limit_laws(ds)
+    if not laws:
         return Inconclusive("no non-Gaussian law with a limit in this file")
-    laws = [a.laws.index(law) for law in a.own]
-    predicted = _values(a.ds.mse_predicted, "law", "d", "U_norm", "L", "seed")[:, :, a.top, -1].mean(axis=-1)
-    return (a.mse[laws, :, a.top, -1] / predicted[laws]).ravel()
+    at = dict(law=laws, U_norm=ds.U_norm.values[int(np.argmax(ds.U_norm.values))])
+    return ds.mse.sel(at).isel(L=-1).mean("seed") / ds.mse_predicted.sel(at).isel(L=-1).mean("seed")
 
 
-def _no_dependent(a):
-    return None if a.dep else "no dependent (ar1) law in this file"
+def _no_dependent(ds):
+    return None if dependent_laws(ds) else "no dependent (ar1) law in this file"
 
 
 @CRITERIA("C1-ar1-slopes", "log-log slope of E||f_L - f_inf||^2 in L, Gaussian AR(1) tokens, every (rho, d, U_norm)",
@@ -218,8 +186,9 @@ def _no_dependent(a):
           # (pre-asymptotic: L_eff = L / 9 from 16), SD 0.028 .. 0.042, range -1.028 .. -0.806; the band is
           # C1-slopes' quick band moved by that offset, for the same heavy-tailed query (+0.4 at worst)
           quick=(-1.5, -0.45))
-def _ar1_slopes(a):
-    return measure_unless(_no_dependent(a) or a.few_L, lambda: loglog_slopes_np(a.mse[a.dep], a.L).ravel())
+def _ar1_slopes(sh):
+    ds = sh.ds
+    return measure_unless(_no_dependent(ds) or slope_shortfall(ds), lambda: sh(ar1_fits).slope)
 
 
 @CRITERIA("C1-ar1-constant", "Gaussian AR(1) tokens: mse / (dependent constant / L) at the largest L, every "
@@ -230,8 +199,9 @@ def _ar1_slopes(a):
           # the same runs 0.68 .. 1.81: the queries are shared by the laws, so its heavy tail is this one's too
           quick=NotJudged("a mean over 6 queries at L = 1024: as C1-sharp-constant, one query of large ||Uq|| moves "
                           "it 2-4x; the constant is judged at the paper profile"))
-def _ar1_constant(a):
-    return measure_unless(_no_dependent(a), lambda: (a.mse_seeds[a.dep, :, :, -1] / a.dep_pred).mean(axis=-1).ravel())
+def _ar1_constant(sh):
+    ds = sh.ds
+    return measure_unless(_no_dependent(ds), lambda: sh(ar1_fits).ratio_dependent)
 
 
 @CRITERIA("C1-ar1-iid-rejected", f"Gaussian AR(1) tokens whose dependent constant is >= {IID_REJECT_FROM:g}x the "
@@ -242,16 +212,14 @@ def _ar1_constant(a):
           # quick (rho 0.8): 100 replicate quick runs (root_seed 1000 .. 1099): range 4.05 .. 11.6, SD 0.70 .. 1.16
           # per setting; a heavy-tailed query only raises it: the same bound
           quick=1.1)
-def _ar1_iid_rejected(a):
+def _ar1_iid_rejected(sh):
+    ds = sh.ds
     def measure():
-        dep = a.dep_pred.mean(axis=-1)
-        iid = a.iid_pred.mean(axis=-1)
-        strong = dep >= IID_REJECT_FROM * iid  # (law, d, U_norm): the settings where the two differ
-        if not strong.any():
-            return Inconclusive(f"no ar1 law with a dependent constant >= {IID_REJECT_FROM:g}x the i.i.d. one "
-                                "(rho too small)")
-        return (a.mse_seeds[a.dep, :, :, -1] / a.iid_pred).mean(axis=-1)[strong]
-    return measure_unless(_no_dependent(a), measure)
+        fit = sh(ar1_fits)
+        strong = fit.const_dependent >= IID_REJECT_FROM * fit.const_iid  # the settings where the two differ
+        return judged_where(fit.ratio_iid, strong, ["law", "d", "U_norm"],
+                            f"no ar1 law with a dependent constant >= {IID_REJECT_FROM:g}x the i.i.d. one (rho too small)")
+    return measure_unless(_no_dependent(ds), measure)
 
 
 measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
@@ -306,8 +274,7 @@ def ar1_fits(ds: xr.Dataset) -> xr.Dataset:
     out = xr.Dataset(coords={"law": list(dep)})
     out["rho"] = ("law", list(dep.values()))
     if slope_shortfall(ds) is None:
-        fit = (loglog_slope(mse, "L", units="seed", test_exponent=-1.0) if ds.sizes["seed"] > 1 else
-               loglog_slope(mse.mean("seed"), "L", test_exponent=-1.0))
+        fit = unit_slopes(mse, UNITS, test_exponent=-1.0)
         out["slope"], out["slope_se"] = fit.slope, fit.slope_se
     out["L_mse"] = L_max * top.mean("seed")
     out["const_dependent"] = L_max * pred.mean("seed")
@@ -332,7 +299,7 @@ def _ar1_table(ds):
              "ratio_iid": column(fit.ratio_iid, "mse/iid", ".3f"), "ratio_iid_se": column(fit.ratio_iid_se, "SE", ".3f")}
     n = ds.sizes["seed"]
     return make_table(cols, formats={"U_norm": ".2f"},
-                      title=f"Gaussian AR(1) tokens, seed means: log-log slope of the error in L"
+                      title="Gaussian AR(1) tokens, seed means: log-log slope of the error in L"
                             + (f": not fitted, {reason}" if reason else "") + f"; at L = {int(ds.L.values[-1])} the "
                             f"constant L*mse against the dependent constant (sum over lags) and the i.i.d. one, "
                             f"SEs clustered over {n} seed{'s' if n != 1 else ''}")
@@ -344,14 +311,6 @@ def fit_tables(ds: xr.Dataset) -> dict:
     pooled paper-form fit at the largest L (when there are >= 3 queries in all); ``ar1``: the
     dependent laws' slopes and constants (:func:`ar1_fits`; the title alone when there are none)."""
     return {"slopes": _slope_table(ds), "paper_form": _paper_form_table(ds), "ar1": _ar1_table(ds)}
-
-
-def se_note(fit: xr.Dataset) -> str:
-    """How a fit's SE was taken, for a table title: ``"SE cluster-robust over 4 units (seed)"``, or
-    ``"SE nonrobust OLS, 1 unit (seed)"``."""
-    units, n = str(fit.units.item()).replace(",", " x "), int(fit.n_units)
-    kind = "cluster-robust over" if fit.cov_type.item() == "cluster" else f"{fit.cov_type.item()} OLS,"
-    return f"SE {kind} {n} unit{'s' if n != 1 else ''} ({units})"
 
 
 def _slope_table(ds):

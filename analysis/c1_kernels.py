@@ -1,6 +1,6 @@
 """C1 kernels analysis: fits, verdicts and the figure, from a ``c1_kernels`` results file alone.
 
-Reads ``mse(kernel, r, L, seed)``, ``mse_query(kernel, r, L, seed, query)`` (when the file has it),
+Reads ``mse(kernel, r, L, seed)``, ``mse_query(kernel, r, L, seed, query)``,
 ``mse_theory``, ``gain_measured``, ``gain_se``, ``gain_limit``, ``orth_share``, ``z2``,
 ``stein_error(stein_kernel)``, ``rf_sq_error(rf_sigma2, rf_m, rf_draw)``, ``rf_constant`` and the
 ``config`` attr (docs/kernels.md).
@@ -13,13 +13,12 @@ them: the limit is W's own); and the feature draws of the random-feature study, 
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import xarray as xr
 
-import math
-
-from .c1 import se_note
-from .fits import MIN_LINE_POINTS, loglog_slope, loglog_slopes_np, too_few
+from .fits import loglog_slope, se_note, slope_shortfall, unit_slopes
 from .tables import column, make_table
 from .verdicts import Criteria, Inconclusive, measure_unless
 
@@ -44,38 +43,19 @@ def kernels_of_class(ds, smoothness):
 LIGHT_TAIL, HEAVY_TAIL = 1.0 / 3.0, 1.0
 
 
-def _error_by_unit(ds):
-    """The error along L of each independent unit and the unit dims: ``mse_query`` over (seed,
-    query) when the file has it, else ``mse`` over the seeds. Their means are the same numbers."""
-    if "mse_query" in ds.data_vars:
-        return ds.mse_query, ("seed", "query")
-    return ds.mse, ("seed",)
-
-
-def _fit_over_units(da, units, dim, cov_type, **kw):
-    """:func:`loglog_slope` of the unit mean, cluster-robust over ``units`` (plain OLS when there is one)."""
-    n = int(np.prod([da.sizes[u] for u in units]))
-    if n < 2:
-        return loglog_slope(da.mean(units), dim, cov_type=cov_type, **kw).assign_coords(units=",".join(units),
-                                                                                         n_units=n)
-    return loglog_slope(da, dim, units=units, cov_type=cov_type, **kw)
-
-
 def slopes(ds: xr.Dataset, *, cov_type: str | None = None) -> xr.Dataset:
     """Log-log slope (OLS, SE, 95% CI) in L of the mean error to the kernel's own limit, per (kernel, r).
 
     The mean is over the seeds and queries; the prompts are nested along L, so the SE is
-    cluster-robust over the (seed, query) units by default (over the seeds for a file without
-    ``mse_query``); ``cov_type="nonrobust"`` gives the plain OLS SE of the mean line by name."""
-    da, units = _error_by_unit(ds)
-    return _fit_over_units(da, units, "L", cov_type, test_exponent=-1.0)
+    cluster-robust over the (seed, query) units by default (:func:`~.fits.unit_slopes`);
+    ``cov_type="nonrobust"`` gives the plain OLS SE of the mean line by name."""
+    return unit_slopes(ds.mse_query, ("seed", "query"), cov_type=cov_type, test_exponent=-1.0)
 
 
 def tail_slopes(ds: xr.Dataset, n: int = 5, *, cov_type: str | None = None) -> xr.Dataset:
     """:func:`slopes` over the ``n`` largest prompt lengths only (a diagnostic, no criterion): where
     the full-range slope is flattened by a pre-asymptotic start, the tail shows the asymptotic rate."""
-    da, units = _error_by_unit(ds)
-    return _fit_over_units(da.isel(L=slice(-n, None)), units, "L", cov_type)
+    return unit_slopes(ds.mse_query.isel(L=slice(-n, None)), ("seed", "query"), cov_type=cov_type)
 
 
 def rf_slopes(ds: xr.Dataset, *, units: str | None = None, cov_type: str | None = None) -> xr.Dataset:
@@ -98,7 +78,8 @@ def gain_z(ds: xr.Dataset) -> xr.DataArray:
 
 
 def _has_theory(ds):
-    finite = np.isfinite(_values(ds.mse_theory, "kernel", "r", "L", "seed")).reshape(ds.sizes["kernel"], -1).all(axis=1)
+    """The kernels with a predicted error (``mse_theory`` finite everywhere)."""
+    finite = np.isfinite(ds.mse_theory).all([d for d in ds.mse_theory.dims if d != "kernel"]).values
     return [k for k, ok in zip(ds.kernel.values.tolist(), finite) if ok]
 
 
@@ -107,52 +88,11 @@ def _rf(ds, light):
     return s2[s2 < LIGHT_TAIL] if light else s2[s2 >= HEAVY_TAIL]
 
 
-def _few_L(ds):
-    return too_few(ds.sizes["L"], MIN_LINE_POINTS, "prompt lengths", "a log-log slope")
-
-
 def _few_m(ds):
-    return too_few(ds.sizes["rf_m"], MIN_LINE_POINTS, "feature counts m", "a log-log slope")
+    return slope_shortfall(ds, "rf_m", "feature counts m")
 
 
-def _values(da: xr.DataArray, *dims) -> np.ndarray:
-    """The numpy values of ``da`` with its axes in the order ``dims`` (every dim of ``da``)."""
-    return np.transpose(da.values, [da.dims.index(d) for d in dims])
-
-
-class _Arrays:
-    """What the criteria read, as numpy arrays taken once per file (and per resample of its units:
-    every verdict's robustness reruns the measures 100 times, so they avoid xarray's per-call
-    overhead). Axes: kernel, r, then L or rf_sigma2, rf_m."""
-
-    def __init__(self, ds):
-        self.ds = ds
-        da, units = _error_by_unit(ds)
-        n_units = int(np.prod([da.sizes[u] for u in units]))
-        self.err = _values(da, "kernel", "r", "L", *units).reshape(ds.sizes["kernel"], ds.sizes["r"], ds.sizes["L"],
-                                                                    n_units).mean(axis=-1)
-        self.L = ds.L.values
-        self.few_L, self.few_m = _few_L(ds), _few_m(ds)
-        self.rf_sigma2 = ds.rf_sigma2.values
-        self.rf_err = _values(ds.rf_sq_error, "rf_sigma2", "rf_m", "rf_draw").mean(axis=-1)
-
-    def rf_slopes(self, s2):
-        """The slopes in m at the rf_sigma2 values ``s2``, as :func:`rf_slopes` gives them."""
-        rows = [int(np.flatnonzero(self.rf_sigma2 == v)[0]) for v in s2]
-        return loglog_slopes_np(self.rf_err[rows], self.ds.rf_m.values)
-
-    def gain_z(self):
-        """:func:`gain_z`, (kernel, r) flattened."""
-        ds = self.ds
-
-        def seeds(name):
-            return _values(ds[name], "kernel", "r", "seed")
-
-        se = np.sqrt((seeds("gain_se") ** 2).sum(axis=-1)) / ds.sizes["seed"]
-        return ((seeds("gain_measured").mean(axis=-1) - seeds("gain_limit").mean(axis=-1)) / se).ravel()
-
-
-CRITERIA = Criteria("C1", prepare=_Arrays, units=UNITS)
+CRITERIA = Criteria("C1", units=UNITS)
 
 #: The quick profile (1 seed x 3 queries x 8 prompts per (kernel, r), r in {0.5, 1}, L = 16 .. 1024; 200
 #: feature draws at m = 4 .. 256) is a smoke test. Its thresholds come from 160 replicate quick runs of a
@@ -161,31 +101,18 @@ CRITERIA = Criteria("C1", prepare=_Arrays, units=UNITS)
 #: figures by O(1).
 
 
-def _no_classes(ds):
-    """Why the Stein criteria cannot be judged on ``ds``, or None: a file written before the
-    kernels' smoothness classes were stored (``stein_smoothness``)."""
-    if "stein_smoothness" in ds:
-        return None
-    return ("the file declares no smoothness class per kernel (stein_smoothness: files written before it was "
-            "stored); `sfxlin rerun FILE` writes one that does")
-
-
 @CRITERIA("C1K-stein-smooth", "max relative |E[kappa(s) z] (tensor Gauss-Hermite) - Sigma a E kappa'(s)|, smooth "
           "kernels (softmax, sigmoid, sigmoid_logL)", "<", 1e-8, profile="any",
           reason="both sides are quadratures of smooth integrands: rounding level; a wrong gain errs at O(1)")
-def _stein_smooth(a):
-    ds = a.ds
-    return measure_unless(_no_classes(ds), lambda: float(ds.stein_error.sel(
-        stein_kernel=kernels_of_class(ds, "smooth")).max()))
+def _stein_smooth(ds):
+    return float(ds.stein_error.sel(stein_kernel=kernels_of_class(ds, "smooth")).max())
 
 
 @CRITERIA("C1K-stein-kinked", "the same for the ReLU kernels (kinked integrand)", "<", 1e-3, profile="any",
           reason="the tensor rule converges only algebraically on a kink (about 1e-5 at 60 nodes); a wrong "
           "closed form errs at O(1)")
-def _stein_kinked(a):
-    ds = a.ds
-    return measure_unless(_no_classes(ds), lambda: float(ds.stein_error.sel(
-        stein_kernel=kernels_of_class(ds, "kinked")).max()))
+def _stein_kinked(ds):
+    return float(ds.stein_error.sel(stein_kernel=kernels_of_class(ds, "kinked")).max())
 
 
 @CRITERIA("C1K-slopes", "log-log slope in L of E||f_L - f_inf||^2 to the kernel's own limit, every (kernel, r)",
@@ -199,9 +126,8 @@ def _stein_kinked(a):
           fails_as=("pre-asymptotic", "softmax and sigmoid_logL at r = 1.5, error constants e^(r^2) = 9.5 and "
                     "e^(2 r^2) = 90: below the 1/L line at small L; their slopes over the 5 largest L are -0.915 "
                     "and -0.910"))
-def _slopes(a):
-    # the slopes of slopes(ds), without their SEs (tests/test_c1_kernels.py checks they agree)
-    return measure_unless(a.few_L, lambda: loglog_slopes_np(a.err, a.L).ravel())
+def _slopes(ds):
+    return measure_unless(slope_shortfall(ds), lambda: slopes(ds).slope)
 
 
 @CRITERIA("C1K-sharp-constant", "mse / predicted mse at the largest L (exact or delta method), every kernel "
@@ -211,15 +137,12 @@ def _slopes(a):
           # quick: a mean of 24 squared errors, replicate SD 0.16 .. 0.27, range 0.41 .. 2.33 (2560 values);
           # as a chi-square mean with >= 27 effective dof, P(< 0.25) < 1e-6, and 3 is 7 SD above 1
           quick=(0.25, 3.0))
-def _sharp(a):
-    ds = a.ds
+def _sharp(ds):
     k = _has_theory(ds)
     if not k:
         return Inconclusive("no kernel with a predicted error in this file")
-    rows = [ds.kernel.values.tolist().index(name) for name in k]
-    mse = _values(ds.mse, "kernel", "r", "L", "seed")[rows, :, -1].mean(axis=-1)
-    theory = _values(ds.mse_theory, "kernel", "r", "L", "seed")[rows, :, -1].mean(axis=-1)
-    return (mse / theory).ravel()
+    last = ds.sel(kernel=k).isel(L=-1)
+    return last.mse.mean("seed") / last.mse_theory.mean("seed")
 
 
 @CRITERIA("C1K-limit-mc", "mean squared z-score of the prompt mean at L_max against the exact limit, every "
@@ -231,13 +154,13 @@ def _sharp(a):
           # for perfectly correlated ones (a mean of 3), so at most 0.34% over the 18 cells; the lower end is
           # not judged (correlated components: P(mean < 0.05) up to 1.3% per cell); a wrong limit gives >> 25
           quick=(0.0, 25.0))
-def _limit_mc(a):
-    return _values(a.ds.z2, "kernel", "r", "seed").mean(axis=-1).ravel()
+def _limit_mc(ds):
+    return ds.z2.mean("seed")
 
 
-def _gain_pvalue(a):
+def _gain_pvalue(ds):
     """Sidak p-value of the largest |z| of the cells: P(max |z| >= observed) for independent N(0, 1) z."""
-    z = np.abs(a.gain_z())
+    z = np.abs(gain_z(ds).values)
     tail = math.erfc(float(z.max()) / math.sqrt(2))       # P(|N(0, 1)| >= max |z|)
     return 1.0 if tail >= 1.0 else -math.expm1(z.size * math.log1p(-tail))
 
@@ -249,8 +172,8 @@ def _gain_pvalue(a):
           quick=6.0,
           # level: 1 - (1 - P(|N(0,1)| > 4))^36 = 0.0023 at the paper grid (36 cells)
           level=0.0023, pvalue=_gain_pvalue)
-def _gain(a):
-    return np.abs(a.gain_z())
+def _gain(ds):
+    return np.abs(gain_z(ds))
 
 
 @CRITERIA("C1K-rf-rate", "log-log slope in m of E||rf limit - Sigma a||^2, light-tailed feature weights "
@@ -260,11 +183,11 @@ def _gain(a):
           # quick (m = 4 .. 256, 200 draws): replicate mean -0.931, SD 0.019, range -0.98 .. -0.882 (160 runs): the
           # same band is 4.3 SD above the mean
           quick=(-1.15, -0.85))
-def _rf_rate(a):
-    s2 = _rf(a.ds, light=True)
+def _rf_rate(ds):
+    s2 = _rf(ds, light=True)
     if not s2.size:
         return Inconclusive("no rf_sigma2 < 1/3 in this file")
-    return measure_unless(a.few_m, lambda: a.rf_slopes(s2))
+    return measure_unless(_few_m(ds), lambda: rf_slopes(ds).slope.sel(rf_sigma2=s2))
 
 
 @CRITERIA("C1K-rf-constant", "m E||rf limit - Sigma a||^2 at the largest m / its delta-method constant "
@@ -273,24 +196,22 @@ def _rf_rate(a):
           "2000 feature draws",
           # quick (200 draws): replicate mean 0.991, SD 0.059, range 0.846 .. 1.159: +-25% is 4.1 SD
           quick=(0.75, 1.25))
-def _rf_constant(a):
-    s2 = _rf(a.ds, light=True)
+def _rf_constant(ds):
+    s2 = _rf(ds, light=True)
     if not s2.size:
         return Inconclusive("no rf_sigma2 < 1/3 in this file")
-    rows = [int(np.flatnonzero(a.rf_sigma2 == v)[0]) for v in s2]
-    m = float(a.ds.rf_m.values[-1])
-    const = _values(a.ds.rf_constant, "rf_sigma2", "rf_m")[rows, -1]
-    return m * a.rf_err[rows, -1] / const
+    last = ds.sel(rf_sigma2=s2).isel(rf_m=-1)
+    return float(last.rf_m) * last.rf_sq_error.mean("rf_draw") / last.rf_constant
 
 
 @CRITERIA("C1K-rf-slow", "log-log slope in m, infinite-variance feature weights (rf_sigma2 >= 1)", ">", -0.85,
           reason="E rho^2 = inf: slower than 1/m (heuristically m^(-1/rf_sigma2) up to logarithms)",
           quick=-0.85)  # quick: replicate range -0.34 .. -0.22, SD 0.026: the same bound, 22 SD away
-def _rf_slow(a):
-    s2 = _rf(a.ds, light=False)
+def _rf_slow(ds):
+    s2 = _rf(ds, light=False)
     if not s2.size:
         return Inconclusive("no rf_sigma2 >= 1 in this file")
-    return measure_unless(a.few_m, lambda: a.rf_slopes(s2))
+    return measure_unless(_few_m(ds), lambda: rf_slopes(ds).slope.sel(rf_sigma2=s2))
 
 
 measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
@@ -306,7 +227,7 @@ def fit_tables(ds: xr.Dataset) -> dict:
 
 
 def _kernel_table(ds):
-    no_fit, cols, how = _few_L(ds), {}, ""
+    no_fit, cols, how = slope_shortfall(ds), {}, ""
     if no_fit is None:
         fit = slopes(ds)
         how = f"; {se_note(fit)[3:]}"

@@ -29,12 +29,12 @@ import numpy as np
 import xarray as xr
 from scipy import stats
 
-from .fits import MIN_LINE_POINTS, loglog_slope, too_few
+from .fits import MIN_LINE_POINTS, loglog_slope, ols_line, too_few
 from .tables import column, make_table
-from .verdicts import Criteria, Inconclusive
+from .verdicts import Criteria, Inconclusive, judged_where
 
-__all__ = ["CRITERIA", "UNITS", "REGIME", "EXTRAPOLATION", "eps_list", "predicted_constant", "regime", "unit_line_np",
-           "lstar_np", "slopes", "constants", "lstar", "measures", "verdicts", "fit_tables", "figure"]
+__all__ = ["CRITERIA", "UNITS", "REGIME", "EXTRAPOLATION", "eps_list", "predicted_constant", "regime", "unit_lines",
+           "lstar_of", "slopes", "constants", "lstar", "measures", "verdicts", "fit_tables", "figure"]
 
 #: the dims of the independent units: every prompt of every seed (the head and the query set are
 #: fixed by the file; a prompt is shared by the queries and nested along L)
@@ -67,86 +67,64 @@ def regime(ds) -> xr.DataArray:
     return ds.L >= REGIME * ds.weight_ratio * np.maximum(_tau_used(ds), 1.0)
 
 
-def unit_line_np(logL: np.ndarray, y: np.ndarray):
-    """The log-log line of the unit mean of ``y (n, G)`` and its covariance across the units.
+def unit_lines(ds) -> xr.Dataset:
+    """Per sampling: the log-log line ``log mse = c + s log L`` of the unit mean over the regime's L
+    and the covariance of ``(c, s)`` across the units.
 
-    The line ``(c, s)`` is the OLS line of ``log ybar`` on ``[1, logL]``; it is exactly the mean of
-    the unit lines ``(c_g, s_g)`` of the pseudo-observations ``log ybar + (y_g - ybar) / ybar``
-    (the linearisation of :func:`sfxlin.analysis.fits.clustered_loglog_np`), so its covariance is
-    the units' sample covariance over ``G``: statsmodels' CR1 cluster covariance of that fit but
-    its factor ``(nG - 1) / (nG - 2)``. Returns ``(c, s, cov (2, 2), G)``."""
-    ybar = y.mean(axis=1)
-    z = np.log(ybar)[:, None] + (y - ybar[:, None]) / ybar[:, None]
-    X = np.stack([np.ones_like(logL), logL], axis=1)
-    lines = np.linalg.lstsq(X, z, rcond=None)[0]  # (2, G)
-    G = y.shape[1]
-    c, s = lines.mean(axis=1)
-    return c, s, np.cov(lines) / G, G
-
-
-def lstar_np(c, s, cov, G, target, alpha=0.05):
-    """``L*`` where the line ``log y = c + s log L`` meets ``log target`` and its ``1 - alpha``
-    interval (delta method on ``log L* = (log target - c) / s``, Student-t with ``G - 1`` dof):
-    ``(L*, low, high)``; NaN when the line does not fall (``s >= 0``) or ``target <= 0``."""
-    if not (s < 0 and target > 0):
-        return np.nan, np.nan, np.nan
-    g = (np.log(target) - c) / s
-    grad = np.array([-1.0 / s, -g / s])
-    se = float(np.sqrt(max(grad @ cov @ grad, 0.0)))
-    t = stats.t.ppf(1 - alpha / 2, max(G - 1, 1))
-    return float(np.exp(g)), float(np.exp(g - t * se)), float(np.exp(g + t * se))
+    Each unit ``g`` (a prompt of a seed) has the line ``(c_g, s_g)`` (:func:`~.fits.ols_line`) of its
+    pseudo-observations ``log ybar + (y_g - ybar) / ybar`` (the linearisation of the unit mean, as
+    in :func:`~.fits.loglog_slope`); their mean is the unit-mean line exactly, so its covariance is
+    the units' sample covariance over ``G``: statsmodels' CR1 cluster covariance of the pooled fit but
+    its factor ``(nG - 1) / (nG - 2)``. Returns ``c``, ``s``, ``var_c``, ``var_s``, ``cov_cs`` and ``G``
+    (NaN where fewer than 3 L are in the regime)."""
+    keep = regime(ds)
+    ybar = ds.mse.mean(UNITS)
+    z = (np.log(ybar) + (ds.mse - ybar) / ybar).where(keep)
+    lines = ols_line(z, np.log(ds.L.astype(float)), "L")
+    c, s = lines.intercept.drop_attrs(), lines.slope.drop_attrs()
+    G = int(np.prod([ds.sizes[u] for u in UNITS]))
+    moment = lambda a, b: ((a - a.mean(UNITS)) * (b - b.mean(UNITS))).sum(UNITS) / ((G - 1) * G)  # noqa: E731
+    out = xr.Dataset({"c": c.mean(UNITS), "s": s.mean(UNITS), "var_c": moment(c, c), "var_s": moment(s, s),
+                      "cov_cs": moment(c, s)})
+    return out.reset_coords(drop=True).assign_coords(G=G)
 
 
-def _units(da) -> np.ndarray:
-    """``da (L, seed, prompt)`` of one sampling as ``(L, G)``."""
-    return da.transpose("L", *UNITS).values.reshape(da.sizes["L"], -1)
+def lstar_of(lines: xr.Dataset, target, alpha: float = 0.05) -> xr.Dataset:
+    """``L*`` where the line ``log y = c + s log L`` of :func:`unit_lines` meets ``log target``, with its
+    ``1 - alpha`` interval (delta method on ``log L* = (log target - c) / s``, Student-t with ``G - 1``
+    dof): ``L_star``, ``L_star_low``, ``L_star_high``; NaN where the line does not fall (``s >= 0``) or
+    ``target <= 0``."""
+    s, c = lines.s, lines.c
+    with np.errstate(all="ignore"):
+        g = (np.log(target) - c) / s
+        var = (lines.var_c + 2 * g * lines.cov_cs + g * g * lines.var_s) / (s * s)
+    half = stats.t.ppf(1 - alpha / 2, max(int(lines.G) - 1, 1)) * np.sqrt(np.maximum(var, 0.0))
+    ok = (s < 0) & (target > 0)
+    return xr.Dataset({"L_star": np.exp(g), "L_star_low": np.exp(g - half),
+                       "L_star_high": np.exp(g + half)}).where(ok).drop_attrs()
 
 
 def _few(n):
     return too_few(n, MIN_LINE_POINTS, "prompt lengths in the regime", "a log-log slope")
 
 
-class _Fit:
-    """The numbers of one sampling mode, from numpy arrays (every verdict's robustness recomputes
-    them on 100 resamples of the units)."""
-
-    def __init__(self, ds, sampling):
-        at = ds.sel(sampling=sampling)
-        L = ds.L.values.astype(float)
-        self.keep = regime(ds).sel(sampling=sampling).values
-        self.mse, self.gauss = _units(at.mse), _units(at.mse_gauss)
-        self.L = L
-        self.constant = L[-1] * self.mse[-1].mean()
-        self.constant_se = L[-1] * self.mse[-1].std(ddof=1) / np.sqrt(self.mse.shape[1]) if self.mse.shape[1] > 1 \
-            else np.nan
-        self.predicted = float(predicted_constant(ds).sel(sampling=sampling))
-        self.decomposition = self.gauss[-1].mean() / (float(ds.bias_gauss) + self.mse[-1].mean())
-        self.reason = _few(int(self.keep.sum()))
-        self.line = None if self.reason else unit_line_np(np.log(L[self.keep]), self.mse[self.keep])
-
-    def slope_interval(self, alpha=0.05):
-        c, s, cov, G = self.line
-        half = stats.t.ppf(1 - alpha / 2, max(G - 1, 1)) * np.sqrt(cov[1, 1])
-        return s, s - half, s + half
+def _per_sampling(ds, values):
+    """``values`` (over sampling), or Inconclusive naming the first sampling with too few regime L."""
+    for s, n in zip(ds.sampling.values, regime(ds).sum("L").values):
+        if _few(int(n)):
+            return Inconclusive(f"{s}: {_few(int(n))} (L >= {REGIME:g} x weight_ratio{' x tau' if s == 'window' else ''})")
+    return values()
 
 
-class _Arrays:
-    def __init__(self, ds):
-        self.ds = ds
-        self.fits = [_Fit(ds, s) for s in ds.sampling.values]
-        self.eps = eps_list(ds)
-        self.target = self.eps**2 * float(ds.limit_sq)
-
-    def per_sampling(self, f):
-        """``f(fit)`` for every sampling mode, or Inconclusive naming the first mode without a line."""
-        for s, fit in zip(self.ds.sampling.values, self.fits):
-            if fit.reason:
-                return Inconclusive(f"{s}: {fit.reason} (L >= {REGIME:g} x weight_ratio"
-                                    f"{' x tau' if s == 'window' else ''})")
-        return np.concatenate([np.ravel(f(fit)) for fit in self.fits]).astype(float)
+def _slope_gap(ds, alpha=0.05):
+    """Distance from -1 to the ``1 - alpha`` interval of the unit-mean slope (0 when it holds -1), per
+    sampling: the interval ``s +- t(G - 1) sqrt(var_s)`` of :func:`unit_lines`."""
+    lines = unit_lines(ds)
+    half = stats.t.ppf(1 - alpha / 2, max(int(lines.G) - 1, 1)) * np.sqrt(lines.var_s)
+    return np.maximum(np.maximum((lines.s - half) + 1.0, -1.0 - (lines.s + half)), 0.0)
 
 
-CRITERIA = Criteria("C1", prepare=_Arrays, units=UNITS)
+CRITERIA = Criteria("C1", units=UNITS)
 
 #: The quick profile (the built-in digits set, D = 4, default head U_norm 0.5, 8 queries, 2 seeds x 12
 #: prompts, L = 16 .. 256) is a smoke test: a mean of 24 units' squared errors has a relative SE near
@@ -160,8 +138,8 @@ CRITERIA = Criteria("C1", prepare=_Arrays, units=UNITS)
                  "+-0.15 covers the O(weight_ratio tau / L) curvature left at the regime's start and the slope's "
                  "Monte Carlo SE (~0.02-0.04 with 256 units)",
           quick=(-1.5, -0.5))
-def _slope(a):
-    return a.per_sampling(lambda f: f.line[1])
+def _slope(ds):
+    return _per_sampling(ds, lambda: unit_lines(ds).s)
 
 
 @CRITERIA("C1O-slope-interval", "distance from -1 to the 95% interval of that slope (clustered over seed x "
@@ -169,11 +147,8 @@ def _slope(a):
           reason="the interval follows the design (units = prompts, nested along L) and widens with fewer units: "
                  "a correct 1/L law puts -1 inside it in 95% of the runs per sampling, at every profile",
           profile="any")
-def _slope_interval(a):
-    def gap(f):
-        s, lo, hi = f.slope_interval()
-        return max(lo - (-1.0), -1.0 - hi, 0.0)
-    return a.per_sampling(gap)
+def _slope_interval(ds):
+    return _per_sampling(ds, lambda: _slope_gap(ds))
 
 
 @CRITERIA("C1O-constant", "L * mse at the largest L / predicted constant (tr V C_mu V^T i.i.d., x tau for "
@@ -182,8 +157,8 @@ def _slope_interval(a):
                  "(heavier than chi-square: shared prompts, tilted weights) and the batch-means tau of a few "
                  "thousand tokens 5-15%: the band is ~3 SE of their combination",
           quick=(0.4, 2.5))
-def _constant(a):
-    return a.per_sampling(lambda f: f.constant / f.predicted)
+def _constant(ds):
+    return _per_sampling(ds, lambda: constants(ds).ratio)
 
 
 @CRITERIA("C1O-Lstar", "L*(eps) on the fitted line / the sharp prediction const / (eps^2 limit_sq), every "
@@ -192,15 +167,13 @@ def _constant(a):
                  "line's value is the constant's (C1O-constant band); extrapolating by up to 4x (log 4 = 1.4) adds "
                  "1.4 x the slope's error (<= 0.15) to log L*: the band is their sum; beyond 4x, shown, not judged",
           quick=(0.3, 3.0))
-def _lstar(a):
-    def ratio(f):
-        c, s, cov, G = f.line
-        near = [t for t in a.target if f.predicted / t <= EXTRAPOLATION * f.L[-1]]
-        return [lstar_np(c, s, cov, G, t)[0] / (f.predicted / t) for t in near]
-    values = a.per_sampling(ratio)
-    if not isinstance(values, Inconclusive) and values.size == 0:
-        return Inconclusive(f"every predicted L*(eps) lies beyond {EXTRAPOLATION:g} x the largest L (shown, not judged)")
-    return values
+def _lstar(ds):
+    def ratio():
+        ls = lstar(ds)
+        near = ls.L_star_sharp <= EXTRAPOLATION * float(ds.L[-1])
+        return judged_where(ls.L_star / ls.L_star_sharp, near, ["sampling", "eps"],
+                            f"every predicted L*(eps) lies beyond {EXTRAPOLATION:g} x the largest L (shown, not judged)")
+    return _per_sampling(ds, ratio)
 
 
 @CRITERIA("C1O-decomposition", "mse to the Gaussian surrogate / (bias_gauss + mse to the exact limit) at the "
@@ -208,8 +181,9 @@ def _lstar(a):
           reason="E||f_L - f_g||^2 = E||f_L - f_inf||^2 + ||f_inf - f_g||^2 + 2 E<f_L - f_inf, f_inf - f_g>: the "
                  "cross term's mean is O(1/L) and its noise a few % of the sum with 256 units",
           quick=(0.6, 1.4))
-def _decomposition(a):
-    return np.array([f.decomposition for f in a.fits])
+def _decomposition(ds):
+    last = ds.isel(L=-1)
+    return last.mse_gauss.mean(UNITS) / (ds.bias_gauss + last.mse.mean(UNITS))
 
 
 measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
@@ -220,56 +194,33 @@ def slopes(ds) -> xr.Dataset:
     """Per sampling: the log-log line of the error over the regime's L
     (:func:`sfxlin.analysis.fits.loglog_slope`, SE cluster-robust over seed x prompt); NaN where
     fewer than 3 L are in the regime."""
-    out = []
-    keep = regime(ds)
-    for s in ds.sampling.values:
-        Ls = ds.L.values[keep.sel(sampling=s).values]
-        if _few(len(Ls)):
-            fit = loglog_slope(ds.mse.sel(sampling=s), "L", units=UNITS, test_exponent=-1.0) * np.nan
-        else:
-            fit = loglog_slope(ds.mse.sel(sampling=s, L=Ls), "L", units=UNITS, test_exponent=-1.0)
-        out.append(fit.drop_vars([c for c in fit.coords if c not in ("sampling",)]))
-    return xr.concat(out, "sampling").assign_coords(sampling=ds.sampling.values)
+    return loglog_slope(ds.mse.where(regime(ds)), "L", units=UNITS, test_exponent=-1.0, skipna=True)
 
 
 def constants(ds) -> xr.Dataset:
     """Per sampling: ``L * mse`` at the largest L (unit mean) and its SE over the units, the predicted
     constant (:func:`predicted_constant`), the i.i.d. sharp constant, the Gaussian picture's, and
     their ratio."""
-    L = ds.L.values[-1]
-    last = (L * ds.mse.isel(L=-1)).stack(unit=UNITS)
-    G = last.sizes["unit"]
+    last = float(ds.L[-1]) * ds.mse.isel(L=-1, drop=True)
+    mean, se = last.mean(UNITS), last.std(UNITS, ddof=1) / np.sqrt(np.prod([ds.sizes[u] for u in UNITS]))
     pred = predicted_constant(ds)
-    return xr.Dataset({"constant": last.mean("unit"), "constant_se": last.std("unit", ddof=1) / np.sqrt(G),
-                       "predicted": pred, "ratio": last.mean("unit") / pred})
+    return xr.Dataset({"constant": mean, "constant_se": se, "predicted": pred, "ratio": mean / pred})
 
 
 def lstar(ds, alpha: float = 0.05) -> xr.Dataset:
-    """Per (sampling, eps): ``L_star`` (fitted line) with its interval, the sharp prediction
-    ``L_star_sharp = predicted_constant / (eps^2 limit_sq)``, the Gaussian picture's ``L_star_gauss =
-    const_gauss / (eps^2 limit_sq_gauss)``, and ``L_star_surrogate``, where the fitted error plus the
-    surrogate's exact squared bias meets ``eps^2 limit_sq`` (inf when the bias alone exceeds it)."""
-    eps = eps_list(ds)
-    target = eps**2 * float(ds.limit_sq)
-    rows = []
-    for s in ds.sampling.values:
-        f = _Fit(ds, s)
-        row = np.full((len(eps), 4), np.nan)
-        if f.line is not None:
-            c, sl, cov, G = f.line
-            for i, t in enumerate(target):
-                row[i, :3] = lstar_np(c, sl, cov, G, t, alpha)
-                rest = t - float(ds.bias_gauss)
-                row[i, 3] = lstar_np(c, sl, cov, G, rest, alpha)[0] if rest > 0 else np.inf
-        rows.append(row)
-    arr = np.array(rows)
-    coords = {"sampling": ds.sampling.values, "eps": eps}
-    da = lambda k: xr.DataArray(arr[..., k], dims=("sampling", "eps"), coords=coords)  # noqa: E731
-    eps_da = xr.DataArray(eps, dims="eps", coords={"eps": eps})
-    return xr.Dataset({"L_star": da(0), "L_star_low": da(1), "L_star_high": da(2),
-                       "L_star_sharp": predicted_constant(ds) / (eps_da**2 * ds.limit_sq),
-                       "L_star_gauss": ds.const_gauss / (eps_da**2 * ds.limit_sq_gauss),
-                       "L_star_surrogate": da(3)})
+    """Per (sampling, eps): ``L_star`` (fitted line) with its interval (:func:`lstar_of`), the sharp
+    prediction ``L_star_sharp = predicted_constant / (eps^2 limit_sq)``, the Gaussian picture's
+    ``L_star_gauss = const_gauss / (eps^2 limit_sq_gauss)``, and ``L_star_surrogate``, where the
+    fitted error plus the surrogate's exact squared bias meets ``eps^2 limit_sq`` (inf when the bias
+    alone exceeds it)."""
+    eps = xr.DataArray(eps_list(ds), dims="eps", coords={"eps": eps_list(ds)})
+    target = eps**2 * ds.limit_sq
+    lines = unit_lines(ds)
+    rest = target - ds.bias_gauss
+    surrogate = xr.where(rest > 0, lstar_of(lines, rest.where(rest > 0), alpha).L_star, np.inf)
+    return lstar_of(lines, target, alpha).assign(L_star_sharp=predicted_constant(ds) / target,
+                                                 L_star_gauss=ds.const_gauss / (eps**2 * ds.limit_sq_gauss),
+                                                 L_star_surrogate=surrogate).drop_vars("G").transpose("sampling", "eps", ...)
 
 
 def fit_tables(ds) -> dict:
@@ -325,7 +276,7 @@ def figure(ds, path):
     L = ds.L.values.astype(float)
     Lx = np.geomspace(L[0], L[-1] * 4, 50)
     colors = dict(zip(ds.sampling.values.tolist(), ["C0", "C3"]))
-    ls = lstar(ds)
+    ls, lines = lstar(ds), unit_lines(ds)
     ax = axes[0]
     for s, c in colors.items():
         y = ds.mse.sel(sampling=s).stack(unit=UNITS)
@@ -333,9 +284,9 @@ def figure(ds, path):
         ax.errorbar(L, y.mean("unit"), yerr=2 * se, fmt="o", ms=3, color=c, label=f"{s}: measured (2 SE)")
         ax.loglog(Lx, float(predicted_constant(ds).sel(sampling=s)) / Lx, "-", lw=1, color=c,
                   label=f"{s}: {'tau ' if s == 'window' else ''}tr C / L")
-        f = _Fit(ds, s)
-        if f.line is not None:
-            ax.loglog(Lx, np.exp(f.line[0]) * Lx ** f.line[1], ":", color=c, lw=1.5, label=f"{s}: fit {f.line[1]:.2f}")
+        c0, s0 = float(lines.c.sel(sampling=s)), float(lines.s.sel(sampling=s))
+        if np.isfinite(s0):
+            ax.loglog(Lx, np.exp(c0) * Lx**s0, ":", color=c, lw=1.5, label=f"{s}: fit {s0:.2f}")
     if np.isfinite(float(ds.const_gauss)):
         ax.loglog(Lx, float(ds.const_gauss) / Lx, "k--", lw=0.8, label="Gaussian picture")
     ax.set(xscale="log", yscale="log", xlabel="prompt length L", ylabel=r"$E\|V(f_L(q) - f_\infty(q))\|^2$",
@@ -347,11 +298,10 @@ def figure(ds, path):
         ax.loglog(L, np.sqrt(ds.mse.sel(sampling=s).mean(UNITS) / lim), "-o", ms=3, color=c, label=f"{s}: to exact")
         ax.loglog(L, np.sqrt(ds.mse_gauss.sel(sampling=s).mean(UNITS) / lim), "--s", ms=3, color=c, alpha=0.6,
                   label=f"{s}: to surrogate")
-        f = _Fit(ds, s)
-        if f.line is not None:
+        c0, s0 = float(lines.c.sel(sampling=s)), float(lines.s.sel(sampling=s))
+        if np.isfinite(s0):
             Lf = np.geomspace(L[0], max(L[-1], float(np.nanmax(ls.L_star.sel(sampling=s).values, initial=L[-1]))), 50)
-            ax.loglog(Lf, np.sqrt(np.exp(f.line[0]) * Lf ** f.line[1] / lim), ":", color=c, lw=1,
-                      label=f"{s}: fitted line")
+            ax.loglog(Lf, np.sqrt(np.exp(c0) * Lf**s0 / lim), ":", color=c, lw=1, label=f"{s}: fitted line")
         for e in ls.eps.values:
             v = float(ls.L_star.sel(sampling=s, eps=e))
             if np.isfinite(v):

@@ -14,13 +14,13 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from .c1 import se_note
-from .fits import MIN_LINE_POINTS, loglog_slope, loglog_slopes_np, too_few
+from .fits import se_note, slope_shortfall, too_few, unit_slopes
 from .tables import column, make_table
-from .verdicts import Criteria, Inconclusive, measure_unless
+from .verdicts import Criteria, judged_where, measure_unless
 
 __all__ = ["CRITERIA", "UNITS", "WEIGHT_RATIO_MAX", "in_regime", "slopes", "slope_shortfall", "bias_order",
-           "relative_bias", "crossover_L", "sharp_ratio", "measures", "verdicts", "fit_tables", "figure"]
+           "relative_bias", "crossover_L", "sharp_ratio", "decomposition", "measures", "verdicts", "fit_tables",
+           "figure"]
 
 #: the dims of a c1_real file's independent units: the seeds (each its own U direction, queries and
 #: prompts; every U_norm of a seed scales the same U at the same queries, and the prompts are nested
@@ -32,16 +32,9 @@ def slopes(ds: xr.Dataset, *, cov_type: str | None = None) -> xr.Dataset:
     """Log-log slope (OLS, SE, 95% CI) in L of the seed-mean error to the exact empirical limit,
     per (dataset, D, U_norm). The prompts are nested along L: the SE is cluster-robust over the seeds
     by default (Student-t with seeds - 1 dof: 1 at the paper's 2 seeds, so the interval is wide),
-    ``cov_type="nonrobust"`` the plain OLS SE of the seed-mean line by name; one seed: plain OLS."""
-    if ds.sizes["seed"] < 2:
-        return loglog_slope(ds.mse.mean("seed"), "L", cov_type=cov_type, test_exponent=-1.0).assign_coords(
-            units="seed", n_units=ds.sizes["seed"])
-    return loglog_slope(ds.mse, "L", units="seed", cov_type=cov_type, test_exponent=-1.0)
-
-
-def slope_shortfall(ds: xr.Dataset) -> str | None:
-    """Why :func:`slopes` cannot be fitted (fewer than 3 prompt lengths), or None."""
-    return too_few(ds.sizes["L"], MIN_LINE_POINTS, "prompt lengths", "a log-log slope")
+    ``cov_type="nonrobust"`` the plain OLS SE of the seed-mean line by name; one seed: plain OLS
+    (:func:`~.fits.unit_slopes`)."""
+    return unit_slopes(ds.mse, UNITS, cov_type=cov_type, test_exponent=-1.0)
 
 
 def bias_order(ds: xr.Dataset) -> xr.DataArray:
@@ -70,6 +63,13 @@ def sharp_ratio(ds: xr.Dataset) -> xr.DataArray:
     return (ds.mse / ds.mse_asymptotic).isel(L=-1).mean("seed")
 
 
+def decomposition(ds: xr.Dataset) -> xr.DataArray:
+    """``mse_gauss / (bias_gauss + mse)`` at the largest L, seed mean, per (dataset, D, U_norm): 1 when
+    the error to the Gaussian surrogate is its bias plus the error to the exact limit."""
+    last = ds.isel(L=-1)
+    return (last.mse_gauss / (last.bias_gauss + last.mse)).mean("seed")
+
+
 #: settings whose tilted weights are near uniform: E w^2 / (E w)^2 at most this (see in_regime)
 WEIGHT_RATIO_MAX = 1.25
 
@@ -83,45 +83,18 @@ def in_regime(ds: xr.Dataset) -> xr.DataArray:
     return ds.weight_ratio.mean("seed") <= WEIGHT_RATIO_MAX
 
 
-def _regime_values(ds, da):
-    """The values of ``da`` (dataset, D, U_norm) at the settings :func:`in_regime`, or Inconclusive."""
-    da, keep = xr.broadcast(da, in_regime(ds))
-    if not keep.any():
-        return Inconclusive(f"no setting has weight_ratio <= {WEIGHT_RATIO_MAX} (near-uniform tilted weights)")
-    return da.values[keep.values]
-
-
 def _no_order(ds):
     return too_few(ds.sizes["U_norm"], 2, "values of U_norm", "the order of the bias in ||U||")
 
 
-def _values(da: xr.DataArray, *dims) -> np.ndarray:
-    """The numpy values of ``da`` with its axes in the order ``dims`` (every dim of ``da``)."""
-    return np.transpose(da.values, [da.dims.index(d) for d in dims])
+def _judged(ds, values):
+    """``values`` at the settings :func:`in_regime` (:func:`~.verdicts.judged_where`)."""
+    return judged_where(values, in_regime(ds), SETTING,
+                        f"no setting has weight_ratio <= {WEIGHT_RATIO_MAX} (near-uniform tilted weights)")
 
 
 SETTING = ("dataset", "D", "U_norm")
-
-
-class _Arrays:
-    """What the criteria read, as numpy arrays taken once per file (and per resample of its seeds:
-    every verdict's robustness reruns the measures 100 times, so they avoid xarray's per-call
-    overhead). Axes: dataset, D, U_norm, then L; seed last before the seed means."""
-
-    def __init__(self, ds):
-        self.ds = ds
-        self.mse = _values(ds.mse, *SETTING, "L", "seed")
-        self.keep = _values(ds.weight_ratio, *SETTING, "seed").mean(axis=-1) <= WEIGHT_RATIO_MAX   # in_regime
-        self.few_L, self.no_order = slope_shortfall(ds), _no_order(ds)
-
-    def in_regime(self, values):
-        """``values`` (dataset, D, U_norm) at the settings in the regime (row-major), or Inconclusive."""
-        if not self.keep.any():
-            return Inconclusive(f"no setting has weight_ratio <= {WEIGHT_RATIO_MAX} (near-uniform tilted weights)")
-        return values[self.keep]
-
-
-CRITERIA = Criteria("C1", prepare=_Arrays, units=UNITS)
+CRITERIA = Criteria("C1", units=UNITS)
 
 #: The quick profile (4 data sets x D in {2, 5} x U_norm in {0.05, 0.1, 0.8}, 1 seed x 6 queries x 8
 #: prompts, L = 16 .. 1024) is a smoke test. Its thresholds come from 160 replicate quick runs of a
@@ -137,9 +110,8 @@ CRITERIA = Criteria("C1", prepare=_Arrays, units=UNITS)
           # quick: replicate SD 0.03 .. 0.06 per judged setting (0.09 at U_norm 0.8, judged in 1-11% of the runs),
           # range -1.19 .. -0.80 (2601 values): +-0.35 is 6 SD of the first, 3.8 SD of the rare one
           quick=(-1.35, -0.65))
-def _slopes(a):
-    # the slope of slopes(ds), without its SE (tests/test_c1_real.py checks they agree)
-    return measure_unless(a.few_L, lambda: a.in_regime(loglog_slopes_np(a.mse.mean(axis=-1), a.ds.L.values)))
+def _slopes(ds):
+    return measure_unless(slope_shortfall(ds), lambda: _judged(ds, slopes(ds).slope))
 
 
 @CRITERIA("C1R-sharp-constant", "mse / (tr C_mu / L) at the largest L, every (dataset, D, U_norm) with weight_ratio "
@@ -150,9 +122,8 @@ def _slopes(a):
           # quick: a mean of 48 squared errors, replicate SD 0.09 .. 0.16 per judged setting (0.2-0.3 at the rarely
           # judged U_norm 0.8), range 0.61 .. 1.51: [0.4, 2] is 3.75 SD below 1 and 6 SD above
           quick=(0.4, 2.0))
-def _sharp_constant(a):
-    asym = _values(a.ds.mse_asymptotic, *SETTING, "L", "seed")
-    return a.in_regime((a.mse[..., -1, :] / asym[..., -1, :]).mean(axis=-1))   # sharp_ratio(ds)
+def _sharp_constant(ds):
+    return _judged(ds, sharp_ratio(ds))
 
 
 @CRITERIA("C1R-gauss-decomposition", "mse to the Gaussian surrogate / (bias_gauss + mse to the exact limit), "
@@ -162,10 +133,8 @@ def _sharp_constant(a):
           # quick: the same bound with 48 squared errors, 1/sqrt(48) = 14.4% of the sum: +-45% is 3.1 of it
           # (replicate range 0.75 .. 1.20)
           quick=(0.55, 1.45))
-def _decomposition(a):
-    gauss = _values(a.ds.mse_gauss, *SETTING, "L", "seed")[..., -1, :]
-    bias = _values(a.ds.bias_gauss, *SETTING, "seed")
-    return a.in_regime((gauss / (bias + a.mse[..., -1, :])).mean(axis=-1))
+def _decomposition(ds):
+    return _judged(ds, decomposition(ds))
 
 
 @CRITERIA("C1R-bias-order", "order of the Gaussian surrogate's squared bias in ||U|| (two smallest U_norm), every "
@@ -179,14 +148,8 @@ def _decomposition(a):
           # 3.25 .. 5.75 (1280 values, 26 of 160 runs outside [3.5, 4.5]): [2.5, 6.5] still FAILs a bias of order 2
           # (a wrong mean or covariance of the surrogate)
           quick=(2.5, 6.5))
-def _bias_order(a):
-    def order():
-        ds = a.ds
-        first, second = np.argsort(ds.U_norm.values)[:2]
-        u = ds.U_norm.values
-        b = _values(ds.bias_gauss, "dataset", "D", "U_norm", "seed").mean(axis=-1)
-        return (np.log(b[:, :, second] / b[:, :, first]) / np.log(u[second] / u[first])).ravel()   # bias_order(ds)
-    return measure_unless(a.no_order, order)
+def _bias_order(ds):
+    return measure_unless(_no_order(ds), lambda: bias_order(ds))
 
 
 measures, verdicts = CRITERIA.measures, CRITERIA.verdicts

@@ -34,8 +34,8 @@ Design and SEs (:data:`UNITS`): the main cells ``(d, U_norm, seed)`` and the tra
 ``(setting, traj_seed)`` draw from generators keyed by their coordinates, so seeds are independent;
 a seed's prompt sets are shared along L and a trajectory seed is one run along t. Every fit along L
 reports an SE cluster-robust over its seeds (``seed`` for the gradients, ``traj_seed`` for the
-trajectory; statsmodels' CR1 of the linearised log seed-mean, in closed form here:
-:func:`ols_lines_np`, :func:`loglog_ols`); the plain OLS SE stays available by name
+trajectory; :func:`~.fits.unit_slopes`, statsmodels' CR1 of the linearised log seed-mean); the
+plain OLS SE stays available by name
 (``cov_type="nonrobust"``, the tables' ``SE OLS`` columns). With one unit (the quick profile's one
 trajectory seed) the SE is the plain OLS SE of that unit's line, and the table says so. The
 verdicts' robustness resamples ``seed`` and ``traj_seed``.
@@ -48,16 +48,16 @@ from __future__ import annotations
 
 import numpy as np
 import xarray as xr
-from scipy import stats
 from statsmodels.stats.proportion import proportion_confint
 
-from .fits import MIN_LINE_POINTS, check_alpha, loglog_slope, not_fitted, too_few
+from .c2_family import se_note
+from .fits import MIN_LINE_POINTS, loglog_slope, not_fitted, too_few, unit_slopes
 from .tables import column, make_table
-from .verdicts import Criteria, Shared, measure_unless
+from .verdicts import RESAMPLE, Criteria, Shared, measure_unless
 
 __all__ = ["CRITERIA", "UNITS", "tail_tests", "tail_summary", "clt_ratio", "gradient_slopes", "upper_half_L",
            "gradient_summary", "trajectory_exponents", "slope_shortfall", "measures", "verdicts", "fit_tables",
-           "figure", "ols_lines_np", "loglog_ols", "fit_units", "CLOSED_FORM_COV", "tail_checks", "cp_lower"]
+           "figure", "clopper_pearson"]
 
 ALPHA = 0.05
 CLT_MIN_LEVEL = 1e-3
@@ -68,131 +68,21 @@ CLT_MIN_LEVEL = 1e-3
 #: (one run), so every fit along L clusters over its seeds.
 UNITS = ("seed", "traj_seed")
 
-# --------------------------------------------------------------------------- closed-form log-log lines
+#: the dims of a tail test: one (d, U_norm, seed, query, L, level)
+TAIL_DIMS = ("d", "U_norm", "seed", "query", "L", "level")
 
 
-#: covariance estimators that :func:`loglog_ols` computes in closed form (others go to statsmodels).
-CLOSED_FORM_COV = ("cluster", "nonrobust")
-
-
-def ols_lines_np(logx: np.ndarray, y: np.ndarray, *, clustered: bool) -> dict:
-    """Every log-log line of ``y`` at once, in closed form: the numbers of :func:`fits.ols_line_np`
-    (statsmodels) for ``"nonrobust"`` and of :func:`fits.clustered_loglog_np` for ``"cluster"``.
-
-    ``y`` has shape ``(..., n)`` (one line per leading cell: OLS of ``log y`` on ``[1, logx]``) or,
-    with ``clustered``, ``(..., n, G)`` (``G`` independent units: the line of the log unit mean, SE
-    cluster-robust over the units). Returns ``slope, slope_se, intercept, intercept_se, r2`` (arrays
-    over the leading cells) and ``df`` (the t distribution's degrees of freedom, an int).
-
-    Maths. With ``u = log y`` (or ``log ybar``, ``ybar`` the unit mean), ``dx = logx - mean``,
-    ``Sxx = sum dx^2``: ``b = sum dx u / Sxx``, ``a = mean u - b mean logx``. Nonrobust:
-    ``s^2 = SSR / (n - 2)``, ``se(b)^2 = s^2 / Sxx``, ``se(a)^2 = s^2 (1/n + mean^2 / Sxx)``, df ``n - 2``.
-    Cluster (CR1, statsmodels' ``cov_type="cluster"``): the pseudo-observations
-    ``z_ig = u_i + (y_ig - ybar_i) / ybar_i`` have the same pooled line; with residuals
-    ``e_ig = z_ig - a - b logx_i``, the score of unit ``g`` is ``s_g = sum_i [1, logx_i] e_ig``,
-    ``B = (X'X)^-1`` of the pooled design (``X'X = G [[n, sum x], [sum x, sum x^2]]``) and
-    ``V = G/(G-1) (nG-1)/(nG-2) sum_g (B s_g)(B s_g)'``; df ``G - 1``. ``r2`` is that of the line of ``u``
-    (NaN when ``u`` is constant)."""
-    x = np.asarray(logx, dtype=np.float64)
-    n = x.size
-    y = np.asarray(y, dtype=np.float64)
-    ybar = y.mean(axis=-1) if clustered else y
-    with np.errstate(divide="ignore", invalid="ignore"):
-        u = np.log(ybar)
-        xm = x.mean()
-        dx = x - xm
-        sxx = float(dx @ dx)
-        um = u.mean(axis=-1)
-        b = (u - um[..., None]) @ dx / sxx
-        a = um - b * xm
-        fit = a[..., None] + b[..., None] * x
-        ssr = ((u - fit) ** 2).sum(axis=-1)
-        tss = ((u - um[..., None]) ** 2).sum(axis=-1)
-        r2 = np.where(tss == 0.0, np.nan, 1.0 - ssr / np.where(tss == 0.0, 1.0, tss))
-        if not clustered:
-            s2 = ssr / (n - 2)
-            return {"slope": b, "slope_se": np.sqrt(s2 / sxx), "intercept": a,
-                    "intercept_se": np.sqrt(s2 * (1.0 / n + xm * xm / sxx)), "r2": r2, "df": n - 2}
-        G = y.shape[-1]
-        e = u[..., None] + (y - ybar[..., None]) / ybar[..., None] - fit[..., None]   # (..., n, G)
-        s0, s1 = e.sum(axis=-2), np.einsum("...ig,i->...g", e, x)                     # scores, (..., G)
-        sx, sxx_raw = float(x.sum()), float(x @ x)
-        det = G * G * (n * sxx_raw - sx * sx)
-        b00, b01, b11 = G * sxx_raw / det, -G * sx / det, G * n / det                  # (X'X)^-1
-        u0, u1 = b00 * s0 + b01 * s1, b01 * s0 + b11 * s1
-        N = n * G
-        c = G / (G - 1.0) * (N - 1.0) / (N - 2.0)
-        return {"slope": b, "slope_se": np.sqrt(c * (u1 * u1).sum(axis=-1)), "intercept": a,
-                "intercept_se": np.sqrt(c * (u0 * u0).sum(axis=-1)), "r2": r2, "df": G - 1}
-
-
-def loglog_ols(da: xr.DataArray, dim: str = "L", *, units=None, cov_type: str | None = None, alpha: float = 0.05,
-               test_exponent: float | None = None) -> xr.Dataset:
-    """:func:`fits.loglog_slope` in closed form, every cell at once (:func:`ols_lines_np`): the same
-    Dataset (variables, dims, scalar coordinates ``method``, ``cov_type``, ``alpha``, ``test_exponent``,
-    ``units``, ``n_units``) and the same numbers up to rounding, without a statsmodels call per cell
-    (the measures rerun these fits for every resample of the robustness). ``units`` and
-    ``cov_type`` as there (``"cluster"`` over the units by default, ``"nonrobust"`` by name). Input
-    that this path does not cover (dask, another ``cov_type``, a value that is not positive and
-    finite: the error names its coordinates) goes to :func:`fits.loglog_slope` itself."""
-    unit_dims = () if units is None else ((units,) if isinstance(units, str) else tuple(units))
-    cov = ("cluster" if unit_dims else "nonrobust") if cov_type is None else cov_type
-    if (da.chunks is not None or cov not in CLOSED_FORM_COV or dim not in da.dims or dim not in da.coords
-            or da.sizes[dim] < MIN_LINE_POINTS or any(u not in da.dims or u == dim for u in unit_dims)):
-        return loglog_slope(da, dim, units=units, cov_type=cov_type, alpha=alpha, test_exponent=test_exponent)
-    other = [d for d in da.dims if d != dim and d not in unit_dims]
-    arr = da.transpose(*other, dim, *unit_dims).values.astype(np.float64, copy=False)
-    G = int(np.prod([da.sizes[u] for u in unit_dims], dtype=np.int64))
-    xvals = np.asarray(da[dim].values, dtype=np.float64)
-    with np.errstate(invalid="ignore"):
-        if unit_dims:
-            arr = arr.reshape(arr.shape[:len(other) + 1] + (G,))
-            good = np.all(np.isfinite(arr)) and np.all(arr.mean(axis=-1) > 0)
-        else:
-            good = np.all(np.isfinite(arr)) and np.all(arr > 0)
-    if (not good or G < (2 if unit_dims else 1) or (cov == "cluster" and not unit_dims)
-            or not np.all(np.isfinite(xvals) & (xvals > 0)) or np.ptp(np.log(xvals)) == 0):
-        return loglog_slope(da, dim, units=units, cov_type=cov_type, alpha=alpha, test_exponent=test_exponent)
-    if unit_dims and cov != "cluster":
-        arr = arr.mean(axis=-1)
-    fit = ols_lines_np(np.log(xvals), arr, clustered=cov == "cluster")
-    alpha = check_alpha(alpha)
-    df = fit["df"]
-    q = stats.t.ppf(1.0 - alpha / 2.0, df)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        fields = {"slope": fit["slope"], "slope_se": fit["slope_se"],
-                  "slope_ci_low": fit["slope"] - q * fit["slope_se"],
-                  "slope_ci_high": fit["slope"] + q * fit["slope_se"],
-                  "intercept": fit["intercept"], "intercept_se": fit["intercept_se"],
-                  "intercept_ci_low": fit["intercept"] - q * fit["intercept_se"],
-                  "intercept_ci_high": fit["intercept"] + q * fit["intercept_se"], "r2": fit["r2"],
-                  "n": np.full(fit["slope"].shape, da.sizes[dim], dtype=np.int64),
-                  "pvalue_slope": 2.0 * stats.t.sf(np.abs(fit["slope"] / fit["slope_se"]), df)}
-        if test_exponent is not None:
-            fields["t_test_pvalue"] = 2.0 * stats.t.sf(np.abs((fit["slope"] - float(test_exponent)) / fit["slope_se"]),
-                                                       df)
-    coords = {d: da[d] for d in other if d in da.coords}
-    out = xr.Dataset({k: (other, np.asarray(v)) for k, v in fields.items()}, coords=coords)
-    settings = {"method": "OLS log-log", "cov_type": cov, "alpha": alpha}
-    if test_exponent is not None:
-        settings["test_exponent"] = float(test_exponent)
-    if unit_dims:
-        settings.update(units=",".join(unit_dims), n_units=G)
-    name = da.name if da.name is not None else "y"
-    out = out.assign_coords(settings)
-    out.attrs = {"fit": (f"OLS of log(mean of {name} over {', '.join(unit_dims)}) on log({dim}); SE "
-                         + ("cluster-robust over the units (linearised log-mean)" if cov == "cluster" else
-                            f"{cov}, ignoring that the units' draws are shared along {dim}") if unit_dims else
-                         f"OLS of log({name}) on log({dim}) over {dim}") + "; closed form (analysis.c2.loglog_ols)",
-                 "fitted_dim": dim, "source_variable": str(name)}
-    return out
-
-
-def fit_units(da: xr.DataArray, unit: str):
-    """``unit`` when ``da`` has at least 2 of them (a cluster-robust SE over them), else None (one
-    unit: a plain OLS fit of that one, whose SE ignores that its draws are shared along x)."""
-    return unit if da.sizes.get(unit, 0) >= 2 else None
-
+def clopper_pearson(count, n, alpha: float = ALPHA) -> tuple[np.ndarray, np.ndarray]:
+    """The Clopper-Pearson interval ``(low, high)`` of ``count`` of ``n`` (statsmodels
+    ``proportion_confint``, ``method="beta"``), computed once per distinct ``(count, n)`` pair: the
+    resamples of the seeds repeat the same tests, and the beta quantile is the costly part."""
+    count, n = np.broadcast_arrays(np.asarray(count, dtype=np.float64), np.asarray(n, dtype=np.float64))
+    pairs = np.ascontiguousarray(np.stack([count.ravel(), n.ravel()], axis=1)).view(np.complex128)[:, 0]
+    pairs, inverse = np.unique(pairs, return_inverse=True)     # (count, n) as one number: a 1-D sort
+    lo, hi = proportion_confint(pairs.real, pairs.imag, alpha=alpha, method="beta")
+    back = np.ravel(inverse)
+    return (np.asarray(lo, dtype=np.float64)[back].reshape(count.shape),
+            np.asarray(hi, dtype=np.float64)[back].reshape(count.shape))
 
 
 # --------------------------------------------------------------------------- (a) tails
@@ -202,7 +92,7 @@ def tail_tests(ds: xr.Dataset, alpha: float = ALPHA) -> xr.Dataset:
     """Every tail test with its Clopper-Pearson interval, violation, vacuity and looseness."""
     count = ds.tail_count
     n = ds.tail_n.broadcast_like(count)
-    lo, hi = proportion_confint(count.values, n.values, alpha=alpha, method="beta")
+    lo, hi = clopper_pearson(count.values, n.values, alpha)
     p_hat = count / n
     out = xr.Dataset({
         "count": count, "n": n, "p_hat": p_hat,
@@ -254,7 +144,7 @@ def clt_ratio(ds: xr.Dataset, alpha: float = ALPHA, L=None) -> xr.Dataset:
     count = sel.tail_count.sum(("seed", "query"))
     total = n.sum(("seed", "query"))
     expected = (n * sel.tail_clt).sum(("seed", "query"))
-    lo, hi = proportion_confint(count.values, total.values, alpha=alpha, method="beta")
+    lo, hi = clopper_pearson(count.values, total.values, alpha)
     scale = total / expected
     return xr.Dataset({"ratio": count / expected, "count": count, "expected": expected,
                        "ratio_ci_low": (count.dims, np.asarray(lo) * scale.values),
@@ -269,16 +159,13 @@ def gradient_slopes(ds: xr.Dataset, L_min=None, cov_type: str | None = None) -> 
     per (d, U_norm, setting, scale); over every stored L (the criterion's fit) unless ``L_min``.
 
     A seed's prompt sets are shared along L, so the SE is cluster-robust over the seeds
-    (``cov_type="cluster"``, the default with >= 2 seeds; :func:`loglog_ols`); ``cov_type=
+    (``cov_type="cluster"``, the default with >= 2 seeds; :func:`~.fits.unit_slopes`); ``cov_type=
     "nonrobust"`` gives the plain OLS SE of the seed-mean line by name. With one seed: its own
     line, plain OLS."""
     gap = ds.grad_gap_sq
     if L_min is not None:
         gap = gap.sel(L=gap.L[gap.L >= L_min])
-    units = fit_units(gap, "seed")
-    if units is None:
-        gap = gap.mean("seed")
-    return loglog_ols(gap, "L", units=units, cov_type=cov_type, test_exponent=-1.0)
+    return unit_slopes(gap, "seed", cov_type=cov_type, test_exponent=-1.0)
 
 
 def slope_shortfall(ds: xr.Dataset, L_min=None) -> str | None:
@@ -326,12 +213,9 @@ def _rms_exponent(g2: xr.DataArray, cov_type=None) -> xr.Dataset:
     """Slope in L and its SE of ``sqrt(mean over traj_seed of g2)`` (``g2`` a squared gap over
     ``(..., traj_seed, L)``): half the log-log line of the seed mean of ``g2``, clustered over the
     trajectory seeds (each is one run: its draws are shared along L), plain OLS with one seed."""
-    units = fit_units(g2, "traj_seed")
-    if units is None:
-        g2 = g2.mean("traj_seed")
-    fit = loglog_ols(g2, "L", units=units, cov_type=cov_type)
+    fit = unit_slopes(g2, "traj_seed", cov_type=cov_type)
     return xr.Dataset({"slope": fit.slope / 2, "slope_se": fit.slope_se / 2}).assign_coords(
-        cov_type=fit.cov_type, n_units=int(g2.sizes.get("traj_seed", 1)))
+        cov_type=fit.cov_type, n_units=fit.n_units)
 
 
 def _sup_squared(g: xr.DataArray) -> xr.DataArray:
@@ -358,8 +242,8 @@ def trajectory_exponents(ds: xr.Dataset, cov_type: str | None = None) -> xr.Data
     uniform = _rms_exponent(_sup_squared(ds.traj_g), cov_type)
     pooled = np.sqrt(g2.mean("traj_seed"))
     sup = pooled.max("t")
-    fixed_seed = loglog_ols(ds.traj_g.isel(t=0), "L")
-    uniform_seed = loglog_ols(ds.traj_g.max("t"), "L")
+    fixed_seed = loglog_slope(ds.traj_g.isel(t=0), "L")
+    uniform_seed = loglog_slope(ds.traj_g.max("t"), "L")
     risk2 = ds.traj_g_risk**2
     fixed_risk = _rms_exponent(risk2.isel(t=0), cov_type)
     uniform_risk = _rms_exponent(_sup_squared(ds.traj_g_risk), cov_type)
@@ -372,45 +256,21 @@ def trajectory_exponents(ds: xr.Dataset, cov_type: str | None = None) -> xr.Data
         "argmax_t": xr.DataArray(pooled.t.values[pooled.argmax("t").values], dims=pooled.isel(t=0).dims,
                                  coords={k: v for k, v in pooled.isel(t=0).coords.items() if k != "t"}),
     }
-    keep = ("setting", "traj_seed")
+    keep = ("setting", "traj_seed", RESAMPLE)
     out = xr.Dataset({k: v.drop_vars([c for c in v.coords if c not in keep]) for k, v in parts.items()})
     return out.assign_coords(cov_type=str(fixed.cov_type.values), n_units=int(ds.sizes["traj_seed"]))
 
 
 # --------------------------------------------------------------------------- criteria
-# The measures are rerun for every resample of the units (robustness), so they read numpy arrays
-# and the closed-form fits, each computed once per data (``Shared``).
-
-
-def _array(ds: xr.Dataset, var: str, dims) -> np.ndarray:
-    """``ds[var]`` as a float64 array over ``dims`` (broadcast over those it lacks), in that order."""
-    v = ds.variables[var]
-    if set(v.dims) != set(dims):
-        v = v.set_dims({**{d: ds.sizes[d] for d in dims if d not in v.dims}, **v.sizes})
-    return np.asarray(v.transpose(*dims).values, dtype=np.float64)
-
-
-def cp_lower(count: np.ndarray, n: np.ndarray, alpha: float = ALPHA) -> np.ndarray:
-    """The Clopper-Pearson lower ends of ``count`` of ``n`` (statsmodels ``proportion_confint``,
-    ``method="beta"``), computed once per distinct ``(count, n)`` pair: the resamples of the seeds
-    repeat the same tests, and the beta quantile is the costly part."""
-    pairs, inverse = np.unique(np.stack([np.ravel(count), np.ravel(n)]), axis=1, return_inverse=True)
-    lo, _ = proportion_confint(pairs[0], pairs[1], alpha=alpha, method="beta")
-    return np.asarray(lo, dtype=np.float64)[np.ravel(inverse)].reshape(np.shape(count))
-
-
-def tail_checks(ds: xr.Dataset, alpha: float = ALPHA) -> dict:
-    """What the tail criteria read, without the tables' Dataset: ``violations`` (tests whose bound
-    is below the Clopper-Pearson lower end, as :func:`tail_tests` counts them) and ``all_vacuous``
-    (every bound >= 1)."""
-    dims = ds.tail_count.dims
-    count, n, bound = (_array(ds, v, dims) for v in ("tail_count", "tail_n", "tail_bound"))
-    return {"violations": int(np.sum(bound < cp_lower(count, n, alpha))), "all_vacuous": bool(np.all(bound >= 1.0))}
 
 
 def _vacuous_tails(sh: Shared) -> dict:
-    """C2-tail-violations is INCONCLUSIVE when every tail bound is vacuous (>= 1): no test can fail."""
-    return {"C2-tail-violations": "every tail bound is vacuous (>= 1)"} if sh(tail_checks)["all_vacuous"] else {}
+    """C2-tail-violations is INCONCLUSIVE when every tail bound is vacuous (>= 1): no test can fail
+    (on resampled data: in the resamples where they all are)."""
+    vacuous = sh(tail_tests).vacuous.all(TAIL_DIMS)
+    if RESAMPLE in vacuous.dims:
+        return {"C2-tail-violations": vacuous}
+    return {"C2-tail-violations": "every tail bound is vacuous (>= 1)"} if bool(vacuous) else {}
 
 
 CRITERIA = Criteria("C2", prepare=Shared, inconclusive=_vacuous_tails, units=UNITS)
@@ -430,7 +290,7 @@ CRITERIA = Criteria("C2", prepare=Shared, inconclusive=_vacuous_tails, units=UNI
                  "the empirical tail wherever there is a count, so false alarms are negligible",
           quick=0)   # the same falsification: the quick bounds are as loose (0 violations in each of 7 quick files)
 def _tail_violations(sh):
-    return sh(tail_checks)["violations"]
+    return sh(tail_tests).violated.sum(TAIL_DIMS)
 
 
 @CRITERIA("C2-tail-clt", "empirical / CLT tail at the largest L for tail levels >= 1e-3, pooled over seeds and "
@@ -440,11 +300,8 @@ def _tail_violations(sh):
           quick="1024 prompts per (d, U_norm) at L = 256: expected counts ~3 and ~1 at levels 3e-3 and 1e-3 "
                 "(Poisson relative SE 60-100%); 6 of 7 quick files have a ratio of 0")
 def _tail_clt(sh):
-    ds = sh.ds
-    dims = ("d", "U_norm", "level", "seed", "query", "L")
-    keep = ds.level.values >= CLT_MIN_LEVEL * (1 - 1e-9)
-    count, n, clt = (_array(ds, v, dims)[..., -1][:, :, keep] for v in ("tail_count", "tail_n", "tail_clt"))
-    return (count.sum(axis=(3, 4)) / (n * clt).sum(axis=(3, 4))).ravel()
+    ratio = sh(clt_ratio).ratio
+    return ratio.isel(level=ratio.level.values >= CLT_MIN_LEVEL * (1 - 1e-9))
 
 
 @CRITERIA("C2-grad-violations", "gradient cells (d, U_norm, setting, scale) where the paper-form bound (grad_c: "
@@ -452,10 +309,7 @@ def _tail_clt(sh):
           reference="0 of 36", reason="as for the tails: one violation falsifies the bound with this constant",
           quick=0)   # the same falsification (0 violations in each of 7 quick files)
 def _grad_violations(sh):
-    ds = sh.ds
-    dims = ("d", "U_norm", "setting", "scale", "seed", "L")
-    over = _array(ds, "grad_log_bound", dims) < np.log(_array(ds, "grad_gap_sq", dims))
-    return int(over.any(axis=(4, 5)).sum())
+    return sh(gradient_summary).violated.sum(_CELL)
 
 
 # quick: over 7 quick files the per-file max slope is -0.53 +- 0.095 and the min -1.21 +- 0.08 (SD over
@@ -468,30 +322,7 @@ def _grad_violations(sh):
           fails_as=("pre-asymptotic", "the cells outside the band have covariance scale 2 and a large logit quadratic "
                                       "form: their 1/L regime begins at L >> exp(2 a'Gamma_w a), beyond L = 4096"))
 def _grad_slopes(sh):
-    return measure_unless(slope_shortfall(sh.ds), lambda: sh(_gradient_slope_values))
-
-
-def _gradient_slope_values(ds: xr.Dataset) -> np.ndarray:
-    """The slopes of :func:`gradient_slopes` (over every L, in its order), without their SEs."""
-    dims = [d for d in ds.grad_gap_sq.dims if d not in ("L", "seed")] + ["L", "seed"]
-    gap = _array(ds, "grad_gap_sq", dims).mean(axis=-1)
-    if not np.all(np.isfinite(gap) & (gap > 0)):
-        gradient_slopes(ds)      # raises, naming the coordinates of the first value with no log
-    return ols_lines_np(np.log(ds.L.values.astype(np.float64)), gap, clustered=False)["slope"].ravel()
-
-
-def _trajectory_slopes(ds: xr.Dataset) -> dict:
-    """The two trajectory exponents the criteria read, per setting (the slopes of
-    :func:`trajectory_exponents`, without its SEs and tables)."""
-    g = _array(ds, "traj_g", ("setting", "traj_seed", "L", "t"))
-    g2 = g * g
-    pooled2 = g2.mean(axis=1)                                               # (setting, L, t)
-    if not np.all(np.isfinite(g2)) or not np.all(pooled2 > 0):
-        trajectory_exponents(ds)   # raises, naming the coordinates of the first value with no log
-    logx = np.log(ds.L.values.astype(np.float64))
-    fixed = ols_lines_np(logx, pooled2[..., 0], clustered=False)["slope"] / 2
-    uniform = ols_lines_np(logx, pooled2.max(axis=-1), clustered=False)["slope"] / 2
-    return {"fixed": fixed, "uniform": uniform}
+    return measure_unless(slope_shortfall(sh.ds), lambda: sh(gradient_slopes, None).slope)
 
 
 # quick: over 7 quick files the per-file max slope is -0.41 +- 0.115 and the min -0.54 +- 0.11 (SD over files),
@@ -502,7 +333,7 @@ def _trajectory_slopes(ds: xr.Dataset) -> dict:
                  "per-query constants with 4 seeds",
           quick=(-0.95, -0.05))
 def _traj_fixed(sh):
-    return measure_unless(slope_shortfall(sh.ds), lambda: sh(_trajectory_slopes)["fixed"])
+    return measure_unless(slope_shortfall(sh.ds), lambda: sh(trajectory_exponents).fixed)
 
 
 @CRITERIA("C2-traj-uniform", "log-log slope in L of sup_t g_L(t) along the infinite-prompt trajectory, seed-pooled, "
@@ -516,7 +347,7 @@ def _traj_fixed(sh):
                                "slowly than at fixed parameters (the sup is reached near the Bayes optimum, where "
                                "tau <= 5.25 makes the query-averaged constant infinite or huge)"))
 def _traj_uniform(sh):
-    return measure_unless(slope_shortfall(sh.ds), lambda: sh(_trajectory_slopes)["uniform"])
+    return measure_unless(slope_shortfall(sh.ds), lambda: sh(trajectory_exponents).uniform)
 
 
 measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
@@ -622,17 +453,9 @@ def _gradient_table(sh):
         title="(b) gradient gap E||grad R_L - grad R_inf||^2 at fixed parameters (seed mean): slope in L over every L "
               f"(the criterion) and, secondary, over L >= {L_hi} ('hi'); bound with the ASSUMED constant grad_c"
               + "".join(f"; {n}" for n in not_done),
-        notes=_se_note(ds.sizes["seed"], "seeds", "a seed's prompt sets are shared along L")
+        notes=se_note(ds.sizes["seed"], "seeds", "a seed's prompt sets are shared along L")
               + "\nloose = median bound/measured over seeds and L; bnd/g2 = bound(L_max) / ||grad R_inf||^2; both as "
               "powers of ten; K: seed-mean of the item-mean exponential factors; max aGa: largest a' Gamma_w a")
-
-
-def _se_note(G: int, what: str, why: str) -> str:
-    """The line of a table's notes that says what its SEs are, over how many units."""
-    if G >= 2:
-        return (f"SE: cluster-robust over the {G} {what} ({why}), Student-t with {G - 1} dof; SE OLS: the plain OLS "
-                f"SE of the pooled line, which ignores that sharing")
-    return f"SE: plain OLS of the one {what[:-1]}'s line (one unit: no cluster-robust SE; {why}); SE OLS: the same"
 
 
 def _in_band(slopes: np.ndarray) -> int:
@@ -682,7 +505,7 @@ def _trajectory_table(sh):
             "uniform_increases": column(tr.uniform_increases, "incr.", "d"),
             "fixed_risk": column(tr.fixed_risk, "g_risk fixed", ".3f"),
             "uniform_risk": column(tr.uniform_risk, "g_risk uniform", ".3f")}
-    notes = (_se_note(ds.sizes["traj_seed"], "trajectory seeds", "a seed is one run along t with nested prompts "
+    notes = (se_note(ds.sizes["traj_seed"], "trajectory seeds", "a seed is one run along t with nested prompts "
                                                                     "along L; the uniform SE linearises the sup at "
                                                                     "its checkpoint")
              + "\nfixed: slope of g_L(0); uniform: of sup_t g_L(t); incr.: increases of the sup along L; g_risk: the "

@@ -6,7 +6,7 @@ Reads only the documented schema: ``g(tau, seed, L, t)`` (the per-task gradient 
 (tau, seed)`` (+inf for tau <= 4), ``logit_factor``, ``dist_bayes`` and the ``criteria`` attr (the
 criteria declared below, :data:`CRITERIA`, as stored when the file was made).
 
-Exponents, per tau (log-log OLS slope in L of a seed mean, in closed form: :func:`analysis.c2.ols_lines_np`):
+Exponents, per tau (log-log OLS slope in L of a seed mean: :func:`~.fits.unit_slopes`):
 
 * fixed-parameter exponent: slope of the seed-mean gap at ``t = 0``;
 * uniform exponent: slope of the seed-mean of ``sup_t g_L(t)`` (max over the checkpoints).
@@ -69,12 +69,13 @@ from typing import NamedTuple
 
 import numpy as np
 import xarray as xr
+from scipy.stats import rankdata
 
-from .c2 import CLOSED_FORM_COV, fit_units, loglog_ols, ols_lines_np
-from .fits import MIN_LINE_POINTS, loglog_slope, not_fitted, too_few
+from .c2_family import se_note
+from .fits import loglog_slope, not_fitted, slope_shortfall, too_few, unit_slopes
 from .tables import column, make_table, to_text
-from .threshold import MIN_HINGE_POINTS, threshold_lr_pvalue, threshold_regression
-from .verdicts import Criteria, Shared, measure_unless, substream_key
+from .threshold import MIN_HINGE_POINTS, break_search, threshold_lr_pvalue, threshold_regression
+from .verdicts import RESAMPLE, Criteria, Shared, measure_unless, resample_indices, resampled
 
 __all__ = ["CRITERIA", "BREAK_CRITERIA", "exponents", "threshold", "shortfalls", "measures", "verdicts", "inconclusive",
            "fit_tables", "figure", "heuristic_exponent", "spearman", "X_CHOICES", "family_exponents", "constant_ratio",
@@ -97,60 +98,22 @@ def heuristic_exponent(tau):
     return -np.minimum(np.sqrt(np.asarray(tau, dtype=float)) / 4.0, 0.5)
 
 
-def spearman(x, y) -> float:
-    """Spearman rank correlation (average ranks for ties)."""
-    def ranks(a):
-        a = np.asarray(a, dtype=float)
-        order = np.argsort(a, kind="mergesort")
-        r = np.empty(a.size)
-        r[order] = np.arange(a.size, dtype=float)
-        for val in np.unique(a):            # average ties
-            tie = a == val
-            r[tie] = r[tie].mean()
-        return r
-
-    rx, ry = ranks(x), ranks(y)
-    if np.ptp(rx) == 0 or np.ptp(ry) == 0:
-        return math.nan
-    return float(np.corrcoef(rx, ry)[0, 1])
-
-
-def _positive_gaps(da: xr.DataArray, dims) -> np.ndarray:
-    """``da`` over ``dims`` as a float64 array; when a value is not positive and finite, the
-    ValueError of :func:`fits.loglog_slope` naming its coordinates."""
-    arr = np.asarray(da.variable.transpose(*dims).values, dtype=np.float64)
-    with np.errstate(invalid="ignore"):
-        good = np.all(np.isfinite(arr) & (arr > 0))
-    if not good:
-        loglog_slope(da, "L")       # raises, naming the first bad value
-    return arr
+def spearman(x, y, dim: str | None = None):
+    """Spearman rank correlation (average ranks for ties) of ``x`` and ``y``: a float for 1-D
+    arrays, or along ``dim`` of DataArrays (every other dim a cell; NaN where one is constant)."""
+    if dim is None:
+        return float(spearman(xr.DataArray(np.asarray(x, dtype=float), dims="i"),
+                              xr.DataArray(np.asarray(y, dtype=float), dims="i"), "i"))
+    rx, ry = (xr.apply_ufunc(rankdata, v, input_core_dims=[[dim]], output_core_dims=[[dim]],
+                             kwargs={"axis": -1}) for v in xr.broadcast(x, y))
+    dx, dy = rx - rx.mean(dim), ry - ry.mean(dim)
+    return (dx * dy).sum(dim) / np.sqrt((dx * dx).sum(dim) * (dy * dy).sum(dim))
 
 
 def _check_cov(cov_type):
-    if cov_type not in (None,) + CLOSED_FORM_COV:
-        raise ValueError(f"cov_type must be one of {CLOSED_FORM_COV} (or None: cluster with >= 2 seeds), "
+    if cov_type not in (None, "cluster", "nonrobust"):
+        raise ValueError(f"cov_type must be one of ('cluster', 'nonrobust') (or None: cluster with >= 2 seeds), "
                          f"got {cov_type!r}")
-
-
-def _pooled_lines(logx: np.ndarray, a: np.ndarray, cov_type=None) -> dict:
-    """The log-log lines in L of the seed means of ``a`` (shape ``(cells..., seed, L)``): cluster-robust
-    SE over the seeds with >= 2 of them unless ``cov_type="nonrobust"`` (:func:`analysis.c2.ols_lines_np`)."""
-    if a.shape[-2] >= 2 and cov_type != "nonrobust":
-        return ols_lines_np(logx, np.swapaxes(a, -1, -2), clustered=True)
-    return ols_lines_np(logx, a.mean(axis=-2), clustered=False)
-
-
-def _exponent_arrays(g: np.ndarray, logx: np.ndarray, cov_type=None) -> dict:
-    """The exponents of :func:`exponents` from the gaps ``g`` over ``(tau, seed, L, t)`` (numpy, no
-    labels: what the measures and the bootstrap rerun)."""
-    t0, sup = g[..., 0], g.max(axis=-1)
-    fixed, uniform = _pooled_lines(logx, t0, cov_type), _pooled_lines(logx, sup, cov_type)
-    return {"fixed": fixed["slope"], "fixed_se": fixed["slope_se"],
-            "fixed_se_ols": _pooled_lines(logx, t0, "nonrobust")["slope_se"],
-            "uniform": uniform["slope"], "uniform_se": uniform["slope_se"],
-            "uniform_se_ols": _pooled_lines(logx, sup, "nonrobust")["slope_se"],
-            "per_seed_fixed": ols_lines_np(logx, t0, clustered=False)["slope"],
-            "per_seed_uniform": ols_lines_np(logx, sup, clustered=False)["slope"]}
 
 
 def exponents(ds: xr.Dataset, cov_type: str | None = None) -> xr.Dataset:
@@ -158,55 +121,52 @@ def exponents(ds: xr.Dataset, cov_type: str | None = None) -> xr.Dataset:
     (seed-mean of sup_t g_L(t)), their seed spreads (``*_seed_sd``: SD over seeds of the per-seed
     slopes; NaN with one seed), ``uniform_seed_mean`` and ``uniform_seed_se`` (mean of the per-seed
     uniform slopes and its standard error ``sd / sqrt(n_seeds)``), ``uniform_risk`` (same for the
-    training-risk gap ``g_risk``),
-    ``argmax_t`` (checkpoint of the sup at the largest L, seed-mean gap) and ``heuristic``.
+    training-risk gap ``g_risk``), ``argmax_t`` (checkpoint of the sup at the largest L, seed-mean
+    gap) and ``heuristic``; over every other dim too (a resample dim).
 
     A seed's draws are shared along L (nested prompts) and along t (one run), and the seeds are
     independent: ``fixed_se`` and ``uniform_se`` are cluster-robust over the seeds (the default with
-    >= 2 seeds, the closed form :func:`analysis.c2.ols_lines_np` of statsmodels' CR1; ``cov_type=
-    "nonrobust"`` by name gives the plain OLS SE of the seed-mean line), ``fixed_se_ols`` and
-    ``uniform_se_ols`` always that plain SE (the former weights of the threshold regression); the
-    scalar coordinates ``cov_type`` and ``n_units`` say which. With one seed every SE is the plain
-    OLS SE of its line."""
+    >= 2 seeds, :func:`~.fits.unit_slopes`; ``cov_type="nonrobust"`` by name gives the plain OLS SE of
+    the seed-mean line), ``fixed_se_ols`` and ``uniform_se_ols`` always that plain SE (the former
+    weights of the threshold regression); the scalar coordinates ``cov_type`` and ``n_units`` say
+    which. With one seed every SE is the plain OLS SE of its line."""
     _check_cov(cov_type)
-    dims = ("tau", "seed", "L", "t")
-    g = _positive_gaps(ds.g, dims)
-    logx = np.log(ds.L.values.astype(np.float64))
-    e = _exponent_arrays(g, logx, cov_type)
+    t0, sup = ds.g.isel(t=0), ds.g.max("t")
+    fixed, uniform = (unit_slopes(g, "seed", cov_type=cov_type) for g in (t0, sup))
+    fixed_ols, uniform_ols = (unit_slopes(g, "seed", cov_type="nonrobust") for g in (t0, sup))
+    per_fixed, per_uniform = loglog_slope(t0, "L").slope, loglog_slope(sup, "L").slope
     n_seeds = ds.sizes["seed"]
-    ddof = 1 if n_seeds > 1 else 0
-    sd = (lambda a: a.std(axis=1, ddof=1)) if ddof else (lambda a: np.full(a.shape[0], np.nan))
-    tau = ("tau", )
-    out = xr.Dataset({
-        "fixed": (tau, e["fixed"]), "fixed_se": (tau, e["fixed_se"]), "fixed_se_ols": (tau, e["fixed_se_ols"]),
-        "uniform": (tau, e["uniform"]), "uniform_se": (tau, e["uniform_se"]),
-        "uniform_se_ols": (tau, e["uniform_se_ols"]),
-        "fixed_seed_sd": (tau, sd(e["per_seed_fixed"])), "uniform_seed_sd": (tau, sd(e["per_seed_uniform"])),
-        "uniform_seed_mean": (tau, e["per_seed_uniform"].mean(axis=1)),
-        "heuristic": (tau, heuristic_exponent(ds.tau.values)),
-        "argmax_t": (tau, ds.t.values[g.mean(axis=1)[:, -1].argmax(axis=-1)]),
-    }, coords={"tau": ds.tau.values})
+    sd = (lambda a: a.std("seed", ddof=1)) if n_seeds > 1 else (lambda a: a.isel(seed=0, drop=True) * np.nan)
+    at_max = ds.g.mean("seed").isel(L=-1).argmax("t")
+    parts = {"fixed": fixed.slope, "fixed_se": fixed.slope_se, "fixed_se_ols": fixed_ols.slope_se,
+             "uniform": uniform.slope, "uniform_se": uniform.slope_se, "uniform_se_ols": uniform_ols.slope_se,
+             "fixed_seed_sd": sd(per_fixed), "uniform_seed_sd": sd(per_uniform),
+             "uniform_seed_mean": per_uniform.mean("seed"),
+             "heuristic": xr.DataArray(heuristic_exponent(ds.tau.values), dims="tau"),
+             "argmax_t": ds.t[at_max].drop_vars("t"),
+             "uniform_risk": unit_slopes(ds.g_risk.max("t"), "seed", cov_type=cov_type).slope}
+    out = xr.Dataset({k: v.reset_coords(drop=True).drop_attrs() for k, v in parts.items()}).assign_coords(tau=ds.tau)
     out["uniform_seed_se"] = out.uniform_seed_sd / math.sqrt(n_seeds)
-    if "g_risk" in ds:
-        risk = _positive_gaps(ds.g_risk, dims).max(axis=-1)
-        out["uniform_risk"] = (tau, _pooled_lines(logx, risk, cov_type)["slope"])
-    cov = "cluster" if n_seeds >= 2 and cov_type != "nonrobust" else "nonrobust"
-    return out.assign_coords(cov_type=cov, n_units=n_seeds)
+    return out.assign_coords(cov_type=str(fixed.cov_type.values), n_units=n_seeds)
 
 
-def _threshold_data(ex, se_kind: str) -> tuple[np.ndarray, np.ndarray]:
+def _threshold_data(ex: xr.Dataset, se_kind: str) -> tuple[xr.DataArray, xr.DataArray]:
     """``(y, weights)`` of the threshold regression with the SEs ``se_kind`` (:func:`threshold`)."""
     if se_kind == "seed":
-        y, se = ex["uniform_seed_mean"], ex["uniform_seed_se"]
+        y, se = ex.uniform_seed_mean, ex.uniform_seed_se
         if not np.all(np.isfinite(se)):
             raise ValueError("seed standard errors need at least 2 seeds")
     else:
-        y, se = ex["uniform"], ex["uniform_se" if se_kind == "cluster" else "uniform_se_ols"]
-    return np.asarray(y, dtype=np.float64), 1.0 / np.maximum(np.asarray(se, dtype=np.float64), _SE_FLOOR) ** 2
+        y, se = ex.uniform, ex["uniform_se" if se_kind == "cluster" else "uniform_se_ols"]
+    return y, 1.0 / np.maximum(se, _SE_FLOOR) ** 2
 
 
 def _to_tau(value, x):
-    return float(value) if x == "tau" else float(math.exp(value))
+    return value if x == "tau" else np.exp(value)
+
+
+def _x_values(tau, x):
+    return np.asarray(tau, dtype=np.float64) if x == "tau" else np.log(np.asarray(tau, dtype=np.float64))
 
 
 def threshold(ds: xr.Dataset, x: str = "auto", ex: xr.Dataset | None = None, se: str = "cluster") -> dict:
@@ -222,41 +182,59 @@ def threshold(ds: xr.Dataset, x: str = "auto", ex: xr.Dataset | None = None, se:
     from the plain OLS SE of that slope, which measures the scatter about the log-log line only.
     ``se="seed"`` (sensitivity): ``y`` = mean of the per-seed slopes, weights ``1/SE^2`` with the
     between-seed SE ``sd / sqrt(n_seeds)``. With one seed ``"cluster"`` is the plain OLS SE.
-    :func:`threshold_bootstrap` reruns it on resamples of the seeds (the break's own uncertainty).
+    :func:`breaks` is the same break search for many regressions at once (the resamples of the seeds).
 
     Returns a dict: ``x`` (chosen coordinate), ``se``,
     ``fit`` (its :class:`~threshold.ThresholdFit`), ``data`` (its ``(y, x values, weights)``),
     ``break_tau``, ``ci_tau`` (low, high), ``covers_4``, ``ci_truncated``, and ``alternative`` (the
     same for the other coordinate, without recursion)."""
     ex = exponents(ds) if ex is None else ex
-    if x not in X_CHOICES + ("auto",):
-        raise ValueError(f"x must be one of {X_CHOICES + ('auto',)}, got {x!r}")
-    if se not in SE_CHOICES:
-        raise ValueError(f"se must be one of {SE_CHOICES}, got {se!r}")
-    y, w = _threshold_data({k: ex[k].values for k in ex.data_vars}, se)
-    out = _threshold_summaries(ex.tau.values, y, w, x)
-    out["se"] = se
-    return out
-
-
-def _threshold_summaries(tau: np.ndarray, y: np.ndarray, w: np.ndarray, x: str) -> dict:
-    """The :func:`threshold` dict of the regression of ``y`` (weights ``w``) on ``x`` of ``tau``."""
-    fits = {}
-    for k in (X_CHOICES if x == "auto" else (x,)):
-        xv = tau if k == "tau" else np.log(tau)
-        fits[k] = threshold_regression(y, xv, weights=w), (y, xv, w)
+    _check_choices(x, se)
+    y, w = (np.asarray(v.values, dtype=np.float64) for v in _threshold_data(ex, se))
+    fits = {k: (threshold_regression(y, _x_values(ex.tau, k), weights=w), (y, _x_values(ex.tau, k), w))
+            for k in (X_CHOICES if x == "auto" else (x,))}
     chosen = min(fits, key=lambda k: fits[k][0].ssr) if x == "auto" else x
 
     def summary(k):
         f, data = fits[k]
-        lo, hi = _to_tau(f.c_ci_low, k), _to_tau(f.c_ci_high, k)
-        return {"x": k, "fit": f, "data": data, "break_tau": _to_tau(f.c_hat, k), "ci_tau": (lo, hi),
+        lo, hi = float(_to_tau(f.c_ci_low, k)), float(_to_tau(f.c_ci_high, k))
+        return {"x": k, "fit": f, "data": data, "break_tau": float(_to_tau(f.c_hat, k)), "ci_tau": (lo, hi),
                 "covers_4": bool(lo <= TAU_STAR <= hi), "ci_truncated": f.ci_truncated}
 
-    out = summary(chosen)
     others = [k for k in fits if k != chosen]
-    out["alternative"] = summary(others[0]) if others else None
-    return out
+    return {**summary(chosen), "alternative": summary(others[0]) if others else None, "se": se}
+
+
+def _check_choices(x, se):
+    if x not in X_CHOICES + ("auto",):
+        raise ValueError(f"x must be one of {X_CHOICES + ('auto',)}, got {x!r}")
+    if se not in SE_CHOICES:
+        raise ValueError(f"se must be one of {SE_CHOICES}, got {se!r}")
+
+
+def breaks(ex: xr.Dataset, x: str = "auto", se: str = "cluster") -> xr.Dataset:
+    """The break of :func:`threshold` for every cell of the exponents ``ex`` but tau (the resamples
+    of the seeds) at once, by the same search (:func:`~.threshold.break_search`): ``break_tau``,
+    ``ci_low``, ``ci_high`` (tau units), ``ci_truncated``, ``covers_4``, ``slope_left``, ``slope_right``
+    (at the break) of the chosen coordinate (``x="auto"``: the smaller weighted SSR, ``tau`` on a tie),
+    and ``done`` (False where the hinge design is singular at every candidate: the rest is then NaN)."""
+    _check_choices(x, se)
+    y, w = (v.transpose(..., "tau") for v in _threshold_data(ex, se))
+    found = {k: break_search(y.values, _x_values(ex.tau, k), w.values) for k in (X_CHOICES if x == "auto" else (x,))}
+    first = next(iter(found))
+    pick = (found["log_tau"]["ssr"] < found["tau"]["ssr"]) if x == "auto" else np.zeros(y.shape[:-1], bool)
+    dims = y.dims[:-1]
+
+    def chosen(field, to_tau=False):
+        value = {k: (_to_tau(f[field], k) if to_tau else f[field]) for k, f in found.items()}
+        return xr.DataArray(np.where(pick, value.get("log_tau", value[first]), value[first]), dims=dims)
+
+    done = ~chosen("singular")
+    lo, hi = chosen("c_ci_low", True), chosen("c_ci_high", True)
+    out = xr.Dataset({"break_tau": chosen("c_hat", True), "ci_low": lo, "ci_high": hi,
+                      "ci_truncated": chosen("ci_truncated"), "covers_4": (lo <= TAU_STAR) & (TAU_STAR <= hi),
+                      "slope_left": chosen("slope_left"), "slope_right": chosen("slope_right"), "done": done})
+    return out.where(done).assign(done=done, ci_truncated=out.ci_truncated & done, covers_4=out.covers_4 & done)
 
 
 def covers_4_pvalue(th: dict) -> float:
@@ -270,38 +248,30 @@ def covers_4_pvalue(th: dict) -> float:
 
 def threshold_bootstrap(ds: xr.Dataset, resamples: int = 100, x: str = "auto", se: str = "cluster") -> dict | None:
     """The threshold regression rerun on ``resamples`` bootstraps of the seeds (drawn with
-    replacement, the same draw at every tau; the tau cells are independent, so this resamples each
-    tau's seeds), every step redone: exponents, their SEs (the weights), the choice of ``x``, the
-    break search and its LR set. The spread of the break and of the slopes over the resamples
-    includes the break's own uncertainty, which the slopes' SEs at the break ignore. None with
-    fewer than 2 seeds. Returns ``resamples``, ``break_tau`` (the values), ``break_se``, ``break_ci``
-    (2.5 and 97.5 percentiles), ``slope_left_se``, ``slope_right_se``, ``truncated`` and ``covers_4``
-    (fractions of the resamples); a resample whose fit cannot be done is skipped (``done`` counts)."""
+    replacement, the same draw at every tau: :func:`~.verdicts.resample_indices` keyed by "C2T
+    threshold bootstrap", every resample when there are at most ``resamples``; the tau cells are
+    independent, so this resamples each tau's seeds), every
+    step redone for all of them at once: exponents, their SEs (the weights), the choice of ``x``, the
+    break search and its LR set (:func:`breaks`). The spread of the break and of the slopes over the
+    resamples includes the break's own uncertainty, which the slopes' SEs at the break ignore. None
+    with fewer than 2 seeds. Returns ``resamples``, ``break_tau`` (the values), ``break_se``,
+    ``break_ci`` (2.5 and 97.5 percentiles), ``slope_left_se``, ``slope_right_se``, ``truncated`` and
+    ``covers_4`` (fractions of the resamples); a resample whose fit cannot be done is left out
+    (``done`` counts the others)."""
     G = ds.sizes["seed"]
     if G < 2:
         return None
-    g = _positive_gaps(ds.g, ("tau", "seed", "L", "t"))
-    logx, tau = np.log(ds.L.values.astype(np.float64)), ds.tau.values.astype(np.float64)
-    rng = np.random.default_rng(substream_key("C2T threshold bootstrap"))
-    rows = []
-    for _ in range(int(resamples)):
-        e = _exponent_arrays(g[:, rng.integers(0, G, G)], logx)
-        e["uniform_seed_mean"] = e["per_seed_uniform"].mean(axis=1)
-        e["uniform_seed_se"] = e["per_seed_uniform"].std(axis=1, ddof=1) / math.sqrt(G)
-        try:
-            th = _threshold_summaries(tau, *_threshold_data(e, se), x)
-        except ValueError:
-            continue
-        f = th["fit"]
-        rows.append((th["break_tau"], f.slope_left, f.slope_right, th["ci_truncated"], th["covers_4"]))
-    if len(rows) < 2:
+    idx = resample_indices({"seed": G}, resamples, "C2T threshold bootstrap")
+    b = breaks(exponents(resampled(ds[["g", "g_risk"]], idx)), x, se)
+    b = b.isel({RESAMPLE: b.done.values})
+    if b.sizes[RESAMPLE] < 2:
         return None
-    r = np.array(rows, dtype=float)
-    return {"resamples": int(resamples), "done": len(rows), "break_tau": r[:, 0],
-            "break_se": float(r[:, 0].std(ddof=1)),
-            "break_ci": (float(np.percentile(r[:, 0], 2.5)), float(np.percentile(r[:, 0], 97.5))),
-            "slope_left_se": float(r[:, 1].std(ddof=1)), "slope_right_se": float(r[:, 2].std(ddof=1)),
-            "truncated": float(r[:, 3].mean()), "covers_4": float(r[:, 4].mean())}
+    brk = b.break_tau.values
+    return {"resamples": int(resamples), "done": int(b.sizes[RESAMPLE]), "break_tau": brk,
+            "break_se": float(brk.std(ddof=1)), "break_ci": (float(np.percentile(brk, 2.5)),
+                                                            float(np.percentile(brk, 97.5))),
+            "slope_left_se": float(b.slope_left.std(ddof=1)), "slope_right_se": float(b.slope_right.std(ddof=1)),
+            "truncated": float(b.ci_truncated.mean()), "covers_4": float(b.covers_4.mean())}
 
 
 def shortfalls(ds: xr.Dataset) -> dict:
@@ -309,34 +279,18 @@ def shortfalls(ds: xr.Dataset) -> dict:
     lengths), ``threshold`` (the hinge regression: those exponents at >= 6 tau values), ``trend``
     (the rank correlation: >= 3 tau values)."""
     n_tau = ds.sizes["tau"]
-    no_ex = too_few(ds.sizes["L"], MIN_LINE_POINTS, "prompt lengths", "a log-log slope")
+    no_ex = slope_shortfall(ds)
     tau = ds.tau.values
-    no_fam = None if "g_family" in ds and ds.sizes.get("family", 0) > 0 else \
-        "the file has no covariance families (made before the families part, or with none)"
-    no_const = None if "gap_constant" in ds else "the file has no gradient-gap constant (made before it was stored)"
+    no_fam = None if ds.sizes.get("family", 0) > 0 else "the file has no covariance families (run with none)"
     above = "needs a tau > 4 (the constant is finite only there)" if not np.any(tau > TAU_STAR) else None
     below = "needs a tau < 4" if not np.any(tau < TAU_STAR) else None
     return {"exponents": no_ex,
             "threshold": no_ex or too_few(n_tau, MIN_HINGE_POINTS, "tau values", "the threshold regression"),
             "trend": no_ex or too_few(n_tau, 3, "tau values", "a rank correlation"),
             "families": no_ex or no_fam,
-            "constant": no_const or above,
-            "constant_families": no_fam or no_const or above,
+            "constant": above,
+            "constant_families": no_fam or above,
             "growth": no_ex or below}
-
-
-_FAM_DIMS = ("family", "tau", "family_seed", "L", "t_family")
-
-
-def _family_arrays(ds: xr.Dataset, cov_type=None) -> dict:
-    """The figures of :func:`family_exponents` as arrays over ``(family, tau)`` (no labels)."""
-    sup = _positive_gaps(ds.g_family, _FAM_DIMS).max(axis=-1)                    # (family, tau, seed, L)
-    logx = np.log(ds.L.values.astype(np.float64))
-    fit = _pooled_lines(logx, sup, cov_type)
-    per_seed = ols_lines_np(logx, sup, clustered=False)["slope"]
-    n = sup.shape[2]
-    seed_se = per_seed.std(axis=2, ddof=1) / math.sqrt(n) if n > 1 else np.full(per_seed.shape[:2], np.nan)
-    return {"uniform": fit["slope"], "uniform_se": fit["slope_se"], "uniform_seed_se": seed_se}
 
 
 def family_exponents(ds: xr.Dataset, ex: xr.Dataset | None = None, cov_type: str | None = None) -> xr.Dataset:
@@ -346,14 +300,16 @@ def family_exponents(ds: xr.Dataset, ex: xr.Dataset | None = None, cov_type: str
     one seed), ``difference`` (minus the isotropic ``uniform`` of :func:`exponents` at the same tau,
     read from ``ex`` when given)."""
     _check_cov(cov_type)
-    f = _family_arrays(ds, cov_type)
-    iso = (exponents(ds) if ex is None else ex).uniform.values
-    dims = ("family", "tau")
-    out = xr.Dataset({"uniform": (dims, f["uniform"]), "uniform_se": (dims, f["uniform_se"]),
-                      "uniform_seed_se": (dims, f["uniform_seed_se"]), "difference": (dims, f["uniform"] - iso)},
-                     coords={"family": ds.family.values, "tau": ds.tau.values})
+    sup = ds.g_family.max("t_family")
+    fit = unit_slopes(sup, "family_seed", cov_type=cov_type)
+    per_seed = loglog_slope(sup, "L").slope
     n = ds.sizes["family_seed"]
-    return out.assign_coords(cov_type="cluster" if n >= 2 and cov_type != "nonrobust" else "nonrobust", n_units=n)
+    seed_se = per_seed.std("family_seed", ddof=1) / math.sqrt(n) if n > 1 else per_seed.isel(family_seed=0) * np.nan
+    iso = (exponents(ds) if ex is None else ex).uniform
+    parts = {"uniform": fit.slope, "uniform_se": fit.slope_se, "uniform_seed_se": seed_se,
+             "difference": fit.slope - iso}
+    out = xr.Dataset({k: v.reset_coords(drop=True).drop_attrs() for k, v in parts.items()})
+    return out.assign_coords(cov_type=str(fit.cov_type.values), n_units=n)
 
 
 def _end_Lg2(g, t_dim, seed_dim):
@@ -368,7 +324,7 @@ def constant_ratio(ds: xr.Dataset) -> xr.Dataset:
     theta_inf(T) is at the Bayes optimum."""
     keep = ds.tau.values > TAU_STAR
     out = xr.Dataset({"iso": (_end_Lg2(ds.g, "t", "seed") / ds.gap_constant).isel(tau=keep)})
-    if "g_family" in ds and ds.sizes.get("family", 0) > 0:
+    if ds.sizes.get("family", 0) > 0:
         out["families"] = (_end_Lg2(ds.g_family, "t_family", "family_seed") / ds.gap_constant_family).isel(tau=keep)
     return out
 
@@ -383,46 +339,13 @@ def growth_slopes(ds: xr.Dataset) -> xr.DataArray:
 def growth_fit(ds: xr.Dataset, cov_type: str | None = None) -> xr.Dataset:
     """The log-log line of :func:`growth_slopes` with its SE, cluster-robust over the seeds (plain
     OLS with one seed, or ``cov_type="nonrobust"`` by name)."""
-    Lg2 = ds.g.isel(t=-1) ** 2 * ds.L
-    units = fit_units(Lg2, "seed")
-    return loglog_ols(Lg2 if units else Lg2.mean("seed"), "L", units=units, cov_type=cov_type if units else None)
-
-
-def _end_Lg2_np(ds: xr.Dataset, var: str, dims) -> np.ndarray:
-    """:func:`_end_Lg2` as an array over ``dims`` without the seed and checkpoint dims (numpy)."""
-    g = np.asarray(ds.variables[var].transpose(*dims).values, dtype=np.float64)[..., -1]    # (..., seed, L)
-    return (g * g * ds.L.values.astype(np.float64)).mean(axis=-2)
-
-
-def _constant_ratios_np(ds: xr.Dataset) -> dict:
-    """What the two constant-ratio criteria read: ``L g_L(T)^2 / K`` at the largest tau > 4 and the
-    largest L, isotropic (``iso``) and per family (``families``; absent without families)."""
-    j = int(np.flatnonzero(ds.tau.values > TAU_STAR)[-1])
-    out = {"iso": float(_end_Lg2_np(ds, "g", ("tau", "seed", "L", "t"))[j, -1] / float(ds.gap_constant.values[j]))}
-    if "g_family" in ds and ds.sizes.get("family", 0) > 0:
-        K = ds.gap_constant_family.transpose("family", "tau").values[:, j]
-        out["families"] = _end_Lg2_np(ds, "g_family", _FAM_DIMS)[:, j, -1] / K
-    return out
-
-
-def _growth_np(ds: xr.Dataset) -> np.ndarray:
-    """:func:`growth_slopes` as an array over tau."""
-    Lg2 = _end_Lg2_np(ds, "g", ("tau", "seed", "L", "t"))
-    if not np.all(np.isfinite(Lg2) & (Lg2 > 0)):
-        growth_fit(ds)           # raises, naming the coordinates of the first value with no log
-    return ols_lines_np(np.log(ds.L.values.astype(np.float64)), Lg2, clustered=False)["slope"]
-
-
-def _worst(ratios) -> float:
-    """The ratio farthest from 1 on a log scale."""
-    r = np.asarray(ratios, dtype=float).ravel()
-    return float(r[np.argmax(np.abs(np.log(r)))])
+    return unit_slopes(ds.g.isel(t=-1) ** 2 * ds.L, "seed", cov_type=cov_type)
 
 
 class _Fits(NamedTuple):
     why: dict                   # shortfalls(ds)
-    ex: xr.Dataset | dict | None  # exponents(ds) (or its arrays: _measured), when they can be fitted
-    th: dict | None             # threshold(ds), when it can be done
+    ex: xr.Dataset | None       # exponents(ds), when they can be fitted
+    th: dict | xr.Dataset | None  # threshold(ds) (tables) or breaks(ex) (measures), when it can be done
 
 
 def _fits(ds: xr.Dataset) -> _Fits:
@@ -434,17 +357,11 @@ def _fits(ds: xr.Dataset) -> _Fits:
 
 
 def _measured(ds: xr.Dataset) -> _Fits:
-    """:func:`_fits` for the measures (rerun for every resample of the seeds): the same numbers, the
-    exponents as a dict of arrays (``"fixed"``, ``"uniform"``, their SEs) rather than a Dataset."""
+    """What the measures read: ``(shortfalls, exponents or None, breaks or None)``, every resample of
+    the seeds at once when ``ds`` holds them (:func:`breaks`: the break search of :func:`threshold`)."""
     why = shortfalls(ds)
-    if why["exponents"]:
-        return _Fits(why, None, None)
-    e = _exponent_arrays(_positive_gaps(ds.g, ("tau", "seed", "L", "t")), np.log(ds.L.values.astype(np.float64)))
-    th = None
-    if not why["threshold"]:
-        th = _threshold_summaries(ds.tau.values, *_threshold_data(e, "cluster"), "auto")
-        th["se"] = "cluster"
-    return _Fits(why, e, th)
+    ex = None if why["exponents"] else exponents(ds)
+    return _Fits(why, ex, None if why["threshold"] else breaks(ex))
 
 
 # --------------------------------------------------------------------------- criteria
@@ -455,8 +372,8 @@ def _measured(ds: xr.Dataset) -> _Fits:
 
 def _break_flags(sh: Shared) -> dict:
     """The break criteria flagged by :func:`inconclusive` (none without a threshold regression)."""
-    th = sh(_measured).th
-    return {} if th is None else inconclusive(sh.ds, th)
+    br = sh(_measured).th
+    return {} if br is None else inconclusive(sh.ds, br)
 
 
 CRITERIA = Criteria("C2", prepare=Shared, inconclusive=_break_flags, units=UNITS)
@@ -477,7 +394,7 @@ _QUICK_ONE_SEED = "one seed of 4 task pairs and 200 training steps"
           quick=(-0.8, -0.15))
 def _fixed_exponent(sh):
     why, ex, _ = sh(_measured)
-    return measure_unless(why["exponents"], lambda: ex["fixed"])
+    return measure_unless(why["exponents"], lambda: ex.fixed)
 
 
 @CRITERIA("C2T-uniform-low-tau", "uniform exponent (slope in L of the seed-mean sup_t gap) at the smallest tau: "
@@ -490,7 +407,7 @@ def _fixed_exponent(sh):
                                "query-averaged constant slows convergence but does not stop it"))
 def _uniform_low_tau(sh):
     why, ex, _ = sh(_measured)
-    return measure_unless(why["exponents"], lambda: float(ex["uniform"][0]))
+    return measure_unless(why["exponents"], lambda: ex.uniform.isel(tau=0))
 
 
 # quick: over 7 quick files -0.42 +- 0.15 (SD over files), so 0 is 2.8 SD above; an exponent >= 0 is no uniform
@@ -502,7 +419,7 @@ def _uniform_low_tau(sh):
           quick=0.0)
 def _uniform_high_tau(sh):
     why, ex, _ = sh(_measured)
-    return measure_unless(why["exponents"], lambda: float(ex["uniform"][-1]))
+    return measure_unless(why["exponents"], lambda: ex.uniform.isel(tau=-1))
 
 
 @CRITERIA("C2T-uniform-trend", "Spearman rank correlation of the uniform exponent with tau (monotone decrease)",
@@ -513,7 +430,7 @@ def _uniform_high_tau(sh):
                 "-0.26")
 def _uniform_trend(sh):
     why, ex, _ = sh(_measured)
-    return measure_unless(why["trend"], lambda: spearman(sh.ds.tau.values, ex["uniform"]))
+    return measure_unless(why["trend"], lambda: spearman(ex.tau, ex.uniform, "tau"))
 
 
 @CRITERIA("C2T-separation-low-tau", "uniform minus fixed-parameter exponent at the smallest tau", ">", 0.2,
@@ -522,7 +439,7 @@ def _uniform_trend(sh):
           quick=f"{_QUICK_ONE_SEED}: over 7 quick files the separation ranged from -0.13 to +0.66 (SD 0.24)")
 def _separation_low_tau(sh):
     why, ex, _ = sh(_measured)
-    return measure_unless(why["exponents"], lambda: float(ex["uniform"][0] - ex["fixed"][0]))
+    return measure_unless(why["exponents"], lambda: (ex.uniform - ex.fixed).isel(tau=0))
 
 
 @CRITERIA("C2T-break-location", "break (tau units) of the threshold regression of the uniform exponent", "in",
@@ -533,8 +450,8 @@ def _separation_low_tau(sh):
           fails_as=("pre-asymptotic", "the kink at tau = 4 is an L -> infinity statement; just above 4 the constant is "
                                       "huge (K = 2.3e6 at tau = 4.7), so L <= 4096 does not resolve it"))
 def _break_location(sh):
-    why, _, th = sh(_measured)
-    return measure_unless(why["threshold"], lambda: th["break_tau"])
+    why, _, br = sh(_measured)
+    return measure_unless(why["threshold"], lambda: br.break_tau)
 
 
 @CRITERIA("C2T-break-covers-4", "1 if the 95% LR confidence set of the break contains tau = 4, else 0", ">=", 1.0,
@@ -542,10 +459,10 @@ def _break_location(sh):
           quick=f"6 tau values and {_QUICK_ONE_SEED}: over 7 quick files the break ranged from 1.25 to 9.37",
           fails_as=("pre-asymptotic", "the kink at tau = 4 is an L -> infinity statement; just above 4 the constant is "
                                       "huge (K = 2.3e6 at tau = 4.7), so L <= 4096 does not resolve it"),
-          level=0.05, pvalue=lambda sh: covers_4_pvalue(sh(_measured).th))
+          level=0.05, pvalue=lambda sh: covers_4_pvalue(threshold(sh.ds, ex=sh(_measured).ex)))
 def _break_covers_4(sh):
-    why, _, th = sh(_measured)
-    return measure_unless(why["threshold"], lambda: 1.0 if th["covers_4"] else 0.0)
+    why, _, br = sh(_measured)
+    return measure_unless(why["threshold"], lambda: br.covers_4.astype(float).where(br.done))
 
 
 # quick: over 7 quick files (one family, one seed each) the measure has an RMS of 0.11 about 0, so 0.4 is 3.5 of
@@ -558,9 +475,8 @@ def _break_covers_4(sh):
                  "0.1 is 4 of those, a fifth of the way from no convergence (0) to the fixed rate (-1/2)",
           quick=0.4)
 def _families_agree(sh):
-    why = sh(_measured).why
-    return measure_unless(why["families"], lambda: float(np.abs(
-        (_family_arrays(sh.ds)["uniform"] - sh(_measured).ex["uniform"]).mean(axis=1)).max()))
+    why, ex, _ = sh(_measured)
+    return measure_unless(why["families"], lambda: abs(family_exponents(sh.ds, ex).difference.mean("tau")).max("family"))
 
 
 @CRITERIA("C2T-constant-ratio", "L g_L(T)^2 / K at the largest L and the largest tau (isotropic; K the "
@@ -572,7 +488,7 @@ def _families_agree(sh):
                 "files the ratio ranged from 0.005 to 0.53")
 def _constant_ratio(sh):
     why = sh(_measured).why
-    return measure_unless(why["constant"], lambda: sh(_constant_ratios_np)["iso"])
+    return measure_unless(why["constant"], lambda: sh(constant_ratio).iso.isel(tau=-1, L=-1))
 
 
 @CRITERIA("C2T-constant-ratio-families", "L g_L(T)^2 / K at the largest L and the largest tau, the family "
@@ -584,7 +500,10 @@ def _constant_ratio(sh):
                                       "KMS at tau = 14.8), and L g_L(T)^2 still grows at L = 4096"))
 def _constant_ratio_families(sh):
     why = sh(_measured).why
-    return measure_unless(why["constant_families"], lambda: _worst(sh(_constant_ratios_np)["families"]))
+    def worst():
+        r = sh(constant_ratio).families.isel(tau=-1, L=-1)   # the family farthest from 1 on a log scale
+        return r.isel(family=abs(np.log(r)).argmax("family"))
+    return measure_unless(why["constant_families"], worst)
 
 
 @CRITERIA("C2T-growth-below-4", "smallest log-log slope in L of L g_L(T)^2 (isotropic, seed-pooled) over tau < 4",
@@ -593,7 +512,8 @@ def _constant_ratio_families(sh):
           quick=f"{_QUICK_ONE_SEED}: over 7 quick files the smallest growth slope ranged from -0.21 to +0.76")
 def _growth_below_4(sh):
     why = sh(_measured).why
-    return measure_unless(why["growth"], lambda: float(_growth_np(sh.ds)[sh.ds.tau.values < TAU_STAR].min()))
+    return measure_unless(why["growth"], lambda: growth_fit(sh.ds).slope.isel(
+        tau=sh.ds.tau.values < TAU_STAR).min("tau", skipna=False))
 
 
 BREAK_CRITERIA = ("C2T-break-location", "C2T-break-covers-4")
@@ -602,20 +522,22 @@ BREAK_CRITERIA = ("C2T-break-location", "C2T-break-covers-4")
 measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
 
 
-def inconclusive(ds: xr.Dataset, th: dict | None = None) -> dict:
+def inconclusive(ds: xr.Dataset, br: xr.Dataset | None = None) -> dict:
     """Criteria to report INCONCLUSIVE whatever their value: the two break criteria when the 95%
-    confidence set of the break reaches an end of the trimmed breakpoint grid (then the data do
-    not locate a break: "covers 4" would be vacuous and the point estimate is not identified).
-    Empty when the threshold regression cannot be done at all (:func:`measures` gives the reason)."""
-    if th is None:
+    confidence set of the break (:func:`breaks`, or ``br``) reaches an end of the trimmed breakpoint
+    grid (then the data do not locate a break: "covers 4" would be vacuous and the point estimate is
+    not identified); on resampled data, a boolean over the resamples. Empty when the threshold
+    regression cannot be done at all (:func:`measures` gives the reason)."""
+    if br is None:
         if shortfalls(ds)["threshold"]:
             return {}
-        th = threshold(ds)
-    if not th["ci_truncated"]:
+        br = breaks(exponents(ds))
+    if RESAMPLE in br.dims:
+        return {cid: br.ci_truncated for cid in BREAK_CRITERIA}
+    if not bool(br.ci_truncated):
         return {}
-    lo, hi = th["ci_tau"]
-    reason = (f"the 95% CI of the break [{lo:.3g}, {hi:.3g}] reaches the end of the trimmed grid: "
-              "the data do not locate a break")
+    reason = (f"the 95% CI of the break [{float(br.ci_low):.3g}, {float(br.ci_high):.3g}] reaches the end of the "
+              "trimmed grid: the data do not locate a break")
     return {cid: reason for cid in BREAK_CRITERIA}
 
 
@@ -650,7 +572,7 @@ def _exponent_table(ds, fits):
     if ex is not None:
         cols["argmax_t"] = column(ex.argmax_t, "argmax t", "d")
     notes = "" if ex is None else (
-        _se_line(ds.sizes["seed"], "seeds") + "\n"
+        se_note(ds.sizes["seed"], "seeds", _SHARED, line="seed-mean line") + "\n"
         "fixed: slope in L of the seed-mean gap at t = 0; uniform: of the seed-mean sup_t gap; sd_seed: SD "
         "over seeds of per-seed slopes; heur.: -min(sqrt(tau)/4, 1/2); unif(R): uniform exponent of the training-risk "
         "gap g_risk; argmax t: checkpoint of the sup at the largest L")
@@ -659,15 +581,8 @@ def _exponent_table(ds, fits):
                             + (f": not fitted, {why['exponents']}" if ex is None else ""))
 
 
-def _se_line(G: int, what: str, ols: bool = True) -> str:
-    """The line of a table's notes that says what its SEs are, over how many units (``ols``: and
-    what its ``SE OLS`` column is)."""
-    if G >= 2:
-        return (f"SE: cluster-robust over the {G} {what} (a seed's prompts are nested along L and its run shared "
-                f"along t), Student-t with {G - 1} dof"
-                + ("; SE OLS: the plain OLS SE of the seed-mean line, which ignores that sharing" if ols else ""))
-    return ("SE: plain OLS of the one seed's line (one unit: no cluster-robust SE)"
-            + ("; SE OLS: the same" if ols else ""))
+#: why the exponents' SEs are clustered over the seeds (the tables' notes)
+_SHARED = "a seed's prompts are nested along L and its run shared along t"
 
 
 _THRESHOLD_COLUMNS = (("x", "x", ""), ("y", "y", ""), ("weights", "weights", ""), ("chosen", "chosen", ""),
@@ -765,7 +680,7 @@ def family_tables(ds: xr.Dataset, ex: xr.Dataset | None = None) -> dict:
             {"growth": column(gf.slope, "growth", "+.3f"), "growth_se": column(gf.slope_se, "SE", ".3f"),
              "growth_se_ols": column(gf_ols.slope_se, "SE OLS", ".3f")},
             formats={"tau": ".3g"}, title="growth slope of L g_L(T)^2 in L (isotropic)",
-            notes=_se_line(ds.sizes["seed"], "seeds"))
+            notes=se_note(ds.sizes["seed"], "seeds", _SHARED, line="seed-mean line"))
     if why["families"]:
         return {**tables, "families": make_table({}, title=f"covariance families: not compared, {why['families']}")}
     fe = family_exponents(ds, ex)
@@ -817,7 +732,7 @@ def _family_by_tau(ds, fam, f):
          "dist_T": column(ds.dist_bayes_family.sel(family=fam).isel(t_family=-1).max("family_seed"), "dist_T",
                           ".2g")},
         formats={"tau": ".3f"}, title=f"family {fam} by tau",
-        notes=_se_line(ds.sizes["family_seed"], "family seeds", ols=False)
+        notes=se_note(ds.sizes["family_seed"], "family seeds", _SHARED, ols=False)
               + "; SE_seed: SD of the per-seed slopes / sqrt(seeds)\n"
               "uniform: slope in L of the seed-mean sup_t g_family; diff: minus the isotropic uniform exponent; "
               "Lg2/K at the largest L; dist_T: largest distance to the Bayes optimum at the end of training")

@@ -4,7 +4,7 @@ Reads only the documented schema (datasets/README.md): ``D_inf(setting, seed, mo
 ``D_linL(setting, seed, L, t)``, ``dist_bayes``, ``off_block``, ``conservation``, ``risk_heldout
 (setting, seed, model, L, t_heldout)``, ``risk_heldout_eval``, the ``theta_inf`` variables
 (``risk_inf``, ``dist_bayes_inf``, ``off_block_inf``, ``norm_inf``), the baselines ``risk_ridge``
-and ``risk_plugin`` (and, when present, ``risk_pgd``, ``risk_bayes_ridge``), the perturbation diagnostic ``off_block_perturbed``, ``in_protocol`` and the
+``risk_plugin``, ``risk_pgd``, ``risk_bayes_ridge``, the perturbation and curvature diagnostics, ``in_protocol`` and the
 ``criteria`` attr (the criteria declared below, :data:`CRITERIA`, as stored when the file was made).
 Setting names are part of the schema: ``rademacher`` is the control, every other setting has
 Gaussian covariates. Cells outside the protocol are NaN and ``in_protocol = 0``; seed means skip
@@ -41,9 +41,10 @@ from dataclasses import replace
 import numpy as np
 import xarray as xr
 
-from .fits import MIN_LINE_POINTS, loglog_slope, loglog_slopes_np, too_few
+from .c3_family import ONE_SEED, increases, seed_slopes, softmax
+from .fits import loglog_slope, slope_shortfall, too_few
 from .tables import column, make_table
-from .verdicts import FAIL, PASS, RESAMPLES, Criteria, Inconclusive, NotJudged, Shared, measure_unless
+from .verdicts import FAIL, PASS, RESAMPLE, RESAMPLES, Criteria, NotJudged, Shared, measure_unless
 
 __all__ = ["CRITERIA", "CONTROL", "CONTROL_CRITERIA", "gaussian_settings", "seeds_in_protocol", "summaries",
            "seed_summaries", "slopes", "slope_shortfall", "increases", "measures", "verdicts", "fit_tables", "figure",
@@ -84,15 +85,14 @@ def _protocol(ds, da):
 
 def summaries(ds: xr.Dataset) -> xr.Dataset:
     """Per-seed curves over ``L`` (dims ``setting, seed, L``), NaN outside the protocol."""
-    sm = dict(model="softmax")
     curves = {
-        "D_inf": ds.D_inf.sel(**sm).max("t"),
+        "D_inf": softmax(ds.D_inf).max("t"),
         "D_inf_linear": ds.D_inf.sel(model="linear").max("t"),
         "D_linL": ds.D_linL.max("t"),
-        "risk_heldout": ds.risk_heldout.sel(**sm).isel(t_heldout=-1),
+        "risk_heldout": softmax(ds.risk_heldout).isel(t_heldout=-1),
         "risk_heldout_linear": ds.risk_heldout.sel(model="linear").isel(t_heldout=-1),
-        "risk_heldout_eval": ds.risk_heldout_eval.sel(**sm).isel(t_heldout=-1),
-        "dist_bayes": ds.dist_bayes.sel(**sm).isel(t=-1),
+        "risk_heldout_eval": softmax(ds.risk_heldout_eval).isel(t_heldout=-1),
+        "dist_bayes": softmax(ds.dist_bayes).isel(t=-1),
     }
     out = xr.Dataset({k: da.drop_vars(["model", "t", "t_heldout"], errors="ignore") for k, da in curves.items()})
     return _protocol(ds, out)
@@ -107,39 +107,23 @@ def slopes(ds: xr.Dataset, *, cov_type: str | None = None, alpha: float = 0.05) 
     ``slope``, ``slope_se``, ``slope_ci_low``, ``slope_ci_high`` (level ``1 - alpha``), ``n_units``
     (the setting's seeds in the protocol).
 
-    The fit is of the mean over the setting's seeds in the protocol (:func:`fits.loglog_slope` with
-    ``units="seed"``): the seed is one training run whose tasks every ``L`` shares, so the SE is
-    cluster-robust over the seeds (Student-t, seeds - 1 dof) by default; ``cov_type="nonrobust"``
-    gives the plain OLS SE of the mean curve (the point estimate is the same). A setting with one
-    seed has no cluster SE: NaN there (its slope is that run's). A setting with no seed in the
-    protocol (possible in a resample of the seeds) is left out."""
-    cluster = cov_type in (None, "cluster")
-    stacked = xr.concat([summaries(ds)[k] for k in _LABELS], dim=xr.Variable("quantity", list(_LABELS)))
+    The fit is of the mean over the setting's seeds in the protocol (:func:`~.c3_family.seed_slopes`,
+    the seeds outside it absent): the seed is one training run whose tasks every ``L`` shares, so the
+    SE is cluster-robust over the seeds (Student-t, seeds - 1 dof) by default; ``cov_type=
+    "nonrobust"`` gives the plain OLS SE of the mean curve (the point estimate is the same). A setting
+    with one seed has no cluster SE: NaN there (its slope is that run's). A setting with no seed in
+    the protocol is left out of a file's fit (NaN in a resample of its seeds)."""
+    stacked = summaries(ds).to_dataarray("quantity").transpose("quantity", ...)
+    fit = seed_slopes(stacked, cov_type=cov_type, alpha=alpha, skipna=True)
     n = seeds_in_protocol(ds)
-    fits = []
-    for st in ds.setting.values:
-        k = int(n.sel(setting=st))
-        if k == 0:
-            continue
-        curves = stacked.sel(setting=st).isel(seed=np.flatnonzero(ds.in_protocol.sel(setting=st).values == 1))
-        if k >= 2:
-            fit = loglog_slope(curves, "L", units="seed", cov_type=cov_type, alpha=alpha)
-        else:
-            fit = loglog_slope(curves.isel(seed=0, drop=True), "L", cov_type="nonrobust" if cluster else cov_type,
-                               alpha=alpha)
-        fit = fit[["slope", "slope_se", "slope_ci_low", "slope_ci_high"]].reset_coords(drop=True)
-        if k < 2 and cluster:   # one run: no units to cluster over
-            fit = fit.assign({v: fit[v] * np.nan for v in ("slope_se", "slope_ci_low", "slope_ci_high")})
-        fits.append(fit.assign(n_units=xr.DataArray(k)).expand_dims(setting=[st]))
-    if not fits:
-        raise ValueError("slopes: no setting of this file has a seed in the protocol (in_protocol = 1)")
-    out = xr.concat(fits, dim="setting").transpose("quantity", "setting")
-    return out.assign_coords(cov_type="cluster" if cluster else cov_type, units="seed", alpha=alpha)
-
-
-def increases(da: xr.DataArray, dim: str = "L") -> xr.DataArray:
-    """Number of steps along ``dim`` at which ``da`` increases."""
-    return (da.diff(dim) > 0).sum(dim)
+    out = fit[["slope", "slope_se", "slope_ci_low", "slope_ci_high"]].reset_coords(drop=True).assign(n_units=n)
+    if RESAMPLE not in n.dims:
+        if not (n > 0).any():
+            raise ValueError("slopes: no setting of this file has a seed in the protocol (in_protocol = 1)")
+        out = out.isel(setting=(n > 0).values)
+    cluster = cov_type in (None, "cluster")
+    return out.transpose("quantity", "setting", ...).assign_coords(cov_type="cluster" if cluster else cov_type,
+                                                                   units="seed", alpha=alpha)
 
 
 def perturbation_growth(ds: xr.Dataset) -> xr.Dataset:
@@ -170,11 +154,6 @@ def off_block_stability(ds: xr.Dataset, lr: float) -> xr.Dataset:
                        "first_t": first.min("seed")})
 
 
-def slope_shortfall(ds: xr.Dataset) -> str | None:
-    """Why slopes in L cannot be fitted (fewer than 3 prompt lengths), or None."""
-    return too_few(ds.sizes["L"], MIN_LINE_POINTS, "prompt lengths", "a log-log slope")
-
-
 def _first(*reasons):
     """The first reason given (not None), or None."""
     return next((r for r in reasons if r), None)
@@ -196,74 +175,22 @@ def _heldout(ds):
 
 
 # --------------------------------------------------------------------------- criteria
-# Gaussian criteria are measured per Gaussian setting (isotropic, anisotropic), on seed means; every
-# value must satisfy the comparison. D(L) = max_t ||theta_L^softmax(t) - theta_inf(t)||_F.
-#
-# The measures read numpy arrays taken once per file (:class:`_Runs`): the robustness reruns them on
-# 100 resamples of the seeds, so each is a few array operations (the same numbers as the labelled
-# functions above: tests/test_c3_transfer.py compares them).
+# Gaussian criteria are measured per Gaussian setting (isotropic, anisotropic), on seed means over the
+# protocol; every value must satisfy the comparison. D(L) = max_t ||theta_L^softmax(t) - theta_inf(t)||_F.
 
 
-class _Runs:
-    """The per-run numbers the criteria read, as numpy arrays over ``(setting, seed[, L])`` in the
-    file's setting order: ``P`` (in the protocol), ``D`` (max_t D_inf, softmax), ``D_linL`` (max_t),
-    ``h`` (softmax held-out risk at its L, ``(setting, seed, L, t_heldout)``), ``bayes`` (final
-    distance of softmax(L) to Bayes), ``norm_T``, ``ob_inf`` (max_t off-block of theta_inf), ``ob_sm``
-    (max_t off-block of softmax(L_max)), ``risk_inf`` and ``bayes_inf`` (final, theta_inf). Outside
-    the protocol the values are NaN; the seed means and maxima below skip them."""
-
-    def __init__(self, ds):
-        softmax = int(np.flatnonzero(ds.model.values == "softmax")[0])
-
-        def arr(name, *dims, model=None):   # Variable-level: no coordinate bookkeeping per call
-            v = ds.variables[name]
-            v = v if model is None else v.isel(model=model)
-            return v.transpose("setting", "seed", *dims).values
-
-        self.settings = [str(s) for s in ds.setting.values]
-        self.gaussian = [s for s in self.settings if s != CONTROL]
-        self.L = ds.L.values.astype(float)
-        self.P = arr("in_protocol") == 1
-        self.n = self.P.sum(axis=1)
-        self.D = arr("D_inf", "L", "t", model=softmax).max(axis=-1)
-        self.D_linL = arr("D_linL", "L", "t").max(axis=-1)
-        self.h = arr("risk_heldout", "L", "t_heldout", model=softmax)
-        self.bayes = arr("dist_bayes", "L", "t", model=softmax)[..., -1]
-        self.norm_T = arr("norm_inf", "t")[..., -1]
-        self.ob_inf = arr("off_block_inf", "t").max(axis=-1)
-        self.ob_sm = arr("off_block", "L", "t", model=softmax)[:, :, -1].max(axis=-1)
-        self.risk_inf = arr("risk_inf", "t")[..., -1]
-        self.bayes_inf = arr("dist_bayes_inf", "t")[..., -1]
-
-    def index(self, settings):
-        return [self.settings.index(s) for s in settings]
-
-    def mean(self, a, settings):
-        """Seed mean over the protocol of ``a`` (setting, seed, ...) at ``settings``."""
-        i = self.index(settings)
-        P = self.P[i].reshape(self.P[i].shape + (1,) * (a.ndim - 2))
-        return np.where(P, a[i], 0.0).sum(axis=1) / self.n[i].reshape((-1,) + (1,) * (a.ndim - 2))
-
-    def max(self, a, settings):
-        """Max over the protocol's seeds of ``a`` (setting, seed, ...) at ``settings``."""
-        i = self.index(settings)
-        P = self.P[i].reshape(self.P[i].shape + (1,) * (a.ndim - 2))
-        return np.where(P, a[i], -np.inf).max(axis=1)
+def _final(ds, name, at="t"):
+    """``ds[name]`` at its last ``at``, NaN outside the protocol."""
+    return _protocol(ds, ds[name].isel({at: -1}, drop=True))
 
 
-def _ols_slopes(y, L, what):
-    """OLS slope of ``log y`` on ``log L`` along the last axis (the point estimate of
-    :func:`fits.loglog_slope`), or an :class:`Inconclusive` if some ``y`` is not positive and finite."""
-    y = np.asarray(y, dtype=float)
-    if not np.all(np.isfinite(y) & (y > 0)):
-        return Inconclusive(f"{what} must be positive and finite for a log-log slope; found {np.min(y):g}")
-    return loglog_slopes_np(y, L)
-
-
-def _no_run(runs, settings):
-    """Why a setting of ``settings`` has no figure: no seed of it in the protocol (possible in a
-    resample of the seeds, when the protocol runs fewer seeds of it than the file holds), or None."""
-    empty = [s for s, k in zip(settings, runs.n[runs.index(settings)]) if k == 0]
+def _no_run(ds, settings):
+    """Why a setting of ``settings`` has no figure in a file (no seed of it in the protocol), or None
+    (in a resample of the seeds such a setting's figures are NaN: INCONCLUSIVE there)."""
+    n = seeds_in_protocol(ds).sel(setting=settings)
+    if RESAMPLE in n.dims:
+        return None
+    empty = [s for s, k in zip(settings, n.values) if k == 0]
     return f"no seed of {', '.join(empty)} in the protocol" if empty else None
 
 
@@ -281,30 +208,20 @@ def _no_big(ds):
 
 
 def _per_setting(sh: Shared, reason, compute):
-    """``compute(runs, settings)`` (one value per Gaussian setting) unless ``reason``, no Gaussian
+    """``compute(ds, settings)`` (one value per Gaussian setting) unless ``reason``, no Gaussian
     setting or a Gaussian setting without a seed in the protocol stops it."""
-    runs = sh(_Runs)
-    settings = runs.gaussian
+    ds, settings = sh.ds, gaussian_settings(sh.ds)
     no_gauss = None if settings else "no Gaussian setting in this file"
-    return measure_unless(_first(no_gauss, reason, settings and _no_run(runs, settings)),
-                          lambda: _listed(compute(runs, settings)))
-
-
-def _listed(values):
-    return values if isinstance(values, Inconclusive) else [float(v) for v in np.ravel(values)]
+    return measure_unless(_first(no_gauss, reason, settings and _no_run(ds, settings)), lambda: compute(ds, settings))
 
 
 def _control(sh: Shared, reason, compute):
-    """``compute(D(L))`` of the control (its seed-mean curve, numpy), unless ``reason`` (or no
-    control, or no control seed in the protocol) stops it."""
-    runs = sh(_Runs)
-    no_control = None if CONTROL in runs.settings else f"no {CONTROL} control in this file"
-    return measure_unless(_first(no_control, reason, no_control or _no_run(runs, [CONTROL])),
-                          lambda: _scalar(compute(runs.mean(runs.D, [CONTROL])[0])))
-
-
-def _scalar(value):
-    return value if isinstance(value, Inconclusive) else float(value)
+    """``compute(D(L))`` of the control (its seed-mean curve), unless ``reason`` (or no control, or
+    no control seed in the protocol) stops it."""
+    ds = sh.ds
+    no_control = None if CONTROL in ds.setting.values else f"no {CONTROL} control in this file"
+    return measure_unless(_first(no_control, reason, no_control or _no_run(ds, [CONTROL])),
+                          lambda: compute(sh(seed_summaries).D_inf.sel(setting=CONTROL)))
 
 
 class _C3Criteria(Criteria):
@@ -315,7 +232,7 @@ class _C3Criteria(Criteria):
 
     def verdicts(self, ds, inconclusive=None, *, resamples: int = RESAMPLES) -> list:
         rows = super().verdicts(ds, inconclusive, resamples=resamples)
-        if resamples <= 0 or "in_protocol" not in ds:
+        if resamples <= 0:
             return rows
         n = seeds_in_protocol(ds)
         out = []
@@ -361,7 +278,7 @@ _QUICK_T = "T = 200 steps: theta_inf has not converged (risk ~0.04, 0.6 .. 1.4 f
           reason="reference's: D should fall with L; one increase is tolerated for seed noise (2 seeds)",
           quick=_QUICK_COUNT, fails_as=_COLLOQUIAL)
 def _a_monotone(sh):
-    return _per_setting(sh, _no_count(sh.ds), lambda r, s: (np.diff(r.mean(r.D, s), axis=-1) > 0).sum(axis=-1))
+    return _per_setting(sh, _no_count(sh.ds), lambda ds, s: increases(sh(seed_summaries).D_inf.sel(setting=s)))
 
 
 @CRITERIA("C3a-slope", "log-log slope in L of seed-mean D(L), per Gaussian setting", "in", (-0.65, -0.35),
@@ -369,29 +286,31 @@ def _a_monotone(sh):
           reason="reference's: the band brackets -1/2, the rate of the gradient gap that drives the distance",
           quick=_QUICK_RATE, fails_as=_COLLOQUIAL)
 def _a_slope(sh):
-    return _per_setting(sh, slope_shortfall(sh.ds), lambda r, s: _ols_slopes(r.mean(r.D, s), r.L, "seed-mean D(L)"))
+    return _per_setting(sh, slope_shortfall(sh.ds), lambda ds, s: sh(slopes).slope.sel(quantity="D_inf", setting=s))
 
 
 @CRITERIA("C3a-final", "D(L_max) / ||theta_inf(T)||, per Gaussian setting", "<", 0.05, reference="15.7% / 11.1%",
           reason="reference's: at L = 4096 softmax is within 5% of the infinite-prompt trajectory",
           quick=1.0, fails_as=_COLLOQUIAL)
 def _a_final(sh):
-    return _per_setting(sh, None, lambda r, s: r.mean(r.D, s)[:, -1] / r.mean(r.norm_T, s))
+    return _per_setting(sh, None, lambda ds, s: (sh(seed_summaries).D_inf.isel(L=-1) / _norm_T(ds)).sel(setting=s))
 
 
 @CRITERIA("C3b-monotone", "increases along L of the seed-mean final held-out risk of softmax(L) at its training L",
           "<=", 1, reference="monotone (0)", fmt="g", reason="reference's: longer prompts train better predictors",
           quick=_QUICK_COUNT)
 def _b_monotone(sh):
-    return _per_setting(sh, _no_count(sh.ds),
-                        lambda r, s: (np.diff(r.mean(r.h, s)[:, :, -1], axis=-1) > 0).sum(axis=-1))
+    return _per_setting(sh, _no_count(sh.ds), lambda ds, s: increases(sh(seed_summaries).risk_heldout.sel(setting=s)))
 
 
 @CRITERIA("C3b-final", "final / initial held-out risk of softmax(L_max) at L_max (seed mean), per Gaussian setting",
           "<", 0.02, reference="0.95% / 0.64%",
           reason="reference's: the paper's literal claim, training at large L succeeds", quick=1.0)
 def _b_final(sh):
-    return _per_setting(sh, None, lambda r, s: r.mean(r.h, s)[:, -1, -1] / r.mean(r.h, s)[:, -1, 0])
+    def ratio(ds, s):
+        h = sh(_heldout).sel(setting=s).isel(L=-1)
+        return h.isel(t_heldout=-1) / h.isel(t_heldout=0)
+    return _per_setting(sh, None, ratio)
 
 
 @CRITERIA("C3c", "final distance of softmax(L) to the Bayes optimum, L_max over L_min (seed mean), per Gaussian "
@@ -400,7 +319,10 @@ def _b_final(sh):
           quick=NotJudged(_QUICK_T + ": the distance to Bayes is the unfinished optimisation, per-seed ratios "
                           "0.56 .. 1.09"))
 def _c(sh):
-    return _per_setting(sh, _no_ratio(sh.ds), lambda r, s: r.mean(r.bayes, s)[:, -1] / r.mean(r.bayes, s)[:, 0])
+    def ratio(ds, s):
+        b = sh(seed_summaries).dist_bayes.sel(setting=s)
+        return b.isel(L=-1) / b.isel(L=0)
+    return _per_setting(sh, _no_ratio(sh.ds), ratio)
 
 
 @CRITERIA("C3d-inf", "max over t and seeds of the off-block mass of theta_inf, per Gaussian setting", "<", 1e-8,
@@ -408,7 +330,7 @@ def _c(sh):
           reason="reference's: the odd symmetry is exact, so only rounding (~1e-16) is allowed, with margin",
           quick=1e-8)   # exact at any size
 def _d_inf(sh):
-    return _per_setting(sh, None, lambda r, s: r.max(r.ob_inf, s))
+    return _per_setting(sh, None, lambda ds, s: _protocol(ds, ds.off_block_inf.max("t")).max("seed").sel(setting=s))
 
 
 @CRITERIA("C3d-softmax", "max over t and seeds of the off-block mass of softmax(L_max), per Gaussian setting", "<",
@@ -416,14 +338,15 @@ def _d_inf(sh):
           reason="reference's: allows rounding amplified along unstable directions, catches an O(1) loss of "
                  "structure", quick=1e-2)   # exact at any size
 def _d_softmax(sh):
-    return _per_setting(sh, None, lambda r, s: r.max(r.ob_sm, s))
+    return _per_setting(sh, None, lambda ds, s: _protocol(ds, softmax(ds.off_block).isel(L=-1).max("t")).max(
+        "seed").sel(setting=s))
 
 
 @CRITERIA("C3e-drop", "Rademacher control: D(L_min) / D(L_max) (seed mean)", ">=", 5.0,
           reference="falls fast, then plateaus at 0.20",
           reason="reference's: the control first converges like the Gaussian settings", quick=5.0 ** (1 / 3))
 def _e_drop(sh):
-    return _control(sh, _no_ratio(sh.ds), lambda D: D[0] / D[-1])
+    return _control(sh, _no_ratio(sh.ds), lambda D: D.isel(L=0) / D.isel(L=-1))
 
 
 @CRITERIA("C3e-plateau", "Rademacher control: log-log slope of D(L) over the last four L", ">", -0.25,
@@ -434,7 +357,7 @@ def _e_drop(sh):
                           "before it"))
 def _e_plateau(sh):
     return _control(sh, too_few(sh.ds.sizes["L"], 4, "prompt lengths", "the slope over the last four"),
-                    lambda D: _ols_slopes(D[-4:], sh.ds.L.values[-4:].astype(float), "the control's D(L)"))
+                    lambda D: loglog_slope(D.isel(L=slice(-4, None)), "L", skipna=True).slope)
 
 
 # supplementary checks of figures quoted in the reference's C3 text (not predeclared by it; docs/criteria.md)
@@ -443,14 +366,14 @@ def _e_plateau(sh):
           reason="ours: linear(inf) gradient descent converges; margin for the slower anisotropic setting "
                  "(condition number 4)", quick=NotJudged(_QUICK_T), fails_as=_SLOW_MODE)
 def _inf_risk(sh):
-    return _per_setting(sh, None, lambda r, s: r.max(r.risk_inf, s))
+    return _per_setting(sh, None, lambda ds, s: _final(ds, "risk_inf").max("seed").sel(setting=s))
 
 
 @CRITERIA("C3-inf-bayes", "supplementary: final distance of theta_inf to the Bayes optimum, max over seeds, per "
           "Gaussian setting", "<=", 2e-3, reference="~1e-3", reason="ours: twice the reference's figure",
           quick=NotJudged(_QUICK_T), fails_as=_SLOW_MODE)
 def _inf_bayes(sh):
-    return _per_setting(sh, None, lambda r, s: r.max(r.bayes_inf, s))
+    return _per_setting(sh, None, lambda ds, s: _final(ds, "dist_bayes_inf").max("seed").sel(setting=s))
 
 
 @CRITERIA("C3-linL-gap", "supplementary: |max_t ||theta_L^softmax - theta_L^linear|| / D(L) - 1| for L >= 1024 "
@@ -460,9 +383,10 @@ def _inf_bayes(sh):
           fails_as=("finding", "where theta_inf(t) is still moving (the slow anisotropic draw), D_linL and D differ "
                     "at intermediate L; within 0.8% at L = 4096"))
 def _linL_gap(sh):
-    big = np.flatnonzero(sh.ds.L.values >= 1024)
-    return _per_setting(sh, _no_big(sh.ds),
-                        lambda r, s: np.abs(r.mean(r.D_linL, s) / r.mean(r.D, s) - 1)[:, big])
+    def gap(ds, s):
+        m = sh(seed_summaries).sel(setting=s)
+        return abs(m.D_linL / m.D_inf - 1).isel(L=ds.L.values >= 1024)
+    return _per_setting(sh, _no_big(sh.ds), gap)
 
 
 measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
@@ -483,13 +407,11 @@ def fit_tables(ds: xr.Dataset) -> dict:
     g = perturbation_growth(ds)
     if bool(np.isfinite(g.max_growth).any()):   # the perturbed run is optional (perturbed_run)
         tables["perturbation"] = _perturbation_table(g)
-    if "off_block_curvature_max" in ds:
-        tables["curvature"] = _curvature_table(ds)
+    tables["curvature"] = _curvature_table(ds)
     if CONTROL in ds.setting.values:
         tables.update(_control_tables(sh))
     tables["baselines"] = _baseline_table(sh)
-    if "risk_pgd" in ds:   # files made before these baselines lack them
-        tables["more_baselines"] = _more_baseline_table(ds)
+    tables["more_baselines"] = _more_baseline_table(ds)
     return tables
 
 
@@ -506,7 +428,7 @@ def _slope_table(sh):
     if no_slope is None:
         sl = sh(slopes).reindex(setting=ds.setting)
         sl = sl.assign_coords(quantity=[_LABELS[k] for k in sl.quantity.values])
-        one = "n/a (1 seed)"
+        one = ONE_SEED
         cols = {"slope": column(sl.slope, "slope", ".3f"), "slope_se": column(sl.slope_se, "SE", ".3f", missing=one),
                 "slope_ci_low": column(sl.slope_ci_low, "95% CI low", ".3f", missing=one),
                 "slope_ci_high": column(sl.slope_ci_high, "95% CI high", ".3f", missing=one)}
@@ -536,11 +458,7 @@ def _per_seed_table(sh):
     no_slope = slope_shortfall(ds)
     if no_slope:
         return make_table({}, title=f"{title}: not fitted, {no_slope}")
-    per_seed = summaries(ds)
-    fits = [[loglog_slope(per_seed[q].sel(setting=st).dropna("seed", how="all"), "L").reindex(seed=ds.seed)
-             for st in ds.setting.values] for q in ("D_inf", "risk_heldout")]
-    fit = xr.concat([xr.concat(row, dim="setting") for row in fits],
-                    dim=xr.Variable("quantity", [_LABELS[q] for q in ("D_inf", "risk_heldout")]))
+    fit = loglog_slope(_by_quantity(summaries(ds), ("D_inf", "risk_heldout")), "L", skipna=True)
     return make_table({"slope": column(fit.slope, "slope", ".3f")}, title=title + "; n/a: a seed outside the protocol")
 
 
@@ -704,8 +622,7 @@ def figure(ds: xr.Dataset, path):
         ax3.loglog(L, s.risk_heldout.sel(setting=st), styles.get(st, "o-"), color=c, ms=4)
         ax3.loglog(L, s.risk_heldout_linear.sel(setting=st), "x:", color=c, ms=4)
         ax3.loglog(L, _seed_mean(_protocol(ds, ds.risk_plugin)).sel(setting=st), "-", color=c, lw=0.8, alpha=0.6)
-        if "risk_pgd" in ds:
-            ax3.loglog(L, _seed_mean(_protocol(ds, ds.risk_pgd)).sel(setting=st), "--", color=c, lw=0.8, alpha=0.6)
+        ax3.loglog(L, _seed_mean(_protocol(ds, ds.risk_pgd)).sel(setting=st), "--", color=c, lw=0.8, alpha=0.6)
         ridge = _seed_mean(_protocol(ds, ds.risk_ridge)).sel(setting=st)
         shown = ridge.where(ridge > 1e-12)       # exact (rounding-level) least squares is off the scale
         if shown.notnull().any():
@@ -717,9 +634,8 @@ def figure(ds: xr.Dataset, path):
     handles += [Line2D([], [], color="k", marker="o", ls="-", ms=4, label="softmax(L)"),
                 Line2D([], [], color="k", marker="x", ls=":", ms=4, label="linear(L)"),
                 Line2D([], [], color="k", lw=0.8, alpha=0.6, label="plug-in (linear(L) at Bayes opt.)"),
-                Line2D([], [], color="k", marker="d", ls="none", mfc="none", label="ridge / least squares")]
-    if "risk_pgd" in ds:
-        handles.append(Line2D([], [], color="k", ls="--", lw=0.8, alpha=0.6, label="one step of optimal preconditioned GD"))
+                Line2D([], [], color="k", marker="d", ls="none", mfc="none", label="ridge / least squares"),
+                Line2D([], [], color="k", ls="--", lw=0.8, alpha=0.6, label="one step of optimal preconditioned GD")]
     if ridge_notes:
         top, n_tiny, n_all = max(n[0] for n in ridge_notes), sum(n[1] for n in ridge_notes), sum(n[2] for n in ridge_notes)
         ax3.text(0.02, 0.02, f"ridge / least squares (noiseless labels): <= {top:.0e}, off scale,\n"

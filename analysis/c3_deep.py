@@ -30,9 +30,10 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from .fits import MIN_LINE_POINTS, loglog_slope, loglog_slopes_np, not_fitted, too_few
+from .c3_family import ONE_SEED, seed_slopes, softmax
+from .fits import MIN_LINE_POINTS, not_fitted, slope_shortfall
 from .tables import column, make_table
-from .verdicts import Criteria, Inconclusive, NotJudged, Shared, measure_unless
+from .verdicts import Criteria, NotJudged, Shared, measure_unless
 
 __all__ = ["CRITERIA", "fit_range", "rates", "training", "training_slopes", "measures", "verdicts", "fit_tables",
            "figure"]
@@ -45,18 +46,9 @@ def fit_range(L) -> np.ndarray:
 
 
 def _seed_slopes(da, dim, cov_type, alpha):
-    """``slope``, ``slope_se`` (and CI) in ``dim`` of the seed mean of ``da``: cluster-robust over the
-    seeds by default (:func:`fits.loglog_slope` with ``units="seed"``); with one seed, that seed's
-    slope and a NaN SE (no units to cluster over) unless another ``cov_type`` is asked for."""
-    cluster = cov_type in (None, "cluster")
-    if da.sizes["seed"] >= 2:
-        fit = loglog_slope(da, dim, units="seed", cov_type=cov_type, alpha=alpha)
-    else:
-        fit = loglog_slope(da.isel(seed=0, drop=True), dim, cov_type="nonrobust" if cluster else cov_type,
-                           alpha=alpha)
-        if cluster:
-            fit = fit.assign({v: fit[v] * np.nan for v in ("slope_se", "slope_ci_low", "slope_ci_high")})
-    return fit[["slope", "slope_se", "slope_ci_low", "slope_ci_high"]]
+    """``slope``, ``slope_se`` and its interval in ``dim`` of the seed mean of ``da``
+    (:func:`~.c3_family.seed_slopes`)."""
+    return seed_slopes(da, dim, cov_type=cov_type, alpha=alpha)[["slope", "slope_se", "slope_ci_low", "slope_ci_high"]]
 
 
 def rates(ds: xr.Dataset, *, cov_type: str | None = None, alpha: float = 0.05) -> xr.Dataset:
@@ -84,7 +76,7 @@ def training_slopes(ds: xr.Dataset, *, cov_type: str | None = None, alpha: float
     """Per depth and heads, the log-log slopes in ``L_train`` (``slope``, ``slope_se``, CI) of the
     seed-mean ``max_t D_inf`` (softmax, linear: dim ``curve``) and ``max_t D_linL``, SE cluster-robust
     over the seeds (``cov_type="nonrobust"``: plain OLS; NaN with one seed); ``n_units`` seeds."""
-    curves = xr.concat([ds.D_inf.max("t").sel(model=m, drop=True) for m in ("softmax", "linear")]
+    curves = xr.concat([softmax(ds.D_inf).max("t"), ds.D_inf.max("t").sel(model="linear", drop=True)]
                        + [ds.D_linL.max("t")], dim=xr.Variable("curve", ["softmax", "linear", "linL"]))
     fit = _seed_slopes(curves, "L_train", cov_type, alpha)
     fit = fit.drop_vars([c for c in fit.coords if c not in ("depth", "heads", "curve")])
@@ -104,47 +96,16 @@ def training(ds: xr.Dataset) -> xr.Dataset:
     return out.drop_vars([c for c in out.coords if c not in ("depth", "heads", "model", "L_train")])
 
 
-def _no_a(ds):
-    return too_few(ds.sizes["L"], MIN_LINE_POINTS, "prompt lengths", "a log-log slope")
-
-
 def _no_b(ds):
-    return too_few(ds.sizes["L_train"], MIN_LINE_POINTS, "training prompt lengths", "a log-log slope")
+    return slope_shortfall(ds, "L_train", "training prompt lengths")
 
 
 # --------------------------------------------------------------------------- criteria
-# The measures read seed means as numpy arrays (the robustness reruns them on 100 resamples of the
-# seeds): the same numbers as rates() and training() (tests/test_c3_deep.py compares them).
+# The measures read rates() and training(), the tables' functions, on every resample of the seeds at once.
 
 
-def _ols_slopes(y, x, what):
-    """OLS slope of ``log y`` on ``log x`` along the last axis (the point estimate of
-    :func:`fits.loglog_slope`), flattened; an :class:`Inconclusive` if some ``y`` is not positive and finite."""
-    y = np.asarray(y, dtype=float)
-    if not np.all(np.isfinite(y) & (y > 0)):
-        return Inconclusive(f"{what} must be positive and finite for a log-log slope; found {np.min(y):g}")
-    return loglog_slopes_np(y, x).ravel()
-
-
-def _a_curves(ds, var):
-    """Seed mean of ``var`` over :func:`fit_range`, dims (heads, kernel, layer, L) as numpy."""
-    idx = fit_range(ds.L.values)
-    v = ds.variables[var].isel(L=idx)          # Variable-level: no coordinate bookkeeping per resample
-    return v.transpose(..., "seed", "L").values.mean(axis=-2), ds.L.values[idx]
-
-
-def _a_rate(sh, var, what):
-    return measure_unless(_no_a(sh.ds), lambda: _ols_slopes(*sh(_a_curves, var), what))
-
-
-def _mean_ratio(ds, var, **at):
-    """Seed mean of final / initial of ``ds[var]`` at ``at`` (labels), numpy, the other dims in file order."""
-    v = ds.variables[var]
-    at = {d: int(np.flatnonzero(ds[d].values == x)[0]) if not isinstance(x, int) else x for d, x in at.items()}
-    v = v.isel(at) if at else v
-    stage = list(ds.stage.values)
-    ratio = v.isel(stage=stage.index("final")).values / v.isel(stage=stage.index("initial")).values
-    return ratio.mean(axis=v.isel(stage=0).dims.index("seed")).ravel()
+def _a_rate(sh, var):
+    return measure_unless(slope_shortfall(sh.ds), lambda: sh(rates)[var])
 
 
 CRITERIA = Criteria("C3", prepare=Shared, units=("seed",))
@@ -168,7 +129,7 @@ _DEPTH = ("finding", "(reason revised after the first L = 16384 run) the seed me
                  "O(L^-1/2), so the squared error keeps the 1/L rate at every depth; +-0.2 for the seed noise of a "
                  "mean of squared errors", quick=NotJudged(_A_QUICK), fails_as=_DEPTH)
 def _a_slope(sh):
-    return _a_rate(sh, "err", "the seed-mean squared error")
+    return _a_rate(sh, "slope")
 
 
 @CRITERIA("C3D-a-median-slope", "supplementary (added after the first paper run): log-log slope in L of the "
@@ -178,7 +139,7 @@ def _a_slope(sh):
                  "exp(a^T Gamma_w a) over (w, x_q) that made the mean erratic; same band as C3D-a-slope",
           quick=NotJudged(_A_QUICK + "; the median of 4 items"), fails_as=_DEPTH)
 def _a_median(sh):
-    return _a_rate(sh, "err_median", "the seed-mean median squared error")
+    return _a_rate(sh, "median_slope")
 
 
 @CRITERIA("C3D-a-cov-slope", "log-log slope in L of the seed-mean relative error of the tokens' second moment "
@@ -188,7 +149,7 @@ def _a_median(sh):
           quick=NotJudged("2 independent task draws at L = 8..32: the slope's Monte Carlo SD is 0.26 (99% range "
                           "-1.10 .. +0.17), wider than the band"))
 def _a_cov(sh):
-    return _a_rate(sh, "cov_err", "the seed-mean token-moment error")
+    return _a_rate(sh, "cov_slope")
 
 
 @CRITERIA("C3D-b-slope", "log-log slope in L_train of the seed-mean max_t D_inf (softmax), every depth and heads",
@@ -198,11 +159,7 @@ def _a_cov(sh):
           fails_as=("colloquial reading", "as the one-layer C3a-slope (reference -0.134 / -0.176): the paper bounds "
                     "the distance only up to a horizon T(L), not uniformly over a fixed run at L^-1/2"))
 def _b_slope(sh):
-    def slopes():
-        v = sh.ds.variables["D_inf"].isel(model=int(np.flatnonzero(sh.ds.model.values == "softmax")[0]))
-        D = v.transpose(..., "seed", "L_train", "t").values.max(axis=-1).mean(axis=-2)
-        return _ols_slopes(D, sh.ds.L_train.values, "the seed-mean max_t D_inf")
-    return measure_unless(_no_b(sh.ds), slopes)
+    return measure_unless(_no_b(sh.ds), lambda: sh(training_slopes).slope.sel(curve="softmax"))
 
 
 @CRITERIA("C3D-b-heldout", "final / initial held-out risk of softmax(L) at the largest L_train (seed mean), every "
@@ -211,7 +168,7 @@ def _b_slope(sh):
           quick=NotJudged("10 optimiser steps: softmax(L) at L_train = 16 has not started to generalise "
                           "(final / initial ~1)"))
 def _b_heldout(sh):
-    return measure_unless(None, lambda: _mean_ratio(sh.ds, "risk_heldout", model="softmax", L_train=-1))
+    return sh(training).heldout_ratio.sel(model="softmax").isel(L_train=-1)
 
 
 @CRITERIA("C3D-b-heldout-limit", "final / initial held-out risk of the deep limit model (seed mean), every depth "
@@ -220,7 +177,7 @@ def _b_heldout(sh):
 def _b_heldout_inf(sh):
     # quick: 10 Adam steps on the limit model's own (exact, noiseless-gradient) risk must lower its held-out risk
     # at all (< 1); halving it needs the paper's 200 steps.
-    return measure_unless(None, lambda: _mean_ratio(sh.ds, "risk_heldout_inf"))
+    return sh(training).heldout_ratio_inf
 
 
 measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
@@ -241,14 +198,14 @@ def _se_note(ds):
 
 def _rates_table(ds):
     L = ds.L.values[fit_range(ds.L.values)]
-    no_a = _no_a(ds)
+    no_a = slope_shortfall(ds)
     title = (f"(a) squared error to the deep limit, err ~ C / L: slopes over L = {int(L[0])}..{int(L[-1])} (seed "
              f"means; {_se_note(ds)}; median: of the median over tasks and queries), C = geometric mean of L err, "
              "C / mean pred_inf^2, C(l) / C(1), slope of the token-moment error")
     if no_a:
         return make_table({}, title=f"{title}: not fitted, {no_a}")
     r = rates(ds)
-    one = "n/a (1 seed)"
+    one = ONE_SEED
     spec = (("slope", "slope", ".3f"), ("slope_se", "SE", ".3f"), ("median_slope", "median", ".3f"),
             ("median_slope_se", "SE", ".3f"), ("constant", "C", ".3g"), ("rel_constant", "C/out^2", ".3g"),
             ("growth", "C(l)/C(1)", ".3g"), ("cov_slope", "cov slope", ".3f"), ("cov_slope_se", "SE", ".3f"))
@@ -266,7 +223,7 @@ def _training_table(ds):
     tr = training(ds)
     no_b = _no_b(ds)
     cols = {}
-    one = "n/a (1 seed)"
+    one = ONE_SEED
     blank = xr.full_like(tr.D_inf.sel(model="softmax").isel(L_train=0, drop=True), np.nan).reset_coords(drop=True)
     sl = None if no_b else training_slopes(ds)
     for key, curve, head in (("slope_softmax", "softmax", "sl sm"), ("slope_linear", "linear", "sl lin"),
@@ -329,7 +286,7 @@ def figure(ds: xr.Dataset, path):
            title=f"(b) softmax, H = {int(h1)}: mean vs median")
     ax.legend(fontsize=6, ncol=2)
     ax = axes[2]
-    no_a = _no_a(ds)
+    no_a = slope_shortfall(ds)
     if no_a:
         not_fitted(ax, no_a)
     else:

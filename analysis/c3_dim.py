@@ -19,8 +19,8 @@ excess risk, the steps T_conv each run needed and their growth in d, verdicts an
 
 Independent units: a seed of a ``(setting, d)`` is one run whose tasks every ``L`` and both models
 share (nested prompts), so the points of a curve along ``L`` share draws: the slopes' SEs are
-cluster-robust over the seeds (:func:`fits.clustered_loglog_np` through
-:func:`sfxlin.analysis.c3_horizon.line_np`), Student-t with ``seeds - 1`` dof; one seed: no interval.
+cluster-robust over the seeds (:func:`~.c3_family.seed_line`), Student-t with ``seeds - 1`` dof; one
+seed: no interval.
 """
 from __future__ import annotations
 
@@ -29,10 +29,10 @@ import json
 import numpy as np
 import xarray as xr
 
-from .c3_horizon import line_np
-from .fits import OLS_LINE_FIELDS, ols_line_np, too_few
+from .c3_family import LINE, seed_line, softmax
+from .fits import ols_line, too_few
 from .tables import column, make_table
-from .verdicts import Criteria, Inconclusive, NotJudged, Shared, measure_unless
+from .verdicts import RESAMPLE, Criteria, Inconclusive, NotJudged, Shared, measure_unless
 
 __all__ = ["CRITERIA", "QUANTITIES", "curves", "slopes", "T_growth", "measures", "verdicts", "fit_tables", "figure"]
 
@@ -40,80 +40,42 @@ __all__ = ["CRITERIA", "QUANTITIES", "curves", "slopes", "T_growth", "measures",
 QUANTITIES = {"D": "max_t ||theta_L(t) - theta_inf(t)|| (softmax)",
               "excess": "held-out risk of softmax(L) - that of theta_inf(T) (same held-out tasks)"}
 
-_LINE = ("slope", "se", "ci_low", "ci_high")
-_IDX = [OLS_LINE_FIELDS.index(f) for f in ("slope", "slope_se", "slope_ci_low", "slope_ci_high")]
+def curves(ds: xr.Dataset) -> xr.Dataset:
+    """The per-seed curves of :data:`QUANTITIES` over ``(setting, d, seed, L)`` (NaN above a ``d``'s cap)."""
+    return xr.Dataset({"D": softmax(ds.D_inf_max),
+                       "excess": softmax(ds.risk_heldout_T) - ds.risk_heldout_inf_T}).transpose("setting", "d", "seed", "L", ...)
 
 
-def _softmax(ds):
-    return int(np.flatnonzero(ds.model.values == "softmax")[0])
-
-
-def curves(ds: xr.Dataset) -> dict:
-    """``{"D": (setting, d, seed, L), "excess": (setting, d, seed, L)}`` numpy arrays (NaN above a
-    ``d``'s cap), plus ``L`` and the coordinate lists."""
-    sm = _softmax(ds)
-    order = ("setting", "d", "seed", "model", "L")
-    D = ds.D_inf_max.transpose(*order).values[:, :, :, sm]
-    ho = ds.risk_heldout_T.transpose(*order).values[:, :, :, sm]
-    inf = ds.risk_heldout_inf_T.transpose("setting", "d", "seed").values[..., None]
-    return {"D": D, "excess": ho - inf, "L": ds.L.values.astype(float),
-            "settings": [str(s) for s in ds.setting.values], "ds": [int(d) for d in ds.d.values]}
-
-
-def _line(c, q, s, j):
-    """``((slope, se, ci_low, ci_high), n_L, reason)`` of quantity ``q`` at setting ``s``, d index ``j``."""
-    Y = c[q][s, j]                                        # (seed, L)
-    use = np.isfinite(Y).all(axis=0)
-    L, Y = c["L"][use], Y[:, use]
-    if use.sum() < 3:
-        return (np.nan,) * 4, int(use.sum()), f"{int(use.sum())} L trained (need >= 3)"
-    mean = Y.mean(axis=0)
-    if not np.all(mean > 0):
-        return (np.nan,) * 4, int(use.sum()), (f"seed mean <= 0 at L = {', '.join(str(int(x)) for x in L[mean <= 0])}"
-                                               " (no logarithm)")
-    return line_np(L, Y.T), int(use.sum()), None
+def _no_log(curve: xr.DataArray) -> xr.DataArray:
+    """Where the seed mean of ``curve`` is <= 0 at an L trained in every seed (no logarithm)."""
+    mean = curve.where(np.isfinite(curve).all("seed")).mean("seed")
+    return mean <= 0
 
 
 def slopes(ds: xr.Dataset) -> xr.Dataset:
     """Per ``(quantity, setting, d)``: ``slope``, ``se``, ``ci_low``, ``ci_high`` (95%, cluster over the
-    seeds) and ``n_L`` of the log-log line in ``L`` of the seed mean (:data:`QUANTITIES`)."""
-    c = curves(ds)
-    shape = (len(QUANTITIES), len(c["settings"]), len(c["ds"]))
-    out = {k: np.full(shape, np.nan) for k in _LINE + ("n_L",)}
-    for a, q in enumerate(QUANTITIES):
-        for s in range(shape[1]):
-            for j in range(shape[2]):
-                fit, n, _ = _line(c, q, s, j)
-                for k, v in zip(_LINE, fit):
-                    out[k][a, s, j] = v
-                out["n_L"][a, s, j] = n
-    res = xr.Dataset({k: (("quantity", "setting", "d"), v) for k, v in out.items()},
-                     coords={"quantity": list(QUANTITIES), "setting": c["settings"], "d": c["ds"]})
+    seeds) and ``n_L`` of the log-log line in ``L`` of the seed mean (:data:`QUANTITIES`) over the L trained
+    in every seed (:func:`~.c3_family.seed_line`); NaN with fewer than 3 such L or a seed mean <= 0 at one."""
+    c = curves(ds).to_dataarray("quantity")
+    bad = _no_log(c).any("L")
+    res = seed_line(c.where(~bad, 1.0)).where(~bad).assign(n_L=np.isfinite(c).all("seed").sum("L").astype(float))
     res.attrs.update(fit="OLS of log(seed mean) on log(L) over the L trained at d; SE cluster-robust over the seeds "
                          "(linearised log-mean), Student-t with seeds - 1 dof")
-    return res
-
-
-def _T_line(T, dvals, alpha=0.05):
-    """OLS of ``log T`` on ``log d`` over every run, HC1 SE: ``(slope, se, ci_low, ci_high)``; NaN with
-    fewer than 2 distinct d."""
-    x = np.log(np.repeat(np.asarray(dvals, dtype=float), T.shape[1]))
-    if np.unique(x).size < 2 or x.size < 3:
-        return (np.nan,) * 4
-    out = ols_line_np(x, np.log(T.ravel()), cov_type="HC1", alpha=alpha)
-    return tuple(float(out[i]) for i in _IDX)
+    return res.transpose("quantity", "setting", "d", ...)
 
 
 def T_growth(ds: xr.Dataset) -> xr.Dataset:
-    """Per setting the line ``T_conv ~ d^b`` (:func:`_T_line`): ``slope``, ``se``, ``ci_low``, ``ci_high``;
+    """Per setting the line ``T_conv ~ d^b``, OLS of ``log T_conv`` on ``log d`` over every run, HC1 SE
+    (NaN with one d): ``slope``, ``se``, ``ci_low``, ``ci_high``;
     per ``(setting, d)`` the median, min and max of ``T_conv`` over seeds and ``n_not_converged``."""
-    T = ds.T_conv.transpose("setting", "d", "seed")
-    line = np.array([_T_line(T.values[s], ds.d.values) for s in range(ds.sizes["setting"])])
-    out = xr.Dataset({k: ("setting", line[:, i]) for i, k in enumerate(_LINE)}, coords={"setting": T.setting.values})
+    T = ds.T_conv
+    fit = ols_line(np.log(T), np.log(T.d), ("d", "seed"), cov_type="HC1")
+    out = xr.Dataset({k: fit[f].reset_coords(drop=True).drop_attrs()
+                      for k, f in zip(LINE, ("slope", "slope_se", "slope_ci_low", "slope_ci_high"))})
     out["T_median"] = T.median("seed")
     out["T_min"] = T.min("seed")
     out["T_max"] = T.max("seed")
-    out["n_not_converged"] = (ds.converged.transpose("setting", "d", "seed") == 0).sum("seed")
+    out["n_not_converged"] = (ds.converged == 0).sum("seed")
     out.attrs.update(fit="OLS of log T_conv on log d over every run of the setting (independent runs), HC1 SE, "
                          "Student-t interval")
     return out
@@ -132,21 +94,28 @@ def _fit_reason(ds):
     return too_few(ds.sizes["L"], 3, "prompt lengths", "a slope in L")
 
 
+def _why_not(ds, q) -> str | None:
+    """Why a file gives no slope of ``q`` at some (setting, d): too few L trained, or a seed mean <= 0."""
+    c = curves(ds)[q]
+    short = []
+    for st in ds.setting.values:
+        for d in ds.d.values:
+            y = c.sel(setting=st, d=d)
+            L = y.L.values[np.isfinite(y).all("seed").values]
+            below = L[_no_log(y).sel(L=L).values] if L.size >= 3 else []
+            why = (f"{L.size} L trained (need >= 3)" if L.size < 3 else
+                   f"seed mean <= 0 at L = {', '.join(str(int(x)) for x in below)} (no logarithm)" if len(below) else None)
+            if why:
+                short.append(f"{st}, d = {int(d)}: {why}")
+    return "no slope for " + "; ".join(short) if short else None
+
+
 def _slope_measure(sh, q):
-    ds = sh.ds
-
     def compute():
-        c = sh(curves)
-        vals, short = [], []
-        for s, st in enumerate(c["settings"]):
-            for j, d in enumerate(c["ds"]):
-                fit, _, why = _line(c, q, s, j)
-                if why:
-                    short.append(f"{st}, d = {d}: {why}")
-                vals.append(fit[3])
-        return Inconclusive("no slope for " + "; ".join(short)) if short else vals
+        why = None if RESAMPLE in sh.ds.dims else _why_not(sh.ds, q)
+        return Inconclusive(why) if why else sh(slopes).ci_high.sel(quantity=q)
 
-    return measure_unless(_fit_reason(ds), compute)
+    return measure_unless(_fit_reason(sh.ds), compute)
 
 
 @CRITERIA("C3D-converged", "runs that reached T_max without the stop rule (exact population risk of theta_inf <= "
@@ -156,7 +125,7 @@ def _slope_measure(sh, q):
                  "horizon T is not what bounds them (the issue's question)",
           quick=_QUICK, fails_as=("finding", "T_max too short for this (setting, d): theta_inf still moving"))
 def _converged(sh):
-    return list((sh.ds.converged.transpose("setting", "d", "seed") == 0).sum("seed").values.ravel())
+    return (sh.ds.converged == 0).sum("seed")
 
 
 @CRITERIA("C3D-D-slope", "upper end of the 95% CI (cluster over seeds) of the log-log slope in L of max_t "
@@ -191,15 +160,14 @@ def _T_iso(sh):
         return Inconclusive("no isotropic setting in this file")
     if ds.sizes["d"] < 2:
         return Inconclusive("one d: no growth in d")
-    return float(sh(T_growth).ci_high.sel(setting="isotropic"))
+    return sh(T_growth).ci_high.sel(setting="isotropic")
 
 
 @CRITERIA("C3D-block", "max over runs, models, L and t of the off-block mass of theta_L(t), per (setting, d)",
           "<", 1e-8, reference="c3_transfer, c3_horizon: 0 (exact antithetic cancellation)",
           reason="the odd symmetry under w -> -w is exact at every d")
 def _block(sh):
-    ob = sh.ds.off_block_max.transpose("setting", "d", "seed", "model", "L").values
-    return list(np.nanmax(ob.reshape(ob.shape[0] * ob.shape[1], -1), axis=1))
+    return sh.ds.off_block_max.max(["seed", "model", "L"])
 
 
 @CRITERIA("C3D-rerun", "largest entrywise difference between theta_inf(t) of the joint run and of the "
@@ -207,7 +175,7 @@ def _block(sh):
           reference="the same engine and arithmetic in both (sfxlin.training.train_until)",
           reason="the T found by the first run is the T of the trajectory the distances are measured to")
 def _rerun(sh):
-    return float(sh.ds.inf_rerun_diff.max())
+    return sh.ds.inf_rerun_diff.max(["setting", "d", "seed"])
 
 
 measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
@@ -225,11 +193,11 @@ def fit_tables(ds: xr.Dataset) -> dict:
          "max": column(g.T_max, "max", ".0f"), "never": column(g.n_not_converged, "runs at T_max", "d")},
         title=f"Steps T_conv to the stop rule (exact population risk of theta_inf <= tol x init), over "
               f"{ds.sizes['seed']} seeds")}
-    tables["T_growth"] = make_table({k: column(g[k], f"b: {k}", ".3f") for k in _LINE},
+    tables["T_growth"] = make_table({k: column(g[k], f"b: {k}", ".3f") for k in LINE},
                                     title="T_conv ~ d^b per setting: OLS of log T_conv on log d over every run, "
                                           "HC1 SE, 95% t interval")
     s = slopes(ds)
-    tables["slopes"] = make_table({**{k: column(s[k], k, ".3f") for k in _LINE}, "n_L": column(s.n_L, "L fitted", "d")},
+    tables["slopes"] = make_table({**{k: column(s[k], k, ".3f") for k in LINE}, "n_L": column(s.n_L, "L fitted", "d")},
                                   title="Log-log slopes in L per (setting, d): D = max_t ||theta_L - theta_inf|| "
                                         "(softmax), excess = held-out risk of softmax(L) - theta_inf(T); OLS on seed "
                                         "means, SE cluster-robust over seeds, 95% CI (n/a: no slope, see criteria)")
@@ -258,15 +226,16 @@ def figure(ds: xr.Dataset, path):
     import matplotlib.pyplot as plt
 
     c, s, g = curves(ds), slopes(ds), T_growth(ds)
-    L = c["L"]
+    L = ds.L.values.astype(float)
+    settings, dims_d = [str(x) for x in ds.setting.values], [int(d) for d in ds.d.values]
     fig, axes = plt.subplots(1, 4, figsize=(21, 4.8))
-    marks = dict(zip(c["settings"], ("o", "s", "^", "v")))
-    shades = dict(zip(c["ds"], plt.cm.viridis(np.linspace(0, 0.85, len(c["ds"])))))
+    marks = dict(zip(settings, ("o", "s", "^", "v")))
+    shades = dict(zip(dims_d, plt.cm.viridis(np.linspace(0, 0.85, len(dims_d)))))
     short = {"D": "max_t D_inf(softmax, L), seed mean", "excess": "excess held-out risk over theta_inf(T), seed mean"}
     for ax, q in zip(axes[:2], QUANTITIES):
-        for i, st in enumerate(c["settings"]):
-            for j, d in enumerate(c["ds"]):
-                y = c[q][i, j].mean(axis=0)
+        for i, st in enumerate(settings):
+            for j, d in enumerate(dims_d):
+                y = c[q].isel(setting=i, d=j).mean("seed").values
                 ok = np.isfinite(y) & (y > 0)
                 ax.loglog(L[ok], y[ok], marks[st] + ("-" if i == 0 else "--"), color=shades[d], ms=4,
                           label=f"{st}, d = {d}")
@@ -275,9 +244,9 @@ def figure(ds: xr.Dataset, path):
     axes[0].set_ylabel("max_t D_inf")
     axes[1].set_ylabel("excess held-out risk")
     ax = axes[2]
-    dvals = np.asarray(c["ds"], dtype=float)
+    dvals = np.asarray(dims_d, dtype=float)
     for k, (q, colour) in enumerate(zip(QUANTITIES, ("C0", "C3"))):
-        for i, st in enumerate(c["settings"]):
+        for i, st in enumerate(settings):
             row = s.sel(quantity=q, setting=st)
             x = dvals * (1 + 0.04 * (2 * k + i - 1.5))
             lo, hi = row.slope - row.ci_low, row.ci_high - row.slope
@@ -285,14 +254,14 @@ def figure(ds: xr.Dataset, path):
             ax.errorbar(x, row.slope, yerr=err, fmt=marks[st], color=colour, capsize=3, label=f"{q}, {st}")
     ax.axhline(0, color="0.5", lw=0.8)
     ax.set_xscale("log")
-    ax.set_xticks(dvals, [str(d) for d in c["ds"]])
+    ax.set_xticks(dvals, [str(d) for d in dims_d])
     ax.minorticks_off()
     ax.set(xlabel="d", ylabel="slope in L (95% CI, cluster over seeds)", title="slopes in L against d")
     ax.legend(fontsize=7)
     ax = axes[3]
     T = ds.T_conv.transpose("setting", "d", "seed")
-    for i, st in enumerate(c["settings"]):
-        for j, d in enumerate(c["ds"]):
+    for i, st in enumerate(settings):
+        for j, d in enumerate(dims_d):
             ax.loglog(np.full(T.sizes["seed"], d), T.values[i, j], marks[st], color=f"C{i}", ms=5, mfc="none",
                       label=st if j == 0 else None)
         b = float(g.slope.sel(setting=st))

@@ -15,7 +15,7 @@ the coordinate ``t`` (the checkpoint steps, log-spaced).
   the tolerance within the run is flagged ``never`` (``T* > T_max``), not dropped silently.
 * **Growth.** ``gamma(eps)``: the OLS log-log slope in ``L`` of the seed-mean ``T_star`` of
   softmax(L), over the ``L`` at which ``T*`` is defined in every seed (their number is reported);
-  its SE is cluster-robust over the seeds (:func:`fits.clustered_loglog_np`). An ``L`` left out
+  its SE is cluster-robust over the seeds (:func:`~.c3_family.seed_slopes`). An ``L`` left out
   has ``T* > T_max`` in some seed, so leaving it out can only lower gamma where it sits at the
   large-``L`` end; the table also gives gamma with such a horizon set to ``T_max`` (a point at its
   lower bound).
@@ -37,18 +37,17 @@ import json
 import numpy as np
 import xarray as xr
 
-from .fits import OLS_LINE_FIELDS, clustered_loglog_np, loglog_slopes_np, not_fitted, too_few
+from .c3_family import LINE, seed_line, softmax
+from .fits import not_fitted, too_few
 from .tables import column, make_table
-from .verdicts import Criteria, Inconclusive, NotJudged, Shared, measure_unless
+from .verdicts import RESAMPLE, Criteria, Inconclusive, NotJudged, Shared, measure_unless
 
 __all__ = ["CRITERIA", "EPS", "resolution", "first_exceedance_np", "horizons", "best_horizon", "gamma",
-           "best_slopes", "line_np", "measures", "verdicts", "fit_tables", "figure"]
+           "best_slopes", "measures", "verdicts", "fit_tables", "figure"]
 
 #: the tolerances eps of the horizon T*(L, eps)
 EPS = (0.05, 0.1, 0.2)
 
-_LINE = ("slope", "slope_se", "slope_ci_low", "slope_ci_high")
-_IDX = [OLS_LINE_FIELDS.index(f) for f in _LINE]
 
 
 # --------------------------------------------------------------------------- numpy kernels
@@ -86,40 +85,28 @@ def first_exceedance_np(D, norm, t, eps):
     return np.where(hit, lo, np.nan), np.where(hit, hi, np.nan)
 
 
-def line_np(L, Y, alpha=0.05):
-    """Log-log line of the unit mean of ``Y (n_L, G)`` (``G`` seeds) on ``L``: ``(slope, se, ci_low,
-    ci_high)``, SE cluster-robust over the seeds (:func:`fits.clustered_loglog_np`); with one seed the
-    run's slope and NaN for the rest. NaN throughout with fewer than 3 points or a unit mean that is not
-    positive and finite (no logarithm; the criteria say which)."""
-    L, Y = np.asarray(L, dtype=float), np.asarray(Y, dtype=float)
-    mean = Y.mean(axis=1) if Y.size else Y
-    if L.size < 3 or not np.all(np.isfinite(mean) & (mean > 0)):
-        return (np.nan,) * 4
-    if Y.shape[1] < 2:
-        return (float(loglog_slopes_np(Y[:, 0], L)),) + (np.nan,) * 3
-    out = clustered_loglog_np(np.log(L), Y, alpha=alpha)
-    return tuple(float(out[i]) for i in _IDX)
-
-
 # --------------------------------------------------------------------------- labelled
+
+
+def _bounds(ds: xr.Dataset, eps=EPS) -> tuple[xr.DataArray, xr.DataArray]:
+    """``(T_lo, T_hi)`` of :func:`first_exceedance_np` per ``(eps, setting, seed, model, L)`` (and any
+    other dim of ``ds``: the resamples)."""
+    out = [xr.apply_ufunc(first_exceedance_np, ds.D_inf, ds.norm_inf, ds.t, kwargs={"eps": e},
+                          input_core_dims=[["t"], ["t"], ["t"]], output_core_dims=[[], []]) for e in eps]
+    eps = xr.DataArray(list(eps), dims="eps", coords={"eps": list(eps)})
+    return tuple(xr.concat([o[k] for o in out], dim=eps) for k in (0, 1))
 
 
 def horizons(ds: xr.Dataset, eps=EPS) -> xr.Dataset:
     """``T_lo``, ``T_hi``, ``T_star`` (geometric midpoint) and ``never`` per ``(eps, setting, seed,
     model, L)``; attrs: ``resolution`` (:func:`resolution` of ``ds.t``) and ``T_max``."""
-    t = ds.t.values
-    D = ds.D_inf.transpose("setting", "seed", "model", "L", "t")
-    norm = ds.norm_inf.transpose("setting", "seed", "t").values[:, :, None, None, :]
-    lo, hi = zip(*(first_exceedance_np(D.values, norm, t, e) for e in eps))
-    dims = ("eps", "setting", "seed", "model", "L")
-    coords = {"eps": list(eps), **{k: ds[k].values for k in dims[1:]}}
-    lo, hi = np.stack(lo), np.stack(hi)
-    out = xr.Dataset({"T_lo": (dims, lo), "T_hi": (dims, hi), "T_star": (dims, np.sqrt(lo * hi)),
-                      "never": (dims, np.isnan(hi))}, coords=coords)
+    lo, hi = _bounds(ds, eps)
+    out = xr.Dataset({"T_lo": lo, "T_hi": hi, "T_star": np.sqrt(lo * hi), "never": np.isnan(hi)})
+    out = out.transpose("eps", "setting", "seed", "model", "L", ...)
     out["T_star"].attrs.update(long_name="horizon T*(L, eps)", units="steps",
                                description="geometric midpoint of [T_lo, T_hi]: the first step with "
                                            "||theta_L(t) - theta_inf(t)|| > eps ||theta_inf(t)||; NaN: never within T_max")
-    out.attrs.update(resolution=resolution(t), T_max=int(t[-1]))
+    out.attrs.update(resolution=resolution(ds.t.values), T_max=int(ds.t.values[-1]))
     return out
 
 
@@ -127,61 +114,17 @@ def best_horizon(ds: xr.Dataset) -> xr.Dataset:
     """``best = min_t ||theta_L(t) - theta_star||``, its argmin ``T_best`` and the flags ``at_end``
     (argmin at the last checkpoint: a lower bound) and ``at_start`` (argmin at the first: no approach),
     per ``(setting, seed, model, L)``."""
-    d = ds.dist_star.transpose("setting", "seed", "model", "L", "t")
-    k = d.values.argmin(axis=-1)
-    t = ds.t.values
-    dims = d.dims[:-1]
-    return xr.Dataset({"best": (dims, d.values.min(axis=-1)), "T_best": (dims, t[k].astype(float)),
-                       "at_end": (dims, k == t.size - 1), "at_start": (dims, k == 0)},
-                      coords={k_: ds[k_].values for k_ in dims})
+    k = ds.dist_star.argmin("t")
+    return xr.Dataset({"best": ds.dist_star.min("t"), "T_best": ds.t[k].astype(float).drop_vars("t"),
+                       "at_end": k == ds.sizes["t"] - 1, "at_start": k == 0}).transpose("setting", "seed", "model", "L",
+                                                                                     ...)
 
 
-def _softmax(ds):
-    return int(np.flatnonzero(ds.model.values == "softmax")[0])
-
-
-class _Runs:
-    """The numbers the criteria and tables read, as numpy arrays over ``(setting, seed, ...)`` of
-    softmax(L) (the robustness reruns them on resamples of the seeds, so they are array operations):
-    ``lo``, ``hi`` ``(eps, setting, seed, L)``, ``best``, ``T_best``, ``at_end``, ``at_start``
-    ``(setting, seed, L)``, and of ``theta_inf`` at ``T_max``: ``risk_inf``, ``star_rel``
-    (``dist_star_inf / norm_star``); ``off_block`` max over models and ``L``."""
-
-    def __init__(self, ds):
-        sm = _softmax(ds)
-        self.settings = [str(s) for s in ds.setting.values]
-        self.L = ds.L.values.astype(float)
-        self.t = ds.t.values
-        D = ds.D_inf.transpose("setting", "seed", "model", "L", "t").values[:, :, sm]
-        norm = ds.norm_inf.transpose("setting", "seed", "t").values[:, :, None, :]
-        lo, hi = zip(*(first_exceedance_np(D, norm, self.t, e) for e in EPS))
-        self.lo, self.hi = np.stack(lo), np.stack(hi)
-        d = ds.dist_star.transpose("setting", "seed", "model", "L", "t").values[:, :, sm]
-        k = d.argmin(axis=-1)
-        self.best, self.T_best = d.min(axis=-1), self.t[k].astype(float)
-        self.at_end, self.at_start = k == self.t.size - 1, k == 0
-        self.risk_inf = ds.risk_inf.transpose("setting", "seed", "t").values[..., -1]
-        self.star_rel = (ds.dist_star_inf.transpose("setting", "seed", "t").values[..., -1]
-                         / ds.norm_star.transpose("setting", "seed").values)
-        self.off_block = ds.off_block_max.transpose("setting", "seed", "model", "L").values.max(axis=(-2, -1))
-        self.n_seeds = ds.sizes["seed"]
-
-    def gamma(self, e, s, ends="mid", alpha=0.05):
-        """``(slope, se, ci_low, ci_high)`` of ``T*(L, EPS[e])`` at setting ``s`` over the ``L`` defined in
-        every seed, and the ``L`` used; ``ends``: ``"mid"``, ``"lo"``, ``"hi"`` or ``"censored"``
-        (midpoint, a ``never`` set to ``T_max``)."""
-        lo, hi = self.lo[e, s], self.hi[e, s]                     # (seed, L)
-        T = {"mid": np.sqrt(lo * hi), "lo": lo, "hi": hi,
-             "censored": np.where(np.isnan(hi), float(self.t[-1]), np.sqrt(lo * hi))}[ends]
-        use = np.isfinite(T).all(axis=0)
-        return line_np(self.L[use], T[:, use].T, alpha), use
-
-    def best_line(self, s):
-        return line_np(self.L, self.best[s].T)
-
-    def T_best_line(self, s):
-        use = ~(self.at_end[s] | self.at_start[s]).any(axis=0)
-        return line_np(self.L[use], self.T_best[s][:, use].T), use
+def _censored(lo, hi, T_max):
+    """The horizons of each end: the geometric midpoint, ``T_lo``, ``T_hi``, and the midpoint with a
+    ``never`` set to ``T_max`` (a point at its lower bound)."""
+    mid = np.sqrt(lo * hi)
+    return {"mid": mid, "lo": lo, "hi": hi, "censored": xr.where(np.isnan(hi), float(T_max), mid)}
 
 
 def gamma(ds: xr.Dataset, alpha: float = 0.05) -> xr.Dataset:
@@ -190,44 +133,34 @@ def gamma(ds: xr.Dataset, alpha: float = 0.05) -> xr.Dataset:
     interval ``gamma_lo``, ``gamma_hi`` (the fit on ``T_lo``, ``T_hi``), ``gamma_censored`` (a ``never``
     set to ``T_max``), ``n_L`` (the ``L`` fitted: ``T*`` defined in every seed) and ``n_never`` (the
     ``(seed, L)`` never within ``T_max``). NaN where fewer than 3 ``L`` are defined."""
-    r = _Runs(ds)
-    shape = (len(r.settings), len(EPS))
-    out = {k: np.full(shape, np.nan) for k in ("gamma", "gamma_se", "gamma_ci_low", "gamma_ci_high", "gamma_lo",
-                                               "gamma_hi", "gamma_censored", "n_L", "n_never")}
-    for s in range(shape[0]):
-        for e in range(shape[1]):
-            fit, use = r.gamma(e, s, "mid", alpha)
-            for k, v in zip(("gamma", "gamma_se", "gamma_ci_low", "gamma_ci_high"), fit):
-                out[k][s, e] = v
-            out["gamma_lo"][s, e] = r.gamma(e, s, "lo")[0][0]
-            out["gamma_hi"][s, e] = r.gamma(e, s, "hi")[0][0]
-            out["gamma_censored"][s, e] = r.gamma(e, s, "censored")[0][0]
-            out["n_L"][s, e] = use.sum()
-            out["n_never"][s, e] = np.isnan(r.hi[e, s]).sum()
-    res = xr.Dataset({k: (("setting", "eps"), v) for k, v in out.items()},
-                     coords={"setting": r.settings, "eps": list(EPS)})
-    res.attrs.update(resolution=resolution(r.t), T_max=int(r.t[-1]), n_L_total=len(r.L), alpha=alpha,
-                     fit="OLS of log(seed mean of T_star) on log(L) over the L with T* defined in every seed; SE "
-                         "cluster-robust over the seeds (linearised log-mean), Student-t with seeds - 1 dof")
-    return res
+    lo, hi = (softmax(b) for b in _bounds(ds))
+    ends = _censored(lo, hi, ds.t.values[-1])
+    mid = seed_line(ends["mid"], alpha)
+    out = xr.Dataset({"gamma": mid.slope, "gamma_se": mid.se, "gamma_ci_low": mid.ci_low,
+                      "gamma_ci_high": mid.ci_high, **{f"gamma_{k}": seed_line(ends[k]).slope
+                                                       for k in ("lo", "hi", "censored")},
+                      "n_L": mid.n_L.astype(float), "n_never": np.isnan(hi).sum(["seed", "L"]).astype(float)})
+    out = out.transpose("setting", "eps", ...)
+    out.attrs.update(resolution=resolution(ds.t.values), T_max=int(ds.t.values[-1]), n_L_total=ds.sizes["L"],
+                     alpha=alpha, fit="OLS of log(seed mean of T_star) on log(L) over the L with T* defined in every "
+                                      "seed; SE cluster-robust over the seeds (linearised log-mean), Student-t with "
+                                      "seeds - 1 dof")
+    return out
+
+
+def _T_best_kept(b: xr.Dataset) -> xr.DataArray:
+    """``T_best`` of softmax(L) where its argmin lies inside the run (NaN at t = 0 or at T_max)."""
+    return b.T_best.where(~(b.at_end | b.at_start))
 
 
 def best_slopes(ds: xr.Dataset) -> xr.Dataset:
     """Per setting: the slopes in ``L`` of the seed-mean best-horizon distance (``best_*``) and of
     ``T_best`` (``T_best_*``, over the ``L`` whose argmin is inside the run in every seed: ``n_L_T_best``),
     each ``slope``, ``se``, ``ci_low``, ``ci_high`` (95%, cluster over the seeds)."""
-    r = _Runs(ds)
-    rows = {f"{q}_{f}": [] for q in ("best", "T_best") for f in ("slope", "se", "ci_low", "ci_high")}
-    n = []
-    for s in range(len(r.settings)):
-        for f, v in zip(("slope", "se", "ci_low", "ci_high"), r.best_line(s)):
-            rows[f"best_{f}"].append(v)
-        fit, use = r.T_best_line(s)
-        for f, v in zip(("slope", "se", "ci_low", "ci_high"), fit):
-            rows[f"T_best_{f}"].append(v)
-        n.append(int(use.sum()))
-    out = xr.Dataset({k: ("setting", np.array(v)) for k, v in rows.items()}, coords={"setting": r.settings})
-    return out.assign(n_L_T_best=("setting", np.array(n)))
+    b = softmax(best_horizon(ds))
+    best, T_best = seed_line(b.best), seed_line(_T_best_kept(b))
+    return xr.Dataset({**{f"best_{k}": best[k] for k in LINE}, **{f"T_best_{k}": T_best[k] for k in LINE},
+                       "n_L_T_best": T_best.n_L})
 
 
 # --------------------------------------------------------------------------- criteria
@@ -238,25 +171,28 @@ _QUICK = NotJudged("T_max = 60 steps on 3 task pairs at L = 8 .. 32: theta_inf h
                    "lie in the first steps; the quick run checks the pipeline, not the horizon")
 
 
-def _fit_reason(r, what):
-    if r.n_seeds < 2:
+def _fit_reason(ds, what):
+    if ds.sizes["seed"] < 2:
         return f"one seed: no interval for {what} over independent runs (n_seeds >= 2 gives one)"
-    return too_few(len(r.L), 3, "prompt lengths", what)
+    return too_few(ds.sizes["L"], 3, "prompt lengths", what)
+
+
+def _short(fit: xr.Dataset, why: str):
+    """Inconclusive naming the settings of a file whose line has fewer than 3 L (``why`` formats the
+    setting, its L and the file's), or None (in a resample such a line is NaN: INCONCLUSIVE there)."""
+    if RESAMPLE in fit.dims:
+        return None
+    short = [why.format(setting=str(s), n=int(k)) for s, k in zip(fit.setting.values, fit.n_L.values) if k < 3]
+    return "; ".join(short) if short else None
 
 
 def _gamma_measure(sh, e):
-    r = sh(_Runs)
-
     def compute():
-        vals, short = [], []
-        for s, name in enumerate(r.settings):
-            fit, use = r.gamma(e, s)
-            if use.sum() < 3:
-                short.append(f"{name}: T* defined in every seed at {int(use.sum())} of {len(r.L)} L")
-            vals.append(fit[2])
-        return Inconclusive("needs >= 3 L with T* defined for a slope; " + "; ".join(short)) if short else vals
+        g = sh(gamma).sel(eps=EPS[e])
+        short = _short(g, f"{{setting}}: T* defined in every seed at {{n}} of {sh.ds.sizes['L']} L")
+        return Inconclusive("needs >= 3 L with T* defined for a slope; " + short) if short else g.gamma_ci_low
 
-    return measure_unless(_fit_reason(r, "gamma"), compute)
+    return measure_unless(_fit_reason(sh.ds, "gamma"), compute)
 
 
 def _gamma_criterion(e):
@@ -286,10 +222,9 @@ for _e in range(len(EPS)):
                  "closer to the limit of the infinite-prompt flow as L grows",
           quick=_QUICK, fails_as=("finding", "the best horizon does not bring softmax(L) closer to theta_star"))
 def _best_slope(sh):
-    r = sh(_Runs)
-    zero = None if np.all(r.best > 0) else "a best-horizon distance of 0 (theta_L(t) = theta_star exactly) has no log"
-    return measure_unless(_fit_reason(r, "the best-horizon slope") or zero,
-                          lambda: [r.best_line(s)[3] for s in range(len(r.settings))])
+    zero = None if bool((softmax(sh.ds.dist_star) > 0).all()) else \
+        "a best-horizon distance of 0 (theta_L(t) = theta_star exactly) has no log"
+    return measure_unless(_fit_reason(sh.ds, "the best-horizon slope") or zero, lambda: sh(best_slopes).best_ci_high)
 
 
 @CRITERIA("C3H-Tbest-slope", "lower end of the 95% CI (cluster over seeds) of the log-log slope in L of T_best(L) = "
@@ -299,18 +234,13 @@ def _best_slope(sh):
                  "T_best flat in L would mean one fixed horizon serves every L",
           quick=_QUICK, fails_as=("finding", "the best horizon does not move later with L"))
 def _Tbest_slope(sh):
-    r = sh(_Runs)
-
     def compute():
-        vals, short = [], []
-        for s, name in enumerate(r.settings):
-            fit, use = r.T_best_line(s)
-            if use.sum() < 3:
-                short.append(f"{name}: argmin inside the run in every seed at {int(use.sum())} of {len(r.L)} L")
-            vals.append(fit[2])
-        return Inconclusive("needs >= 3 L for a slope; " + "; ".join(short)) if short else vals
+        b = sh(best_slopes)
+        short = _short(b.rename(n_L_T_best="n_L"),
+                       f"{{setting}}: argmin inside the run in every seed at {{n}} of {sh.ds.sizes['L']} L")
+        return Inconclusive("needs >= 3 L for a slope; " + short) if short else b.T_best_ci_low
 
-    return measure_unless(_fit_reason(r, "the T_best slope"), compute)
+    return measure_unless(_fit_reason(sh.ds, "the T_best slope"), compute)
 
 
 @CRITERIA("C3H-inf-converged", "training risk of theta_inf(T_max), max over seeds, per setting", "<=", 1e-6,
@@ -319,8 +249,7 @@ def _Tbest_slope(sh):
                  "noiseless labels) by the end of the run, so T_max is not what bounds the horizons",
           quick=_QUICK, fails_as=("finding", "T_max too short for this draw: theta_inf still moving"))
 def _inf_converged(sh):
-    r = sh(_Runs)
-    return list(r.risk_inf.max(axis=1))
+    return sh.ds.risk_inf.isel(t=-1).max("seed")
 
 
 @CRITERIA("C3H-inf-star", "||theta_inf(T_max) - theta_star|| / ||theta_star||, max over seeds, per setting "
@@ -330,16 +259,14 @@ def _inf_converged(sh):
                  "best-horizon distance is measured to",
           quick=_QUICK, fails_as=("finding", "theta_inf(T_max) is not at the Remark 5.2 optimum"))
 def _inf_star(sh):
-    r = sh(_Runs)
-    return list(r.star_rel.max(axis=1))
+    return (sh.ds.dist_star_inf.isel(t=-1) / sh.ds.norm_star).max("seed")
 
 
 @CRITERIA("C3H-block", "max over seeds, models, L and t of the off-block mass of theta_L(t), per setting", "<", 1e-8,
           reference="c3_transfer: 0 (exact antithetic cancellation)",
           reason="the odd symmetry under w -> -w is exact: the horizon is not a loss of block structure")
 def _block(sh):
-    r = sh(_Runs)
-    return list(r.off_block.max(axis=1))
+    return sh.ds.off_block_max.max(["seed", "model", "L"])
 
 
 measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
@@ -383,7 +310,7 @@ def fit_tables(ds: xr.Dataset) -> dict:
     tables["horizons"] = make_table({"T": column(_horizon_text(h), "L", "")}, column_dim="L", formats={"eps": "g"},
                                     title=f"T*(L, eps): seed-mean horizon in steps (geometric midpoint; never: "
                                           f"within eps up to T_max = {h.attrs['T_max']})")
-    b = best_horizon(ds).isel(model=_softmax(ds))
+    b = softmax(best_horizon(ds))
     bm = b.mean("seed")
     flags = (b.at_end | b.at_start).sum("seed")
     tables["best"] = make_table(
@@ -430,7 +357,6 @@ def figure(ds: xr.Dataset, path, shown_L=4):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sm = _softmax(ds)
     h, g = horizons(ds), gamma(ds)
     L = ds.L.values.astype(float)
     t = ds.t.values.astype(float)
@@ -440,12 +366,12 @@ def figure(ds: xr.Dataset, path, shown_L=4):
     shades = plt.cm.viridis(np.linspace(0, 0.9, len(pick)))
     eps_style = dict(zip(EPS, ("o", "s", "^")))
     for ax, st in zip(axes[:2], settings):
-        rel = (ds.D_inf.isel(model=sm).sel(setting=st) / ds.norm_inf.sel(setting=st)).mean("seed")
+        rel = (softmax(ds.D_inf).sel(setting=st) / ds.norm_inf.sel(setting=st)).mean("seed")
         for c, i in zip(shades, pick):
             y = rel.isel(L=i).values
             ax.semilogx(t[1:], y[1:], color=c, lw=1.2, label=f"L = {int(L[i])}")
             for e in EPS:
-                T = h.T_star.sel(eps=e, setting=st).isel(model=sm, L=i).mean("seed", skipna=True)
+                T = h.T_star.sel(eps=e, setting=st).sel(model="softmax").isel(L=i).mean("seed", skipna=True)
                 if np.isfinite(T):
                     ax.plot(float(T), e, eps_style[e], color=c, ms=6, mfc="none")
         for e in EPS:
@@ -459,7 +385,7 @@ def figure(ds: xr.Dataset, path, shown_L=4):
     fitted = False
     for st in settings:
         for e in EPS:
-            T = h.T_star.sel(eps=e, setting=st).isel(model=sm)
+            T = h.T_star.sel(eps=e, setting=st).sel(model="softmax")
             mean = T.mean("seed", skipna=False)
             ax.loglog(L, mean, eps_style[e], color=colors[st], ms=5, label=f"{st}, eps {e:g}")
             never = T.isnull().any("seed").values
@@ -481,7 +407,7 @@ def figure(ds: xr.Dataset, path, shown_L=4):
            title="horizon T*(L) with L^gamma fits (open: never within T_max)")
     ax.legend(fontsize=6, ncol=2)
     ax = axes[3]
-    b = best_horizon(ds).isel(model=sm).mean("seed")
+    b = best_horizon(ds).sel(model="softmax").mean("seed")
     twin = ax.twinx()
     for st in settings:
         ax.loglog(L, b.best.sel(setting=st), "o-", color=colors[st], ms=4, label=f"{st}: min_t distance")

@@ -28,9 +28,10 @@ from dataclasses import replace
 import numpy as np
 import xarray as xr
 
-from .fits import MIN_LINE_POINTS, loglog_slope, loglog_slopes_np, too_few
+from .c3_family import ONE_SEED, seed_slopes, softmax
+from .fits import MIN_LINE_POINTS, too_few
 from .tables import column, make_table
-from .verdicts import FAIL, PASS, RESAMPLES, Criteria, Inconclusive, NotJudged, Shared, measure_unless
+from .verdicts import FAIL, PASS, RESAMPLE, RESAMPLES, Criteria, Inconclusive, NotJudged, Shared, measure_unless
 
 __all__ = ["CRITERIA", "summaries", "slopes", "settings_table", "measures", "verdicts", "fit_tables", "figure"]
 
@@ -40,15 +41,14 @@ TAIL_POINTS = 4   # prompt lengths of the tail slope of D
 
 def summaries(ds: xr.Dataset) -> xr.Dataset:
     """Seed-mean curves over ``L`` per setting, and the covariance summary figures as coordinates."""
-    sm = dict(model="softmax")
     curves = {
-        "excess": (ds.risk_heldout_T.sel(**sm) - ds.risk_bayes_ridge),
-        "risk_heldout": ds.risk_heldout_T.sel(**sm),
+        "excess": softmax(ds.risk_heldout_T) - ds.risk_bayes_ridge,
+        "risk_heldout": softmax(ds.risk_heldout_T),
         "risk_heldout_linear": ds.risk_heldout_T.sel(model="linear"),
-        "D_inf": ds.D_inf_max.sel(**sm),
+        "D_inf": softmax(ds.D_inf_max),
         "D_inf_linear": ds.D_inf_max.sel(model="linear"),
         "D_linL": ds.D_linL_max,
-        "off_block": ds.off_block_max.sel(**sm),
+        "off_block": softmax(ds.off_block_max),
         "risk_bayes_ridge": ds.risk_bayes_ridge,
         "risk_pgd": ds.risk_pgd,
         "risk_pgd_theory": ds.risk_pgd_theory,
@@ -56,40 +56,28 @@ def summaries(ds: xr.Dataset) -> xr.Dataset:
         "norm_inf": ds.norm_inf_T,
     }
     out = xr.Dataset({k: da.drop_vars("model", errors="ignore") for k, da in curves.items()}).mean("seed")
-    summ = {k: ds[f"Sigma_{k}"] for k in ("trace", "op_norm", "condition", "tr_inv2") if f"Sigma_{k}" in ds}
+    summ = {k: ds[f"Sigma_{k}"] for k in ("trace", "op_norm", "condition", "tr_inv2")}
     return out.assign_coords(summ)
-
-
-def _seed_slope(da, cov_type, alpha):
-    """Slope and SE in ``L`` of the seed mean of ``da``: cluster-robust over the seeds by default
-    (``units="seed"``); with one seed the run's slope and a NaN SE unless another ``cov_type`` is asked for."""
-    cluster = cov_type in (None, "cluster")
-    if da.sizes["seed"] >= 2:
-        fit = loglog_slope(da, "L", units="seed", cov_type=cov_type, alpha=alpha)
-    else:
-        fit = loglog_slope(da.isel(seed=0, drop=True), "L", cov_type="nonrobust" if cluster else cov_type, alpha=alpha)
-        if cluster:
-            fit = fit.assign(slope_se=fit.slope_se * np.nan)
-    return fit.slope.reset_coords(drop=True), fit.slope_se.reset_coords(drop=True)
 
 
 def slopes(ds: xr.Dataset, *, cov_type: str | None = None, alpha: float = 0.05) -> xr.Dataset:
     """Log-log slopes in ``L`` (all ``L``, at least 3) of the seed-mean ``excess``, ``D_inf`` and
     ``D_linL`` per setting, and of ``D_inf`` over the last four ``L`` (``D_inf_tail``: NaN with fewer
     than four), each with its SE (``<name>_se``: cluster-robust over the seeds; NaN with one seed;
-    ``cov_type="nonrobust"``: the plain OLS SE of the mean curve, by name) and ``n_units`` (seeds). The
-    excess slope is NaN in a setting whose seed-mean excess is not positive at every L."""
-    sm = dict(model="softmax")
-    excess = (ds.risk_heldout_T.sel(**sm) - ds.risk_bayes_ridge).drop_vars("model", errors="ignore")
-    positive = (excess.mean("seed") > 0).all("L")
-    D, D_linL = ds.D_inf_max.sel(**sm).drop_vars("model", errors="ignore"), ds.D_linL_max
-    out = {}
-    for name, da in (("excess", excess.where(positive, 1.0)), ("D_inf", D), ("D_linL", D_linL)):
-        out[name], out[f"{name}_se"] = _seed_slope(da, cov_type, alpha)
-    out["excess"], out["excess_se"] = out["excess"].where(positive), out["excess_se"].where(positive)
+    ``cov_type="nonrobust"``: the plain OLS SE of the mean curve, by name; :func:`~.c3_family.seed_slopes`)
+    and ``n_units`` (seeds). A slope is NaN in a setting whose seed-mean curve is not positive and
+    finite at every L (an excess on or below the Monte Carlo floor): no log there."""
+    curves = {"excess": softmax(ds.risk_heldout_T) - ds.risk_bayes_ridge, "D_inf": softmax(ds.D_inf_max),
+              "D_linL": ds.D_linL_max}
     if ds.sizes["L"] >= TAIL_POINTS:
-        out["D_inf_tail"], out["D_inf_tail_se"] = _seed_slope(D.isel(L=slice(-TAIL_POINTS, None)), cov_type, alpha)
-    else:
+        curves["D_inf_tail"] = curves["D_inf"].isel(L=slice(-TAIL_POINTS, None))
+    out = {}
+    for name, da in curves.items():
+        mean = da.mean("seed")
+        positive = (np.isfinite(mean) & (mean > 0)).all("L")
+        fit = seed_slopes(da.where(positive, 1.0), cov_type=cov_type, alpha=alpha)
+        out[name], out[f"{name}_se"] = (fit[k].reset_coords(drop=True).where(positive) for k in ("slope", "slope_se"))
+    if "D_inf_tail" not in out:
         out["D_inf_tail"] = out["D_inf_tail_se"] = xr.full_like(out["D_inf"], np.nan)
     return xr.Dataset(out).assign(n_units=xr.DataArray(ds.sizes["seed"]))
 
@@ -131,41 +119,20 @@ _ONE_RUN = NotJudged("one run of 3 task pairs at L = 8 .. 64 and T = 100: one cu
                      "average (the quick runs' D slopes spread from -0.84 to -0.03 across settings)")
 
 
-# The measures read seed means as numpy arrays over (covariance, noise, d, mean_norm, L) (the robustness
-# reruns them on 100 resamples of the seeds when there are several): the same numbers as summaries()
-# and slopes() (tests/test_c3_landscape.py compares them).
-def _curves(ds) -> dict:
-    """Seed-mean curves as numpy arrays, dims ``(*_SETTING[, L])``, and the ``mean_norm`` values."""
-    model = {m: int(np.flatnonzero(ds.model.values == m)[0]) for m in ("softmax", "linear")}
-
-    def m(name, **at):   # Variable-level: no coordinate bookkeeping per resample
-        v = ds.variables[name]
-        v = v.isel(at) if at else v
-        return v.transpose(*_SETTING, "seed", ...).values.mean(axis=len(_SETTING))
-
-    return {"excess": m("risk_heldout_T", model=model["softmax"]) - m("risk_bayes_ridge"),
-            "D": m("D_inf_max", model=model["softmax"]), "D_linL": m("D_linL_max"),
-            "off_block": m("off_block_max", model=model["softmax"]), "gap": m("limit_gap"),
-            "scale": m("risk_heldout_init", model=model["linear"], L=-1), "mean_norm": ds.mean_norm.values,
-            "L": ds.L.values.astype(float)}
+def _at(ds, which, da):
+    """``da`` at the centred (``mean_norm = 0``) or the shifted (``> 0``) settings."""
+    return da.isel(mean_norm=(ds.mean_norm.values == 0) if which == "centred" else (ds.mean_norm.values > 0))
 
 
-def _at(c, which, a):
-    """``a`` (dims ``(covariance, noise, d, mean_norm, ...)``) at the centred or shifted settings, flattened."""
-    keep = c["mean_norm"] == 0 if which == "centred" else c["mean_norm"] > 0
-    return a[:, :, :, keep].ravel()
-
-
-def _slope_of(sh, which, name, tail=False):
-    """Slopes of the seed-mean curve ``name`` at the ``which`` settings, or an :class:`Inconclusive`
-    when one is not positive and finite (a distance of exactly 0, say)."""
-    c = sh(_curves)
-    y = c[name][..., -TAIL_POINTS:] if tail else c[name]
-    y = y[:, :, :, c["mean_norm"] == 0 if which == "centred" else c["mean_norm"] > 0]
-    if not np.all(np.isfinite(y) & (y > 0)):
-        return Inconclusive(f"the seed-mean {name} must be positive and finite for a log-log slope; "
-                            f"found {np.min(y):g}")
-    return loglog_slopes_np(y, c["L"][-TAIL_POINTS:] if tail else c["L"]).ravel()
+def _slope_of(sh, which, name):
+    """Slopes of the seed-mean curve ``name`` (:func:`slopes`) at the ``which`` settings, or an
+    :class:`Inconclusive` naming a curve that is not positive and finite (a distance of exactly 0, say)."""
+    values = _at(sh.ds, which, sh(slopes)[name])
+    if RESAMPLE not in values.dims and values.isnull().any():
+        curve = _at(sh.ds, which, sh(summaries)["D_inf" if name == "D_inf_tail" else name])
+        return Inconclusive(f"the seed-mean {name} must be positive and finite for a log-log slope; found "
+                            f"{float(curve.min()):g}")
+    return values
 
 
 @CRITERIA("C3L-risk-slope", "log-log slope in L of the final held-out excess risk of softmax(L) over the Bayes floor "
@@ -180,11 +147,12 @@ def _risk_slope(sh):
 
 
 def _on_the_floor(sh):
-    """Why the excess slope cannot be taken (an excess <= 0 in some centred setting), or None."""
-    centred = _means(sh.ds, "centred")
-    if not centred:
+    """Why the excess slope cannot be taken from a file (an excess <= 0 in some centred setting), or
+    None (in a resample such a setting's slope is NaN: INCONCLUSIVE there)."""
+    excess = _at(sh.ds, "centred", sh(summaries).excess)
+    if RESAMPLE in excess.dims or not _means(sh.ds, "centred"):
         return None
-    floor = (_at(sh(_curves), "centred", sh(_curves)["excess"]).reshape(-1, sh.ds.sizes["L"]) <= 0).any(axis=-1)
+    floor = (excess <= 0).any("L")
     if not floor.any():
         return None
     return (f"the excess risk over the Bayes floor is <= 0 at some L in {int(floor.sum())} of {floor.size} centred "
@@ -196,7 +164,7 @@ def _on_the_floor(sh):
           reason="ours: the trajectory distance must fall with L (the C3 reference's own rate is slow)",
           quick=_ONE_RUN)
 def _d_slope(sh):
-    return _over(sh, "centred", _few(sh.ds), lambda: _slope_of(sh, "centred", "D"))
+    return _over(sh, "centred", _few(sh.ds), lambda: _slope_of(sh, "centred", "D_inf"))
 
 
 @CRITERIA("C3L-DlinL-slope", "log-log slope in L of D_linL(L) = max_t ||theta_L^softmax - theta_L^linear||, every "
@@ -213,8 +181,8 @@ def _dlinl_slope(sh):
           quick=NotJudged("at L = 64 and T = 100 the softmax nonlinearity is not small against D (the quick "
                           "runs: D_linL / D 0.75 .. 1.15)"))
 def _ratio(sh):
-    return _over(sh, "centred", None, lambda: _at(sh(_curves), "centred", sh(_curves)["D_linL"][..., -1]
-                                                  / sh(_curves)["D"][..., -1]))
+    last = sh(summaries).isel(L=-1)
+    return _over(sh, "centred", None, lambda: _at(sh.ds, "centred", last.D_linL / last.D_inf))
 
 
 @CRITERIA("C3L-block", "max over L and t of the off-block mass of softmax(L), every setting", "<", 1e-8,
@@ -222,7 +190,7 @@ def _ratio(sh):
           reason="ours: the antithetic symmetry (w, eps) <-> (-w, -eps) is exact, with noise too: rounding only",
           quick=1e-8)   # exact at any size
 def _block(sh):
-    return measure_unless(None, lambda: sh(_curves)["off_block"].max(axis=-1).ravel())
+    return sh(summaries).off_block.max("L")
 
 
 @CRITERIA("C3L-control-plateau", "non-centred control: log-log slope of D(L) over the last four L, every "
@@ -233,7 +201,7 @@ def _block(sh):
 def _control_plateau(sh):
     return _over(sh, "shifted",
                  too_few(sh.ds.sizes["L"], TAIL_POINTS, "prompt lengths", "the slope over the last four"),
-                 lambda: _slope_of(sh, "shifted", "D", tail=True))
+                 lambda: _slope_of(sh, "shifted", "D_inf_tail"))
 
 
 @CRITERIA("C3L-control-gap", "non-centred control: limit gap 1/2 E(softmax_inf - linear_inf)^2 at theta_inf(T) "
@@ -242,8 +210,9 @@ def _control_plateau(sh):
           reason="ours: the two limits differ by the affine intercept; 0.1% of the target's scale is a clear gap",
           quick=1e-3)   # a closed form at theta_inf(T), not a rate in L: the same at any size
 def _control_gap(sh):
-    c = sh(_curves)   # scale: linear's initial held-out risk at the largest L, ~ 1/2 E y_q^2
-    return _over(sh, "shifted", None, lambda: _at(c, "shifted", c["gap"] / c["scale"]))
+    ds = sh.ds   # scale: linear's initial held-out risk at the largest L, ~ 1/2 E y_q^2
+    scale = ds.risk_heldout_init.sel(model="linear").isel(L=-1).mean("seed")
+    return _over(sh, "shifted", None, lambda: _at(ds, "shifted", sh(summaries).limit_gap / scale))
 
 
 measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
@@ -263,7 +232,7 @@ def settings_table(ds: xr.Dataset) -> xr.Dataset:
         {**{k: blank for k in names}, **{f"{k}_se": blank for k in names}, "n_units": xr.DataArray(ds.sizes["seed"])})
     few = "n/a (needs 3 L)" if n_L < MIN_LINE_POINTS else None
     tail_few = f"n/a (needs {TAIL_POINTS} L)" if n_L < TAIL_POINTS else None
-    one = "n/a (1 seed)" if ds.sizes["seed"] < 2 else None
+    one = ONE_SEED if ds.sizes["seed"] < 2 else None
     last = s.isel(L=-1)
     condition = s.condition.broadcast_like(blank) if "condition" in s.coords else blank
     cols = {"condition": column(condition, "cond", ".3g"),

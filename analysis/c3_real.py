@@ -25,16 +25,15 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from .fits import MIN_LINE_POINTS, OLS_LINE_FIELDS, clustered_loglog_np, loglog_slope, loglog_slopes_np, too_few
+from .fits import se_note, slope_shortfall, unit_slopes
 from .tables import column, make_table
-from .verdicts import Criteria, NotJudged, measure_unless
+from .verdicts import Criteria, NotJudged, Shared, measure_unless
 
 __all__ = ["CRITERIA", "UNITS", "summaries", "relative_gap", "slopes", "slope_shortfall", "measures", "verdicts",
            "fit_tables", "figure"]
 
 #: the dims of a c3_real file's independent units: the seeds (one training run each)
 UNITS = ("seed",)
-SETTING = ("dataset", "d")
 
 
 def summaries(ds: xr.Dataset) -> xr.Dataset:
@@ -69,44 +68,19 @@ def slopes(ds: xr.Dataset, *, cov_type: str | None = None, alpha: float = 0.05) 
     the plain OLS fit of that run."""
     s = summaries(ds)
     stacked = xr.concat([s.D, s.D_T], dim=xr.Variable("quantity", ["D", "D_T"]))
-    if ds.sizes["seed"] < 2:
-        return loglog_slope(stacked.mean("seed"), "L", cov_type=None if cov_type == "cluster" else cov_type,
-                            alpha=alpha).assign_coords(units="seed", n_units=ds.sizes["seed"])
-    return loglog_slope(stacked, "L", units="seed", cov_type=cov_type, alpha=alpha)
+    return unit_slopes(stacked, UNITS, cov_type=cov_type, alpha=alpha)
 
 
-def slope_shortfall(ds: xr.Dataset) -> str | None:
-    """Why slopes in L cannot be fitted (fewer than 3 prompt lengths), or None."""
-    return too_few(ds.sizes["L"], MIN_LINE_POINTS, "prompt lengths", "a log-log slope")
+def _one_seed(ds):
+    return "one seed: no cluster interval over the seeds" if ds.sizes["seed"] < 2 else None
 
 
-def _values(da: xr.DataArray, *dims) -> np.ndarray:
-    """The numpy values of ``da`` with its axes in the order ``dims`` (every dim of ``da``)."""
-    return np.transpose(da.values, [da.dims.index(d) for d in dims])
+def _means(ds) -> xr.Dataset:
+    """Seed means of :func:`summaries`."""
+    return summaries(ds).mean("seed")
 
 
-class _Arrays:
-    """What the criteria read, as numpy arrays taken once per file (and per resample of its seeds).
-    Axes: dataset, d, then L where there is one, seed last (the same numbers as :func:`summaries`:
-    tests/test_c3_real.py compares them)."""
-
-    def __init__(self, ds):
-        self.L = ds.L.values.astype(float)
-        self.D = _values(ds.D_sinf.max("t"), *SETTING, "L", "seed")
-        self.D_lin = _values(ds.D_linf.max("t"), *SETTING, "L", "seed")
-        h = ds.risk_heldout.isel(t_heldout=-1, drop=True)
-        self.h_Lmax = _values(h.isel(L=-1, drop=True), *SETTING, "seed")
-        self.h_sinf = _values(ds.risk_heldout_sinf.isel(t_heldout=-1, drop=True), *SETTING, "seed")
-        self.h_linf_as_sinf = _values(ds.risk_heldout_linf_as_sinf.isel(t_heldout=-1, drop=True), *SETTING, "seed")
-        self.n_seeds = ds.sizes["seed"]
-        self.few_L = slope_shortfall(ds)
-
-
-def _one_seed(a):
-    return "one seed: no cluster interval over the seeds" if a.n_seeds < 2 else None
-
-
-CRITERIA = Criteria("C3R", prepare=_Arrays, units=UNITS)
+CRITERIA = Criteria("C3R", prepare=Shared, units=UNITS)
 
 #: The quick profile (wine and diabetes, d = 3, 2 seeds x 2 pairs x 2 queries, L = 8 .. 64, T = 100)
 #: is a smoke test; its thresholds come from 40 replicate quick runs of a correct install (root_seed
@@ -122,8 +96,8 @@ CRITERIA = Criteria("C3R", prepare=_Arrays, units=UNITS)
                  "without accepting a limit that is not softmax(L)'s (slope 0)",
           # quick: replicate range -0.96 .. -0.001 (80 values, SD 0.18): +0.5 is 4.6 SD above the mean
           quick=0.5)
-def _vanish_slope(a):
-    return measure_unless(a.few_L, lambda: loglog_slopes_np(a.D.mean(axis=-1), a.L).ravel())
+def _vanish_slope(sh):
+    return measure_unless(slope_shortfall(sh.ds), lambda: sh(slopes).slope.sel(quantity="D"))
 
 
 @CRITERIA("C3R-vanish-ci", "upper end of the 95% interval (cluster-robust over the seeds) of that slope, every "
@@ -131,13 +105,8 @@ def _vanish_slope(a):
           reason="the decrease must be resolved against the seed-to-seed spread, not only on average: the "
                  "interval's upper end below 0 (Student-t with seeds - 1 dof)",
           quick=NotJudged("2 seeds: a t interval with 1 dof (replicate upper ends -0.4 .. 7)"))
-def _vanish_ci(a):
-    def upper():
-        logx = np.log(a.L)
-        hi = OLS_LINE_FIELDS.index("slope_ci_high")
-        D = a.D.reshape((-1,) + a.D.shape[-2:])
-        return np.array([clustered_loglog_np(logx, y)[hi] for y in D])
-    return measure_unless(a.few_L or _one_seed(a), upper)
+def _vanish_ci(sh):
+    return measure_unless(slope_shortfall(sh.ds) or _one_seed(sh.ds), lambda: sh(slopes).slope_ci_high.sel(quantity="D"))
 
 
 @CRITERIA("C3R-own-limit", "D(L_max) / D_lin(L_max): distance of softmax(L_max) to softmax(inf) over that to "
@@ -148,8 +117,9 @@ def _vanish_ci(a):
                  "because the data cannot tell the two apart at L_max",
           # quick: L_max = 64, replicate range 0.34 .. 1.83 (SD 0.27): the two limits are not resolved at L = 64
           quick=3.0)
-def _own_limit(a):
-    return (a.D[..., -1, :].mean(axis=-1) / a.D_lin[..., -1, :].mean(axis=-1)).ravel()
+def _own_limit(sh):
+    last = sh(_means).isel(L=-1)
+    return last.D / last.D_lin
 
 
 @CRITERIA("C3R-heldout-limit", "held-out risk at T of softmax(L_max) on held-out prompts over that of theta_sinf "
@@ -157,8 +127,9 @@ def _own_limit(a):
           reason="the held-out risk is smooth in the parameters and in the prompt: it differs by O(D(L_max)) "
                  "(about 0.1 of ||theta||) and by the prompt's O(1/L) variance term at L_max = 4096: within 25%",
           quick=NotJudged("4 held-out pairs and L_max = 64: replicate range 0.43 .. 4.7"))
-def _heldout_limit(a):
-    return (a.h_Lmax.mean(axis=-1) / a.h_sinf.mean(axis=-1)).ravel()
+def _heldout_limit(sh):
+    m = sh(_means)
+    return m.risk_heldout.isel(L=-1) / m.risk_heldout_sinf
 
 
 @CRITERIA("C3R-right-limit", "held-out risk at T under softmax(inf) of theta_sinf over that of theta_linf (linear "
@@ -167,8 +138,9 @@ def _heldout_limit(a):
                  "tasks the real limit must prefer its own parameters, unless the two limits coincide",
           # quick: 4 held-out pairs, replicate range 0.55 .. 1.87 (SD 0.21)
           quick=3.0)
-def _right_limit(a):
-    return (a.h_sinf.mean(axis=-1) / a.h_linf_as_sinf.mean(axis=-1)).ravel()
+def _right_limit(sh):
+    m = sh(_means)
+    return m.risk_heldout_sinf / m.risk_heldout_linf_as_sinf
 
 
 measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
@@ -183,8 +155,7 @@ def fit_tables(ds: xr.Dataset) -> dict:
     cols, how = {}, ""
     if reason is None:
         fit = slopes(ds)
-        n, kind = int(fit.n_units), fit.cov_type.item()
-        how = f"; SE {'cluster-robust over' if kind == 'cluster' else kind + ' OLS,'} {n} unit{'s' * (n != 1)} (seed)"
+        how = f"; {se_note(fit)}"
         D = fit.sel(quantity="D")
         cols.update(slope=column(D.slope, "slope D", ".3f"), slope_se=column(D.slope_se, "SE", ".3f"),
                     ci_low=column(D.slope_ci_low, "CI low", ".3f"), ci_high=column(D.slope_ci_high, "CI high", ".3f"),

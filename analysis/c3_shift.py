@@ -24,9 +24,10 @@ import json
 import numpy as np
 import xarray as xr
 
-from .fits import MIN_LINE_POINTS, loglog_slope, loglog_slopes_np, too_few
+from .c3_family import ONE_SEED, seed_slopes
+from .fits import MIN_LINE_POINTS, too_few
 from .tables import column, make_table
-from .verdicts import Criteria, Inconclusive, NotJudged, Shared, measure_unless
+from .verdicts import RESAMPLE, Criteria, Inconclusive, NotJudged, Shared, judged_where, measure_unless
 
 __all__ = ["CRITERIA", "ratios", "summaries", "slopes", "shift_table", "measures", "verdicts", "fit_tables",
            "figure"]
@@ -56,29 +57,20 @@ def summaries(ds: xr.Dataset) -> xr.Dataset:
 
 def slopes(ds: xr.Dataset, *, alpha: float = 0.05) -> xr.Dataset:
     """Log-log slope in ``L_eval`` of the seed mean of ``|paired - 1|`` per ``(setting, shift, theta)``,
-    with its SE cluster-robust over the seeds (NaN with one seed) and its interval."""
+    with its SE cluster-robust over the seeds (NaN with one seed) and its interval
+    (:func:`~.c3_family.seed_slopes`); NaN where that mean is not positive and finite at every
+    ``L_eval`` (no log)."""
     dev = ratios(ds).dev
-    if ds.sizes["seed"] >= 2:
-        fit = loglog_slope(dev, "L_eval", units="seed", alpha=alpha)
-    else:
-        fit = loglog_slope(dev.isel(seed=0, drop=True), "L_eval", cov_type="nonrobust", alpha=alpha)
-        fit = fit.assign(slope_se=fit.slope_se * np.nan, slope_ci_low=fit.slope_se * np.nan,
-                         slope_ci_high=fit.slope_se * np.nan)
-    return fit[["slope", "slope_se", "slope_ci_low", "slope_ci_high"]].reset_coords(drop=True)
+    mean = dev.mean("seed")
+    positive = (np.isfinite(mean) & (mean > 0)).all("L_eval")
+    fit = seed_slopes(dev.where(positive, 1.0), "L_eval", alpha=alpha)
+    return fit[["slope", "slope_se", "slope_ci_low", "slope_ci_high"]].reset_coords(drop=True).where(positive)
 
 
 CRITERIA = Criteria("C3S", prepare=Shared, units=("seed",))
 
 _TINY = NotJudged("4 held-out pairs x 2 queries and L_eval <= 32 after 40 training steps: the Monte Carlo error "
                   "of one seed's held-out risk is tens of percent, the large-L regime not reached")
-
-
-def _arrays(ds) -> dict:
-    """Per-seed numpy arrays, dims ``(setting, shift, theta, seed[, L_eval])``."""
-    def a(name):
-        v = ds.variables[name]
-        return v.transpose(*_ROW, "seed", ...).values
-    return {k: a(k) for k in ("risk_softmax", "risk_exact", "risk_linf_mc", "risk_linf_mc_se")}
 
 
 @CRITERIA("C3S-exact", "max over (setting, seed, shift, theta) of |linear(inf) Monte Carlo on the shifted held-out "
@@ -88,8 +80,7 @@ def _arrays(ds) -> dict:
                  "family-wise false FAIL below 1e-3 for Gaussian z (the risks are heavy-tailed: a margin)",
           quick=_TINY)
 def _exact(sh):
-    c = sh(_arrays)
-    return measure_unless(None, lambda: np.max(np.abs(c["risk_linf_mc"] - c["risk_exact"]) / c["risk_linf_mc_se"]))
+    return abs(sh(ratios).z).max(["setting", "seed", "shift", "theta"])
 
 
 #: a row's prediction counts as "not near 0" (judged by C3S-ratio) when its exact risk is at least this
@@ -97,20 +88,19 @@ def _exact(sh):
 PREDICTION_FLOOR = 0.05
 
 
-def _target_scale(ds):
-    """``tr(Sigma') / 2 = E y_q'^2 / 2`` per ``(setting, shift)`` (the risk of predicting 0), seed 0."""
-    S = ds.variables["Sigma_test"].transpose("setting", "shift", "seed", "i", "j").values[:, :, 0]
-    return 0.5 * np.trace(S, axis1=-2, axis2=-1)
+def target_scale(ds) -> xr.DataArray:
+    """``tr(Sigma') / 2 = E y_q'^2 / 2`` per ``(setting, shift)`` (the risk of predicting 0), seed 0's."""
+    S = ds.Sigma_test.isel(seed=0, drop=True)
+    return 0.5 * sum(S.isel(i=k, j=k, drop=True) for k in range(ds.sizes["i"]))
 
 
-def _end(ds):
+def _end(ds) -> xr.Dataset:
     """At the largest L_eval, per row (setting, shift, theta): the seed-mean ratio, the seed-mean gap
     ``(measured - exact) / (tr(Sigma') / 2)`` and whether the seed-mean prediction is not near 0."""
-    c = _arrays(ds)
-    scale = _target_scale(ds)[:, :, None, None]
-    sm, ex = c["risk_softmax"][..., -1], c["risk_exact"]
-    return {"ratio": (sm / ex).mean(axis=-1).ravel(), "gap": ((sm - ex) / scale).mean(axis=-1).ravel(),
-            "judged": (ex / scale).mean(axis=-1).ravel() >= PREDICTION_FLOOR}
+    scale = target_scale(ds)
+    sm, ex = ds.risk_softmax.isel(L_eval=-1, drop=True), ds.risk_exact
+    return xr.Dataset({"ratio": (sm / ex).mean("seed"), "gap": ((sm - ex) / scale).mean("seed"),
+                       "judged": (ex / scale).mean("seed") >= PREDICTION_FLOOR})
 
 
 @CRITERIA("C3S-ratio", "seed-mean ratio measured softmax(L_eval) risk / exact linear(inf) prediction under the test "
@@ -123,8 +113,7 @@ def _end(ds):
                  "~0, so those rows are judged by C3S-gap", quick=_TINY)
 def _ratio(sh):
     e = sh(_end)
-    return measure_unless(None if e["judged"].any() else "no row with a prediction above the floor",
-                          lambda: e["ratio"][e["judged"]])
+    return judged_where(e.ratio, e.judged, _ROW, "no row with a prediction above the floor")
 
 
 @CRITERIA("C3S-gap", "seed-mean gap (measured softmax(L_eval) risk - exact prediction) / (tr(Sigma') / 2) at the "
@@ -134,16 +123,18 @@ def _ratio(sh):
                  "near-zero predictions included (5% of the scale: well above the Monte Carlo noise of a seed mean)",
           quick=_TINY)
 def _gap(sh):
-    return measure_unless(None, lambda: sh(_end)["gap"])
+    return sh(_end).gap
 
 
-def _dev_slopes(ds):
-    c = _arrays(ds)
-    dev = np.abs(c["risk_softmax"] / c["risk_linf_mc"][..., None] - 1.0).mean(axis=-2)   # seed mean
-    if not np.all(np.isfinite(dev) & (dev > 0)):
+def _dev_slopes(sh):
+    """The slopes of :func:`slopes`, or an Inconclusive naming a seed-mean ``|paired - 1|`` that is not
+    positive and finite (in a resample: NaN there)."""
+    slope = sh(slopes).slope
+    if RESAMPLE not in slope.dims and slope.isnull().any():
+        dev = sh(ratios).dev.mean("seed")
         return Inconclusive(f"the seed-mean |paired ratio - 1| must be positive and finite for a log-log slope; "
-                            f"found {np.nanmin(dev):g}")
-    return loglog_slopes_np(dev, ds.L_eval.values.astype(float)).ravel()
+                            f"found {float(dev.min()):g}")
+    return slope
 
 
 @CRITERIA("C3S-falls", "log-log slope in L_eval of the seed-mean |paired ratio - 1| (measured softmax(L_eval) risk "
@@ -154,7 +145,7 @@ def _dev_slopes(ds):
                  "L^-1/2 sampling floor of the cross term and curvature at small L_eval", quick=_TINY)
 def _falls(sh):
     return measure_unless(too_few(sh.ds.sizes["L_eval"], MIN_LINE_POINTS, "evaluation lengths", "a slope in L_eval"),
-                          lambda: sh(_dev_slopes))
+                          lambda: _dev_slopes(sh))
 
 
 measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
@@ -169,10 +160,9 @@ def shift_table(ds: xr.Dataset) -> xr.Dataset:
     few = ds.sizes["L_eval"] < MIN_LINE_POINTS
     blank = xr.full_like(s.risk_exact, np.nan)
     sl = slopes(ds) if not few else xr.Dataset({k: blank for k in ("slope", "slope_se")})
-    one = "n/a (1 seed)" if ds.sizes["seed"] < 2 else None
+    one = ONE_SEED if ds.sizes["seed"] < 2 else None
     b = lambda da: da.broadcast_like(blank)   # noqa: E731  (the baselines do not depend on theta)
-    S = ds.Sigma_test.isel(seed=0, drop=True)
-    scale = 0.5 * sum(S.isel(i=k, j=k, drop=True) for k in range(ds.sizes["i"]))
+    scale = target_scale(ds)
     cols = {"exact": column(s.risk_exact, "exact risk", ".4g"),
             "measured": column(s.risk_softmax, "measured", ".4g"),
             "ratio": column(s.ratio, "ratio", ".4f"),

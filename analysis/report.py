@@ -14,7 +14,7 @@ verdicts PASS, FAIL, are INCONCLUSIVE, NOT JUDGED, and how many are fragile) and
 paper run carries a banner (:func:`.verdicts.calibration_note`). Then one section per file in
 the claims' order (:func:`reading_order`), each verdict with its robustness and, when it is not
 a PASS, the class and reason its criterion declares. Each file's verdicts are computed once
-(their robustness reruns every measure on 100 resamples of the file's independent units).
+(their robustness judges 100 resamples of the file's independent units, every measure called once on them all).
 
 The fit tables are data (:mod:`.tables`), shown as HTML tables (a wide one scrolls within its
 box) and Markdown tables. The HTML embeds every figure as a base64 PNG drawn afresh from the
@@ -124,7 +124,7 @@ def _section(path: Path, resamples=None):
     ds = open_results(path)  # loaded and closed, schema version checked
     module = analysis_for(ds)
     claims = _claims(ds)
-    rows = verdicts(ds, module, resamples=resamples)  # once per file: its robustness reruns every measure
+    rows = verdicts(ds, module, resamples=resamples)  # once per file: its robustness calls every measure
     experiment = ds.attrs["experiment"]
     title = ds.attrs.get("title", experiment)
     profile = ds.attrs.get("profile", "custom") + (" + --set" if json.loads(ds.attrs.get("overrides") or "[]") else "")

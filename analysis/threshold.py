@@ -1,9 +1,11 @@
-"""Threshold (hinge) regression with statsmodels: ``y = b0 + b1 x + b2 max(0, x - c)``.
+"""Threshold (hinge) regression: ``y = b0 + b1 x + b2 max(0, x - c)``.
 
-The breakpoint ``c`` is profiled over a trimmed grid (the SSR of a WLS fit at each candidate),
-its confidence set is obtained by likelihood-ratio inversion (Hansen 2000), and the slopes
-are reported with their SEs at the chosen ``c`` (which ignore its uncertainty: the result's
-``note`` says so). Statsmodels has no built-in threshold regression.
+The breakpoint ``c`` is profiled over a trimmed grid (the SSR of a WLS fit at each candidate, every
+candidate at once: :func:`hinge_ssr_profile_np`), its confidence set is obtained by likelihood-ratio
+inversion (Hansen 2000), and the slopes are reported with their SEs at the chosen ``c`` (statsmodels
+WLS; they ignore its uncertainty: the result's ``note`` says so). Statsmodels has no built-in
+threshold regression. :func:`break_search` runs the profile for many regressions at once (every
+leading cell of ``y``: the resamples of a bootstrap), :func:`threshold_regression` for one.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import xarray as xr
 
 from .fits import check_alpha, check_cov_type
 
-__all__ = ["MIN_HINGE_POINTS", "ThresholdFit", "threshold_regression", "hinge_design_np", "hinge_ssr_np",
+__all__ = ["MIN_HINGE_POINTS", "ThresholdFit", "break_search", "threshold_regression", "hinge_design_np",
            "hinge_ssr_profile_np", "hansen_lr_crit", "hansen_lr_pvalue", "threshold_lr_pvalue"]
 
 #: fewest points (with positive weight) of :func:`threshold_regression`: three coefficients and a breakpoint.
@@ -28,30 +30,6 @@ def hinge_design_np(x: np.ndarray, c: float) -> np.ndarray:
     """Hinge basis ``[1, x, max(0, x - c)]`` (n x 3) of the continuous threshold model."""
     x = np.asarray(x, dtype=np.float64)
     return np.column_stack([np.ones(x.size), x, np.maximum(0.0, x - c)])
-
-
-def hinge_ssr_np(y: np.ndarray, x: np.ndarray, c: float, weights: np.ndarray | None = None) -> float:
-    """(Weighted) SSR of the hinge fit ``y = b0 + b1 x + b2 max(0, x - c)`` at breakpoint ``c``.
-
-    Fitted with statsmodels WLS (OLS when ``weights`` is None); the SSR is
-    ``sum_i w_i (y_i - yhat_i)^2``. Returns ``inf`` when the hinge design restricted to the
-    positive-weight points is rank deficient (``c`` leaves fewer than the points needed on one
-    side), so such a ``c`` can never be the minimiser. The design is built on ``x`` mapped
-    affinely onto [-1, 1] (the SSR is unchanged), so the rank test does not depend on x's units.
-    """
-    x = np.asarray(x, dtype=np.float64)
-    if x.size:
-        mid, half = x.max() / 2 + x.min() / 2, x.max() / 2 - x.min() / 2
-        half = half if half > 0 else 1.0
-        x, c = (x - mid) / half, (c - mid) / half
-    Z = hinge_design_np(x, c)
-    w = np.ones(len(y)) if weights is None else np.asarray(weights, dtype=np.float64)
-    if np.linalg.matrix_rank(Z[w > 0]) < 3:
-        return math.inf
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")
-        res = sm.OLS(y, Z).fit() if weights is None else sm.WLS(y, Z, weights=w).fit()
-    return float(res.ssr)
 
 
 def hansen_lr_crit(alpha: float = 0.05) -> float:
@@ -80,10 +58,11 @@ def threshold_lr_pvalue(fit: "ThresholdFit", y, x, c: float, weights=None) -> fl
     :func:`threshold_regression` of them): ``LR(c) = n (SSR(c) - SSR(c_hat)) / SSR(c_hat)`` with
     Hansen's asymptotic law (:func:`hansen_lr_pvalue`), so that ``c`` lies in the LR confidence set
     at level ``1 - alpha`` iff the p-value is >= ``alpha`` (up to the grid's resolution of the set's hull).
-    ``SSR(c)`` is :func:`hinge_ssr_np` at ``c`` (``inf`` where the design is singular: p-value 0)."""
+    ``SSR(c)`` is :func:`hinge_ssr_profile_np` at ``c`` (``inf`` where the design is singular: p-value 0)."""
     y, x, w = _checked_data(y, x, weights)
     keep = w > 0
-    ssr_c = hinge_ssr_np(y[keep], x[keep], float(c), None if weights is None else w[keep])
+    ssr_c = float(hinge_ssr_profile_np(y[keep], x[keep], np.array([float(c)]),
+                                       None if weights is None else w[keep])[0])
     if not math.isfinite(ssr_c):
         return 0.0
     if fit.ssr <= 0:
@@ -266,28 +245,24 @@ def threshold_regression(
     ``slope_right`` (SE from the covariance of b1 + b2), profiles and a ``note``.
     """
     check_cov_type(cov_type)
-    alpha = check_alpha(alpha)
     y, x, w = _checked_data(y, x, weights)
-    n = int(np.count_nonzero(w > 0))
-    crit = _checked_settings(n, trim, n_grid, alpha, lr_crit)
-    keep = w > 0  # zero-weight points drop out (so they do not count in the residual df either)
-    y, x, w = y[keep], x[keep], w[keep]
-    grid = _breakpoint_grid(x, trim, n_grid)
-    wts = None if weights is None else w
-    mx, sx, my, sy = _standardisation(x, y)
-    xs, ys, grid_s = (x - mx) / sx, (y - my) / sy, (grid - mx) / sx
-    ssr_s, ssr = _ssr_profile(ys, xs, grid_s, wts, sy)
-    j = int(np.argmin(ssr_s))
-    lr = _lr_profile(ssr_s, j, n)
-    inside = np.flatnonzero(lr <= crit)
-    params, bse, right, right_se, r2 = _fit_at_break(ys, xs, grid_s[j], wts, cov_type, (mx, sx, my, sy))
+    found = break_search(y, x, weights=None if weights is None else w, trim=trim, n_grid=n_grid, alpha=alpha,
+                         lr_crit=lr_crit)
+    if found["singular"]:
+        raise ValueError(
+            "threshold_regression: the hinge design is singular at every candidate breakpoint "
+            "(too few distinct x values on one side of the trimmed grid)"
+        )
+    xs, ys, grid_s, wts, scales = found["standardised"]
+    j = int(found["index"])
+    params, bse, right, right_se, r2 = _fit_at_break(ys, xs, grid_s[j], wts, cov_type, scales)
     return ThresholdFit(
-        c_hat=float(grid[j]),
-        c_ci_low=float(grid[inside.min()]),
-        c_ci_high=float(grid[inside.max()]),
-        ci_truncated=bool(inside.min() == 0 or inside.max() == grid.size - 1),
-        alpha=alpha,
-        lr_crit=crit,
+        c_hat=float(found["c_hat"]),
+        c_ci_low=float(found["c_ci_low"]),
+        c_ci_high=float(found["c_ci_high"]),
+        ci_truncated=bool(found["ci_truncated"]),
+        alpha=check_alpha(alpha),
+        lr_crit=found["lr_crit"],
         b0=float(params[0]),
         b0_se=float(bse[0]),
         b1=float(params[1]),
@@ -298,16 +273,74 @@ def threshold_regression(
         slope_left_se=float(bse[1]),
         slope_right=right,
         slope_right_se=right_se,
-        ssr=float(ssr[j]),
+        ssr=float(found["ssr"]),
         r2=r2,
-        n=n,
+        n=int(found["n"]),
         cov_type=cov_type,
         weighted=weights is not None,
         trim=float(trim),
-        grid=grid,
-        ssr_profile=ssr,
-        lr_profile=lr,
+        grid=found["grid"],
+        ssr_profile=found["ssr_profile"],
+        lr_profile=found["lr_profile"],
     )
+
+
+def break_search(y, x, weights=None, *, trim: float = 0.15, n_grid: int = 200, alpha: float = 0.05,
+                 lr_crit: float | None = None) -> dict:
+    """The breakpoint search of :func:`threshold_regression` for every leading cell of ``y`` at once.
+
+    ``y`` (..., n) and ``weights`` (its shape, or None) over the points ``x`` (n,); the points of
+    positive weight must be the same in every cell (zero-weight points drop out). Returns arrays over
+    the leading cells: ``c_hat``, ``c_ci_low``, ``c_ci_high``, ``ci_truncated``, ``ssr`` (at ``c_hat``),
+    ``singular`` (True where the design is singular at every candidate: the other figures are then
+    meaningless), ``index`` (of ``c_hat`` in ``grid``), ``ssr_profile``, ``lr_profile`` (..., grid), ``slope_left``,
+    ``slope_right`` (the hinge's slopes at ``c_hat``, WLS); and ``grid``, ``n``, ``lr_crit`` and the
+    ``standardised`` data of the fits (module doc of :func:`threshold_regression`, Numerics)."""
+    alpha = check_alpha(alpha)
+    y = np.asarray(y, dtype=np.float64)
+    x = np.asarray(x, dtype=np.float64)
+    w = np.ones_like(y) if weights is None else np.broadcast_to(np.asarray(weights, dtype=np.float64), y.shape)
+    positive = (w > 0).reshape(-1, y.shape[-1])
+    if not (positive == positive[:1]).all():
+        raise ValueError("break_search: the points of positive weight must be the same in every cell")
+    keep = positive[0]
+    n = int(keep.sum())
+    crit = _checked_settings(n, trim, n_grid, alpha, lr_crit)
+    x, y, w = x[keep], y[..., keep], w[..., keep]
+    grid = _breakpoint_grid(x, trim, n_grid)
+    mx, sx, my, sy = _standardisation(x, y)
+    xs, ys, grid_s = (x - mx) / sx, (y - my[..., None]) / sy[..., None], (grid - mx) / sx
+    wts = None if weights is None else w
+    ssr_s = hinge_ssr_profile_np(ys, xs, grid_s, wts)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        ssr = np.where(np.isfinite(ssr_s), ssr_s * (sy**2)[..., None], np.inf)  # sy**2 may underflow: inf * 0
+    j = np.argmin(ssr_s, axis=-1)
+    best = np.take_along_axis(ssr_s, j[..., None], axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lr = np.where(best > 0, n * (ssr_s - best) / best, np.where(ssr_s <= 0, 0.0, np.inf))
+    inside = lr <= crit
+    lo, hi = np.argmax(inside, axis=-1), grid.size - 1 - np.argmax(inside[..., ::-1], axis=-1)
+    slopes = _slopes_at(ys, xs, grid_s[j], wts, sy / sx)
+    return {"c_hat": grid[j], "c_ci_low": grid[lo], "c_ci_high": grid[hi],
+            "ci_truncated": (lo == 0) | (hi == grid.size - 1), "ssr": np.take_along_axis(ssr, j[..., None], -1)[..., 0],
+            "singular": ~np.isfinite(ssr_s).any(axis=-1),
+            "index": j, "ssr_profile": ssr, "lr_profile": lr, "slope_left": slopes[0], "slope_right": slopes[1],
+            "grid": grid, "n": n, "lr_crit": crit, "standardised": (xs, ys, grid_s, wts, (mx, sx, my, sy))}
+
+
+def _slopes_at(ys, xs, c_s, wts, k) -> tuple[np.ndarray, np.ndarray]:
+    """``(slope_left, slope_right)`` = ``k (b1', b1' + b2')`` of the (W)LS hinge fit of the standardised
+    ``ys`` (..., n) on ``xs`` at the standardised breakpoints ``c_s`` (...), every cell at once."""
+    Z = np.stack(np.broadcast_arrays(np.ones_like(ys), xs, np.maximum(0.0, xs - c_s[..., None])), axis=-1)
+    sw = np.ones_like(ys) if wts is None else np.sqrt(wts)
+    with np.errstate(all="ignore"):
+        Q, R = np.linalg.qr(Z * sw[..., None])
+        rhs = np.einsum("...nk,...n->...k", Q, sw * ys)
+        try:
+            p = np.linalg.solve(R, rhs[..., None])[..., 0]
+        except np.linalg.LinAlgError:          # a singular cell: its figures are not read (ssr is inf)
+            p = np.full(rhs.shape, np.nan)
+    return k * p[..., 1], k * (p[..., 1] + p[..., 2])
 
 
 def _checked_data(y, x, weights) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -365,24 +398,28 @@ def _breakpoint_grid(x: np.ndarray, trim: float, n_grid: int) -> np.ndarray:
 
 
 def _standardisation(x: np.ndarray, y: np.ndarray) -> tuple:
-    """``(mx, sx, my, sy)``: midrange and half-range of ``x``, median of ``y`` and its largest
-    deviation from it (1 where a scale is 0), so that the fits run on numbers of order 1."""
+    """``(mx, sx, my, sy)``: midrange and half-range of ``x``, median of ``y`` (..., n) and its largest
+    deviation from it per cell (1 where a scale is 0), so that the fits run on numbers of order 1."""
     # halves first, so neither the midrange nor the range overflows
     mx, sx = x.max() / 2 + x.min() / 2, x.max() / 2 - x.min() / 2
-    my = float(np.median(y))
-    sy = np.abs(y - my).max()  # numpy float: sy**2 may overflow to inf (an honest SSR > 1e308), not raise
-    return mx, (sx if sx > 0 else np.float64(1.0)), my, (sy if sy > 0 else np.float64(1.0))
+    my = np.median(y, axis=-1)
+    sy = np.abs(y - my[..., None]).max(axis=-1)  # sy**2 may overflow to inf (an honest SSR > 1e308), not raise
+    return mx, (sx if sx > 0 else np.float64(1.0)), my, np.where(sy > 0, sy, 1.0)
 
 
 def hinge_ssr_profile_np(y: np.ndarray, x: np.ndarray, grid: np.ndarray,
                          weights: np.ndarray | None = None) -> np.ndarray:
-    """:func:`hinge_ssr_np` at every breakpoint of ``grid`` at once: the same (weighted) SSRs up to
-    rounding, ``inf`` where the hinge design is singular, without a statsmodels fit per breakpoint.
+    """The (weighted) SSR ``sum_i w_i (y_i - yhat_i)^2`` of the hinge fit ``y = b0 + b1 x + b2 max(0, x - c)``
+    at every breakpoint ``c`` of ``grid``, for every leading cell of ``y`` (..., n) and ``weights``
+    (its shape, or None) at once: shape (..., grid); ``inf`` where the hinge design restricted to the
+    positive-weight points is rank deficient (``c`` leaves too few points on one side), so such a
+    ``c`` can never be the minimiser.
 
-    The designs ``sqrt(w) [1, x, max(0, x - c)]`` (``x`` mapped affinely onto [-1, 1], as there)
-    are stacked over ``c``; the rank test is numpy's ``matrix_rank`` of each (the test of
-    :func:`hinge_ssr_np`), and the SSR is the squared norm of the residual of ``sqrt(w) y`` after its
-    projection on the columns of the design (a batched reduced QR)."""
+    The designs ``sqrt(w) [1, x, max(0, x - c)]`` (``x`` mapped affinely onto [-1, 1], which leaves the
+    SSR unchanged and makes the rank test independent of x's units) are stacked over ``c``; the rank
+    test is numpy's ``matrix_rank`` of the positive-weight rows, and the SSR the squared norm of the
+    residual of ``sqrt(w) y`` after its projection on the columns of the design (a batched reduced QR).
+    tests/test_threshold.py holds one statsmodels WLS per breakpoint as its oracle."""
     y = np.asarray(y, dtype=np.float64)
     x = np.asarray(x, dtype=np.float64)
     grid = np.asarray(grid, dtype=np.float64)
@@ -390,43 +427,23 @@ def hinge_ssr_profile_np(y: np.ndarray, x: np.ndarray, grid: np.ndarray,
         mid, half = x.max() / 2 + x.min() / 2, x.max() / 2 - x.min() / 2
         half = half if half > 0 else 1.0
         x, grid = (x - mid) / half, (grid - mid) / half
-    w = np.ones(y.size) if weights is None else np.asarray(weights, dtype=np.float64)
+    w = np.ones_like(y) if weights is None else np.broadcast_to(np.asarray(weights, dtype=np.float64), y.shape)
     Z = np.empty((grid.size, x.size, 3))
     Z[..., 0] = 1.0
     Z[..., 1] = x
     Z[..., 2] = np.maximum(0.0, x[None, :] - grid[:, None])
-    rank = np.linalg.matrix_rank(Z[:, w > 0])
+    positive = (w > 0)[..., None, :, None]
+    singular = np.linalg.svd(Z * positive, compute_uv=False)                     # (..., grid, 3)
+    tol = singular.max(axis=-1) * np.maximum((w > 0).sum(axis=-1), 3)[..., None] * np.finfo(np.float64).eps
+    rank = (singular > tol[..., None]).sum(axis=-1)
     sw = np.sqrt(w)
-    A = Z * sw[None, :, None]
+    A = Z * sw[..., None, :, None]
     b = sw * y
     with np.errstate(all="ignore"):
         Q, _ = np.linalg.qr(A)
-        r = b[None, :] - np.einsum("gnk,gk->gn", Q, np.einsum("gnk,n->gk", Q, b))
-        ssr = np.einsum("gn,gn->g", r, r)
+        r = b[..., None, :] - np.einsum("...gnk,...gk->...gn", Q, np.einsum("...gnk,...n->...gk", Q, b))
+        ssr = np.einsum("...gn,...gn->...g", r, r)
     return np.where(rank < 3, np.inf, ssr)
-
-
-def _ssr_profile(ys, xs, grid_s, wts, sy) -> tuple[np.ndarray, np.ndarray]:
-    """``(ssr_s, ssr)``: the SSR at every standardised breakpoint, in standardised and in original
-    units (``inf`` where the hinge design is singular); ValueError when it is singular everywhere."""
-    ssr_s = hinge_ssr_profile_np(ys, xs, grid_s, wts)
-    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-        ssr = np.where(np.isfinite(ssr_s), ssr_s * sy**2, np.inf)  # sy**2 may underflow: inf * 0
-    if not np.isfinite(ssr_s).any():
-        raise ValueError(
-            "threshold_regression: the hinge design is singular at every candidate breakpoint "
-            "(too few distinct x values on one side of the trimmed grid)"
-        )
-    return ssr_s, ssr
-
-
-def _lr_profile(ssr_s: np.ndarray, j: int, n: int) -> np.ndarray:
-    """``LR(c) = n (SSR(c) - SSR(c_hat)) / SSR(c_hat)`` over the grid (``c_hat`` at index ``j``);
-    with an exact fit (SSR 0) it is 0 where the SSR is 0 too and ``inf`` elsewhere."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        if ssr_s[j] > 0:
-            return n * (ssr_s - ssr_s[j]) / ssr_s[j]
-        return np.where(ssr_s <= 0, 0.0, np.inf)
 
 
 def _fit_at_break(ys, xs, c_s, wts, cov_type: str, scales) -> tuple:

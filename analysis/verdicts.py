@@ -19,15 +19,15 @@ Rules:
 
 Each PASS / FAIL carries its **robustness** (:meth:`Criteria.verdicts`): the fraction of
 resamples of the file's independent units (seeds; ``Criteria(units=...)``) under which the
-verdict stays the same, the measures rerun on each resample. Below :data:`FRAGILE_BELOW` the
-verdict is *fragile*, whatever it is. :meth:`Criteria.seeds_needed` estimates how many units
+verdict stays the same; the resamples are a dimension, every measure called once on them all.
+Below :data:`FRAGILE_BELOW` the verdict is *fragile*, whatever it is. :meth:`Criteria.seeds_needed` estimates how many units
 would make it robust. A non-PASS verdict carries the class its criterion declares for it
 (:data:`CLASSES`: a finding, pre-asymptotic, or a colloquial reading of the paper) and a
 one-line reason. Criteria that are statistical tests declare their ``level`` and a ``pvalue``
 measure: :func:`multiplicity` says how many FAILs chance alone would give and the Holm view.
 
-The criteria themselves live with their experiments (``pipelines/``); this module holds the
-machinery only and imports nothing but numpy.
+The criteria themselves live with their experiments' analysis modules; this module holds the
+machinery only and imports nothing but numpy (xarray where it resamples).
 """
 from __future__ import annotations
 
@@ -37,32 +37,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-__all__ = [
-    "calibration_note",
-    "criteria_from_attrs",
-    "Criteria",
-    "FAIL",
-    "CLASSES",
-    "FRAGILE_BELOW",
-    "INCONCLUSIVE",
-    "KINDS",
-    "NOT_JUDGED",
-    "NotJudged",
-    "PASS",
-    "multiplicity",
-    "resample_units",
-    "Criterion",
-    "Inconclusive",
-    "Shared",
-    "VerdictRow",
-    "count_verdicts",
-    "to_frame",
-    "evaluate",
-    "format_table",
-    "measure_unless",
-    "multiplicity_line",
-    "to_markdown",
-]
+__all__ = ["calibration_note", "criteria_from_attrs", "Criteria", "FAIL", "CLASSES", "FRAGILE_BELOW", "INCONCLUSIVE",
+           "KINDS", "NOT_JUDGED", "NotJudged", "PASS", "multiplicity", "RESAMPLE", "resample_indices", "resampled",
+           "Criterion", "Inconclusive", "Shared", "VerdictRow", "count_verdicts", "to_frame", "evaluate", "format_table",
+           "judged_where", "measure_unless", "multiplicity_line", "to_markdown"]
 
 PASS = "PASS"
 FAIL = "FAIL"
@@ -211,13 +189,16 @@ class Criteria:
                   "in", (-1.1, -0.9), reference="-0.982 .. -1.027", reason="the error is O(1/L)",
                   quick=(-1.3, -0.7), fails_as=("pre-asymptotic", "curvature at small L"))
         def _slopes(ds):
-            return slopes(ds).slope.values.ravel()
+            return slopes(ds).slope
 
+    A measure returns labelled values: it reduces over named dims and keeps the others, so that on
+    the resamples of the units (a ``resample`` dim) it gives every resample's values at once.
     Iterating gives the :class:`Criterion` s in declaration order (what ``build()`` stores in a
     results file); :meth:`measures` calls every measure on a results Dataset, or on what
     ``prepare(ds)`` returns (e.g. ``prepare=Shared``, when the measures share a computation);
     :meth:`verdicts` judges them. ``inconclusive(data)`` (optional, given what ``prepare``
-    returns) says which criteria the data cannot decide whatever their value, ``{id: reason}``.
+    returns) says which criteria the data cannot decide whatever their value, ``{id: reason}`` (on
+    resampled data a reason may be a boolean over the resamples: those it flags).
     ``units``: the dims of a results file's independent units (seeds, independent replicates),
     resampled for each verdict's robustness.
 
@@ -302,36 +283,62 @@ class Criteria:
 
         Every PASS / FAIL carries its robustness: the fraction of ``resamples`` resamples (with
         replacement) of the units ``self.units`` present in ``ds`` under which the verdict is the
-        same, every measure rerun (0: none computed). When the units have at most ``resamples``
-        distinct resamples (2 seeds: 4), every one is judged: the exact bootstrap fraction.
-        Otherwise they are drawn from a generator keyed by the claim, so the fraction is the same
-        at every call."""
+        same (0: none computed). The resamples are a dimension (:func:`resample_indices`,
+        :func:`resampled`): each measure is called once on every resample at once. When the units
+        have at most ``resamples`` distinct resamples (2 seeds: 4), every one is judged: the exact
+        bootstrap fraction. Otherwise they are drawn from a generator keyed by the claim, so the
+        fraction is the same at every call."""
         stored = criteria_from_attrs(ds)
         rows = self._judge(ds, stored, inconclusive, with_pvalues=True)
         return self._with_robustness(ds, stored, rows, inconclusive, resamples)
 
     def _with_robustness(self, ds, stored, rows, inconclusive, resamples, size=None) -> list:
+        """``rows`` with the robustness of each PASS / FAIL over ``resamples`` resamples of the units
+        (``size[u]`` draws of unit dim ``u``, default as many as there are)."""
         units = [u for u in self.units if u in ds.dims]
-        sizes = {u: ds.sizes[u] for u in units}
         if resamples <= 0:
             return rows
-        if not units or max(sizes.values()) < 2:
+        if not units or max(ds.sizes[u] for u in units) < 2:
             why = "one independent unit: no resample" if units else "no independent units in the file"
             return [replace(r, robustness_note=why) if r.verdict in (PASS, FAIL) else r for r in rows]
-        agree = np.zeros(len(rows))
-        base = ds.drop_vars([u for u in units if u in ds.coords])
-        draws = _every_resample(sizes, size, resamples)
-        if draws is None:  # more distinct resamples than ``resamples``: a Monte Carlo of them
-            rng = np.random.default_rng(substream_key(self.claim))
-            draws = ({u: rng.integers(0, n, (size or sizes).get(u, n)) for u, n in sizes.items()}
-                     for _ in range(resamples))
-        count = 0
-        for idx in draws:
-            again = self._judge(base.isel(idx), stored, inconclusive)
-            agree += [a.verdict == r.verdict for a, r in zip(again, rows)]
-            count += 1
-        return [replace(r, robustness=float(agree[i] / count)) if r.verdict in (PASS, FAIL) else r
-                for i, r in enumerate(rows)]
+        idx = resample_indices({u: ds.sizes[u] for u in units}, resamples, self.claim, size)
+        grow = {u: (size or {}).get(u, ds.sizes[u]) / ds.sizes[u] for u in units}
+        per = sum(v.nbytes * math.prod(grow[u] for u in units if u in v.dims) for v in ds.variables.values()
+                  if set(v.dims) & set(units))
+        R = idx[units[0]].sizes[RESAMPLE]
+        step = max(1, int(_RESAMPLED_BYTES // max(per, 1)))
+        sizes = {r.id: np.size(r.measured) if not isinstance(r.measured, Inconclusive) else 0 for r in rows}
+        parts = [self._judge_resamples(resampled(ds, {u: i[start:start + step] for u, i in idx.items()}), stored,
+                                       inconclusive, sizes) for start in range(0, R, step)]
+        again = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        return [replace(r, robustness=float(np.mean(again[r.id] == r.verdict))) if r.verdict in (PASS, FAIL) else r
+                for r in rows]
+
+    def _judge_resamples(self, data, stored, inconclusive, sizes) -> dict:
+        """``{id: verdicts (resample,)}`` of the criteria judged on ``data`` (resamples of a file's
+        units along :data:`RESAMPLE`): each measure called once on every resample, each resample's
+        values judged as :func:`evaluate` judges a file's; ``sizes``: ``{id: number of values}`` the
+        measures gave on the file."""
+        import xarray as xr
+
+        R = data.sizes[RESAMPLE]
+        live = [j for j in (c.for_profile(data.attrs.get("profile", "custom")) for c in stored)
+                if not isinstance(j, NotJudged)]
+        shared = self.prepare(data) if self.prepare is not None else data
+        flags = dict(_flag_reasons(inconclusive))
+        if self.inconclusive is not None:
+            flags.update(self.inconclusive(shared))
+        measures = dict((c.id, m) for c, m in self._items)
+        out = {}
+        for crit in live:
+            value = measures[crit.id](shared) if crit.id in measures else None
+            verdict = _resample_verdicts(crit, value, R, sizes.get(crit.id, 0))
+            flag = flags.get(crit.id)
+            if flag is not None:
+                flagged = flag.values if isinstance(flag, xr.DataArray) else np.ones(R, dtype=bool)
+                verdict = np.where(flagged, INCONCLUSIVE, verdict)
+            out[crit.id] = verdict
+        return out
 
     def seeds_needed(self, ds, ids=None, *, target: float = FRAGILE_BELOW, factors=(2, 4, 8, 16),
                      resamples: int = RESAMPLES) -> dict:
@@ -361,6 +368,39 @@ class Criteria:
         return out
 
 
+def _resample_verdicts(crit: Criterion, value, R: int, alone: int) -> np.ndarray:
+    """The verdict of ``crit`` in each of ``R`` resamples from its measured ``value``: an
+    :class:`Inconclusive` or None (INCONCLUSIVE in all), values with a :data:`RESAMPLE` dim (one set
+    per resample), or values without one (a measure that reads no unit: the same in every resample);
+    each set judged as :func:`evaluate` judges a file's (INCONCLUSIVE when empty or not all finite).
+    ``alone``: the number of values the measure gives on the file; values without a resample dim
+    that are more than that are the resamples' values unlabelled: a ValueError naming the criterion."""
+    import xarray as xr
+
+    if value is None or isinstance(value, Inconclusive):
+        return np.full(R, INCONCLUSIVE, dtype=object)
+    if isinstance(value, xr.DataArray) and RESAMPLE in value.dims:
+        v = np.asarray(value.transpose(RESAMPLE, ...).values, dtype=np.float64).reshape(R, -1)
+    else:
+        flat = _as_values(crit, value)
+        if flat.size > max(alone, 1):
+            raise ValueError(f"the measure of {crit.id!r} returned {flat.size} values without a {RESAMPLE!r} dim on "
+                             f"resampled data ({alone} on the file): a measure keeps the dims it does not reduce "
+                             f"(xarray reductions over named dims, not .values.ravel())")
+        v = np.broadcast_to(flat, (R, flat.size))
+    if v.shape[1] == 0:
+        return np.full(R, INCONCLUSIVE, dtype=object)
+    ok = crit.holds(v).all(axis=1)
+    return np.where(~np.isfinite(v).all(axis=1), INCONCLUSIVE, np.where(ok, PASS, FAIL)).astype(object)
+
+
+#: the dimension of the resamples of a file's units (the robustness judges them all at once)
+RESAMPLE = "resample"
+
+#: resamples judged at once at most, such that the resampled variables hold at most this many bytes
+_RESAMPLED_BYTES = 1 << 30
+
+
 def substream_key(text: str) -> int:
     """A stable integer key of ``text`` (the resamples of a claim's robustness draw from it)."""
     import hashlib
@@ -368,26 +408,38 @@ def substream_key(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
 
 
-def _every_resample(sizes: Mapping[str, int], size, resamples: int):
-    """Every equally likely resample with replacement of the units (a list of index dicts) when
-    there are at most ``resamples`` of them (2 seeds: 4; 3 seeds: 27), so that the robustness is
-    the exact bootstrap fraction; None when there are more (or ``size`` asks for other sizes)."""
+def resample_indices(sizes: Mapping[str, int], resamples: int, key: str,
+                     size: Mapping[str, int] | None = None) -> dict:
+    """The resamples with replacement of the units, as indices: ``{unit dim: DataArray (resample,
+    unit dim)}``, row ``r`` the positions drawn in resample ``r`` (``size[u]`` of them, default as
+    many as there are). Every equally likely resample when there are at most ``resamples`` of
+    them and ``size`` keeps the sizes (2 seeds: 4; 3 seeds: 27): the exact bootstrap. Otherwise
+    ``resamples`` draws of a generator keyed by ``key`` (:func:`substream_key`), one unit dim after
+    the other within a resample, so the same key gives the same resamples."""
     import itertools
 
-    if size is not None and any(size.get(u, n) != n for u, n in sizes.items()):
-        return None
-    if math.prod(n**n for n in sizes.values()) > resamples:
-        return None
-    per_dim = [[np.array(c) for c in itertools.product(range(n), repeat=n)] for n in sizes.values()]
-    return [dict(zip(sizes, combo)) for combo in itertools.product(*per_dim)]
+    import xarray as xr
+
+    sizes = dict(sizes)
+    grown = {u: (size or {}).get(u, n) for u, n in sizes.items()}
+    if grown == sizes and math.prod(n**n for n in sizes.values()) <= resamples:
+        per_dim = [list(itertools.product(range(n), repeat=n)) for n in sizes.values()]
+        rows = list(itertools.product(*per_dim))
+        draws = {u: np.array([r[k] for r in rows], dtype=np.int64).reshape(len(rows), n)
+                 for k, (u, n) in enumerate(sizes.items())}
+    else:
+        rng = np.random.default_rng(substream_key(key))
+        picked = [[rng.integers(0, n, grown[u]) for u, n in sizes.items()] for _ in range(resamples)]
+        draws = {u: np.stack([p[k] for p in picked]) for k, u in enumerate(sizes)}
+    return {u: xr.DataArray(a, dims=(RESAMPLE, u)) for u, a in draws.items()}
 
 
-def resample_units(ds, sizes: Mapping[str, int], rng, size: Mapping[str, int] | None = None):
-    """``ds`` with each unit dim of ``sizes`` resampled with replacement (``size[u]`` draws, default
-    as many as there are). The units' own coordinates are dropped (a resample repeats labels, and a
-    measure must not select units by label); drop them once beforehand to make repeated calls cheap."""
-    idx = {u: rng.integers(0, n, (size or sizes).get(u, n)) for u, n in sizes.items()}
-    return ds.drop_vars([u for u in sizes if u in ds.coords]).isel(idx)
+def resampled(ds, indices: Mapping):
+    """``ds`` with each unit dim of ``indices`` (:func:`resample_indices`) resampled: the variables
+    with a unit dim gain a :data:`RESAMPLE` dim (``ds.isel(seed=idx)``, the xskillscore pattern), the
+    others are as they are. The units' own coordinates are dropped (a resample repeats labels, and a
+    measure must not select units by label)."""
+    return ds.drop_vars([u for u in indices if u in ds.coords]).isel(dict(indices))
 
 
 class Shared:
@@ -414,6 +466,24 @@ class Inconclusive:
     reports its criterion INCONCLUSIVE with ``reason`` as the note."""
 
     reason: str
+
+
+def judged_where(values, keep, dims, empty: str):
+    """The values of a measure at the cells ``keep`` selects (both DataArrays over ``dims``), or
+    ``Inconclusive(empty)`` when it selects none. On a file: the kept values. On resampled data (a
+    :data:`RESAMPLE` dim, where the kept cells may differ between resamples): per resample the
+    smallest and the largest kept value, which every comparison judges as it judges all of them
+    (NaN where a kept value is not finite or none is kept: INCONCLUSIVE, as on a file)."""
+    import xarray as xr
+
+    values, keep = xr.broadcast(values, keep)
+    if RESAMPLE not in values.dims:
+        kept = values.values[keep.values]
+        return Inconclusive(empty) if kept.size == 0 else kept
+    inside = values.where(keep)
+    bad = (keep & ~np.isfinite(values)).any(dims) | ~keep.any(dims)
+    ends = xr.concat([inside.min(dims), inside.max(dims)], dim="end")
+    return ends.where(~bad)
 
 
 def measure_unless(reason: str | None, compute):

@@ -257,6 +257,10 @@ def c3(L=C3_L):
         "risk_heldout_inf_eval": (("setting", "seed", "t_heldout"), np.broadcast_to([1.0, 1e-3], (3, 2, 2)).copy()),
         "risk_ridge": (("setting", "seed", "L"), np.full((3, 2, nL), 1e-30)),
         "risk_plugin": (("setting", "seed", "L"), np.broadcast_to(power(L, -1.0), (3, 2, nL)).copy()),
+        "risk_pgd": (("setting", "seed", "L"), np.broadcast_to(power(L, -1.0, 2.0), (3, 2, nL)).copy()),
+        "risk_bayes_ridge": (("setting", "seed", "L"), np.full((3, 2, nL), 1e-30)),
+        "off_block_curvature_max": (gm, np.full((3, 2, 2, nL, 3), 50.0)),      # lr * 50 = 0.5: stable
+        "off_block_curvature_min": (gm, np.full((3, 2, 2, nL, 3), 1.0)),
     }
     ds = xr.Dataset(data, coords={"setting": settings, "seed": [0, 1], "model": list(C3_MODELS), "L": L,
                                   "t": t, "t_heldout": th})
@@ -350,7 +354,8 @@ def c1_real(L=(16, 32, 64, 128, 256)):
 
 @factory("c1_kernels")
 def c1_kernels(L=(16, 32, 64, 128)):
-    """``c1_kernels`` file: errors ``c / L`` exactly (seeds scattering by +-50%) equal to their
+    """``c1_kernels`` file: errors ``c / L`` exactly (seeds scattering by +-50%, and their two queries
+    by +-50% about the seed's error) equal to their
     prediction at the largest L only (1.5x before), gains equal to the limit's, z2 = 1, Stein errors
     1e-15 (smooth) and 1e-6 (ReLU), random-feature errors ``c / m`` for sigma^2 = 0.1 with their
     constant and ``m^-0.3`` for sigma^2 = 2 (constant inf)."""
@@ -366,6 +371,7 @@ def c1_kernels(L=(16, 32, 64, 128)):
     rf = np.stack([0.05 / m, power(m, -0.3)])                                 # (rf_sigma2, rf_m)
     ds = xr.Dataset(
         {"mse": (("kernel", "r", "L", "seed"), mse[..., None] * seeds),
+         "mse_query": (("kernel", "r", "L", "seed", "query"), (mse[..., None] * seeds)[..., None] * SEED_FACTORS),
          "mse_theory": (("kernel", "r", "L", "seed"), np.repeat(theory[..., None], 2, -1)),
          "gain_measured": (("kernel", "r", "seed"), gain.copy()),
          "gain_se": (("kernel", "r", "seed"), 0.01 * gain),
@@ -377,7 +383,8 @@ def c1_kernels(L=(16, 32, 64, 128)):
                               {"flag_values": np.array([0, 1], dtype=np.int8), "flag_meanings": "smooth kinked"}),
          "rf_sq_error": (("rf_sigma2", "rf_m", "rf_draw"), np.repeat(rf[..., None], 3, -1)),
          "rf_constant": (("rf_sigma2", "rf_m"), np.array([[0.05] * 4, [np.inf] * 4]))},
-        coords={"kernel": kernels, "r": r, "L": L, "seed": [0, 1], "stein_kernel": list(c1_kernels_pipeline.KERNEL_NAMES),
+        coords={"kernel": kernels, "r": r, "L": L, "seed": [0, 1], "query": [0, 1],
+                "stein_kernel": list(c1_kernels_pipeline.KERNEL_NAMES),
                 "rf_sigma2": [0.1, 2.0], "rf_m": m, "rf_draw": [0, 1, 2]})
     return _attach(ds, "c1_kernels", {"Sigma": [1.5, 1.0, 0.5], "sigmoid_bias": -2.0})
 

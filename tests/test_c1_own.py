@@ -245,31 +245,35 @@ def test_analysis_on_the_ar1_run(ar1_run, tmp_path):
     ds = ar1_run
     m = analysis.measures(ds)
     assert set(m) == {c.id for c in analysis.CRITERIA}
-    fits = analysis.slopes(ds)
-    a = analysis._Arrays(ds)
-    for i, s in enumerate(ds.sampling.values):
-        fit = a.fits[i]
-        if fit.line is None:
+    fits, lines = analysis.slopes(ds), analysis.unit_lines(ds)
+    for s in ds.sampling.values:
+        if not np.isfinite(float(lines.s.sel(sampling=s))):
             continue
-        assert np.isclose(fit.line[1], float(fits.slope.sel(sampling=s)), rtol=1e-10)
+        assert np.isclose(float(lines.s.sel(sampling=s)), float(fits.slope.sel(sampling=s)), rtol=1e-10)
         # the unit lines' SE is the CR1 cluster SE up to its small-sample factor
-        G, n = fit.mse.shape[1], int(fit.keep.sum())
+        G, n = int(lines.G), int(analysis.regime(ds).sel(sampling=s).sum())
         cr1 = np.sqrt((n * G - 1) / (n * G - 2))
-        np.testing.assert_allclose(np.sqrt(fit.line[2][1, 1]) * cr1, float(fits.slope_se.sel(sampling=s)), rtol=1e-6)
+        np.testing.assert_allclose(np.sqrt(float(lines.var_s.sel(sampling=s))) * cr1,
+                                   float(fits.slope_se.sel(sampling=s)), rtol=1e-6)
     tables = analysis.fit_tables(ds)
     assert set(tables) == {"fits", "lstar", "law"}
     analysis.figure(ds, tmp_path / "f.png")
     assert (tmp_path / "f.png").stat().st_size > 0
 
 
-def test_lstar_on_an_exact_power_law():
+def test_unit_lines_and_lstar_on_an_exact_power_law():
+    """Two units 3/L and 5/L: the unit-mean line is log 4 - log L; the unit lines of the
+    pseudo-observations have slope -1 and intercepts log 4 -+ 1/4, so var_c = 0.125 / 2 and var_s = 0;
+    L*(0.01) = 400 inside its interval; a line that does not fall has no L*."""
     L = np.array([16.0, 64, 256])
-    y = np.stack([3.0 / L, 5.0 / L], axis=1)  # two units, slope -1, mean 4 / L
-    c, s, cov, G = analysis.unit_line_np(np.log(L), y)
-    assert np.isclose(s, -1) and np.isclose(np.exp(c), 4)
-    Ls, lo, hi = analysis.lstar_np(c, s, cov, G, 0.01)
-    assert np.isclose(Ls, 400) and lo <= 400 <= hi
-    assert np.isnan(analysis.lstar_np(c, 0.1, cov, G, 0.01)[0])  # a line that does not fall has no L*
+    ds = xr.Dataset({"mse": (("sampling", "seed", "prompt", "L"), np.stack([3.0 / L, 5.0 / L])[None, None]),
+                     "weight_ratio": 1.0, "tau": 1.0}, coords={"sampling": ["iid"], "L": L})
+    lines = analysis.unit_lines(ds).sel(sampling="iid")
+    assert float(lines.s) == pytest.approx(-1, rel=1e-12) and float(np.exp(lines.c)) == pytest.approx(4, rel=1e-12)
+    assert float(lines.var_c) == pytest.approx(0.0625, rel=1e-12) and abs(float(lines.var_s)) < 1e-20
+    one = analysis.lstar_of(lines, 0.01)
+    assert float(one.L_star) == pytest.approx(400, rel=1e-12) and one.L_star_low <= 400 <= one.L_star_high
+    assert np.isnan(float(analysis.lstar_of(lines.assign(s=0.1), 0.01).L_star))
 
 
 def test_quick_profile_runs_and_is_small():

@@ -182,9 +182,9 @@ def test_profiles_are_typed_and_valid():
 
 
 def _synthetic(break_tau=4.0, n_seeds=3, seed=0):
-    """A c2_threshold-schema file with known exponents: fixed -1/2 (t = 0); uniform (t > 0, larger,
-    so the sup over t picks it) a hinge in tau from -0.1 at tau = 1 down to -0.4 at break_tau, flat
-    beyond; lognormal noise of 10%."""
+    """A c2_threshold-schema file (without covariance families) with known exponents: fixed -1/2
+    (t = 0); uniform (t > 0, larger, so the sup over t picks it) a hinge in tau from -0.1 at tau = 1
+    down to -0.4 at break_tau, flat beyond; lognormal noise of 10%; the risk gap half the gap."""
     rng = np.random.default_rng(seed)
     tau = np.geomspace(0.75, 14.81, 14)
     L = 2.0 ** np.arange(3, 13)
@@ -198,6 +198,9 @@ def _synthetic(break_tau=4.0, n_seeds=3, seed=0):
     cc[tau > 4] = (1 - 2 / np.sqrt(tau[tau > 4])) ** -1.5
     ds = xr.Dataset(
         {"g": (("tau", "seed", "L", "t"), g),
+         "g_risk": (("tau", "seed", "L", "t"), 0.5 * g),
+         "gap_constant": (("tau",), np.where(tau > 4, 3.0, np.inf)),
+         "gap_constant_se": (("tau",), np.where(tau > 4, 0.1, np.nan)),
          "s": (("tau", "seed"), np.repeat(np.sqrt(3 / tau)[:, None], n_seeds, 1)),
          "concentration_constant": (("tau", "seed"), np.repeat(cc[:, None], n_seeds, 1))},
         coords={"tau": tau, "seed": np.arange(n_seeds), "L": L.astype(int), "t": t})
@@ -215,7 +218,7 @@ def test_analysis_recovers_a_known_break():
     assert th["ci_tau"][0] <= th["break_tau"] <= th["ci_tau"][1] and th["ci_tau"][1] - th["ci_tau"][0] < 1.0
     assert th["fit"].slope_left == pytest.approx(-0.1, abs=0.02)
     assert th["fit"].slope_right == pytest.approx(0.0, abs=0.02)
-    # the analysis ignores g_risk when absent and prints every tau
+    # the tables print every tau
     assert analysis.fit_tables(ds)["exponents"].sizes["tau"] == ds.tau.size
     m = analysis.measures(ds)
     assert m["C2T-uniform-trend"] <= -0.8
@@ -371,12 +374,13 @@ def test_analysis_of_families_and_the_constant():
     assert "family kms:0.5" in table and "family power_law:1.0" in table and "Lg2/K" in table
 
 
-def test_a_file_without_families_or_constant_is_inconclusive_there(tmp_path):
+def test_a_file_without_families_or_a_tau_above_4_is_inconclusive_there(tmp_path):
     ds, _ = _synthetic()
-    ds = ds.isel(tau=slice(0, 5))          # 5 tau: no threshold regression (slow, and not the point here)
+    ds = ds.isel(tau=slice(0, 5))          # 5 tau, all below 4: no threshold regression, no finite constant
     rows = {r.id: r for r in analysis.verdicts(ds)}
-    for cid in ("C2T-families-agree", "C2T-constant-ratio", "C2T-constant-ratio-families"):
-        assert rows[cid].verdict == INCONCLUSIVE and "the file has no" in rows[cid].note
+    for cid in ("C2T-families-agree", "C2T-constant-ratio-families"):
+        assert rows[cid].verdict == INCONCLUSIVE and "the file has no covariance families" in rows[cid].note
+    assert rows["C2T-constant-ratio"].verdict == INCONCLUSIVE and "needs a tau > 4" in rows["C2T-constant-ratio"].note
     assert rows["C2T-growth-below-4"].verdict == PASS
     assert "covariance families: not compared" in analysis.family_table(ds)
     assert analysis.figure(ds, tmp_path / "f.png").stat().st_size > 10_000
@@ -458,8 +462,8 @@ def test_break_covers_4_is_a_test_at_level_5_percent():
         y, xv, w = th["data"]
         f = th["fit"]
         c4 = 4.0 if th["x"] == "tau" else math.log(4.0)
-        from sfxlin.analysis.threshold import hinge_ssr_np
-        lr4 = f.n * (hinge_ssr_np(y, xv, c4, w) - f.ssr) / f.ssr
+        from sfxlin.analysis.threshold import hinge_ssr_profile_np
+        lr4 = f.n * (float(hinge_ssr_profile_np(y, xv, np.array([c4]), w)[0]) - f.ssr) / f.ssr
         assert (p >= 0.05) == (lr4 <= hansen_lr_crit(0.05)) == th["covers_4"]
         rows = analysis.verdicts(ds, resamples=0)
         row = next(r for r in rows if r.id == "C2T-break-covers-4")

@@ -164,7 +164,7 @@ def test_slopes_and_T_growth_recover_the_known_answer():
 def test_clustered_se_follows_the_seed_to_seed_spread():
     """Seeds with their own slopes -0.2, -0.3, -0.4: the slope is that of the log of the seed mean
     (np.polyfit), its clustered SE sd(b_g) / sqrt(G) with b_g the slope of seed g's linearised
-    log-mean z_g = log ybar + (y_g - ybar) / ybar (fits.clustered_loglog_np; up to the CR1 factor)."""
+    log-mean z_g = log ybar + (y_g - ybar) / ybar (fits.loglog_slope with units; up to the CR1 factor)."""
     ds = synthetic()
     L = L_SYN.astype(float)
     Y = np.stack([(L / 8) ** b for b in (-0.2, -0.3, -0.4)])          # (seed, L)

@@ -120,8 +120,7 @@ def _seeds_apart(ds):
 
 
 def test_measures_equal_the_slopes_and_their_se_is_cluster_robust():
-    """The criteria read numpy seed means (fast on resamples): the same slopes as slopes(); the slopes'
-    SE is cluster-robust over the seeds (the hand computation of test_measures_extensions), the plain
+    """The criteria read the slopes of slopes(); their SE is cluster-robust over the seeds (the hand computation of test_measures_extensions), the plain
     SE by name."""
     from test_measures_extensions import cluster_slope_se, ols_slope_se
 
@@ -129,10 +128,10 @@ def test_measures_equal_the_slopes_and_their_se_is_cluster_robust():
     ds = _seeds_apart(synthetic.c3l())
     m, sl, plain = analysis.measures(ds), analysis.slopes(ds), analysis.slopes(ds, cov_type="nonrobust")
     centred, shifted = dict(mean_norm=0.0), dict(mean_norm=1.0)
-    np.testing.assert_allclose(m["C3L-risk-slope"], sl.excess.sel(centred).values.ravel(), rtol=1e-12)
-    np.testing.assert_allclose(m["C3L-D-slope"], sl.D_inf.sel(centred).values.ravel(), rtol=1e-12)
-    np.testing.assert_allclose(m["C3L-DlinL-slope"], sl.D_linL.sel(centred).values.ravel(), rtol=1e-12)
-    np.testing.assert_allclose(m["C3L-control-plateau"], sl.D_inf_tail.sel(shifted).values.ravel(), atol=1e-12)
+    np.testing.assert_allclose(np.ravel(m["C3L-risk-slope"]), sl.excess.sel(centred).values.ravel(), rtol=1e-12)
+    np.testing.assert_allclose(np.ravel(m["C3L-D-slope"]), sl.D_inf.sel(centred).values.ravel(), rtol=1e-12)
+    np.testing.assert_allclose(np.ravel(m["C3L-DlinL-slope"]), sl.D_linL.sel(centred).values.ravel(), rtol=1e-12)
+    np.testing.assert_allclose(np.ravel(m["C3L-control-plateau"]), sl.D_inf_tail.sel(shifted).values.ravel(), atol=1e-12)
     assert int(sl.n_units) == 2
     x = np.log(ds.L.values.astype(float))
     at = dict(covariance="kms:0.5", noise=0.5, d=2, mean_norm=0.0)

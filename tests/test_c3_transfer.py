@@ -11,7 +11,7 @@ import xarray as xr
 from sfxlin import covariance, icl, laws, training
 from sfxlin.engine import storage
 from sfxlin.analysis import c3 as c3_analysis
-from sfxlin.analysis.verdicts import FAIL, NOT_JUDGED, PASS, format_table, resample_units
+from sfxlin.analysis.verdicts import FAIL, NOT_JUDGED, PASS, Inconclusive, format_table, resample_indices, resampled
 from sfxlin.engine.execution import compute
 from sfxlin.pipelines import c3_transfer as c3
 from sfxlin.engine.sweep import CellError, build, cell_rng, run_cell
@@ -309,8 +309,8 @@ def test_analysis_imports_no_simulation_code():
         elif isinstance(node, ast.ImportFrom):
             module = node.module or ""
             imported.add(("." * node.level) + (module if node.level else module.split(".")[0]))
-    assert imported <= {"json", "dataclasses", "numpy", "xarray", "matplotlib", "__future__", ".fits", ".tables",
-                        ".verdicts"}, imported
+    assert imported <= {"json", "dataclasses", "numpy", "xarray", "matplotlib", "__future__", ".c3_family", ".fits",
+                        ".tables", ".verdicts"}, imported
 
 
 def test_analysis_measures_on_a_synthetic_file(quick_file):
@@ -326,9 +326,9 @@ def test_analysis_measures_on_a_synthetic_file(quick_file):
     ds["D_inf"] = D.where(ds.in_protocol == 1)
     m = c3_analysis.measures(ds)
     np.testing.assert_allclose(m["C3a-slope"], [-0.5, -0.5], atol=1e-12)
-    assert m["C3a-monotone"] == [0.0, 0.0]
-    assert m["C3e-drop"] == pytest.approx((L[0] / L[-1]) ** -0.5)
-    assert m["C3e-plateau"] == pytest.approx(-0.5)
+    assert m["C3a-monotone"].values.tolist() == [0.0, 0.0]
+    assert float(m["C3e-drop"]) == pytest.approx((L[0] / L[-1]) ** -0.5)
+    assert float(m["C3e-plateau"]) == pytest.approx(-0.5)
 
 
 def test_a_non_finite_result_in_a_protocol_cell_is_an_error(monkeypatch):
@@ -395,15 +395,16 @@ def test_a_resample_without_a_control_seed_is_inconclusive_not_a_crash():
     ds = synthetic.c3().isel(seed=[1, 1]).assign_coords(seed=[0, 1])
     m = c3_analysis.measures(ds)
     for cid in c3_analysis.CONTROL_CRITERIA:
-        assert m[cid] == c3_analysis.Inconclusive("no seed of rademacher in the protocol"), cid
+        assert m[cid] == Inconclusive("no seed of rademacher in the protocol"), cid
     np.testing.assert_allclose(m["C3a-slope"], [-0.5, -0.5], atol=1e-12)
     fit = c3_analysis.slopes(ds)
     assert fit.setting.values.tolist() == ["isotropic", "anisotropic"]
     assert fit.n_units.values.tolist() == [2, 2]
-    # every resample of the seeds of the synthetic file is measurable: the verdicts' robustness runs
-    rng = np.random.default_rng(0)
-    for _ in range(5):
-        c3_analysis.measures(resample_units(synthetic.c3(), {"seed": 2}, rng))
+    # every resample of the seeds of the synthetic file is measurable, all at once: the resamples that drew
+    # only the seed outside the control's protocol have NaN control figures (INCONCLUSIVE there)
+    every = c3_analysis.measures(resampled(synthetic.c3(), resample_indices({"seed": 2}, 100, "C3")))
+    assert every["C3e-drop"].dims == ("resample",) and int(np.isnan(every["C3e-drop"]).sum()) == 1
+    assert np.isfinite(every["C3a-slope"]).all()
 
 
 def test_the_control_verdicts_have_no_robustness_with_one_control_seed():
@@ -417,16 +418,16 @@ def test_the_control_verdicts_have_no_robustness_with_one_control_seed():
 
 
 def test_measures_equal_the_labelled_summaries(quick_file):
-    """The criteria read numpy arrays taken once per file (fast on 100 resamples); they equal the
-    labelled functions (xarray, seed means skipping the cells outside the protocol) on a real file."""
+    """The criteria read the labelled functions (seed means skipping the cells outside the protocol)
+    on a real file."""
     ds, _ = quick_file
     m = c3_analysis.measures(ds)
     g = c3_analysis.gaussian_settings(ds)
     s = c3_analysis.seed_summaries(ds).sel(setting=g)
     np.testing.assert_allclose(m["C3a-slope"], c3_analysis.slopes(ds).slope.sel(quantity="D_inf", setting=g),
                                rtol=1e-12)
-    assert m["C3a-monotone"] == c3_analysis.increases(s.D_inf).values.tolist()
-    assert m["C3b-monotone"] == c3_analysis.increases(s.risk_heldout).values.tolist()
+    xr.testing.assert_identical(m["C3a-monotone"], c3_analysis.increases(s.D_inf))
+    xr.testing.assert_identical(m["C3b-monotone"], c3_analysis.increases(s.risk_heldout))
     norm = ds.norm_inf.isel(t=-1).where(ds.in_protocol == 1).mean("seed").sel(setting=g)
     np.testing.assert_allclose(m["C3a-final"], s.D_inf.isel(L=-1) / norm, rtol=1e-12)
     h = ds.risk_heldout.sel(model="softmax", setting=g).mean("seed").isel(L=-1)
@@ -434,9 +435,9 @@ def test_measures_equal_the_labelled_summaries(quick_file):
     np.testing.assert_allclose(m["C3c"], s.dist_bayes.isel(L=-1) / s.dist_bayes.isel(L=0), rtol=1e-12)
     np.testing.assert_allclose(m["C3-inf-risk"], ds.risk_inf.isel(t=-1).sel(setting=g).max("seed"), rtol=0)
     D = c3_analysis.seed_summaries(ds).D_inf.sel(setting="rademacher")
-    assert m["C3e-drop"] == pytest.approx(float(D[0] / D[-1]), rel=1e-12)
+    assert float(m["C3e-drop"]) == pytest.approx(float(D[0] / D[-1]), rel=1e-12)
     x = np.log(ds.L.values.astype(float))
-    assert m["C3e-plateau"] == pytest.approx(np.polyfit(x, np.log(D.values), 1)[0], rel=1e-10)
+    assert float(m["C3e-plateau"]) == pytest.approx(np.polyfit(x[-4:], np.log(D.values[-4:]), 1)[0], rel=1e-10)
 
 
 def test_slopes_se_is_cluster_robust_over_the_seeds(quick_file):

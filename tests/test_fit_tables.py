@@ -174,7 +174,7 @@ def test_c1_kernels_tables_are_its_fits():
     _equal(got["kernels"].slope, c1_kernels.slopes(ds).slope)
     _equal(got["kernels"].slope_se, c1_kernels.slopes(ds).slope_se)
     _equal(got["random_features"].slope_se_mc, c1_kernels.rf_slopes(ds, units="rf_draw").slope_se)
-    assert "cluster-robust over 2 units (seed)" in got["kernels"].attrs["title"]
+    assert "cluster-robust over 4 units (seed x query)" in got["kernels"].attrs["title"]
     _equal(got["kernels"].gain_z, c1_kernels.gain_z(ds))
     _equal(got["random_features"].slope, c1_kernels.rf_slopes(ds).slope)
     _equal(got["stein"].error, ds.stein_error)

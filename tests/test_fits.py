@@ -1,4 +1,6 @@
-"""Tests of sfxlin.analysis.fits against independent numpy/scipy computations."""
+"""Tests of sfxlin.analysis.fits against independent computations: statsmodels (the fitter's
+oracle: ``OLS(...).fit(cov_type=..., use_t=True)`` on random data, every estimator, several shapes),
+closed forms by hand, scipy's t distribution."""
 from __future__ import annotations
 
 import ast
@@ -13,12 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sfxlin.analysis import fits
-from sfxlin.analysis.fits import (
-    loglog_slope,
-    ols_line_np,
-    paper_form_fit,
-    power_law_fit,
-)
+import statsmodels.api as sm
+
+from sfxlin.analysis.fits import COV_TYPES, loglog_slope, ols_line, paper_form_fit, power_law_fit
 
 L = np.array([8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096], dtype=float)
 D = np.array([2, 5, 10])
@@ -227,13 +226,88 @@ def test_loglog_input_errors():
         loglog_slope(da.values)
 
 
-def test_ols_line_np_errors():
-    with pytest.raises(ValueError, match="at least 3"):
-        ols_line_np([1.0, 2.0], [1.0, 2.0])
-    with pytest.raises(ValueError, match="two distinct"):
-        ols_line_np([1.0, 1.0, 1.0], [1.0, 2.0, 3.0])
-    with pytest.raises(ValueError, match="finite"):
-        ols_line_np([1.0, 2.0, 3.0], [1.0, np.nan, 3.0])
+def statsmodels_line(y, x, cov_type, groups=None, alpha=0.05, test=None):
+    """The oracle: statsmodels' OLS of y on [1, x] with ``cov_type`` (``use_t=True``), as a dict."""
+    kw = {} if groups is None else {"cov_kwds": {"groups": groups}}
+    res = sm.OLS(y, sm.add_constant(x)).fit(cov_type=cov_type, use_t=True, **kw)
+    ci = np.asarray(res.conf_int(alpha=alpha))
+    out = {"slope": res.params[1], "slope_se": res.bse[1], "slope_ci_low": ci[1, 0], "slope_ci_high": ci[1, 1],
+           "intercept": res.params[0], "intercept_se": res.bse[0], "intercept_ci_low": ci[0, 0],
+           "intercept_ci_high": ci[0, 1], "r2": res.rsquared, "pvalue_slope": res.pvalues[1]}
+    if test is not None:
+        out["t_test_pvalue"] = float(np.squeeze(res.t_test((np.array([[0.0, 1.0]]), np.array([test]))).pvalue))
+    return out
+
+
+@pytest.mark.parametrize("cov_type", COV_TYPES)
+@pytest.mark.parametrize("n, G, cells", [(5, 3, 4), (12, 5, 3), (30, 2, 2), (4, 8, 6)])
+def test_ols_line_is_statsmodels_on_random_data(cov_type, n, G, cells):
+    """Every line of a vectorised fit (the cells are a leading dim) is statsmodels' fit of that cell's
+    points, to 1e-10 relative, pooled over two observation dims (L, seed); clustered over the seeds."""
+    rng = np.random.default_rng([n, G, cells, COV_TYPES.index(cov_type)])
+    y = rng.standard_normal((cells, n, G)) * rng.uniform(0.2, 3.0, (cells, 1, G)) + np.linspace(-1, 2, n)[:, None]
+    x = rng.uniform(-2.0, 3.0, (n, G))
+    Y = xr.DataArray(y, dims=("cell", "L", "seed"))
+    X = xr.DataArray(x, dims=("L", "seed"))
+    units = "seed" if cov_type == "cluster" else None
+    fit = ols_line(Y, X, ("L", "seed"), units=units, cov_type=cov_type, alpha=0.1, test_slope=0.3)
+    assert fit.cov_type.item() == cov_type and fit.alpha.item() == 0.1 and fit.test_exponent.item() == 0.3
+    groups = np.tile(np.arange(G), n) if cov_type == "cluster" else None
+    for c in range(cells):
+        want = statsmodels_line(y[c].ravel(), x.ravel(), cov_type, groups, alpha=0.1, test=0.3)
+        got = fit.isel(cell=c)
+        for k, v in want.items():
+            assert float(got[k]) == pytest.approx(v, rel=1e-10, abs=1e-300), (k, c)
+        assert int(got.n) == n * G
+
+
+def test_ols_line_is_vectorised_over_every_other_dim_and_lazy_for_dask():
+    """A fit over (L) of y (resample, d, L): every (resample, d) cell the fit of its own line; dask
+    input stays lazy and gives the same numbers."""
+    rng = np.random.default_rng(4)
+    y = xr.DataArray(rng.standard_normal((7, 3, 9)), dims=("resample", "d", "L"))
+    x = xr.DataArray(np.linspace(0.0, 2.0, 9), dims="L")
+    fit = ols_line(y, x, "L", cov_type="HC3")
+    for r, d in ((0, 0), (6, 2), (3, 1)):
+        want = statsmodels_line(y.values[r, d], x.values, "HC3")
+        assert float(fit.slope_se[r, d]) == pytest.approx(want["slope_se"], rel=1e-10)
+    with raise_if_dask_computes():
+        lazy = ols_line(y.chunk({"resample": 2}), x, "L", cov_type="HC3")
+    xr.testing.assert_allclose(lazy.compute(), fit, rtol=1e-14, atol=0)
+
+
+def test_ols_line_drops_missing_points_and_counts_present_clusters():
+    """A NaN point leaves its line (statsmodels on the rest); a cluster with no finite point does not
+    count: G - 1 dof and CR1 factor of the clusters present; one cluster left: no SE."""
+    rng = np.random.default_rng(8)
+    y = rng.standard_normal((6, 4))
+    x = np.tile(np.linspace(0, 1, 6)[:, None], (1, 4))
+    y[2, 1] = np.nan
+    y[:, 3] = np.nan                                      # the 4th cluster is absent
+    fit = ols_line(xr.DataArray(y, dims=("L", "seed")), xr.DataArray(x, dims=("L", "seed")), ("L", "seed"),
+                   units="seed")
+    keep = np.isfinite(y.ravel())
+    want = statsmodels_line(y.ravel()[keep], x.ravel()[keep], "cluster", np.tile(np.arange(4), 6)[keep])
+    for k, v in want.items():
+        assert float(fit[k]) == pytest.approx(v, rel=1e-10), k
+    assert int(fit.n) == keep.sum()
+    one = ols_line(xr.DataArray(y[:, :1], dims=("L", "seed")), xr.DataArray(x[:, :1], dims=("L", "seed")),
+                   ("L", "seed"), units="seed")
+    assert np.isfinite(float(one.slope)) and np.isnan(float(one.slope_se))
+    short = ols_line(xr.DataArray([1.0, 2.0, np.nan], dims="L"), xr.DataArray([0.0, 1.0, 2.0], dims="L"), "L")
+    assert np.isnan(float(short.slope)) and int(short.n) == 2
+
+
+def test_ols_line_errors():
+    y = xr.DataArray(np.ones((3, 4)), dims=("L", "seed"))
+    with pytest.raises(ValueError, match="'t' not in"):
+        ols_line(y, 1.0, "t")
+    with pytest.raises(ValueError, match="needs the independent units"):
+        ols_line(y, 1.0, "L", cov_type="cluster")
+    with pytest.raises(ValueError, match="among the observation dims"):
+        ols_line(y, 1.0, "L", units="seed")
+    with pytest.raises(ValueError, match="cov_type"):
+        ols_line(y, 1.0, "L", cov_type="HC9")
 
 
 # ------------------------------------------------------------------------------------------
@@ -362,8 +436,6 @@ def test_units_are_checked_before_any_fit():
         loglog_slope(da.isel(seed=[0]), "L", units="seed")
     with pytest.raises(ValueError, match="needs the independent units"):
         loglog_slope(da.mean("seed"), "L", cov_type="cluster")
-    with pytest.raises(ValueError, match="groups"):
-        ols_line_np(L, np.log(L), cov_type="HC3", groups=np.zeros(L.size))
     bad = da.copy(data=da.values.copy())
     bad[0, 3, :] = -1.0
     with pytest.raises(ValueError, match=r"positive mean over seed.*L=64, d=2"):
@@ -394,12 +466,53 @@ def test_paper_form_clusters_the_queries_of_a_cell():
 
 def test_parallel_units_give_a_zero_cluster_se_not_a_nan():
     """Units whose curves differ by a constant factor have one slope: its cluster variance is 0 up
-    to rounding (on some BLAS kernels -1e-35, whose square root statsmodels returns as NaN; on
-    others +1e-17): a finite SE at rounding level, an interval around the slope of that width."""
+    to rounding (statsmodels' sandwich may round it to -1e-35, whose square root is NaN; the closed
+    form is a sum of squares): a finite SE at rounding level, an interval around the slope of that width."""
     y = np.exp(-np.log(L))[:, None] * np.array([1.0, 2.0, 3.0])
-    fit = dict(zip(fits.OLS_LINE_FIELDS, fits.clustered_loglog_np(np.log(L), y)))
-    assert fit["slope"] == pytest.approx(-1.0, rel=1e-12)
-    assert np.isfinite(fit["slope_se"]) and 0.0 <= fit["slope_se"] < 1e-7
-    assert fit["slope_ci_low"] <= fit["slope"] <= fit["slope_ci_high"]
-    assert fit["slope_ci_high"] - fit["slope_ci_low"] < 1e-5
-    assert np.isfinite(fit["intercept_se"]) and fit["intercept_se"] > 0
+    fit = loglog_slope(xr.DataArray(y, dims=("L", "seed"), coords={"L": L}), "L", units="seed")
+    assert float(fit.slope) == pytest.approx(-1.0, rel=1e-12)
+    assert np.isfinite(float(fit.slope_se)) and 0.0 <= float(fit.slope_se) < 1e-7
+    assert fit.slope_ci_low <= fit.slope <= fit.slope_ci_high
+    assert float(fit.slope_ci_high - fit.slope_ci_low) < 1e-5
+    assert np.isfinite(float(fit.intercept_se)) and float(fit.intercept_se) > 0
+
+
+def test_unit_mean_line_is_statsmodels_cluster_fit_of_the_pseudo_observations():
+    """With units the slope is the unit-mean line's, and its SE statsmodels' CR1 of the pooled
+    pseudo-observations log ybar + (y - ybar) / ybar clustered over the units (1e-10 relative),
+    vectorised over a resample dim as over any other; r2 and n those of the unit-mean line."""
+    da = nested_da(G=5)
+    stacked = xr.concat([da, da * np.exp(0.01 * np.arange(L.size))[:, None]], dim="resample")
+    fit = loglog_slope(stacked, "L", units="seed", test_exponent=-1.0)
+    for r in range(2):
+        for i in range(2):
+            y = stacked.isel(resample=r, d=i).transpose("L", "seed").values
+            ybar = y.mean(axis=1)
+            z = np.log(ybar)[:, None] + (y - ybar[:, None]) / ybar[:, None]
+            want = statsmodels_line(z.ravel(), np.repeat(np.log(L), 5), "cluster", np.tile(np.arange(5), L.size),
+                                    test=-1.0)
+            got = fit.isel(resample=r, d=i)
+            for k, v in want.items():
+                if k != "r2":
+                    assert float(got[k]) == pytest.approx(v, rel=1e-10), k
+            assert float(got.r2) == pytest.approx(statsmodels_line(np.log(ybar), np.log(L), "nonrobust")["r2"],
+                                                  rel=1e-12)
+            assert int(got.n) == L.size
+
+
+def test_skipna_drops_absent_units_and_points_where_a_present_unit_is_missing():
+    """skipna: a seed NaN everywhere is not a unit (the mean and the clusters are over the others); a
+    length where a present seed is NaN drops out of the line; without it, a NaN is an error."""
+    da = nested_da(G=4).isel(d=0, drop=True)
+    holes = da.copy(data=da.values.copy())
+    holes[:, 3] = np.nan                      # seed 3 absent
+    holes[4, 1] = np.nan                      # L = 128 missing in seed 1
+    fit = loglog_slope(holes, "L", units="seed", skipna=True)
+    keep = np.delete(np.arange(L.size), 4)
+    want = loglog_slope(da.isel(seed=[0, 1, 2], L=keep), "L", units="seed")
+    for k in ("slope", "slope_se", "intercept", "intercept_se", "r2", "n", "pvalue_slope"):
+        assert float(fit[k]) == pytest.approx(float(want[k]), rel=1e-12), k
+    with pytest.raises(ValueError, match="positive mean over seed"):
+        loglog_slope(holes, "L", units="seed")
+
+

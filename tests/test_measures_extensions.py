@@ -107,8 +107,9 @@ def _stein(kernel, value):
 
 
 def _mse(dp, kernel="softmax", r=0.5):
-    """Tilt the error of (kernel, r) along L by ``dp``: slope -1 + dp."""
-    return lambda ds: put(ds, "mse", tilt("L", dp), kernel=kernel, r=r)
+    """Tilt the error of (kernel, r) along L by ``dp`` (every query's, and so the seed's): slope -1 + dp."""
+    return lambda ds: put(put(ds, "mse_query", tilt("L", dp), kernel=kernel, r=r), "mse", tilt("L", dp), kernel=kernel,
+                          r=r)
 
 
 def _rf(dp, s2=0.2):
@@ -190,13 +191,13 @@ def test_c1_kernels_file_passes_and_its_measures_are_the_known_values():
     assert {r.id: r.verdict for r in c1_kernels.verdicts(ds)} == {c.id: PASS for c in c1_kernels.CRITERIA}
     m = c1_kernels.measures(ds)
     assert (m["C1K-stein-smooth"], m["C1K-stein-kinked"]) == (1e-15, 1e-6)
-    np.testing.assert_allclose(m["C1K-slopes"], np.full(6, -1.0), rtol=0, atol=1e-12)
-    np.testing.assert_allclose(m["C1K-sharp-constant"], np.ones(4), rtol=1e-12)    # softmax, relu x 2 r
-    np.testing.assert_array_equal(m["C1K-limit-mc"], np.ones(6))
-    np.testing.assert_array_equal(m["C1K-gain"], np.zeros(6))
-    np.testing.assert_allclose(m["C1K-rf-rate"], [-1.0, -1.0], rtol=0, atol=1e-12)
-    np.testing.assert_allclose(m["C1K-rf-constant"], [1.0, 1.0], rtol=1e-12)
-    np.testing.assert_allclose(m["C1K-rf-slow"], [-0.3, -0.5], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.ravel(m["C1K-slopes"]), np.full(6, -1.0), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.ravel(m["C1K-sharp-constant"]), np.ones(4), rtol=1e-12)    # softmax, relu x 2 r
+    np.testing.assert_array_equal(np.ravel(m["C1K-limit-mc"]), np.ones(6))
+    np.testing.assert_array_equal(np.ravel(m["C1K-gain"]), np.zeros(6))
+    np.testing.assert_allclose(np.ravel(m["C1K-rf-rate"]), [-1.0, -1.0], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.ravel(m["C1K-rf-constant"]), [1.0, 1.0], rtol=1e-12)
+    np.testing.assert_allclose(np.ravel(m["C1K-rf-slow"]), [-0.3, -0.5], rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("cid, mutate, expected", C1K_CASES)
@@ -214,7 +215,7 @@ def test_c1_kernels_gain_z_is_the_difference_over_the_se_of_the_seed_mean():
     ds["gain_limit"] = ds.gain_limit.copy(data=1.0 + 0.001 * k**0.5)
     z = (ds.gain_measured.values.mean(-1) - ds.gain_limit.values.mean(-1)) / gain_se(ds)
     np.testing.assert_allclose(c1_kernels.gain_z(ds).transpose("kernel", "r").values, z, rtol=1e-12)
-    np.testing.assert_allclose(c1_kernels.measures(ds)["C1K-gain"], np.abs(z).ravel(), rtol=1e-12)
+    np.testing.assert_allclose(np.ravel(c1_kernels.measures(ds)["C1K-gain"]), np.abs(z).ravel(), rtol=1e-12)
 
 
 def assert_cluster_se_matches(fit, da, dim, unit):
@@ -237,11 +238,12 @@ def assert_cluster_se_matches(fit, da, dim, unit):
 
 
 def test_c1_kernels_slope_se_is_cluster_robust_and_the_normal_equations_by_name():
-    """Default: cluster-robust over the units (a file without mse_query: the seeds); the plain OLS SE
-    by name is the normal equations' on the seed means. Random features: plain OLS (independent m)."""
-    ds = bumpy(c1k(), "mse", "L")
-    assert_cluster_se_matches(c1_kernels.slopes(ds), ds.mse, "L", "seed")
-    assert_fit_matches_normal_equations(c1_kernels.slopes(ds, cov_type="nonrobust"), ds.mse.mean("seed"), "L")
+    """Default: cluster-robust over the (seed, query) units; the plain OLS SE by name is the normal
+    equations' on the unit means. Random features: plain OLS (independent m)."""
+    ds = bumpy(c1k(), "mse_query", "L")
+    units = ds.mse_query.stack(unit=("seed", "query")).reset_index("unit", drop=True)
+    assert_cluster_se_matches(c1_kernels.slopes(ds), units, "L", "unit")
+    assert_fit_matches_normal_equations(c1_kernels.slopes(ds, cov_type="nonrobust"), units.mean("unit"), "L")
     ds = bumpy(c1k(), "rf_sq_error", "rf_m")
     assert_fit_matches_normal_equations(c1_kernels.rf_slopes(ds), ds.rf_sq_error.mean("rf_draw"), "rf_m")
 
@@ -333,10 +335,10 @@ C1R_CASES = [
 
 def test_c1_real_measures_are_the_known_values():
     m = c1_real.measures(synthetic.c1_real())
-    np.testing.assert_allclose(m["C1R-slopes"], np.full(8, -1.0), rtol=0, atol=1e-12)
-    np.testing.assert_allclose(m["C1R-sharp-constant"], np.ones(8), rtol=1e-12)
-    np.testing.assert_allclose(m["C1R-gauss-decomposition"], np.ones(8), rtol=1e-12)
-    np.testing.assert_allclose(m["C1R-bias-order"], np.full(4, 4.0), rtol=1e-12)
+    np.testing.assert_allclose(np.ravel(m["C1R-slopes"]), np.full(8, -1.0), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.ravel(m["C1R-sharp-constant"]), np.ones(8), rtol=1e-12)
+    np.testing.assert_allclose(np.ravel(m["C1R-gauss-decomposition"]), np.ones(8), rtol=1e-12)
+    np.testing.assert_allclose(np.ravel(m["C1R-bias-order"]), np.full(4, 4.0), rtol=1e-12)
 
 
 @pytest.mark.parametrize("cid, mutate, expected", C1R_CASES)
@@ -453,10 +455,10 @@ def test_c3_deep_measures_are_the_known_values():
     assert {r.id: r.verdict for r in c3_deep.verdicts(ds)} == {c.id: PASS for c in c3_deep.CRITERIA}
     m = c3_deep.measures(ds)
     for cid, value in [("C3D-a-slope", -1.0), ("C3D-a-median-slope", -1.0), ("C3D-a-cov-slope", -0.5)]:
-        np.testing.assert_allclose(m[cid], np.full(12, value), rtol=0, atol=1e-12)
-    np.testing.assert_allclose(m["C3D-b-slope"], np.full(4, -0.5), rtol=0, atol=1e-12)
-    np.testing.assert_allclose(m["C3D-b-heldout"], np.full(4, 0.1), rtol=1e-12)
-    np.testing.assert_allclose(m["C3D-b-heldout-limit"], np.full(4, 0.2), rtol=1e-12)
+        np.testing.assert_allclose(np.ravel(m[cid]), np.full(12, value), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.ravel(m["C3D-b-slope"]), np.full(4, -0.5), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.ravel(m["C3D-b-heldout"]), np.full(4, 0.1), rtol=1e-12)
+    np.testing.assert_allclose(np.ravel(m["C3D-b-heldout-limit"]), np.full(4, 0.2), rtol=1e-12)
 
 
 @pytest.mark.parametrize("cid, mutate, expected", C3D_CASES)
@@ -611,13 +613,13 @@ C3L_CASES = [
 def test_c3_landscape_measures_are_the_known_values():
     ds = synthetic.c3l()
     m = c3_landscape.measures(ds)
-    np.testing.assert_allclose(m["C3L-risk-slope"], np.full(4, -0.7), rtol=0, atol=1e-12)
-    np.testing.assert_allclose(m["C3L-D-slope"], np.full(4, -0.5), rtol=0, atol=1e-12)
-    np.testing.assert_allclose(m["C3L-DlinL-slope"], np.full(4, -0.5), rtol=0, atol=1e-12)
-    np.testing.assert_allclose(m["C3L-DlinL-ratio"], np.ones(4), rtol=1e-12)
-    np.testing.assert_array_equal(m["C3L-block"], np.zeros(8))
-    np.testing.assert_allclose(m["C3L-control-plateau"], np.zeros(4), rtol=0, atol=1e-12)
-    np.testing.assert_allclose(m["C3L-control-gap"], np.full(4, 0.1), rtol=1e-12)
+    np.testing.assert_allclose(np.ravel(m["C3L-risk-slope"]), np.full(4, -0.7), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.ravel(m["C3L-D-slope"]), np.full(4, -0.5), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.ravel(m["C3L-DlinL-slope"]), np.full(4, -0.5), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.ravel(m["C3L-DlinL-ratio"]), np.ones(4), rtol=1e-12)
+    np.testing.assert_array_equal(np.ravel(m["C3L-block"]), np.zeros(8))
+    np.testing.assert_allclose(np.ravel(m["C3L-control-plateau"]), np.zeros(4), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.ravel(m["C3L-control-gap"]), np.full(4, 0.1), rtol=1e-12)
 
 
 @pytest.mark.parametrize("cid, mutate, expected", C3L_CASES)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import statsmodels.api as sm
 import pytest
 
 from sfxlin.analysis.threshold import ThresholdFit, hansen_lr_crit, threshold_regression
@@ -173,11 +174,22 @@ def test_reexported_from_the_analysis_package():
         sfxlin.analysis.nope
 
 
+def statsmodels_hinge_ssr(y, x, c, weights=None) -> float:
+    """The oracle: the (weighted) SSR of statsmodels' WLS (OLS without weights) of y on the hinge basis
+    [1, x, max(0, x - c)] over the positive-weight points; inf where that design is rank deficient."""
+    w = np.ones(len(y)) if weights is None else np.asarray(weights)
+    Z = np.column_stack([np.ones(x.size), x, np.maximum(0.0, x - c)])[w > 0]
+    if np.linalg.matrix_rank(Z) < 3:
+        return np.inf
+    return float(sm.WLS(y[w > 0], Z, weights=w[w > 0]).fit().ssr)
+
+
 def test_vectorised_ssr_profile_equals_the_statsmodels_fit_per_breakpoint():
-    # hinge_ssr_profile_np (every breakpoint at once, batched QR) against hinge_ssr_np (one statsmodels WLS per
-    # breakpoint), weighted and not, with breakpoints outside the data (singular: inf) and on observed x; the
-    # SSRs are of order 1e-2 .. 1 here, so relative 1e-9 is far above rounding and far below any grid step's change
-    from sfxlin.analysis.threshold import hinge_ssr_np, hinge_ssr_profile_np
+    # hinge_ssr_profile_np (every breakpoint at once, batched QR) against one statsmodels WLS per breakpoint,
+    # weighted and not, with breakpoints outside the data (singular: inf) and on observed x, and every cell of a
+    # batch of regressions (a bootstrap's resamples) at once; the SSRs are of order 1e-2 .. 1 here, so relative
+    # 1e-9 is far above rounding and far below any grid step's change
+    from sfxlin.analysis.threshold import hinge_ssr_profile_np
 
     y, x = hinge_data(0.01, seed=7, n=14)
     grid = np.concatenate([np.linspace(-1.0, 17.0, 41), x[2:5]])
@@ -185,10 +197,34 @@ def test_vectorised_ssr_profile_equals_the_statsmodels_fit_per_breakpoint():
     w[3] = 0.0
     for weights in (None, w):
         got = hinge_ssr_profile_np(y, x, grid, weights)
-        want = np.array([hinge_ssr_np(y, x, c, weights) for c in grid])
+        want = np.array([statsmodels_hinge_ssr(y, x, c, weights) for c in grid])
         np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
         assert np.isinf(got).any() and np.isfinite(got).sum() > 20
         np.testing.assert_allclose(got[np.isfinite(got)], want[np.isfinite(want)], rtol=1e-9)
+    ys = y + 0.01 * np.random.default_rng(2).standard_normal((3, y.size))
+    ws = w * np.random.default_rng(3).uniform(0.5, 2.0, (3, y.size))
+    batch = hinge_ssr_profile_np(ys, x, grid, ws)
+    for k in range(3):
+        want = np.array([statsmodels_hinge_ssr(ys[k], x, c, ws[k]) for c in grid])
+        np.testing.assert_allclose(batch[k][np.isfinite(want)], want[np.isfinite(want)], rtol=1e-9)
+
+
+def test_break_search_of_many_regressions_is_each_regression():
+    """break_search over a batch (the resamples of a bootstrap) gives, cell by cell, the breakpoint, its
+    LR set and the slopes at it of threshold_regression on that cell alone."""
+    from sfxlin.analysis.threshold import break_search
+
+    y, x = hinge_data(0.05, seed=11)
+    ys = y + 0.05 * np.random.default_rng(4).standard_normal((5, y.size))
+    w = np.random.default_rng(5).uniform(0.5, 2.0, (5, y.size))
+    found = break_search(ys, x, w)
+    for k in range(5):
+        fit = threshold_regression(ys[k], x, weights=w[k])
+        assert found["c_hat"][k] == fit.c_hat and found["ci_truncated"][k] == fit.ci_truncated
+        assert (found["c_ci_low"][k], found["c_ci_high"][k]) == (fit.c_ci_low, fit.c_ci_high)
+        assert found["ssr"][k] == pytest.approx(fit.ssr, rel=1e-12)
+        assert found["slope_left"][k] == pytest.approx(fit.slope_left, rel=1e-9)
+        assert found["slope_right"][k] == pytest.approx(fit.slope_right, rel=1e-9)
 
 
 def test_lr_pvalue_inverts_the_confidence_set():

@@ -23,7 +23,10 @@ from sfxlin.analysis.verdicts import (
     criteria_from_attrs,
     multiplicity,
     multiplicity_line,
-    resample_units,
+    judged_where,
+    resample_indices,
+    resampled,
+    substream_key,
 )
 
 
@@ -33,7 +36,7 @@ def declared(quick=None, fails_as=None, units=("seed",)):
 
     @crit("CX-mean", "mean of x over the seeds", ">", 0.0, quick=quick, fails_as=fails_as)
     def _mean(ds):
-        return float(ds.x.mean())
+        return ds.x.mean("seed")
 
     return crit
 
@@ -71,11 +74,98 @@ def test_robustness_is_the_same_at_every_call_and_none_without_units():
     assert row.robustness is None
 
 
-def test_resampled_units_are_drawn_with_replacement_without_their_labels():
-    ds = xr.Dataset({"x": ("seed", [10.0, 20.0, 30.0])}, coords={"seed": [5, 6, 7]})
-    out = resample_units(ds, {"seed": 3}, np.random.default_rng(1), {"seed": 12})
-    assert out.sizes["seed"] == 12 and "seed" not in out.coords
-    assert set(out.x.values.tolist()) <= {10.0, 20.0, 30.0} and len(set(out.x.values.tolist())) > 1
+def test_resample_indices_are_every_resample_or_the_keyed_draws():
+    """At most ``resamples`` distinct resamples: each once (the exact bootstrap); more: the draws of a
+    generator keyed by the claim, unit dim after unit dim within a resample."""
+    every = resample_indices({"seed": 2, "query": 2}, 100, "CX")
+    assert every["seed"].dims == ("resample", "seed") and every["seed"].shape == (16, 2)
+    pairs = {(tuple(s), tuple(q)) for s, q in zip(every["seed"].values, every["query"].values)}
+    assert pairs == {(s, q) for s in itertools.product(range(2), repeat=2) for q in itertools.product(range(2),
+                                                                                                      repeat=2)}
+    drawn = resample_indices({"seed": 4, "query": 3}, 50, "CX", size={"seed": 8, "query": 3})
+    rng = np.random.default_rng(substream_key("CX"))
+    for r in range(50):
+        np.testing.assert_array_equal(drawn["seed"].values[r], rng.integers(0, 4, 8))
+        np.testing.assert_array_equal(drawn["query"].values[r], rng.integers(0, 3, 3))
+
+
+def test_resampled_units_are_a_dimension_drawn_with_replacement_without_their_labels():
+    ds = xr.Dataset({"x": ("seed", [10.0, 20.0, 30.0]), "y": ("L", [1.0, 2.0])}, coords={"seed": [5, 6, 7]})
+    idx = resample_indices({"seed": 3}, 12, "CX", size={"seed": 12})
+    out = resampled(ds, idx)
+    assert out.x.dims == ("resample", "seed") and out.sizes["seed"] == 12 and "seed" not in out.coords
+    np.testing.assert_array_equal(out.x.values, ds.x.values[idx["seed"].values])
+    assert out.y.dims == ("L",)  # a variable without the unit dim is not replicated
+
+
+def test_a_vectorised_measure_is_called_once_for_every_resample():
+    """A measure that reads its values along the resample dim is called once for the file and once for
+    all its resamples, and the robustness is the exact bootstrap fraction, as with one call each."""
+    calls = []
+    crit = Criteria("CX", units=("seed",))
+
+    @crit("CX-mean", "mean of x over the seeds", ">", 0.0)
+    def _mean(ds):
+        calls.append(dict(ds.sizes))
+        return ds.x.mean("seed")
+
+    x = [3.0, -1.0, -1.5]
+    (row,) = crit.verdicts(results(x, crit), resamples=100)
+    assert row.robustness == exact_bootstrap_agreement(x, row.verdict == PASS)
+    assert len(calls) == 2 and calls[1] == {"resample": 27, "seed": 3}
+
+
+def test_a_measure_that_drops_the_resample_dim_is_refused_by_name():
+    """A measure that flattens its values (``.values.ravel()``) loses the resample dim: its values
+    would be judged as one resample's; the robustness refuses it, naming the criterion."""
+    crit = Criteria("CX", units=("seed",))
+
+    @crit("CX-each", "x of every seed", ">", -10.0)
+    def _each(ds):
+        return ds.x.values.ravel()
+
+    with pytest.raises(ValueError, match="'CX-each' returned 81 values without a 'resample' dim"):
+        crit.verdicts(results([1.0, -1.0, 2.0], crit), resamples=100)
+
+
+@pytest.mark.parametrize("kind, threshold", [("in", (-1.0, 1.0)), (">", 0.0), ("<=", 0.5)])
+def test_the_cells_a_resample_keeps_are_judged_by_their_ends(kind, threshold):
+    """judged_where: on a file, the kept values; on resamples (the kept cells differ between them), the
+    smallest and largest kept value, which every comparison judges as it judges all of them (checked
+    against evaluate() of each resample's kept values), NaN (INCONCLUSIVE) where none is kept or a kept
+    one is not finite."""
+    from sfxlin.analysis.verdicts import Criterion, evaluate
+    from sfxlin.analysis.verdicts import _resample_verdicts
+
+    rng = np.random.default_rng(7)
+    values = xr.DataArray(rng.uniform(-1.5, 1.5, (40, 6)), dims=("resample", "cell"))
+    keep = xr.DataArray(rng.uniform(size=(40, 6)) < 0.5, dims=("resample", "cell"))
+    values[3, :] = np.where(keep[3], np.nan, values[3])
+    keep[5, :] = False
+    crit = Criterion(id="CX-w", claim="CX", description="d", kind=kind, threshold=threshold)
+    ends = judged_where(values, keep, ["cell"], "none kept")
+    together = _resample_verdicts(crit, ends, 40, 6)
+    for r in range(40):
+        kept = values.values[r][keep.values[r]]
+        alone = evaluate([crit], {"CX-w": kept if kept.size else None})[0].verdict
+        assert together[r] == alone, r
+    file = judged_where(values.isel(resample=0), keep.isel(resample=0), ["cell"], "none kept")
+    np.testing.assert_array_equal(file, values.values[0][keep.values[0]])
+    assert judged_where(values.isel(resample=5), keep.isel(resample=5), ["cell"], "none kept").reason == "none kept"
+
+
+def test_a_flag_can_hold_in_some_resamples_only():
+    """``inconclusive`` may flag a criterion in some resamples (a boolean over the resample dim):
+    those resamples are INCONCLUSIVE, so they disagree with the file's PASS."""
+    crit = Criteria("CX", units=("seed",),
+                    inconclusive=lambda ds: {"CX-mean": ds.x.min("seed") < 0} if "resample" in ds.dims else {})
+
+    @crit("CX-mean", "mean of x over the seeds", ">", -10.0)
+    def _mean(ds):
+        return ds.x.mean("seed")
+
+    (row,) = crit.verdicts(results([1.0, -1.0], crit), resamples=100)
+    assert row.verdict == PASS and row.robustness == 0.25   # (0, 0) is the one resample without -1
 
 
 def test_seeds_needed_is_the_smallest_m_out_of_n_bootstrap_size_reaching_the_target():
