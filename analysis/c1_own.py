@@ -27,7 +27,7 @@ import json
 
 import numpy as np
 import xarray as xr
-from scipy import stats
+from scipy.special import stdtrit
 
 from .fits import MIN_LINE_POINTS, loglog_slope, ols_line, too_few
 from .tables import column, make_table
@@ -98,7 +98,7 @@ def lstar_of(lines: xr.Dataset, target, alpha: float = 0.05) -> xr.Dataset:
     with np.errstate(all="ignore"):
         g = (np.log(target) - c) / s
         var = (lines.var_c + 2 * g * lines.cov_cs + g * g * lines.var_s) / (s * s)
-    half = stats.t.ppf(1 - alpha / 2, max(int(lines.G) - 1, 1)) * np.sqrt(np.maximum(var, 0.0))
+    half = stdtrit(max(int(lines.G) - 1, 1), 1 - alpha / 2) * np.sqrt(np.maximum(var, 0.0))
     ok = (s < 0) & (target > 0)
     return xr.Dataset({"L_star": np.exp(g), "L_star_low": np.exp(g - half),
                        "L_star_high": np.exp(g + half)}).where(ok).drop_attrs()
@@ -120,7 +120,7 @@ def _slope_gap(ds, alpha=0.05):
     """Distance from -1 to the ``1 - alpha`` interval of the unit-mean slope (0 when it holds -1), per
     sampling: the interval ``s +- t(G - 1) sqrt(var_s)`` of :func:`unit_lines`."""
     lines = unit_lines(ds)
-    half = stats.t.ppf(1 - alpha / 2, max(int(lines.G) - 1, 1)) * np.sqrt(lines.var_s)
+    half = stdtrit(max(int(lines.G) - 1, 1), 1 - alpha / 2) * np.sqrt(lines.var_s)
     return np.maximum(np.maximum((lines.s - half) + 1.0, -1.0 - (lines.s + half)), 0.0)
 
 

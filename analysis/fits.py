@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 import xarray as xr
-from scipy import stats
+from scipy.special import stdtr, stdtrit   # Student t: what scipy.stats.t calls, without its import
 
 __all__ = ["COV_TYPES", "LINE_FIELDS", "MIN_LINE_POINTS", "check_alpha", "check_cov_type", "loglog_slope",
            "not_fitted", "ols_line", "paper_form_fit", "power_law_fit", "se_note", "slope_shortfall", "too_few", "unit_slopes"]
@@ -133,7 +133,7 @@ def _line_np(y, x, *, G: int, cov_type: str, alpha: float, test) -> tuple:
         v_a = v_ac - 2.0 * xm * c_ab + xm * xm * v_b
         se_b = np.where(np.isnan(df), np.nan, np.sqrt(v_b))
         se_a = np.where(np.isnan(df), np.nan, np.sqrt(np.maximum(v_a, 0.0)))
-        q = stats.t.ppf(1.0 - alpha / 2.0, df)
+        q = stdtrit(df, 1.0 - alpha / 2.0)
         r2 = np.where(tss > 0, 1.0 - ssr / tss, np.nan)
         out = [b, se_b, b - q * se_b, b + q * se_b, a, se_a, a - q * se_a, a + q * se_a, r2, n,
                _t_pvalue(b, se_b, 0.0, df), _t_pvalue(b, se_b, test, df) if test is not None else np.nan * b]
@@ -143,7 +143,7 @@ def _line_np(y, x, *, G: int, cov_type: str, alpha: float, test) -> tuple:
 def _t_pvalue(value, se, tested, df):
     """Two-sided Student-t p-value of ``value == tested`` (an SE of 0: 1 if they are equal, else 0)."""
     with np.errstate(all="ignore"):
-        p = 2.0 * stats.t.sf(np.abs(value - tested) / se, df)
+        p = 2.0 * stdtr(df, -np.abs(value - tested) / se)
     return np.where(se == 0, np.where(value == tested, 1.0, 0.0), p) if np.ndim(se) else p
 
 

@@ -332,6 +332,9 @@ def rerun_configuration(experiment, attrs):
 
 
 def cmd_merge(args):
+    missing = [p for p in args.files if not Path(p).is_file()]
+    if missing:   # refused before any heavy import
+        raise ResultsError(f"no results file {', '.join(repr(str(Path(p).absolute())) for p in missing)}: no such file")
     from .engine.merge import merge_files  # written beside this module
 
     out = merge_files([Path(p) for p in args.files], Path(args.out))
@@ -433,14 +436,13 @@ def cmd_bench(args):
 def cmd_report(args):
     """The report of the results in ``--results`` (default: the paper results' folder), written
     beside them unless ``--out`` says otherwise (never into another folder's report)."""
-    from .analysis.report import write_report
-
     folder = Path(args.results) if args.results else default_results_dir()
     point = f"--results DIR (or ${RESULTS_ENV}) points elsewhere"
     if not folder.is_dir():
         raise ResultsError(f"no results folder {folder.absolute()}; {point}")
     if not any(not p.name.startswith(".") for p in folder.glob("*.nc")):
         raise ResultsError(f"no results files (*.nc) in {folder.absolute()}; {point}")
+    from .analysis.report import write_report
     judged = []
     html_path, md_path = write_report(folder, args.out, on_verdicts=lambda path, rows: judged.append((path, rows)))
     print(f"wrote {html_path} and {md_path}")
@@ -634,11 +636,11 @@ def cmd_verify(args):
 def cmd_info(args):
     """Describe any netCDF file: dims, coordinates, variables, provenance; for a file sfxlin did
     not write (or of another schema), what the analysis would need."""
+    path = results_path(args.file)   # a missing file is refused before any heavy import
     import xarray as xr
 
     from .engine.schema import SCHEMA_VERSION
 
-    path = results_path(args.file)
     try:
         ds = xr.load_dataset(path, engine="netcdf4")
     except Exception as exc:  # netCDF4/HDF5 raise OSError, ValueError, KeyError for damaged files

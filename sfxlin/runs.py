@@ -117,16 +117,17 @@ def execute(experiment, config, out_dir, *, name=None, force=False, fresh=False,
     :class:`RunInterrupted` with the count of kept cells, as does any failure once ``terminated()``
     (the command line's: a SIGTERM arrived) says the run is being ended."""
     from .engine.cellstore import CellStore
-    from .engine.execution import compute
-    from .engine.sweep import build
+    from .engine.sweep import build, check_chunks
 
     name = name or experiment.name
     path = Path(out_dir) / f"{name}.nc"
     if not force:
         check_replaceable(path, experiment.name, config)  # before fresh discards any kept cell
+    chunks = check_chunks(experiment, config, chunks)
+    ensure_writable(out_dir)  # after every check of the input (a bad one creates nothing), before any work
     store = CellStore(Path(out_dir) / f".{experiment.name}.cells", experiment, config, fresh=fresh)
     lazy = build(experiment, config, chunks=chunks, store=store, call=call)
-    ensure_writable(out_dir)  # after every check of the input (a bad one creates nothing), before any work
+    from .engine.execution import compute   # the schedulers: imported once the input is accepted
     n_cells, kept = lazy.attrs["n_cells"], store.count()
     if not quiet:
         print(f"{experiment.name}: profile {config.profile}, {n_cells} cells"

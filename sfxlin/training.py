@@ -46,7 +46,6 @@ Non-finite or exploding risk/parameters raise :class:`TrainingDiverged` (a
 from __future__ import annotations
 
 import numpy as np
-import xarray as xr
 
 from . import icl, softmax_core
 from ._version import __version__
@@ -237,6 +236,8 @@ def train(model, tasks, L=None, *, lr=0.01, n_steps=2500, ckpt_every=20, U0=None
             if t < n_steps:
                 U = U - lr * gU
                 v = v - lr * gv
+    import xarray as xr   # the labelled face of the arrays; the engines and train_all_arrays are numpy only
+
     ds = xr.Dataset(
         {"U": (("t", "row", "col"), Us), "v": (("t", "row"), vs), "risk": ("t", risks)},
         coords={"t": steps, "row": np.arange(D), "col": np.arange(D)},
@@ -844,6 +845,8 @@ def train_all(tasks, Ls, *, models=icl.MODELS, lr=0.01, n_steps=2500, ckpt_every
             data[f"U_{suffix}"] = (("t", "row", "col"), r["U"])
             data[f"v_{suffix}"] = (("t", "row"), r["v"])
             data[f"risk_{suffix}"] = ("t", r["risk"])
+    import xarray as xr
+
     ds = xr.Dataset(data, coords=coords,
                     attrs={"lr": float(lr), "label": label, "pair_first": int(res["pair_first"]),
                            "n_exact_shift_steps": int(res["n_exact_shift_steps"]),

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import xarray as xr
 
 from .._version import __version__
 from .schema import READS, SCHEMA_VERSION, upgrade, version_of
@@ -64,6 +63,7 @@ def blas_kernel() -> str:
 def _library_versions():
     import dask
     import netCDF4
+    import xarray as xr
 
     from importlib.metadata import version
 
@@ -152,7 +152,7 @@ def ensure_writable(folder) -> Path:
     return folder
 
 
-def save(ds: xr.Dataset, path) -> Path:
+def save(ds: "xr.Dataset", path) -> Path:
     """Write ``ds`` to ``path`` (netCDF4 engine) atomically: a temporary file in the same
     folder, flushed, then renamed. An interrupted write never leaves a file under ``path``."""
     path = Path(path)
@@ -218,6 +218,8 @@ def open_results(name_or_path=None, results_dir=None):
     if name_or_path is None:
         return sorted(p.stem for p in folder.glob("*.nc"))
     path = results_path(name_or_path, folder)
+    import xarray as xr   # here, not at the top: the command line imports this module to name its folders
+
     try:
         # loaded into memory and closed at once: results files are small, and a netCDF handle left
         # open could be closed by the garbage collector in a dask worker thread while another

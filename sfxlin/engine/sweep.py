@@ -40,9 +40,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-import dask
 import numpy as np
-import xarray as xr
 
 from .params import digest_key, file_digests
 from .protocol import load_analysis
@@ -51,7 +49,7 @@ from .schema import CONVENTIONS, coord_attrs
 from .. import softmax_core
 from ..threads import single_threaded_blas
 
-__all__ = ["Variable", "Part", "Experiment", "CellError", "Out", "build", "cell_label", "cell_rng", "coordinate_key",
+__all__ = ["Variable", "Part", "Experiment", "CellError", "Out", "build", "cell_label", "check_chunks", "cell_rng", "coordinate_key",
            "coordinate_text", "criteria_of", "run_cell", "substream"]
 
 
@@ -418,14 +416,9 @@ def build(experiment: Experiment, config: Mapping, chunks: Mapping | None = None
         if repeated:
             raise ValueError(f"{experiment.name}: coordinate {dim!r} repeats the value(s) {', '.join(repeated)}; "
                              "every cell and every inner slice must have its own coordinate value")
-    chunks = dict(chunks or {})
-    grid_dims = {dim for grid in grids.values() for dim in grid}
-    unknown = set(chunks) - grid_dims
-    if unknown:
-        raise ValueError(f"chunks names dims {sorted(unknown)} that are not grid dims {sorted(grid_dims)}")
-    for dim, size in chunks.items():
-        if not isinstance(size, (int, np.integer)) or size < 1:
-            raise ValueError(f"chunk size for {dim!r} must be a positive integer, got {size!r}")
+    chunks = check_chunks(experiment, config, chunks)
+    import xarray as xr   # after every check: a refused build imports nothing heavy
+
     data_vars = {}
     for part in experiment.parts:
         data_vars.update(_part_variables(experiment, config, part.name, grids[part.name], inner, chunks, store))
@@ -435,8 +428,25 @@ def build(experiment: Experiment, config: Mapping, chunks: Mapping | None = None
     return ds
 
 
+def check_chunks(experiment, config, chunks) -> dict:
+    """``chunks`` (grid dim -> cells per dask task) checked against the grid dims of ``experiment``
+    under ``config``: a ValueError naming a dim that is not one, or a size that is not a positive
+    integer. Returns it as a dict (``{}`` for None)."""
+    chunks = dict(chunks or {})
+    grid_dims = {dim for part in experiment.parts for dim in part.grid(config)}
+    unknown = set(chunks) - grid_dims
+    if unknown:
+        raise ValueError(f"chunks names dims {sorted(unknown)} that are not grid dims {sorted(grid_dims)}")
+    for dim, size in chunks.items():
+        if not isinstance(size, (int, np.integer)) or size < 1:
+            raise ValueError(f"chunk size for {dim!r} must be a positive integer, got {size!r}")
+    return chunks
+
+
 def _part_variables(experiment, config, part, grid, inner, chunks, store):
     """The lazy arrays of one part: one dask task per block of its cells."""
+    import dask
+    import xarray as xr
     per_dim = [_chunk_ranges(len(values), chunks.get(dim, 1)) for dim, values in grid.items()]
     prefix = f"{experiment.rng_name(part)}-block-"
     blocks = {}
@@ -459,7 +469,7 @@ def _part_variables(experiment, config, part, grid, inner, chunks, store):
         inner_shape = tuple(len(inner[d]) for d in inner_dims)
 
         def piece(combo, var=var, inner_shape=inner_shape):
-            import dask.array as da  # ~0.6 s of imports, paid only by a process that builds a sweep
+            import dask.array as da
 
             shape = tuple(len(per_dim[k][c]) for k, c in enumerate(combo)) + inner_shape
             return da.from_delayed(blocks[combo][var.name], shape=shape, dtype=var.dtype)
