@@ -149,18 +149,18 @@ def summary(ds, per_logit=None):
 
 
 def main(argv=None):
-    import xarray as xr
+    from sfxlin.engine.storage import load
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", help="results files (.nc) written by sfxlin run")
     args = parser.parse_args(argv)
     per_logit = exp_seconds_per_logit()
     for path in args.files:
-        with xr.open_dataset(path) as ds:
-            try:
-                print("\n".join(summary(ds, per_logit)))
-            except ValueError as exc:
-                print(f"{path}: {exc}")
+        ds = load(path)   # the file's records (cell_timeline, cell_seconds, ...) among its attrs
+        try:
+            print("\n".join(summary(ds, per_logit)))
+        except ValueError as exc:
+            print(f"{path}: {exc}")
     return 0
 
 

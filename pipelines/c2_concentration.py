@@ -89,9 +89,9 @@ _T = "trajectory"
 OUTPUTS = (
     Variable("tail_count", _TAIL, "tail exceedance count", "number of the tail_n prompts with ||f_L(q) - f_inf(q)|| "
              "> tail_threshold (softmax attention, V = I, Gaussian tokens N(0, sigma^2 I), f_inf = sigma^2 U q).",
-             units="prompts"),
+             units="1"),
     Variable("tail_n", (), "prompts per tail test", "independent prompts per query (the n of every tail test).",
-             units="prompts"),
+             units="1"),
     Variable("tail_threshold", _TAIL, "tail threshold t", "r / sqrt(L), r the (1 - level) quantile of ||N(0, C)||, "
              "C = lim L Cov(f_L) = exp(a'Sigma a)(Sigma + Sigma a a' Sigma), a = U q (Monte Carlo, clt_draws draws)."),
     Variable("tail_clt", _TAIL, "CLT tail probability", "P(||N(0, C/L)|| > t): the sharp (CLT) prediction at the "

@@ -106,7 +106,7 @@ _CAP = " NaN by design at an L above the cell's cap (L_caps)."
 CAPPED = ("D_inf_max", "D_inf_T", "risk_heldout_init", "risk_heldout_T", "off_block_max", "risk_train_T")
 OWN = {o.name: o for o in (
     Variable("T_conv", (), "steps trained T", "the first check (every check_every steps) at which the exact population "
-           "risk of theta_inf(t) is <= tol x that of the Eq. 9 init; T_max when never (converged = 0).", units="steps"),
+           "risk of theta_inf(t) is <= tol x that of the Eq. 9 init; T_max when never (converged = 0).", units="1"),
     Variable("converged", (), "stop rule met within T_max", "1: theta_inf(T_conv) meets the stop rule; 0: the run "
              "reached T_max without it (T_conv = T_max).", dtype="int8", flag_meanings=("not_converged", "converged")),
     Variable("n_pairs", (), "antithetic training task pairs", "ceil(task_ratio d^2 / n_queries)."),

@@ -637,14 +637,10 @@ def cmd_info(args):
     """Describe any netCDF file: dims, coordinates, variables, provenance; for a file sfxlin did
     not write (or of another schema), what the analysis would need."""
     path = results_path(args.file)   # a missing file is refused before any heavy import
-    import xarray as xr
-
     from .engine.schema import SCHEMA_VERSION
+    from .engine.storage import load
 
-    try:
-        ds = xr.load_dataset(path, engine="netcdf4")
-    except Exception as exc:  # netCDF4/HDF5 raise OSError, ValueError, KeyError for damaged files
-        raise ResultsError(f"{args.file} is not a readable netCDF file ({type(exc).__name__}: {exc})") from None
+    ds = load(path)   # its records back among its attrs; a damaged value is refused
     print(f"{args.file}: experiment {ds.attrs.get('experiment')!r}, profile {ds.attrs.get('profile')!r}")
     print("dims: " + ", ".join(f"{k}={v}" for k, v in ds.sizes.items()))
     for name, coord in ds.coords.items():
@@ -695,6 +691,7 @@ def _md(text):
 def schema_markdown():
     """Markdown of every experiment's file schema, generated from the declarations."""
     from .engine.schema import CONVENTIONS, COORDS, RENAMED, SCHEMA_VERSION
+    from .engine.storage import RECORDS, RECORDS_GROUP
 
     lines = ["# datasets", "",
              "Results of the paper profiles (`make reproduce`), one netCDF file per experiment, with the",
@@ -706,22 +703,23 @@ def schema_markdown():
              "netCDF4, scikit-learn, jax, jaxlib, optax, and `blas`, the BLAS and the kernel it ran, e.g.",
              "`openblas 0.3.31.188.0 SkylakeX`: `sfxlin verify` says when it recomputes under another),",
              "`created` (UTC), `wall_seconds`, `scheduler`, `history`, and `criteria` (JSON: the predeclared",
-             "criteria of the verdict table).",
-             "A file of `sfxlin run` also has `cell_seconds` (JSON `[[part, {dim: value}, seconds], ...]`: what",
-             "each cell's kernel took when it was computed, by this run or by the earlier run whose kept cell it",
-             "served; null for a cell kept without a record), `cell_exponentials` (the same rows with the count of",
-             "logits each cell's kernel exponentiated in the softmax core, `sfxlin.softmax_core`: what its",
-             "`np.exp` floor is) and, on a local scheduler, `cell_timeline` (JSON",
-             "`[[block, thread, start, end], ...]`: when each block of cells ran in this run).", "",
-             "A file merged from runs over parts of one grid (`sfxlin merge A.nc B.nc -o C.nc`, `sfxlin.engine.merge`)",
-             "has the merged `config`, `overrides` and `n_cells`, one more `history` line, and `merged_from`",
-             "(JSON: each input's path, sha256, `created`, `git_revision`, and its `wall_seconds`, `scheduler`,",
-             "`cell_timeline`, `cell_seconds` and `cell_exponentials`, which the merged file does not carry).", "",
+             "criteria of the verdict table).", "",
+             f"The records of its run sit in the netCDF group `{RECORDS_GROUP}`, one text variable each holding JSON (`ncdump -h`",
+             "prints their declarations, not their kilobytes); `sfxlin.open_results` and `sfxlin.engine.storage.load`",
+             f"give them back as attrs, `xr.open_dataset(FILE, group=\"{RECORDS_GROUP}\")` reads them directly:",
+             "", *(f"* `{name}`: {text}." for name, text in RECORDS.items()), "",
+             "`cell_seconds` and `cell_exponentials` hold a row per cell (null for a cell kept without a record);",
+             "`cell_timeline` is written on a local scheduler; `merged_from` by `sfxlin merge A.nc B.nc -o C.nc`",
+             "(`sfxlin.engine.merge`), whose file has the merged `config`, `overrides` and `n_cells` and one more",
+             "`history` line and carries no run records of its own.", "",
              f"The files follow the CF conventions (attr `Conventions = \"{CONVENTIONS}\"`; `ncdump -h FILE.nc`",
-             "shows them): every coordinate and variable has a `long_name` and a `description` (sentences",
-             "ending with a full stop), and `units` where the quantity has one (`tokens`, `steps`, ...); a flag",
-             "is an integer variable with `flag_values` and `flag_meanings` (`in_protocol` of `c3_transfer.nc`:",
-             "int8, 0 `outside_protocol`, 1 `in_protocol`).", "",
+             "shows them; a test runs the CF checker on them): every coordinate and variable has a `long_name` and a",
+             "`description` (sentences ending with a full stop), and every variable but a flag `units` (UDUNITS:",
+             "`1` for a dimensionless quantity or a count such as tokens or steps, which its long_name names; `s`",
+             "for seconds); coordinates have no `_FillValue`; text is stored as characters; a flag is an integer",
+             "variable with `flag_values` and `flag_meanings` (`in_protocol` of `c3_transfer.nc`: int8, 0",
+             "`outside_protocol`, 1 `in_protocol`). Every array carries HDF5's Fletcher-32 checksum, and",
+             "`content_sha256` the digest of every variable's values: a damaged value is refused on read.", "",
              "A file of schema version 1 is read as version 2 (`sfxlin.engine.schema.upgrade`: no value changes),",
              "its variables renamed so that a name has one meaning in its family (`_max`: the maximum over the",
              "checkpoints, `_T`: the value at the end of training):", "",
@@ -732,10 +730,11 @@ def schema_markdown():
         lines.append(f"| `{dim}` | {_md(attrs['long_name'])} | {attrs.get('units', '')} | {_md(attrs['description'])} |")
     for experiment in experiments().values():
         lines += ["", f"## `{experiment.name}.nc`", "", experiment.description, "",
-                  "| variable | dims | long_name | description |", "|---|---|---|---|"]
+                  "| variable | dims | long_name | units | description |", "|---|---|---|---|---|"]
         for var in experiment.variables:
             dims = ", ".join(var.dims)
-            lines.append(f"| `{var.name}` | ({dims}) | {_md(var.long_name)} | {_md(var.description)} |")
+            units = var.attrs().get("units", "flag")
+            lines.append(f"| `{var.name}` | ({dims}) | {_md(var.long_name)} | {units} | {_md(var.description)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 import xarray as xr
 
+from sfxlin.engine.storage import load
+
 from sfxlin.benchmarks import cell_costs
 from sfxlin.engine.execution import compute
 from sfxlin.engine.sweep import build
@@ -64,7 +66,7 @@ def test_a_runs_file_prints_its_floor(tmp_path):
     from sfxlin.cli import main
 
     assert main(["run", "c1_kernels", "--profile", "quick", "--quiet", "--out", str(tmp_path)]) == 0
-    with xr.open_dataset(tmp_path / "c1_kernels.nc") as ds:
+    with load(tmp_path / "c1_kernels.nc") as ds:
         seconds, logits, floor = cell_costs.floor_share(ds, 1e-9)
         lines = cell_costs.summary(ds, 1e-9)
     assert logits > 0 and floor == pytest.approx(logits * 1e-9) and seconds > 0

@@ -8,6 +8,8 @@ import time
 import numpy as np
 import xarray as xr
 
+from sfxlin.engine.storage import load
+
 from sfxlin.cli import main
 from sfxlin.engine.cellstore import CellStore
 from sfxlin.engine.execution import compute
@@ -57,14 +59,14 @@ def test_a_rerun_serving_every_cell_keeps_the_first_runs_cell_seconds(tmp_path):
     run = ["run", "c1_limit", "--profile", "quick", "--set", "n_prompts=16", "--local-scheduler", "synchronous",
            "--quiet", "--out", str(tmp_path)]
     assert main(run) == 0
-    with xr.open_dataset(tmp_path / "c1_limit.nc") as ds:
+    with load(tmp_path / "c1_limit.nc") as ds:
         seconds, timeline = ds.attrs["cell_seconds"], json.loads(ds.attrs["cell_timeline"])
         exponentials = ds.attrs["cell_exponentials"]
     counts = json.loads(exponentials)
     assert [(p, c) for p, c, _n in counts] == [(p, c) for p, c, _s in json.loads(seconds)]
     assert all(n > 0 for p, _c, n in counts if p == "") and all(n == 0 for p, _c, n in counts if p)
     assert main(run) == 0                                  # every cell kept: read, not computed
-    with xr.open_dataset(tmp_path / "c1_limit.nc") as ds:
+    with load(tmp_path / "c1_limit.nc") as ds:
         assert ds.attrs["cell_seconds"] == seconds
         assert ds.attrs["cell_exponentials"] == exponentials
         reread = json.loads(ds.attrs["cell_timeline"])

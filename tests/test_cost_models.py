@@ -15,7 +15,7 @@ from sfxlin.engine.cellstore import CellStore
 from sfxlin.engine.execution import compute
 from sfxlin.engine.experiments import experiments, get
 from sfxlin.engine.plan import make_plan
-from sfxlin.engine.storage import save
+from sfxlin.engine.storage import save, load
 from sfxlin.engine.sweep import build, run_cell
 from sfxlin.engine.verify import timeline_rows
 
@@ -76,7 +76,7 @@ def _record(name, sets, out):
     ds, _wall, _label = compute(build(experiment, config, store=store), scheduler="synchronous", progress=False)
     ds.attrs["cell_seconds"] = json.dumps(store.cell_seconds())
     save(ds, out / f"{name}.nc")
-    with xr.open_dataset(out / f"{name}.nc") as saved:
+    with load(out / f"{name}.nc") as saved:
         rows = timeline_rows(saved)
     return {p.part: (p.cpu_seconds, sum(s for q, _c, s in rows if q == p.part)) for p in plan.parts}
 

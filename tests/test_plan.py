@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 import xarray as xr
 
+from sfxlin.engine.storage import load
+
 from sfxlin.cli import main
 from sfxlin.engine.experiments import get
 from sfxlin.engine.plan import POOL_PAYS_CPU_SECONDS, PartPlan, Plan, make_plan, small_sweep_scheduler
@@ -74,7 +76,7 @@ def test_plan_reports_the_cells_kept_by_a_run(quick_run, capsys):
 
 
 def _cell_seconds(path):
-    with xr.open_dataset(path) as ds:
+    with load(path) as ds:
         return {part: sum(s for p, _c, s in timeline_rows(ds) if p == part) for part in ("", "quadrature")}
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import xarray as xr
 
+from sfxlin.engine.storage import load
+
 from sfxlin.cli import reproduce_table
 
 BIN = Path(sys.executable).parent
@@ -44,7 +46,7 @@ def _reproduce(out, *extra):
 @pytest.mark.slow
 def test_a_named_experiment_at_a_profile_then_the_report_then_its_cost(tmp_path):
     out = _reproduce(tmp_path)
-    with xr.open_dataset(tmp_path / "c1_own.nc") as ds:
+    with load(tmp_path / "c1_own.nc") as ds:
         assert ds.attrs["profile"] == "quick"
         n_cells = int(ds.attrs["n_cells"])
         logits = sum(n for _part, _cell, n in json.loads(ds.attrs["cell_exponentials"]))

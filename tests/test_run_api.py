@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import xarray as xr
 
+from sfxlin.engine.storage import load
+
 from sfxlin.engine.params import Param, parse_text
 from sfxlin.runs import override_text
 from sfxlin.testing import assert_same_results
@@ -71,7 +73,7 @@ def notebook(tmp_path_factory):
 def test_cell_one_gives_the_command_lines_file_bit_for_bit(notebook):
     folder, out = notebook
     assert "CELLS 3 " in out and "VERDICTS " in out
-    with xr.open_dataset(folder / "cli/c1_own.nc") as cli, xr.open_dataset(folder / "cell1.nc") as mine:
+    with load(folder / "cli/c1_own.nc") as cli, load(folder / "cell1.nc") as mine:
         assert_same_results(mine.load(), cli.load(), ignore=IGNORE)
         assert json.loads(mine.attrs["config"]) == json.loads(cli.attrs["config"])
     assert (folder / "mine/c1_own.png").exists()   # drawn by cell 3's run (figure=True by default)
@@ -110,7 +112,7 @@ def test_the_python_run_is_the_command_lines_run(tmp_path):
                           "L=16,32,64", "--set", "n_seeds=1", "--set", "U_norm=0.25", "--quiet", "--no-figure"],
                          capture_output=True, text=True, timeout=300)
     assert cli.returncode == 0, cli.stderr[-3000:]
-    with xr.open_dataset(tmp_path / "cli/c1_own.nc") as other:
+    with load(tmp_path / "cli/c1_own.nc") as other:
         assert_same_results(ds, other.load(), ignore=IGNORE)
         assert json.loads(ds.attrs["config"]) == json.loads(other.attrs["config"])
     assert not (tmp_path / "cli/c1_own.png").exists() and not (tmp_path / "py/c1_own.png").exists()

@@ -111,7 +111,7 @@ def test_saved_file_is_readable_without_sfxlin(results, toy, tmp_path):
     assert got["sizes"] == {"d": 2, "U_norm": 3, "seed": 4, "L": 3, "query": 5}
     assert got["coords"] == {"d": [2, 3], "U_norm": [0.25, 0.5, 1.0], "seed": [0, 1, 2, 3], "L": [8, 16, 32],
                              "query": [0, 1, 2, 3, 4]}
-    assert got["coord_attrs"]["L"]["units"] == "tokens"
+    assert got["coord_attrs"]["L"]["units"] == "1"
     for var in toy.VARIABLES:
         assert got["var_dims"][var.name] == list(var.dims)
         assert got["var_attrs"][var.name]["long_name"] == var.long_name
@@ -197,7 +197,8 @@ def test_the_temporary_file_is_in_the_target_folder(results, tmp_path, monkeypat
 
     monkeypatch.setattr(xr.Dataset, "to_netcdf", spy)
     path = save(results, tmp_path / "toy.nc")
-    assert len(seen) == 1 and seen[0].parent == path.parent and seen[0] != path
+    # the data, then the records group into the same temporary file
+    assert len(seen) == 2 and seen[0] == seen[1] and seen[0].parent == path.parent and seen[0] != path
     assert not seen[0].exists() and path.exists()
 
 

@@ -100,7 +100,7 @@ def test_dims_and_coords_carry_real_values(toy, toy_config):
     assert ds["query"].values.tolist() == [0, 1, 2, 3, 4]
     for var in toy.VARIABLES:  # dims ordered as declared
         assert ds[var.name].dims == var.dims
-    assert ds["L"].attrs["long_name"] == "prompt length" and ds["L"].attrs["units"] == "tokens"
+    assert ds["L"].attrs["long_name"] == "prompt length (tokens)" and ds["L"].attrs["units"] == "1"
     assert ds.attrs["experiment"] == "toy"
     assert ds.attrs["description"] == toy.EXPERIMENT.description
 

@@ -8,7 +8,7 @@ import xarray as xr
 
 from sfxlin.cli import main
 from sfxlin.engine.experiments import get
-from sfxlin.engine.storage import default_results_dir
+from sfxlin.engine.storage import default_results_dir, load
 from sfxlin.engine.verify import _compare, choose_cells, verify_file
 
 SHIPPED = default_results_dir()
@@ -27,7 +27,7 @@ def quick_file(tmp_path_factory):
 
 def _perturbed(src, dst, variable, rel):
     """``variable`` moved by ``rel`` of its largest value in the file, everywhere."""
-    ds = xr.load_dataset(src)
+    ds = load(src)
     ds[variable] = ds[variable] + rel * float(np.abs(ds[variable]).max())
     ds.to_netcdf(dst)
     return dst
@@ -43,7 +43,7 @@ def test_a_fresh_file_is_bit_identical(quick_file, capsys):
 def _with_blas(src, dst, blas):
     """``src`` with its recorded BLAS kernel replaced by ``blas`` (None: removed, as in files written
     before the kernel was recorded)."""
-    ds = xr.load_dataset(src)
+    ds = load(src)
     versions = json.loads(ds.attrs["library_versions"])
     versions.pop("blas")
     if blas is not None:
@@ -54,7 +54,7 @@ def _with_blas(src, dst, blas):
 
 
 def test_a_file_of_another_blas_kernel_says_so_before_its_cells(quick_file, tmp_path, capsys):
-    here = json.loads(xr.open_dataset(quick_file).attrs["library_versions"])["blas"]
+    here = json.loads(load(quick_file).attrs["library_versions"])["blas"]
     other = _with_blas(quick_file, tmp_path / "other.nc", "openblas 0.3.0 Imaginary")
     assert main(["verify", str(other)]) == 0            # the same bits: the note explains, it does not fail
     lines = capsys.readouterr().out.splitlines()
@@ -84,7 +84,7 @@ def test_a_last_bits_change_is_within_the_contract_not_identical(quick_file, tmp
 def test_the_yardstick_is_the_variables_largest_value_in_the_file(quick_file, tmp_path, capsys):
     """A cell whose values are tiny beside the file's largest (noiseless least squares: 1e-30 of
     rounding where other cells hold O(1)) is judged on the file's scale, not on its own."""
-    ds = xr.load_dataset(quick_file)
+    ds = load(quick_file)
     cheapest = verify_file(quick_file)[0].cell
     tiny = ds["mse"].copy()
     tiny.loc[cheapest] = tiny.loc[cheapest] * 1e-20                    # this cell: rounding-level values
@@ -109,7 +109,7 @@ def test_compare_scales_by_the_variable_and_never_lets_nan_through():
 
 def test_the_cheapest_cells_come_first(quick_file):
     C = get("c1_kernels")
-    with xr.open_dataset(quick_file) as ds:
+    with load(quick_file) as ds:
         config = C.configure(None, values=json.loads(ds.attrs["config"]))
         rows = json.loads(ds.attrs["cell_seconds"])
         chosen = choose_cells(C, config, ds, cells=2)
@@ -136,7 +136,7 @@ def test_a_shipped_file_comes_from_this_code(name):
     BLAS kernel (bit-identical on the machine that made it; not asserted, the kernel may differ)."""
     path = SHIPPED / f"{name}.nc"
     assert path.is_file(), f"{path} is not shipped"
-    with xr.open_dataset(path) as ds:
+    with load(path) as ds:
         where = STABLE[name](ds) if name in STABLE else None
     for check in verify_file(path, where=where):
         assert check.within(1e-10), (check.part, check.cell, check.worst)

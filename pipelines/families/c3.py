@@ -230,7 +230,7 @@ OUTPUTS = (
              "L) I]^{-1} for centred Gaussian covariates (sfxlin.baselines.pgd; the optimum of linear(L) "
              "attention), held-out prompts of length L."),
     Variable("n_exact_shift_steps", (), "softmax steps with the exact max shift (main run)", "engine diagnostic: "
-             "steps whose cached log-sum-exp shift was out of range and were recomputed exactly.", units="steps"),
+             "steps whose cached log-sum-exp shift was out of range and were recomputed exactly.", units="1"),
     Variable("norm_star", (), "norm of theta_star", "sqrt(||U*||_F^2 + ||v*||^2) = sqrt(2) ||Sigma^-1||_F^(1/2)."),
 )
 

@@ -31,17 +31,18 @@ RENAMED = {
 }
 
 
-#: the ``Conventions`` attribute of every results file
-CONVENTIONS = "CF-1.10"
+#: the ``Conventions`` attribute of every results file: CF 1.8, the newest version the CF checker
+#: (cfchecker) checks; the files use nothing of a later one
+CONVENTIONS = "CF-1.8"
 
 COORDS = {
     "d": {"long_name": "input dimension d", "description": "Dimension of the covariates / tokens."},
     "U_norm": {"long_name": "Frobenius norm of U", "description": "||U||_F of the attention matrix U = K^T Q."},
-    "L": {"long_name": "prompt length", "units": "tokens", "description": "Number of tokens in the prompt (nested "
+    "L": {"long_name": "prompt length (tokens)", "units": "1", "description": "Number of tokens in the prompt (nested "
           "prompts)."},
     "seed": {"long_name": "seed index", "description": "Independent replicate; enters the per-cell random generator."},
-    "t": {"long_name": "training step", "units": "steps", "description": "Gradient-descent step of the checkpoint."},
-    "t_heldout": {"long_name": "training step of a held-out evaluation", "units": "steps",
+    "t": {"long_name": "training step", "units": "1", "description": "Gradient-descent step of the checkpoint."},
+    "t_heldout": {"long_name": "training step of a held-out evaluation", "units": "1",
                   "description": "A subset of t, every heldout_every steps."},
     "tau": {"long_name": "tr(Sigma^-2)", "description": "Trace of the inverse squared covariance; the constant "
             "(1 - 2 tau^(-1/2))^(-d/2) is finite iff tau > 4."},
@@ -61,7 +62,7 @@ COORDS = {
               "none, scale:C, rotate:SEED, subspace:K or a covariance spec."},
     "theta": {"long_name": "trained parameters", "description": "Which trained theta(T) is evaluated: softmax(L) at its "
               "training L, or linear(inf)."},
-    "L_eval": {"long_name": "evaluation prompt length", "units": "tokens",
+    "L_eval": {"long_name": "evaluation prompt length (tokens)", "units": "1",
                "description": "Prompt length at which trained parameters are evaluated on shifted prompts."},
     "i": {"long_name": "row index", "description": "Row of a d x d covariance matrix."},
     "j": {"long_name": "column index", "description": "Column of a d x d covariance matrix."},
@@ -79,7 +80,7 @@ COORDS = {
                      "is checked against quadrature."},
     "rf_sigma2": {"long_name": "token variance of the random-feature study",
                   "description": "Variance s of the tokens, Sigma = s I."},
-    "rf_m": {"long_name": "number of random features", "units": "features",
+    "rf_m": {"long_name": "number of random features", "units": "1",
              "description": "Number m of positive random features of the feature average."},
     "rf_draw": {"long_name": "random-feature draw index", "description": "Independent draw of the m features."},
     "dataset": {"long_name": "real data set", "description": "Data set bundled with scikit-learn whose rows are the "
@@ -89,13 +90,13 @@ COORDS = {
     "family": {"long_name": "covariance family", "description": "sfxlin.covariance spec string of Sigma, rescaled to "
                "every tau."},
     "family_seed": {"long_name": "family seed index", "description": "Replicate of the covariance-family part."},
-    "t_family": {"long_name": "training step of the family part", "units": "steps",
+    "t_family": {"long_name": "training step of the family part", "units": "1",
                  "description": "Gradient-descent step of a checkpoint of the covariance-family part."},
     "heads": {"long_name": "number of heads H", "description": "Attention heads per layer."},
     "depth": {"long_name": "trained depth K", "description": "Residual layers of the trained model."},
     "layer": {"long_name": "layer index", "description": "Layer l of the fixed random model, 1-based; the depth-l "
               "model is its first l layers."},
-    "L_train": {"long_name": "training prompt length", "units": "tokens",
+    "L_train": {"long_name": "training prompt length (tokens)", "units": "1",
                 "description": "Number of tokens in the prompts of the training tasks."},
     "stage": {"long_name": "training stage", "description": "Parameters at the initialisation or at the end of "
               "training."},

@@ -13,7 +13,7 @@ import numpy as np
 from .._version import __version__
 from .schema import READS, SCHEMA_VERSION, upgrade, version_of
 
-__all__ = ["save", "ensure_writable", "blas_kernel", "record_cell_kernels", "open_results", "results_path", "provenance", "input_files",
+__all__ = ["save", "load", "content_digests", "RECORDS", "RECORDS_GROUP", "ensure_writable", "blas_kernel", "record_cell_kernels", "open_results", "results_path", "provenance", "input_files",
            "changed_input_files", "default_results_dir", "FOLDER_RULE", "RESULTS_ENV", "ResultsError"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]   # sfxlin/engine/storage.py -> the source tree
@@ -152,14 +152,78 @@ def ensure_writable(folder) -> Path:
     return folder
 
 
-def save(ds: "xr.Dataset", path) -> Path:
-    """Write ``ds`` to ``path`` (netCDF4 engine) atomically: a temporary file in the same
-    folder, flushed, then renamed. An interrupted write never leaves a file under ``path``."""
+#: the file's records of its run: JSON attrs of a Dataset that a results file keeps as text variables of
+#: its group :data:`RECORDS_GROUP` (``ncdump -h`` prints their declarations, not their kilobytes), restored
+#: as attrs by :func:`load`; ``content_sha256`` is added there by :func:`save`. The provenance and the
+#: criteria stay global attributes: they are what a reader of the file with any tool needs
+RECORDS = {
+    "cell_seconds": "seconds of each cell's kernel when it was computed, [[part, {dim: value}, seconds], ...] (JSON)",
+    "cell_exponentials": "logits each cell's kernel exponentiated in the softmax core, rows as cell_seconds (JSON)",
+    "cell_timeline": "when each block of cells ran in this run, [[block, thread, start, end], ...] (JSON)",
+    "merged_from": "each input of a merged file: path, sha256, created, git_revision and its run records (JSON)",
+    "content_sha256": "sha256 of every variable's values as written, {name: hex} (JSON): checked on read",
+}
+RECORDS_GROUP = "records"
+
+
+def content_digests(ds) -> dict:
+    """``{variable name: sha256 hex}`` of every variable of ``ds`` (coordinates included): its dtype
+    kind, shape and values in C order (text as UTF-8), so that any changed value, NaN included,
+    changes the digest, and a value that survives the netCDF round trip unchanged keeps it."""
+    import hashlib
+
+    out = {}
+    for name, var in ds.variables.items():
+        values = np.asarray(var.values)
+        text = values.dtype.kind in "OUS"   # written as characters, read back as objects: one kind
+        h = hashlib.sha256(f"{'T' if text else values.dtype.str}{values.shape}".encode())
+        if text:
+            h.update("\x00".join(str(v.decode() if isinstance(v, bytes) else v) for v in values.ravel()).encode())
+        else:
+            h.update(np.ascontiguousarray(values).tobytes())
+        out[name] = h.hexdigest()
+    return out
+
+
+def _encoding(ds) -> dict:
+    """How each variable is written: coordinates without ``_FillValue`` (CF: a coordinate has no
+    missing values); text as characters (CF 1.8 has no variable-length strings); every array of at
+    least one dimension with HDF5's Fletcher-32 checksum, so that a corrupted value fails on read."""
+    enc = {}
+    for name, var in ds.variables.items():
+        e = {}
+        if name in ds.coords:
+            e["_FillValue"] = None
+        if var.dtype.kind in "OUS":
+            e["dtype"] = "S1"
+        if var.ndim:
+            e["fletcher32"] = True
+        enc[name] = e
+    return enc
+
+
+def save(ds, path) -> Path:
+    """Write ``ds`` to ``path`` (netCDF4, CF) atomically: a temporary file in the same folder,
+    flushed, then renamed; an interrupted write never leaves a file under ``path``. The records
+    (:data:`RECORDS`) among its attrs go to the group :data:`RECORDS_GROUP` as text variables, with
+    the digest of every variable's values (``content_sha256``, checked by :func:`load`); every
+    array carries a Fletcher-32 checksum (:func:`_encoding`)."""
+    import xarray as xr
+
     path = Path(path)
     ensure_writable(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    root = ds.copy()
+    root.attrs = {k: v for k, v in ds.attrs.items() if k not in RECORDS}
+    kept = {k: ds.attrs[k] for k in RECORDS if k in ds.attrs}
+    kept["content_sha256"] = json.dumps(content_digests(root), sort_keys=True)
+    records = xr.Dataset({k: xr.Variable((), str(text), attrs={"long_name": k, "description": RECORDS[k]})
+                          for k, text in kept.items()},
+                         attrs={"description": "the records of this results file (sfxlin.engine.storage.RECORDS); "
+                                               "sfxlin reads them back as the file's attrs"})
     try:
-        ds.to_netcdf(tmp, engine="netcdf4")
+        root.to_netcdf(tmp, engine="netcdf4", encoding=_encoding(root))
+        records.to_netcdf(tmp, mode="a", group=RECORDS_GROUP, engine="netcdf4", encoding=_encoding(records))
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -169,6 +233,60 @@ def save(ds: "xr.Dataset", path) -> Path:
             raise ResultsError(f"could not write {path}: {exc.strerror or exc}") from exc
         raise
     return path
+
+
+def load(path, check: bool = True):
+    """The Dataset of the results file ``path``, loaded into memory and closed, its records
+    (:data:`RECORDS`) back among its attrs: what :func:`save` was given. With ``check``, every
+    variable's values are checked against the digest the file records (``content_sha256``; a file
+    written before it was recorded has none), and a Fletcher-32 checksum that fails on read is an
+    error too: :class:`ResultsError` naming the file and the variable. Files of any schema."""
+    import xarray as xr
+
+    path = Path(path)
+    try:
+        # loaded into memory and closed at once: results files are small, and a netCDF handle left
+        # open could be closed by the garbage collector in a dask worker thread while another
+        # thread uses the (not thread-safe) netCDF/HDF5 library (pydata/xarray#10783)
+        ds = xr.load_dataset(path, engine="netcdf4")
+        records = _records(path)
+    except Exception as exc:  # netCDF4/HDF5 raise OSError, RuntimeError, ValueError, KeyError for damaged files
+        raise ResultsError(f"{path} is not a readable netCDF file ({type(exc).__name__}: {exc})") from exc
+    ds = _text_as_unicode(ds)
+    digests = json.loads(records.pop("content_sha256", "{}"))
+    if check and digests:
+        found = content_digests(ds)
+        changed = sorted(name for name, digest in digests.items() if found.get(name) != digest)
+        if changed:
+            raise ResultsError(f"{path}: the values of {', '.join(changed)} are not those written (their sha256 "
+                               "differs from the file's record): the file is damaged")
+    ds.attrs.update(records)
+    return ds
+
+
+def _text_as_unicode(ds):
+    """``ds`` with its text variables (characters on disk, objects once decoded) as numpy unicode,
+    the dtype they had when written (a variable-length string variable of an earlier file too)."""
+    text = [name for name, var in ds.variables.items()
+            if var.dtype.kind == "O" and all(isinstance(v, str) for v in var.values.ravel())]
+    if not text:
+        return ds
+    coords = {name: ds[name].astype(str) for name in text if name in ds.coords}
+    out = ds.assign_coords(coords) if coords else ds
+    return out.assign({name: ds[name].astype(str) for name in text if name not in ds.coords})
+
+
+def _records(path) -> dict:
+    """The text records of the file's :data:`RECORDS_GROUP` group (``{}`` when it has none)."""
+    import netCDF4
+
+    with netCDF4.Dataset(path) as nc:
+        if RECORDS_GROUP not in nc.groups:
+            return {}
+    import xarray as xr
+
+    group = xr.load_dataset(path, group=RECORDS_GROUP, engine="netcdf4")
+    return {name: str(group[name].values.item()) for name in group.data_vars}
 
 
 #: environment variable naming the folder of the paper results (default ``./datasets``)
@@ -218,15 +336,7 @@ def open_results(name_or_path=None, results_dir=None):
     if name_or_path is None:
         return sorted(p.stem for p in folder.glob("*.nc"))
     path = results_path(name_or_path, folder)
-    import xarray as xr   # here, not at the top: the command line imports this module to name its folders
-
-    try:
-        # loaded into memory and closed at once: results files are small, and a netCDF handle left
-        # open could be closed by the garbage collector in a dask worker thread while another
-        # thread uses the (not thread-safe) netCDF/HDF5 library (pydata/xarray#10783)
-        ds = xr.load_dataset(path, engine="netcdf4")
-    except Exception as exc:  # netCDF4/HDF5 raise OSError, ValueError, KeyError for damaged files
-        raise ResultsError(f"{path} is not a readable netCDF file ({type(exc).__name__}: {exc})") from exc
+    ds = load(path)
     if version_of(ds) not in READS:
         version = ds.attrs.get("sfxlin_schema_version")
         version = version.item() if hasattr(version, "item") else version  # netCDF gives numpy scalars

@@ -53,6 +53,10 @@ __all__ = ["Variable", "Part", "Experiment", "CellError", "Out", "build", "cell_
            "coordinate_text", "criteria_of", "run_cell", "substream"]
 
 
+#: the units a variable may declare (UDUNITS strings): dimensionless, or seconds
+UNITS = frozenset({"1", "s"})
+
+
 class CellError(RuntimeError):
     """A cell produced an invalid result (non-finite, wrong shape); names the cell."""
 
@@ -80,13 +84,20 @@ class Variable:
         if self.flag_meanings and np.dtype(self.dtype).kind not in "iu":
             raise ValueError(f"{self.name}: a flag (flag_meanings) is stored as an integer type, got dtype "
                              f"{self.dtype!r}")
+        if self.flag_meanings and self.units is not None:
+            raise ValueError(f"{self.name}: a flag has no units (CF), got {self.units!r}")
+        if self.units is not None and self.units not in UNITS:
+            raise ValueError(f"{self.name}: units {self.units!r} is not one of {sorted(UNITS)} (UDUNITS strings; a "
+                             "count such as tokens or steps is dimensionless, '1', and says what it counts in its "
+                             "long_name)")
 
     def attrs(self):
-        """The variable's CF attributes: ``long_name``, ``description``, ``units`` where declared,
-        ``flag_values`` / ``flag_meanings`` for a flag."""
+        """The variable's CF attributes: ``long_name``, ``description``, ``units`` (declared, else
+        ``"1"``: every quantity here but seconds is dimensionless), ``flag_values`` / ``flag_meanings``
+        for a flag (which has no units)."""
         out = {"long_name": self.long_name, "description": self.description}
-        if self.units is not None:
-            out["units"] = self.units
+        if not self.flag_meanings:
+            out["units"] = self.units or "1"
         if self.flag_meanings:
             out["flag_values"] = np.arange(len(self.flag_meanings), dtype=self.dtype)
             out["flag_meanings"] = " ".join(self.flag_meanings)
@@ -422,10 +433,19 @@ def build(experiment: Experiment, config: Mapping, chunks: Mapping | None = None
     data_vars = {}
     for part in experiment.parts:
         data_vars.update(_part_variables(experiment, config, part.name, grids[part.name], inner, chunks, store))
-    ds = xr.Dataset(data_vars, coords={dim: xr.Variable(dim, np.asarray(values), attrs=coord_attrs(dim))
+    ds = xr.Dataset(data_vars, coords={dim: xr.Variable(dim, np.asarray(values), attrs=_coordinate_attrs(dim, values))
                                        for dim, values in coords.items()})
     ds.attrs.update(_declared_attrs(experiment, config, call))
     return ds
+
+
+def _coordinate_attrs(dim, values) -> dict:
+    """The CF attributes of a coordinate: the vocabulary's (:func:`.schema.coord_attrs`), with
+    ``units`` ``"1"`` for a numeric one that declares none (a label, a count, an index); text has none."""
+    attrs = coord_attrs(dim)
+    if np.asarray(values).dtype.kind in "iuf" and "units" not in attrs:
+        attrs["units"] = "1"
+    return attrs
 
 
 def check_chunks(experiment, config, chunks) -> dict:

@@ -177,16 +177,13 @@ def iter_verify(path, cells=1, where=None, on_open=None):
     unknown experiment, a token file changed since the run). ``on_open(attrs)``, if given, is called
     with the file's attrs once it is known to be checkable, before the first cell (the command line
     prints :func:`kernel_note` there)."""
-    import xarray as xr
-
     from .experiments import get
     from .schema import upgrade
-    from .storage import changed_input_files
+    from .storage import changed_input_files, load
     from .sweep import run_cell
 
     path = Path(path)
-    with xr.open_dataset(path, engine="netcdf4") as ds:
-        ds = upgrade(ds.load())
+    ds = upgrade(load(path))   # every stored value checked against its checksums first: a damaged file stops here
     missing = [k for k in ("experiment", "config") if k not in ds.attrs]
     if missing:
         raise ValueError(f"{path} records no {' and no '.join(missing)} attr: not a results file of sfxlin")
