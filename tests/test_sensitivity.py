@@ -88,6 +88,22 @@ def test_a_perturbed_part_names_its_grid_dims():
                    parts=(Part("", toy.grid, toy.kernel, perturbed=True),))
 
 
+
+def test_an_output_that_fails_only_in_the_amplification_run_names_that_run():
+    from sfxlin.engine.sweep import Experiment, Part
+
+    def overflowing(cell, rng, config):            # finite unperturbed, not finite perturbed
+        out = toy.kernel(cell, rng, config)
+        return {**out, "x": out["x"] * np.inf} if step_perturbation() is not None else out
+
+    broken = Experiment(name="unstable", params=toy.PARAMS, inner_coords=toy.inner_coords,
+                        variables=TOY.variables[:2],
+                        parts=(Part("", toy.grid, overflowing, perturbed=True, grid_dims=("r",)),))
+    out = run_cell(broken, _config(), {"r": 0.5}, amplification=False)      # the outputs alone: valid
+    assert np.isfinite(out["x"]).all()
+    with pytest.raises(CellError, match=r"^unstable\[r=0.5\] \(amplification run, eps 1e-10\): non-finite values in x$"):
+        run_cell(broken, _config(), {"r": 0.5})
+
 def test_the_step_perturbation_moves_every_entry_by_eps_and_keeps_zeros():
     a = np.array([[1.5, -2.0, 0.0], [3.25, 0.0, 1e-300]])
     eps = 2.0**-20

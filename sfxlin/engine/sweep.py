@@ -364,9 +364,9 @@ def run_cell(experiment: Experiment, config: Mapping, cell: Mapping, part: str =
     if not (amplification and eps > 0):
         return {**out, **{a: np.float64(np.nan) for a in amplified.values()}}
     perturbation = sensitivity.StepPerturbation(cell_rng(f"{name}/amplification", cell, config["root_seed"]), eps)
-    again = _checked(_kernel_outputs(spec, cell, cell_rng(name, cell, config["root_seed"]), inputs,
-                                     f"{label} (amplification run, eps {eps:g})", perturbation),
-                     own, inner, grid, label)
+    again_label = f"{label} (amplification run, eps {eps:g})"
+    again = _checked(_kernel_outputs(spec, cell, cell_rng(name, cell, config["root_seed"]), inputs, again_label,
+                                     perturbation), own, inner, grid, again_label)
     if perturbation.calls == 0:
         if all(np.isnan(out[o]).all() for o in amplified):   # a cell that computes nothing (outside a protocol)
             return {**out, **{a: np.float64(np.nan) for a in amplified.values()}}
