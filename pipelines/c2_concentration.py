@@ -11,6 +11,7 @@ import numpy as np
 
 from sfxlin.concentration import gradient_concentration, output_tails
 from sfxlin.engine import Cells, Param, Profiles, Variable, substream
+from sfxlin.engine.sensitivity import DEFAULT_EPS, param as amplification_param
 from sfxlin.gradient_gap import concentration_constant
 
 from .families.c2 import C2, SETTINGS, gap_run, run_counts, setting_covariance
@@ -188,9 +189,11 @@ EXPERIMENT = C2.variant(
            Profiles(quick=100, paper=2500), _TRAJ, unit="steps", low=0),
         _p("traj_ckpt_every", "int", "checkpoint spacing in steps (C3: 20)", 20, _TRAJ, unit="steps", low=1),
         Param("traj_seeds", "int", "independent task draws per setting (trajectory part)", Profiles(quick=1, paper=4),
-              low=1, grid=True)),
+              low=1, grid=True),
+        amplification_param(Profiles(quick=0.0, paper=DEFAULT_EPS))),
     cells=(Cells({"d": "d", "U_norm": "U_norm", "seed": "n_seeds"}, kernel, OUTPUTS),
-           Cells({"setting": tuple(SETTINGS), "traj_seed": "traj_seeds"}, trajectory_kernel, TRAJECTORY, name=_T),
+           Cells({"setting": tuple(SETTINGS), "traj_seed": "traj_seeds"}, trajectory_kernel, TRAJECTORY, name=_T,
+                 perturbed=True),
            Cells({"setting": tuple(SETTINGS)}, constants_kernel, CONSTANTS, name="trajectory_constants",
                  inputs=lambda config, cell: {"traj_d": config["traj_d"]})),
     coords={"query": lambda c: range(c["tail_queries"]), "level": lambda c: c["tail_levels"],

@@ -10,6 +10,7 @@ import numpy as np
 
 from sfxlin import covariance, laws
 from sfxlin.engine import Cells, Param, Profiles, Variable
+from sfxlin.engine.sensitivity import DEFAULT_EPS, param as amplification_param
 from sfxlin.gradient_gap import concentration_constant, gap_constant
 from sfxlin.training import checkpoint_steps
 
@@ -148,12 +149,13 @@ EXPERIMENT = C2.variant(
               Profiles(quick=50, paper=400), unit="steps", low=1, parts=("families",)),
         Param("gap_samples", "int", "Monte Carlo draws of the polynomial moments of the gradient-gap constant "
               "(gradient_gap.gap_constant; its exponential factors are exact)", Profiles(quick=2**14, paper=2**18),
-              low=2, parts=("constants", _FC))),
+              low=2, parts=("constants", _FC)),
+        amplification_param(Profiles(quick=0.0, paper=DEFAULT_EPS))),
     cells=(Cells({"tau": "tau", "seed": "n_seeds"}, kernel,
                  ("g", "g_risk", "risk_inf", "dist_bayes", "logit_factor", "off_block", "U_inf", "v_inf", OWN["s"],
-                  OWN["concentration_constant"])),
+                  OWN["concentration_constant"]), perturbed=True),
            Cells({"family": "families", "tau": "tau", "family_seed": "n_family_seeds"}, family_kernel,
-                 (OWN["g_family"], OWN["dist_bayes_family"], OWN["off_block_family"]), name="families"),
+                 (OWN["g_family"], OWN["dist_bayes_family"], OWN["off_block_family"]), name="families", perturbed=True),
            Cells({"tau": "tau"}, constants_kernel, ("gap_constant", "gap_constant_se"), name="constants",
                  inputs=constants_inputs),
            Cells({"family": "families", "tau": "tau"}, family_constants_kernel, OWN[_FC], name=_FC,

@@ -54,7 +54,7 @@ EXPERIMENT = C3.variant(
                   "closer than one apart)", Profiles(quick=4, paper=16), low=1),),
     cells=(Cells({"setting": "settings", "seed": "n_seeds"}, kernel,
                  ("D_inf", "norm_inf", OWN[0], OWN[1], "norm_star", "risk_train", "risk_inf", "conservation_inf",
-                  "off_block_max", "n_exact_shift_steps"), inputs=setting_inputs),),
+                  "off_block_max", "n_exact_shift_steps"), inputs=setting_inputs, perturbed=True),),
     coords={"t": lambda c: checkpoints(c).tolist()},
     scheduler="processes",   # long cells of many small numpy calls (the GIL): docs/performance.md, section 8
     title="C3 horizon: the horizon T(L) up to which softmax(L) training follows theta_inf(t)",

@@ -8,6 +8,7 @@ import numpy as np
 
 from sfxlin import baselines, bayes, covariance, laws
 from sfxlin.engine import Cells, Param, Profiles, Variable
+from sfxlin.engine.sensitivity import DEFAULT_EPS, param as amplification_param
 
 from .families.c3 import C3, Run, draw, finite, heldout_counts, train_counts
 
@@ -101,12 +102,13 @@ EXPERIMENT = C3.variant(
         Param("noises", "float_list", "label-noise standard deviations (prompt labels and query targets)",
               Profiles(quick=[0.0, 0.5], paper=[0.0, 0.5]), low=0, grid=True, unique=True),
         Param("mean_norms", "float_list", "norms of the covariate mean m = mean_norm (1, ..., 1) / sqrt(d); 0: "
-              "centred, > 0: the non-centred control", [0.0, 1.0], low=0, grid=True, unique=True)),
+              "centred, > 0: the non-centred control", [0.0, 1.0], low=0, grid=True, unique=True),
+        amplification_param(Profiles(quick=0.0, paper=DEFAULT_EPS))),
     cells=(Cells({"covariance": "covariances", "noise": "noises", "d": "d", "mean_norm": "mean_norms",
                   "seed": "n_seeds"}, kernel,
                  ("D_inf_max", "D_linL_max", "norm_inf_T", "off_block_max", "off_block_inf_max", "risk_train_T",
                   "risk_inf_T", "risk_heldout_init", "risk_heldout_T", "risk_heldout_inf_T", *OWN[:2], OWN[2],
-                  "risk_bayes_ridge", "risk_pgd", *THEORY)),
+                  "risk_bayes_ridge", "risk_pgd", *THEORY), perturbed=True),
            Cells({"covariance": "covariances", "d": "d"}, covariance_kernel, SUMMARY, name="covariance",
                  inputs=lambda config, cell: {})),
     checks=(covariance.spec_check("covariances", "d"),), cost=C3.cost.counting(counts),

@@ -7,6 +7,8 @@ import numpy as np
 
 from sfxlin import icl, training
 from sfxlin.engine import Cells, Profiles, Variable
+from sfxlin.engine.sensitivity import DEFAULT_EPS, step_perturbation
+from sfxlin.engine.sensitivity import param as amplification_param
 from sfxlin.laws import Empirical
 from sfxlin.realdata import DATASETS, token_set
 
@@ -41,7 +43,7 @@ def kernel(cell, rng, config):
     tasks, held = draw(rng, d, law, config["n_pairs"], config["n_queries"], Ls[-1],
                        (config["heldout_pairs"], config["heldout_queries"], Ls[-1]))
     res = training.train_all_arrays(tasks, Ls, models=("softmax", "linear_inf", "softmax_inf"), x_law=law,
-                                    label=f"{cell['dataset']}, d = {d}", **kw)
+                                    label=f"{cell['dataset']}, d = {d}", perturb=step_perturbation(), **kw)
     sm, li, si = res["softmax"], res["linear_inf"], res["softmax_inf"]
     sub = np.flatnonzero(np.isin(res["t"], training.checkpoint_steps(kw["n_steps"], config["heldout_every"])))
     at_L, h_sinf, h_linf, h_linf_as_sinf = heldout(held, law, Ls, sub, res)
@@ -105,7 +107,8 @@ EXPERIMENT = C3.variant(
                 heldout_queries=Profiles(quick=2, paper=4), heldout_every=Profiles(quick=100, paper=500),
                 root_seed=20261202),
     changes={"d": {"doc": "covariate dimensions (principal components kept)", "high": 10}},
-    cells=(Cells({"dataset": "datasets", "d": "d", "seed": "n_seeds"}, kernel, OWN),),
+    cells=(Cells({"dataset": "datasets", "d": "d", "seed": "n_seeds"}, kernel, OWN, perturbed=True),),
+    params=(amplification_param(Profiles(quick=0.0, paper=DEFAULT_EPS)),),
     cost=C3.cost.counting(counts), scheduler="processes",
     title="C3 on real covariates: softmax(L) against its exact limit softmax(inf), and linear(inf)",
     description="C3 on real covariates: softmax(L) -> softmax(inf) under the empirical law; gap to linear(inf)")

@@ -7,6 +7,7 @@ import numpy as np
 
 from sfxlin import shift, training
 from sfxlin.engine import Cells, Param, Profiles, Variable
+from sfxlin.engine.sensitivity import step_perturbation
 
 from .families.c3 import C3, draw, finite, setting_inputs, setting_law, train_counts
 
@@ -26,7 +27,7 @@ def kernel(cell, rng, config):
     tasks, held = draw(rng, d, law, config["n_pairs"], config["n_queries"], Ls[-1],
                        (config["heldout_pairs"], config["heldout_queries"], Le[-1]))
     res = training.train_all_arrays(tasks, Ls, models=("softmax", "linear_inf"), lr=config["lr"], n_steps=T,
-                                    ckpt_every=T, label="training")
+                                    ckpt_every=T, label="training", perturb=step_perturbation())
     U = np.concatenate([res["softmax"]["U"][:, -1], res["linear_inf"]["U"][-1][None]])   # (theta, D, D)
     v = np.concatenate([res["softmax"]["v"][:, -1], res["linear_inf"]["v"][-1][None]])   # (theta, D)
     per_shift = [shift.shift_risks(U, v, held, spec, Sigma, Le, config["ridge_lam"]) for spec in config["shifts"]]
@@ -95,7 +96,7 @@ EXPERIMENT = C3.variant(
                   Profiles(quick=["none", "scale:2", "subspace:2"],
                            paper=["none", "scale:0.5", "scale:2", "power_law:2.0", "rotate:1", "subspace:2"]),
                   unique=True),),
-    cells=(Cells({"setting": "settings", "seed": "n_seeds"}, kernel, OWN, inputs=setting_inputs),),
+    cells=(Cells({"setting": "settings", "seed": "n_seeds"}, kernel, OWN, inputs=setting_inputs, perturbed=True),),
     coords={"shift": lambda c: c["shifts"], "theta": lambda c: theta_labels(c["L"]), "L_eval": lambda c: c["L_eval"],
             "i": lambda c: range(c["d"]), "j": lambda c: range(c["d"])},
     checks=(shift.shift_check("shifts"),), cost=C3.cost.counting(counts), scheduler="processes",

@@ -13,6 +13,8 @@ import numpy as np
 from sfxlin import baselines, curvature, icl, laws, training
 from sfxlin.engine import Cells, Param, Profiles, Variable
 from sfxlin.engine.params import digest_key
+from sfxlin.engine.sensitivity import DEFAULT_EPS, step_perturbation
+from sfxlin.engine.sensitivity import param as amplification_param
 from sfxlin.realdata import TOKEN_SUFFIXES, check_unchanged
 
 from .families.c3 import C3, GRID, MODELS, Run, draw, finite, heldout_counts, setting_law, train_counts
@@ -130,7 +132,7 @@ def _perturbed_run(tasks, Ls, d, Sigma, direction, U, v, config, kw):
     U0, v0 = icl.init_theta(d, Sigma)
     U0p, v0p = training.perturbed_init(U0, v0, direction, config["perturbation"])
     pert = training.train_all_arrays(tasks, Ls, models=("softmax", "linear", "linear_inf"), U0=U0p, v0=v0p,
-                                     label="perturbed run", **kw)
+                                     label="perturbed run", perturb=step_perturbation(), **kw)
     return {
         "off_block_perturbed": np.stack([icl.off_block_mass(pert[m]["U"], pert[m]["v"]) for m in MODELS]),
         "risk_train_perturbed": np.stack([pert[m]["risk"] for m in MODELS]),
@@ -220,10 +222,11 @@ EXPERIMENT = C3.variant(
               low=0, low_open=True),
         Param("perturbed_run", "bool", "also train every model from the perturbed init (the direct diagnostic; else "
               "its variables are NaN and the off-block curvature alone says where the block structure is unstable)",
-              Profiles(quick=True, paper=False))),
+              Profiles(quick=True, paper=False)),
+        amplification_param(Profiles(quick=0.0, paper=DEFAULT_EPS))),
     cells=(Cells({"setting": settings_of, "seed": lambda c: range(max(seeds_of(c, s) for s in settings_of(c)))},
                  kernel, (FLAG, *(_nan_outside(OWN.get(name) or C3.output(name)) for name in OUTPUTS)),
-                 inputs=cell_inputs),),
+                 inputs=cell_inputs, perturbed=True),),
     checks=(_covariates_fit,), cost=C3.cost.counting(counts),
     scheduler="processes",   # long cells of many small numpy calls (the GIL): docs/performance.md, section 8
     title="C3: large-prompt softmax training inherits linear-attention training",

@@ -13,7 +13,7 @@
     sfxlin reproduce [EXP ...] [--profile P] [--out DIR] [--quiet]
     sfxlin schema
     sfxlin info FILE|NAME
-    sfxlin verify FILE|NAME [...] [--cells N] [--rtol R]
+    sfxlin verify FILE|NAME [...] [--cells N|all] [--most-amplified K] [--rtol R]
     sfxlin --version
 
 Default folders are relative to the current working directory (``storage.FOLDER_RULE``):
@@ -78,6 +78,11 @@ def _int_at_least(low: int, what: str):
 
 #: ``--workers``, ``--steps``, ``--heldout-every``; ``--resamples``
 _positive_int = _int_at_least(1, "a positive integer")
+
+
+def _cells(text):
+    """``sfxlin verify --cells``: a positive integer, or ``all`` (None: every cell)."""
+    return None if text == "all" else _int_at_least(1, "a positive integer or 'all'")(text)
 
 
 def _dims(text):
@@ -600,9 +605,32 @@ def _plain(value):
     return json.dumps(value) if isinstance(value, (list, tuple)) else value
 
 
+def _verify_verdict(check, rtol):
+    """The verdict of a recomputed cell (:class:`sfxlin.engine.verify.CellCheck`) against ``rtol`` times each
+    output's recorded amplification, and whether it is within; a violation names each output beyond, with
+    its difference and amplification."""
+    worst = check.worst
+    if check.identical:
+        return f"bit-identical ({len(check.variables)} variables)", True
+    if check.within(rtol):
+        amplified = [v for v in check.variables if v.error > rtol]
+        if not amplified:
+            return f"within {rtol:g} (largest {worst.error:.2g}, {worst.name})", True
+        top = max(amplified, key=lambda v: v.error)
+        more = f"; {len(amplified)} outputs beyond {rtol:g}, each within its amplification" if len(amplified) > 1 else ""
+        return (f"within {rtol:g} x amplification {top.amplification:.2g} (largest {top.error:.2g}, {top.name}"
+                f"{more})"), True
+    bad = [v for v in check.variables if not v.within(rtol)]
+    said = [f"{v.name} (difference {v.error:.2g}" + (f", amplification {v.amplification:.2g}: tolerance "
+                                                      f"{v.tolerance(rtol):.2g})" if v.amplification is not None else ")")
+            for v in bad]
+    scaled = " x amplification" if any(v.amplification is not None for v in bad) else ""
+    return f"DIFFERS beyond {rtol:g}{scaled}: {', '.join(said)}", False
+
+
 def cmd_verify(args):
     """``sfxlin verify FILE...``: one line per recomputed cell, exit status 1 when a cell is beyond
-    ``--rtol`` (:mod:`sfxlin.engine.verify`)."""
+    ``--rtol`` times its outputs' recorded amplification (:mod:`sfxlin.engine.verify`)."""
     from .engine.sweep import cell_label
     from .engine.verify import DEFAULT_RTOL, iter_verify, kernel_note
 
@@ -618,16 +646,10 @@ def cmd_verify(args):
             if note:
                 print(f"{stem}: {note}", flush=True)
 
-        for check in iter_verify(path, cells=args.cells, on_open=say_kernel):
+        for check in iter_verify(path, cells=args.cells, on_open=say_kernel, most_amplified=args.most_amplified):
             where = cell_label(path.stem + (f"/{check.part}" if check.part else ""), check.cell)
-            worst = check.worst
-            if check.identical:
-                verdict = f"bit-identical ({len(check.variables)} variables)"
-            elif check.within(rtol):
-                verdict = f"within {rtol:g} (largest {worst.error:.2g}, {worst.name})"
-            else:
-                bad = [v.name for v in check.variables if v.error > rtol]
-                verdict = f"DIFFERS beyond {rtol:g}: {', '.join(bad)} (largest {worst.error:.2g}, {worst.name})"
+            verdict, ok = _verify_verdict(check, rtol)
+            if not ok:
                 status = FAILED
             print(f"{where}: {verdict}, recomputed in {check.seconds:.1f} s", flush=True)
     return status
@@ -853,9 +875,13 @@ def parser():
                   cmd_verify)
     ver.add_argument("files", nargs="+", metavar="FILE",
                      help="results files (FILE.nc), or experiment names in ./datasets (or $SFXLIN_RESULTS)")
-    ver.add_argument("--cells", type=_positive_int, default=1, help="cells recomputed per part of each file (default 1)")
+    ver.add_argument("--cells", type=_cells, default=1, metavar="N|all",
+                     help="the N cheapest cells recomputed per part of each file, or all of them (default 1)")
+    ver.add_argument("--most-amplified", type=_int_at_least(0, "an integer >= 0"), default=0, metavar="K",
+                     help="also the K cells per part whose recorded amplification of rounding is largest (default 0)")
     ver.add_argument("--rtol", type=float, default=None,
-                     help="largest |new - stored| / the variable's largest value in the file (default 1e-10: what the "
+                     help="largest |new - stored| / the variable's largest value in the file, times the amplification "
+                          "the file records for that output and cell where it records one (default 1e-10: what the "
                           "determinism contract promises across versions and CPUs)")
     info = command("info", "dims, coordinates, variables and provenance of a results file", cmd_info)
     info.add_argument("file", help="a netCDF file, or an experiment name in ./datasets (or $SFXLIN_RESULTS)")

@@ -55,7 +55,7 @@ from .training import pair_structure, validate_Ls
 from .validation import as_sigma, noise_std
 
 __all__ = ["off_block_coordinates", "off_block_hessian", "curvature_extremes", "spectral_radius",
-           "linear_inf_gradient", "linear_inf_hessian", "linear_inf_training_hessian", "faithful_lr",
+           "linear_inf_gradient", "linear_inf_hessian", "linear_inf_training_hessian", "block_edge", "faithful_lr",
            "FAITHFUL_MARGIN"]
 
 #: :func:`faithful_lr`'s default: ``lr = 0.1 * 2 / lambda_max``, the stiffest direction contracting by
@@ -301,6 +301,23 @@ def linear_inf_training_hessian(tasks, U, v):
     H[D * D:, :D * D] += cross
     H[:D * D, D * D:] += cross.T
     return H
+
+
+def block_edge(tasks, U, v, lr):
+    """``lr`` times the largest eigenvalue of the Hessian of linear(inf)'s training risk on ``tasks``
+    (:func:`linear_inf_training_hessian`) restricted to the block coordinates ``(U[:d, :d], v[d])``, at each
+    of the parameters ``U (n, D, D)``, ``v (n, D)``: ``(n,)``. From the Eq. 9 init on antithetic pairs
+    summed first, the off-block coordinates stay exactly 0 (their gradient cancels), so the block Hessian is
+    the curvature gradient descent meets; past 2 (the edge of stability) a step overshoots along its top
+    eigenvector, whose component grows by ``lr lambda_max - 1`` a step, its sign flipping."""
+    U, v = np.asarray(U, dtype=float), np.asarray(v, dtype=float)
+    D = tasks.D
+    d = D - 1
+    if U.ndim != 3 or U.shape[1:] != (D, D) or v.shape != (U.shape[0], D):
+        raise ValueError(f"U must be (n, {D}, {D}) and v (n, {D}), got {U.shape} and {v.shape}")
+    block = np.r_[(np.arange(d)[:, None] * D + np.arange(d)).ravel(), D * D + d]   # U[:d, :d] row-major, v[d]
+    return np.array([lr * np.linalg.eigvalsh(linear_inf_training_hessian(tasks, Ui, vi)[np.ix_(block, block)])[-1]
+                     for Ui, vi in zip(U, v)])
 
 
 def faithful_lr(d, Sigma, margin=FAITHFUL_MARGIN, noise=0.0, tasks=None):

@@ -317,7 +317,7 @@ def gradient_gap(U, v, tasks, prompts, Ls, *, kind="task", t_chunk=None):
 
 
 def gradient_gap_trajectory(rng, Sigma, Ls, *, n_pairs, n_queries, n_replicates, lr, n_steps,
-                            ckpt_every, x_law="gaussian", trainer="pairs", label=""):
+                            ckpt_every, x_law="gaussian", trainer="pairs", label="", perturb=None):
     """Train ``linear(inf)`` and measure the gradient gap of ``softmax(L)`` along its trajectory.
 
     Draws, from ``rng`` in this order: the tasks (``icl.make_tasks``: ``n_pairs`` antithetic pairs,
@@ -340,6 +340,8 @@ def gradient_gap_trajectory(rng, Sigma, Ls, *, n_pairs, n_queries, n_replicates,
     optimum (2 of the 140 paper cells: tau = 0.75 and 1.19, seed 7). ``linear(inf)`` (matrix ``Gamma_w``, independent of the prompts) is trained
     by gradient descent (``trainer``, step ``lr``) from the Eq. 9 init; at the checkpoints
     ``t = 0, ckpt_every, ..., n_steps`` the gap of :func:`gradient_gap` is measured for every ``L``.
+    ``perturb``: passed to the trainer, applied to the parameters after every update
+    (:func:`sfxlin.training.train_all_arrays`; an amplification run, :mod:`sfxlin.engine.sensitivity`).
 
     Returns a dict (numpy arrays):
 
@@ -364,11 +366,12 @@ def gradient_gap_trajectory(rng, Sigma, Ls, *, n_pairs, n_queries, n_replicates,
     tasks = icl.make_tasks(rng, d, n_pairs, n_queries, Ls[-1], law)
     if trainer == "pairs":
         res = train_all_arrays(tasks, (), models=("linear_inf",), lr=lr, n_steps=n_steps,
-                               ckpt_every=ckpt_every, label=label, pair_first=True)
+                               ckpt_every=ckpt_every, label=label, pair_first=True, perturb=perturb)
         t_ckpt, traj = res["t"], res["linear_inf"]
         U, v, risk_inf = traj["U"], traj["v"], traj["risk"]
     else:
-        traj = train("linear_inf", tasks, lr=lr, n_steps=n_steps, ckpt_every=ckpt_every, label=label)
+        traj = train("linear_inf", tasks, lr=lr, n_steps=n_steps, ckpt_every=ckpt_every, label=label,
+                     perturb=perturb)
         t_ckpt, U, v, risk_inf = traj["t"].values, traj["U"].values, traj["v"].values, traj["risk"].values
     U = np.asarray(U, dtype=float)
     v = np.asarray(v, dtype=float)

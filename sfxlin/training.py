@@ -191,11 +191,13 @@ def _check_finite(risk, U, v, *, step, max_abs, label, model, Ls=None):
 
 
 def train(model, tasks, L=None, *, lr=0.01, n_steps=2500, ckpt_every=20, U0=None, v0=None,
-          label="", max_abs=1e6, x_law=None):
+          label="", max_abs=1e6, x_law=None, perturb=None):
     """Gradient descent on one ``model`` (``"softmax"``, ``"linear"``, ``"linear_inf"``,
     ``"softmax_inf"``) at prompt length ``L`` (ignored for the infinite-prompt models), from
     ``(U0, v0)`` (default: Eq. 9 init). ``"softmax_inf"`` needs the tasks' covariate law ``x_law``
     (an :class:`sfxlin.laws.Empirical`; see :func:`sfxlin.icl.support_tasks`).
+
+    ``perturb``: as in :func:`train_all_arrays`.
 
     Returns an ``xr.Dataset`` with ``U (t, row, col)``, ``v (t, row)``, ``risk (t)`` at the
     checkpoints ``t = 0, ckpt_every, ..., n_steps`` (risk evaluated at the checkpoint parameters).
@@ -236,6 +238,8 @@ def train(model, tasks, L=None, *, lr=0.01, n_steps=2500, ckpt_every=20, U0=None
             if t < n_steps:
                 U = U - lr * gU
                 v = v - lr * gv
+                if perturb is not None:
+                    U, v = perturb(U, v)
     import xarray as xr   # the labelled face of the arrays; the engines and train_all_arrays are numpy only
 
     ds = xr.Dataset(
@@ -691,7 +695,7 @@ class LinearEngine:
 
 def train_all_arrays(tasks, Ls, *, models=icl.MODELS, lr=0.01, n_steps=2500, ckpt_every=20,
                      U0=None, v0=None, label="", max_abs=1e6, pair_first=None,
-                     cache_bytes=1 << 19, x_law=None, checkpoints=None):
+                     cache_bytes=1 << 19, x_law=None, checkpoints=None, perturb=None):
     """Fast engine: train every model in ``models`` (``"softmax"``, ``"linear"``,
     ``"linear_inf"``, ``"softmax_inf"``) and, for the finite-L models, every ``L`` in ``Ls``
     (strictly increasing), from the same ``(U0, v0)`` (default Eq. 9) on the same ``tasks``, by
@@ -710,6 +714,11 @@ def train_all_arrays(tasks, Ls, *, models=icl.MODELS, lr=0.01, n_steps=2500, ckp
 
     ``checkpoints``: the checkpoint steps, strictly increasing from 0 to ``n_steps`` (e.g.
     :func:`log_checkpoint_steps`), instead of every ``ckpt_every`` steps.
+
+    ``perturb``: None (the plain update), or ``perturb(U, v) -> (U, v)``, applied to each model's
+    parameters after every update (``U (k, D, D)``, ``v (k, D)``, ``k`` its prompt lengths; the models in
+    the order of ``models``): how an amplification run perturbs the floating-point path of the
+    trajectory (:mod:`sfxlin.engine.sensitivity`).
 
     Returns a dict: ``t (n_ckpt,)``, ``L (nL,)``, and per model a dict with ``U``, ``v``,
     ``risk``: shapes ``(nL, n_ckpt, D, D)``, ``(nL, n_ckpt, D)``, ``(nL, n_ckpt)`` for softmax and
@@ -767,7 +776,8 @@ def train_all_arrays(tasks, Ls, *, models=icl.MODELS, lr=0.01, n_steps=2500, ckp
                     r = rec[m]
                     r["U"][:, j], r["v"][:, j], r["risk"][:, j] = U, v, risk
                 if t < n_steps:
-                    state[m] = [U - lr * gU, v - lr * gv]
+                    U, v = U - lr * gU, v - lr * gv
+                    state[m] = [U, v] if perturb is None else list(perturb(U, v))
             if ck:
                 j += 1
     out = {"t": steps, "L": np.array(Ls, dtype=int)}
@@ -780,7 +790,7 @@ def train_all_arrays(tasks, Ls, *, models=icl.MODELS, lr=0.01, n_steps=2500, ckp
     return out
 
 
-def train_until(tasks, stop, *, lr=0.01, max_steps=40000, check_every=25, U0=None, v0=None, label=""):
+def train_until(tasks, stop, *, lr=0.01, max_steps=40000, check_every=25, U0=None, v0=None, label="", perturb=None):
     """Train ``linear(inf)`` alone until ``stop(U, v)`` holds at a check (every ``check_every`` steps,
     from ``t = 0``) or ``max_steps`` is reached: the steps a run needs, found without fixing them first.
 
@@ -793,7 +803,8 @@ def train_until(tasks, stop, *, lr=0.01, max_steps=40000, check_every=25, U0=Non
 
     Returns a dict: ``t (n_check,)`` the checks made (``0, check_every, ..., T``), ``U (n_check, D, D)``,
     ``v (n_check, D)``, ``risk (n_check,)`` (training risk), ``T`` the last check (the first at which
-    ``stop`` held, else ``max_steps``) and ``converged`` (whether ``stop`` held at ``T``)."""
+    ``stop`` held, else ``max_steps``) and ``converged`` (whether ``stop`` held at ``T``). ``perturb``: as in
+    :func:`train_all_arrays`, applied after every update."""
     steps = checkpoint_steps(max_steps, check_every)
     U, v = _init(tasks, U0, v0)
     rec_U, rec_v, rec_r = [U], [v], []
@@ -802,7 +813,7 @@ def train_until(tasks, stop, *, lr=0.01, max_steps=40000, check_every=25, U0=Non
         if done:
             break
         res = train_all_arrays(tasks, (), models=("linear_inf",), lr=lr, n_steps=check_every,
-                               ckpt_every=check_every, U0=U, v0=v, label=label)["linear_inf"]
+                               ckpt_every=check_every, U0=U, v0=v, label=label, perturb=perturb)["linear_inf"]
         if not rec_r:
             rec_r.append(res["risk"][0])
         U, v = res["U"][-1], res["v"][-1]

@@ -469,3 +469,34 @@ def test_break_covers_4_is_a_test_at_level_5_percent():
         row = next(r for r in rows if r.id == "C2T-break-covers-4")
         assert row.level == 0.05 and row.pvalue == pytest.approx(p)
         assert multiplicity(rows)["tests"] == 1
+
+
+def test_the_cells_a_blas_kernel_moves_are_those_past_the_edge_of_stability():
+    """docs/performance.md section 10: of the paper profile's families cells at kms:0.5, tau 0.75, the two that
+    move under another BLAS kernel (family_seed 0 and 1) are those whose linear(inf) gradient descent at lr =
+    0.01 crosses the edge of stability in its block coordinates (lr lambda_max > 2, sfxlin.curvature.block_edge)
+    during its transient, and ends at the edge, at a minimiser off the balanced manifold (||U||_F^2 - ||v||^2
+    far from its init's 0); family_seed 2 stays below the edge and ends near the Bayes optimum. The trajectory
+    is the cell's own (its draws from the cell's generator, tasks first), checked against the cell."""
+    from sfxlin import curvature, training
+    from sfxlin.engine.sweep import cell_rng
+
+    config = EXPERIMENT.configure("paper", ["amplification_eps=0"])
+    Sigma = c2_threshold.family_sigma("kms:0.5", 0.75, config["d"])
+    for seed, crosses in ((0, True), (1, True), (2, False)):
+        cell = {"family": "kms:0.5", "tau": 0.75, "family_seed": seed}
+        rng = cell_rng(EXPERIMENT.rng_name("families"), cell, config["root_seed"])
+        tasks = icl.make_tasks(rng, config["d"], config["n_pairs"], config["n_queries"], max(config["L"]),
+                               laws.covariate_law("gaussian", Sigma))
+        run = training.train_all_arrays(tasks, (), models=("linear_inf",), lr=config["lr"],
+                                        n_steps=config["family_steps"], ckpt_every=20, pair_first=True)
+        U, v = run["linear_inf"]["U"], run["linear_inf"]["v"]
+        U_star, v_star = icl.bayes_optimum(Sigma)
+        dist = icl.theta_distance(U, v, U_star, v_star)
+        if seed == 0:   # the cell's own trajectory
+            every = config["family_ckpt_every"] // 20
+            np.testing.assert_array_equal(dist[::every], run_cell(EXPERIMENT, config, cell, "families")["dist_bayes_family"])
+        edge = curvature.block_edge(tasks, U, v, config["lr"])
+        balance = np.sum(U[-1] ** 2) - np.sum(v[-1] ** 2)
+        assert (edge.max() > 2.2) == crosses and (balance > 0.2) == crosses, (seed, edge.max(), balance)
+        assert (1.9 < edge[-1] < 2.0) == crosses and (dist[-1] > 0.1) == crosses, (seed, edge[-1], dist[-1])

@@ -148,3 +148,26 @@ def test_linear_inf_hessian_refuses_bad_parameters():
         curvature.linear_inf_hessian(np.zeros((3, 4)), np.zeros(4), np.eye(2))
     with pytest.raises(ValueError, match="finite"):
         curvature.linear_inf_hessian(np.full((3, 3), np.nan), np.zeros(3), np.eye(2))
+
+
+def test_block_edge_is_lr_times_the_top_curvature_in_the_block_coordinates():
+    """Against a central-difference Hessian of the training gradient in the block coordinates (U[:d, :d], v[d])
+    alone, at two block-structured points of a trajectory."""
+    rng = np.random.default_rng(8)
+    tasks = icl.make_tasks(rng, 2, 3, 2, 4, laws.covariate_law("gaussian", np.diag([3.0, 0.5])))
+    D, d, lr = tasks.D, tasks.d, 0.02
+    run = training.train_all_arrays(tasks, (), models=("linear_inf",), lr=lr, n_steps=40, ckpt_every=40)
+    U, v = run["linear_inf"]["U"], run["linear_inf"]["v"]
+    G = icl.model_matrix("linear_inf", tasks)
+    block = [i * D + j for i in range(d) for j in range(d)] + [D * D + d]
+    grad = lambda t: _theta(*icl.linear_risk_grad(*_split(t, D), G, tasks.z_q, tasks.y_q)[1:])   # noqa: E731
+    h = 1e-5
+    expected = []
+    for Ui, vi in zip(U, v):
+        theta = _theta(Ui, vi)
+        fd = np.stack([(grad(theta + h * e) - grad(theta - h * e))[block] / (2 * h)
+                       for e in np.eye(theta.size)[block]], axis=1)
+        expected.append(lr * np.linalg.eigvalsh((fd + fd.T) / 2)[-1])
+    np.testing.assert_allclose(curvature.block_edge(tasks, U, v, lr), expected, rtol=1e-7)
+    with pytest.raises(ValueError, match=r"U must be \(n, 3, 3\)"):
+        curvature.block_edge(tasks, U[0], v[0], lr)

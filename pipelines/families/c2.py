@@ -7,6 +7,7 @@ from __future__ import annotations
 from sfxlin import covariance, icl
 from sfxlin.engine import Param, Variable
 from sfxlin.engine.family import Cost, Family, multiples
+from sfxlin.engine.sensitivity import step_perturbation
 from sfxlin.gradient_gap import TRAINERS, gradient_gap_trajectory
 
 #: the covariate settings of the gradient and trajectory tests: setting -> covariance spec
@@ -21,8 +22,9 @@ def setting_covariance(setting, d, scale=1.0):
 def gap_run(rng, Sigma, Ls, label, **run):
     """One run of :func:`sfxlin.gradient_gap.gradient_gap_trajectory` (``run``: its keywords) as the family's
     outputs: ``g``, ``g_risk`` ``(L, t)``; ``risk_inf``, ``dist_bayes``, ``logit_factor``, ``off_block``
-    ``(t,)``; ``U_inf`` ``(t, row, col)``, ``v_inf`` ``(t, row)``."""
-    out = gradient_gap_trajectory(rng, Sigma, list(Ls), label=label, **run)
+    ``(t,)``; ``U_inf`` ``(t, row, col)``, ``v_inf`` ``(t, row)``. Its training takes the engine's step
+    perturbation in an amplification run (a part of gap runs declares ``perturbed=True``)."""
+    out = gradient_gap_trajectory(rng, Sigma, list(Ls), label=label, perturb=step_perturbation(), **run)
     keep = ("g", "g_risk", "risk_inf", "dist_bayes", "logit_factor", "U_inf", "v_inf")
     return {**{k: out[k] for k in keep}, "off_block": icl.off_block_mass(out["U_inf"], out["v_inf"])}
 

@@ -16,6 +16,7 @@ import numpy as np
 from sfxlin import covariance, icl, laws, training
 from sfxlin.engine import Param, Variable
 from sfxlin.engine.family import Cost, Family, multiples
+from sfxlin.engine.sensitivity import step_perturbation
 from sfxlin.realdata import DATASETS
 
 MODELS = ("softmax", "linear")   # the finite-L models, coordinate ``model``
@@ -51,10 +52,12 @@ def draw(rng, d, law, n_pairs, n_queries, L_max, held=None, noise=0.0):
 class Run:
     """One training run of the three models on ``tasks`` (:func:`sfxlin.training.train_all_arrays` with
     ``run``'s keywords): ``res`` its result, ``U (model, L, t, D, D)``, ``v (model, L, t, D)`` of the finite-L
-    models, ``U_inf (t, D, D)``, ``v_inf (t, D)`` of linear(inf)."""
+    models, ``U_inf (t, D, D)``, ``v_inf (t, D)`` of linear(inf). It takes the engine's step perturbation in
+    an amplification run (a part of such runs declares ``perturbed=True``)."""
 
     def __init__(self, tasks, Ls, label, **run):
-        self.res = training.train_all_arrays(tasks, Ls, models=("softmax", "linear", "linear_inf"), label=label, **run)
+        self.res = training.train_all_arrays(tasks, Ls, models=("softmax", "linear", "linear_inf"), label=label,
+                                             perturb=step_perturbation(), **run)
         self.U = np.stack([self.res[m]["U"] for m in MODELS])
         self.v = np.stack([self.res[m]["v"] for m in MODELS])
         self.U_inf, self.v_inf = self.res["linear_inf"]["U"], self.res["linear_inf"]["v"]

@@ -7,7 +7,8 @@ experiments by name (:mod:`.experiments`) and the plug-in protocol their declara
 follow (:mod:`.protocol`), the kept cells of interrupted runs (:mod:`.cellstore`) and
 the code they are fingerprinted by (:mod:`.closure`), cells computed on a dask cluster (:mod:`.cluster`),
 schedulers and progress (:mod:`.execution`), netCDF storage and provenance (:mod:`.storage`),
-the coordinate vocabulary (:mod:`.schema`) and combining runs (:mod:`.merge`).
+the coordinate vocabulary (:mod:`.schema`), combining runs (:mod:`.merge`), how much a cell amplifies
+rounding (:mod:`.sensitivity`) and whether a file still comes from the code (:mod:`.verify`).
 
 The rule of the house: the mathematics (``sfxlin.*`` outside this package) imports nothing of the
 engine; the engine imports the mathematics; pipelines and analysis import both; the command line

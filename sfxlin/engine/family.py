@@ -95,13 +95,16 @@ class Cells:
     ``kernel(cell, rng, inputs) -> {output: Out or array}``, the outputs it computes (names of the
     family's outputs, or variables of the variant's own, their dims those inside a cell), its part name and,
     where given,
-    ``inputs(config, cell)``, what reaches a cell (:class:`~sfxlin.engine.sweep.Part`)."""
+    ``inputs(config, cell)``, what reaches a cell (:class:`~sfxlin.engine.sweep.Part`). ``perturbed``: its
+    kernel passes :func:`sfxlin.engine.sensitivity.step_perturbation` to the trajectories it trains (the
+    family's run does), so the engine can measure each cell's amplification of rounding."""
 
     grid: Mapping
     kernel: Callable
     outputs: tuple
     name: str = ""
     inputs: Callable | None = None
+    perturbed: bool = False
 
 
 @dataclass(frozen=True)
@@ -179,7 +182,7 @@ class Family:
                     for o in c.outputs]
             inner |= {d for v in mine for d in v.dims if d not in c.grid}
             variables += mine
-            parts.append(Part(c.name, grid_of(c.grid), c.kernel, c.inputs))
+            parts.append(Part(c.name, grid_of(c.grid), c.kernel, c.inputs, perturbed=c.perturbed, grid_dims=tuple(c.grid)))
         table = {**self.coords, **dict(coords)}
         missing = sorted(d for d in inner if d not in table)
         if missing and "inner_coords" not in experiment:

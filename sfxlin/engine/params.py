@@ -61,7 +61,9 @@ class Param:
     experiment whose cells it reaches (None: every part). ``why`` says why a list needs
     ``min_len`` values (what the analysis fits with them). For a ``file``: ``suffixes``, the
     endings its path may have (None: any; ``.nc`` stands for ``file.nc:variable``), and
-    ``optional``, whether ``""`` (or None) is allowed for no file.
+    ``optional``, whether ``""`` (or None) is allowed for no file. ``absent``: the value of a recorded
+    configuration that lacks the parameter (a results file written before it existed; None: a recorded
+    configuration must give it).
     """
 
     name: str
@@ -82,6 +84,7 @@ class Param:
     parts: tuple | None = None
     suffixes: tuple | None = None
     optional: bool = False
+    absent: object = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -328,7 +331,7 @@ def configure(params, profile="quick", overrides=(), values=None, checks=(), nam
 
     ``overrides``: ``"KEY=TEXT"`` strings (the command line's ``--set``), each key at most once; ``values``: a mapping of
     Python values (e.g. a file's ``config`` attr) replacing the profile's; with ``profile=None``
-    ``values`` must give every parameter. Every ``file`` parameter's file is hashed here, once
+    ``values`` must give every parameter but those declaring the value of their ``absent``. Every ``file`` parameter's file is hashed here, once
     (:attr:`Config.digests`). ``checks``: functions ``check(config)`` raising
     ValueError for rules that tie several parameters together. Unknown keys, and missing ones,
     are errors naming them (and ``name``, the experiment's).
@@ -339,6 +342,8 @@ def configure(params, profile="quick", overrides=(), values=None, checks=(), nam
         unknown = sorted(set(values) - set(table))
         if unknown:
             raise ValueError(f"unknown parameter(s) {unknown} of {name}; known: {sorted(table)}")
+        if profile is None:   # a recorded configuration: what it lacks had the value of its absence
+            raw.update({p.name: p.absent for p in params if p.absent is not None})
         raw.update(values)
     missing = sorted(set(table) - set(raw))
     if missing:

@@ -29,6 +29,7 @@ merged.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -42,6 +43,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from . import sensitivity
 from .params import digest_key, file_digests
 from .protocol import load_analysis
 from ..realdata import check_unchanged
@@ -127,13 +129,18 @@ class Part:
     grid parameter and reaches this part, see :attr:`sfxlin.engine.params.Param.parts`); either way the
     digest of every file parameter it holds joins it (:func:`sfxlin.engine.params.file_digests`). The
     main part is named ``""``; another part's cells draw from generators tagged
-    ``"<experiment>/<part>"``.
+    ``"<experiment>/<part>"``. ``perturbed``: the kernel trains gradient-descent trajectories and passes
+    :func:`sfxlin.engine.sensitivity.step_perturbation` to them, so the engine can measure how much each
+    cell amplifies rounding (:mod:`sfxlin.engine.sensitivity`); such a part names its grid dims,
+    ``grid_dims`` (the amplification variables are declared over them before any configuration exists).
     """
 
     name: str
     grid: Callable[[Mapping], dict]
     kernel: Callable
     inputs: Callable[[Mapping, Mapping], dict] | None = None
+    perturbed: bool = False
+    grid_dims: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -180,9 +187,46 @@ class Experiment:
         names = [p.name for p in self.parts]
         if len(set(names)) != len(names):
             raise ValueError(f"{self.name}: part names must be unique, got {names}")
+        self._declare_amplification()
         for var in self.variables:
             if var.part not in names:
                 raise ValueError(f"{self.name}.{var.name}: no part named {var.part!r} (parts: {names})")
+
+    def _declare_amplification(self):
+        """For the perturbed parts, the engine's parameter ``amplification_eps`` (unless declared, with
+        another value, by :func:`sensitivity.param`), the amplification variable of every float output
+        (:func:`sensitivity.variables`) and the cost of the amplification run in the cost model
+        (:class:`sensitivity.AmplifiedCost`), once: a copy made by ``dataclasses.replace`` has them already."""
+        perturbed = [p for p in self.parts if p.perturbed]
+        if not perturbed:
+            return
+        for part in perturbed:
+            if part.grid_dims is None:
+                raise ValueError(f"{self.name}: the perturbed part {part.name!r} must name its grid dims (grid_dims): "
+                                 "its amplification variables are declared over them")
+        params = tuple(self.params)
+        if sensitivity.AMPLIFICATION not in {p.name for p in params}:
+            params += (sensitivity.param(),)
+        reach = tuple(p.name for p in perturbed)   # the parameter reaches the perturbed parts' cells only
+        params = tuple(dataclasses.replace(p, parts=reach) if p.name == sensitivity.AMPLIFICATION else p
+                       for p in params)
+        names = {v.name for v in self.variables}
+        measured = {sensitivity.variable_name(v.name) for v in self.variables} & names   # declared already
+        added = tuple(a for part in perturbed for a in sensitivity.variables(
+            [v for v in self.variables if v.part == part.name and v.name not in measured], part.grid_dims, part.name)
+            if a.name not in names)
+        object.__setattr__(self, "params", params)
+        object.__setattr__(self, "variables", tuple(self.variables) + added)
+        if self.cost is not None and not isinstance(self.cost, sensitivity.AmplifiedCost):
+            object.__setattr__(self, "cost", sensitivity.AmplifiedCost(self.cost, reach))
+
+    def amplified(self, part_name="") -> dict:
+        """``{output: its amplification variable}`` of the part ``part_name`` (empty unless it is perturbed)."""
+        if not self.part(part_name).perturbed:
+            return {}
+        names = {v.name for v in self.variables}
+        return {v.name: sensitivity.variable_name(v.name) for v in self.part_variables(part_name)
+                if sensitivity.variable_name(v.name) in names}
 
     def __repr__(self):
         return (f"Experiment({self.name!r}: {', '.join(v.name for v in self.variables)}; "
@@ -233,6 +277,8 @@ class Experiment:
         else:
             inputs = {p.name: config[p.name] for p in self.params
                       if not p.grid and (p.parts is None or part_name in p.parts)}
+        if part.perturbed:   # whether the cell measures its amplification is part of what it computes
+            inputs[sensitivity.AMPLIFICATION] = config[sensitivity.AMPLIFICATION]
         return {**inputs, **file_digests(self.params, config, inputs)}
 
     def check_files(self, inputs) -> None:
@@ -293,30 +339,61 @@ def _cell_at(grid, index):
     return {dim: values[i] for (dim, values), i in zip(grid.items(), index)}
 
 
-def run_cell(experiment: Experiment, config: Mapping, cell: Mapping, part: str = "") -> dict:
+def run_cell(experiment: Experiment, config: Mapping, cell: Mapping, part: str = "", amplification: bool = True) -> dict:
     """Compute one cell of ``part``, given by its coordinate values (``{"d": 3, "U_norm": 0.5,
     "seed": 1}``), and validate its outputs. The same cell gives the same bits in any grid and with
     any number of cores (the kernel runs with one BLAS thread). A file parameter whose file changed
-    since ``config`` was made is a ValueError naming the cell and the parameter, before any work."""
-    grid = experiment.part(part).grid(config)
+    since ``config`` was made is a ValueError naming the cell and the parameter, before any work.
+
+    A perturbed part (``Part.perturbed``) with ``amplification_eps > 0`` in ``config`` computes the cell a
+    second time under the step perturbation (:mod:`sfxlin.engine.sensitivity`) and returns the
+    amplification of every output beside it; ``amplification=False`` skips that run (its variables are
+    NaN: ``sfxlin verify`` reads them from the file). The outputs do not depend on either."""
+    spec = experiment.part(part)
+    grid = spec.grid(config)
     if set(cell) != set(grid):
         raise ValueError(f"{experiment.name}: a cell names every grid dim {list(grid)}, got {dict(cell)}")
+    if spec.grid_dims is not None and set(spec.grid_dims) != set(grid):
+        raise ValueError(f"{experiment.name}: part {part!r} declares the grid dims {list(spec.grid_dims)}, its grid "
+                         f"has {list(grid)}")
     cell = {dim: cell[dim] for dim in grid}
     inner = experiment.inner_coords(config)
     name = experiment.rng_name(part)
-    rng = cell_rng(name, cell, config["root_seed"])
     label = cell_label(name, cell)
-    inputs = types.MappingProxyType(copy.deepcopy(experiment.cell_inputs(config, cell, part)))
+    inputs = experiment.cell_inputs(config, cell, part)
     try:
         experiment.check_files(inputs)
     except ValueError as exc:
         raise ValueError(f"{label}: {exc}") from None
+    amplified = experiment.amplified(part)
+    own = [v for v in experiment.part_variables(part) if v.name not in amplified.values()]
+    out = _checked(_kernel_outputs(spec, cell, cell_rng(name, cell, config["root_seed"]), inputs, label), own, inner,
+                   grid, label)
+    eps = config[sensitivity.AMPLIFICATION] if amplified else 0.0
+    if not (amplification and eps > 0):
+        return {**out, **{a: np.float64(np.nan) for a in amplified.values()}}
+    perturbation = sensitivity.StepPerturbation(cell_rng(f"{name}/amplification", cell, config["root_seed"]), eps)
+    again_label = f"{label} (amplification run, eps {eps:g})"
+    again = _checked(_kernel_outputs(spec, cell, cell_rng(name, cell, config["root_seed"]), inputs, again_label,
+                                     perturbation), own, inner, grid, again_label)
+    if perturbation.calls == 0:
+        if all(np.isnan(out[o]).all() for o in amplified):   # a cell that computes nothing (outside a protocol)
+            return {**out, **{a: np.float64(np.nan) for a in amplified.values()}}
+        raise CellError(f"{label}: part {part!r} is declared perturbed but its kernel applied no step perturbation: "
+                        "pass sfxlin.engine.sensitivity.step_perturbation() to every trajectory it trains")
+    return {**out, **{a: np.float64(sensitivity.amplification(out[o], again[o], eps)) for o, a in amplified.items()}}
+
+
+def _kernel_outputs(part, cell, rng, inputs, label, perturbation=None):
+    """What ``part``'s kernel returns for ``cell`` from the generator ``rng`` and a private copy of
+    ``inputs``, under the step ``perturbation`` (None: none); a CellError naming ``label`` for a
+    floating-point error."""
+    inputs = types.MappingProxyType(copy.deepcopy(inputs))
     try:
-        with single_threaded_blas():   # the same bits whatever the core count (sfxlin.threads)
-            out = experiment.part(part).kernel(cell, rng, inputs)
+        with single_threaded_blas(), sensitivity.perturbing(perturbation):   # one BLAS thread: sfxlin.threads
+            return part.kernel(cell, rng, inputs)
     except (FloatingPointError, ArithmeticError) as exc:
         raise CellError(f"{label}: {exc}") from exc
-    return _checked(out, experiment.part_variables(part), inner, grid, label)
 
 
 def _checked(out, variables, inner, grid, label):
