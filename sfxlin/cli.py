@@ -627,6 +627,8 @@ def cmd_verify(args):
                 bad = [v.name for v in check.variables if v.error > rtol]
                 verdict = f"DIFFERS beyond {rtol:g}: {', '.join(bad)} (largest {worst.error:.2g}, {worst.name})"
                 status = FAILED
+            if check.absent:
+                verdict += f"; not in the file (added since): {', '.join(check.absent)}"
             print(f"{where}: {verdict}, recomputed in {check.seconds:.1f} s", flush=True)
     return status
 

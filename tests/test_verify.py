@@ -74,6 +74,19 @@ def test_a_value_moved_beyond_rtol_fails_naming_the_variable(quick_file, tmp_pat
     assert "within 1e-07 (largest 1e-08, mse)" in capsys.readouterr().out
 
 
+def test_an_output_added_since_the_file_was_made_is_named_not_compared(quick_file, tmp_path, capsys):
+    """A file that lacks one of the code's outputs (made before it was added): the variables it holds are
+    compared as ever, the missing one is named on the cell's line, and the file still verifies."""
+    ds = xr.load_dataset(quick_file)
+    ds.drop_vars("mse").to_netcdf(tmp_path / "older.nc")
+    check = verify_file(tmp_path / "older.nc")[0]
+    assert check.absent == ("mse",) and check.identical and "mse" not in [v.name for v in check.variables]
+    assert main(["verify", str(tmp_path / "older.nc")]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "bit-identical" in first and first.endswith("not in the file (added since): mse, recomputed in " +
+                                                       first.rsplit("recomputed in ", 1)[1])
+
+
 def test_a_last_bits_change_is_within_the_contract_not_identical(quick_file, tmp_path, capsys):
     moved = _perturbed(quick_file, tmp_path / "bits.nc", "mse", 1e-13)
     assert main(["verify", str(moved)]) == 0
@@ -138,5 +151,6 @@ def test_a_shipped_file_comes_from_this_code(name):
     assert path.is_file(), f"{path} is not shipped"
     with xr.open_dataset(path) as ds:
         where = STABLE[name](ds) if name in STABLE else None
+
     for check in verify_file(path, where=where):
         assert check.within(1e-10), (check.part, check.cell, check.worst)
