@@ -222,7 +222,8 @@ measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
 
 
 def fit_tables(ds: xr.Dataset) -> dict:
-    """``steps`` (T_conv per setting and d, the fit in d), ``slopes`` (per quantity, setting, d),
+    """``steps`` (the flow time, T_conv and, in a file of the faithful step, lr and risk rises per setting and
+    d), ``T_growth`` (the fit in d), ``slopes`` (per quantity, setting, d),
     ``theta_inf`` (at T: exact relative risk, distance to theta_star)."""
     g = T_growth(ds)
     flow = {"median": column(g.T_median, "flow time median", ".3g"), "min": column(g.T_min, "min", ".3g"),
