@@ -1,5 +1,6 @@
 """C3 dimension analysis: per (setting, d) the slopes in L of the trajectory distance and of the held-out
-excess risk, the steps T_conv each run needed and their growth in d, verdicts and the figure, from a
+excess risk, the flow time each run needed and its growth in d, whether each run followed its gradient flow,
+verdicts and the figure, from a
 ``c3_dim`` results file alone (its variables: pipelines/c3_dim.py; what they show: docs/claims.md,
 "C3 dimension").
 
@@ -13,9 +14,14 @@ excess risk, the steps T_conv each run needed and their growth in d, verdicts an
   vanishes as ``L`` grows. (Over linear(L) the difference has no sign: softmax(L) and linear(L)
   estimate the same plug-in from the same prompt, and either can be ahead.) A seed mean ``<= 0`` at
   some ``L`` has no logarithm: the slope is then not taken and the criterion says so.
-* **Steps.** ``T_conv`` per ``(setting, d)`` (median, min, max over seeds; how many runs reached
-  ``T_max`` without the stop) and per setting the OLS line of ``log T_conv`` on ``log d`` over every
-  run (the runs are independent: different ``d`` and seeds draw different tasks), HC1 SE, t interval.
+* **Flow time.** ``flow_time = T_conv x lr`` per ``(setting, d)`` (median, min, max over seeds; how many runs
+  reached ``flow_max`` without the stop) and per setting the OLS line of ``log flow_time`` on ``log d`` over
+  every run (the runs are independent: different ``d`` and seeds draw different tasks), HC1 SE, t interval.
+  The time of the gradient flow, not the steps: cells of different ``d`` run different step sizes. A file
+  of the fixed-step protocol (one ``lr`` for every cell, no ``flow_time``: made before the faithful step) is
+  read with ``flow_time = T_conv x`` its ``lr`` (:func:`flow_times`).
+* **Flow.** ``risk_rises`` per run: checks at which the exact population risk of ``theta_inf`` rose (a faithful
+  discretisation of the gradient flow never raises it here).
 
 Independent units: a seed of a ``(setting, d)`` is one run whose tasks every ``L`` and both models
 share (nested prompts), so the points of a curve along ``L`` share draws: the slopes' SEs are
@@ -34,7 +40,8 @@ from .fits import ols_line, too_few
 from .tables import column, make_table
 from .verdicts import RESAMPLE, Criteria, Inconclusive, NotJudged, Shared, measure_unless
 
-__all__ = ["CRITERIA", "QUANTITIES", "curves", "slopes", "T_growth", "measures", "verdicts", "fit_tables", "figure"]
+__all__ = ["CRITERIA", "QUANTITIES", "curves", "slopes", "flow_times", "T_growth", "measures", "verdicts", "fit_tables",
+           "figure"]
 
 #: the quantities whose slopes in L are fitted: name -> long name
 QUANTITIES = {"D": "max_t ||theta_L(t) - theta_inf(t)|| (softmax)",
@@ -64,11 +71,21 @@ def slopes(ds: xr.Dataset) -> xr.Dataset:
     return res.transpose("quantity", "setting", "d", ...)
 
 
+def flow_times(ds: xr.Dataset) -> tuple[xr.DataArray, float]:
+    """``(flow_time, flow_max)``: each run's flow time to the stop rule ``(setting, d, seed)`` and the longest a
+    run could take; in a file of the fixed-step protocol (no ``flow_time``), ``T_conv`` and its ``T_max`` times
+    the file's one ``lr``."""
+    if "flow_time" in ds:
+        return ds.flow_time, float(ds.t_flow.values[-1])
+    lr = float(json.loads(ds.attrs["config"])["lr"])
+    return (ds.T_conv * lr).rename("flow_time"), float(ds.t.values[-1]) * lr
+
+
 def T_growth(ds: xr.Dataset) -> xr.Dataset:
-    """Per setting the line ``T_conv ~ d^b``, OLS of ``log T_conv`` on ``log d`` over every run, HC1 SE
-    (NaN with one d): ``slope``, ``se``, ``ci_low``, ``ci_high``;
-    per ``(setting, d)`` the median, min and max of ``T_conv`` over seeds and ``n_not_converged``."""
-    T = ds.T_conv
+    """Per setting the line ``flow_time ~ d^b``, OLS of ``log flow_time`` on ``log d`` over every run, HC1 SE
+    (NaN with one d): ``slope``, ``se``, ``ci_low``, ``ci_high``; per ``(setting, d)`` the median, min and max
+    of the flow time over seeds and ``n_not_converged`` (:func:`flow_times`)."""
+    T, _ = flow_times(ds)
     fit = ols_line(np.log(T), np.log(T.d), ("d", "seed"), cov_type="HC1")
     out = xr.Dataset({k: fit[f].reset_coords(drop=True).drop_attrs()
                       for k, f in zip(LINE, ("slope", "slope_se", "slope_ci_low", "slope_ci_high"))})
@@ -76,7 +93,7 @@ def T_growth(ds: xr.Dataset) -> xr.Dataset:
     out["T_min"] = T.min("seed")
     out["T_max"] = T.max("seed")
     out["n_not_converged"] = (ds.converged == 0).sum("seed")
-    out.attrs.update(fit="OLS of log T_conv on log d over every run of the setting (independent runs), HC1 SE, "
+    out.attrs.update(fit="OLS of log flow_time on log d over every run of the setting (independent runs), HC1 SE, "
                          "Student-t interval")
     return out
 
@@ -118,12 +135,13 @@ def _slope_measure(sh, q):
     return measure_unless(_fit_reason(sh.ds), compute)
 
 
-@CRITERIA("C3D-converged", "runs that reached T_max without the stop rule (exact population risk of theta_inf <= "
-          "tol x its init's), per (setting, d)", "<=", 0,
-          reference="a prototype of linear(inf) alone (docs/claims.md, C3 dimension): every cell with >= 2 d^2 equations met tol = 0.01 within 5400 steps",
+@CRITERIA("C3D-converged", "runs that reached flow_max (T_max in a fixed-step file) without the stop rule (exact "
+          "population risk of theta_inf <= tol x its init's), per (setting, d)", "<=", 0,
+          reference="a prototype of linear(inf) alone (docs/claims.md, C3 dimension): every cell with >= 2 d^2 "
+                    "equations met tol = 0.01 within 5400 steps at lr 0.01 (flow time 54)",
           reason="the premise: the slopes are read on runs trained until theta_inf(t) has converged, so that the "
                  "horizon T is not what bounds them (the issue's question)",
-          quick=_QUICK, fails_as=("finding", "T_max too short for this (setting, d): theta_inf still moving"))
+          quick=_QUICK, fails_as=("finding", "flow_max too short for this (setting, d): theta_inf still moving"))
 def _converged(sh):
     return (sh.ds.converged == 0).sum("seed")
 
@@ -148,12 +166,15 @@ def _risk_slope(sh):
     return _slope_measure(sh, "excess")
 
 
-@CRITERIA("C3D-T-isotropic", "upper end of the 95% CI (HC1) of b in T_conv ~ d^b, isotropic setting (every run)",
-          "<", 0.5, reference="a prototype of linear(inf) alone (32 .. 512 pairs): T1% 400, 400, 200 at d = 3, 8, 16",
+@CRITERIA("C3D-T-isotropic", "upper end of the 95% CI (HC1) of b in flow_time ~ d^b (flow time T_conv x lr to the "
+          "stop rule), isotropic setting (every run)",
+          "<", 0.5, reference="a prototype of linear(inf) alone (32 .. 512 pairs, lr 0.01): flow time to 1% 4, 4, 2 at "
+                              "d = 3, 8, 16",
           reason="with the equations scaled to d^2 the empirical design's conditioning does not change with d, and "
-                 "the product parametrisation speeds up with d (||theta_star||^2 = 2 sqrt(d) for Sigma = I): T should "
-                 "not grow with d; b < 0.5 (slower than sqrt(d)) is the test that it does not need to grow much",
-          quick=_QUICK, fails_as=("finding", "isotropic runs need more steps as d grows"))
+                 "the product parametrisation speeds up with d (||theta_star||^2 = 2 sqrt(d) for Sigma = I): the flow "
+                 "should not need more time as d grows; b < 0.5 (slower than sqrt(d)) is the test that it does not "
+                 "need much more",
+          quick=_QUICK, fails_as=("finding", "isotropic runs need more flow time as d grows"))
 def _T_iso(sh):
     ds = sh.ds
     if "isotropic" not in [str(s) for s in ds.setting.values]:
@@ -161,6 +182,22 @@ def _T_iso(sh):
     if ds.sizes["d"] < 2:
         return Inconclusive("one d: no growth in d")
     return sh(T_growth).ci_high.sel(setting="isotropic")
+
+
+@CRITERIA("C3D-flow", "rises of the exact population risk of theta_inf between consecutive checks (by more than "
+          "1e-10 of the init's), per run", "<=", 0,
+          reference="a faithful step at d = 16 power_law:1.0 (lr 0.0011): 0 rises to the stop; at lr = 0.01 the shipped "
+                    "run of the fixed-step protocol rose to 2.75 of the init's",
+          reason="on a noiseless, well-determined task a faithful discretisation of the gradient flow lowers the "
+                 "population risk at every check (the flow does); a rise is a step-size instability (a catapult), "
+                 "which also amplifies rounding across BLAS kernels",
+          profile="any", fails_as=("finding", "the run is not a faithful discretisation of the gradient flow: its "
+                                              "step is beyond the stable one somewhere along it"))
+def _flow(sh):
+    ds = sh.ds
+    if "risk_rises" not in ds:
+        return Inconclusive("a file of the fixed-step protocol: no risk_rises (made before the faithful step)")
+    return ds.risk_rises
 
 
 @CRITERIA("C3D-block", "max over runs, models, L and t of the off-block mass of theta_L(t), per (setting, d)",
@@ -185,16 +222,20 @@ measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
 
 
 def fit_tables(ds: xr.Dataset) -> dict:
-    """``steps`` (T_conv per setting and d, the fit in d), ``slopes`` (per quantity, setting, d),
+    """``steps`` (the flow time, T_conv and, in a file of the faithful step, lr and risk rises per setting and
+    d), ``T_growth`` (the fit in d), ``slopes`` (per quantity, setting, d),
     ``theta_inf`` (at T: exact relative risk, distance to theta_star)."""
     g = T_growth(ds)
-    tables = {"steps": make_table(
-        {"median": column(g.T_median, "T_conv median", ".0f"), "min": column(g.T_min, "min", ".0f"),
-         "max": column(g.T_max, "max", ".0f"), "never": column(g.n_not_converged, "runs at T_max", "d")},
-        title=f"Steps T_conv to the stop rule (exact population risk of theta_inf <= tol x init), over "
-              f"{ds.sizes['seed']} seeds")}
+    flow = {"median": column(g.T_median, "flow time median", ".3g"), "min": column(g.T_min, "min", ".3g"),
+            "max": column(g.T_max, "max", ".3g"), "never": column(g.n_not_converged, "runs at flow_max", "d"),
+            "steps": column(ds.T_conv.median("seed"), "T_conv median (steps)", ".0f")}
+    if "lr" in ds:
+        flow.update(lr=column(ds.lr.max("seed"), "lr", ".3g"), rises=column(ds.risk_rises.sum("seed"),
+                                                                           "risk rises (all seeds)", "d"))
+    tables = {"steps": make_table(flow, title=f"Flow time T_conv x lr to the stop rule (exact population risk of "
+                                              f"theta_inf <= tol x init), over {ds.sizes['seed']} seeds")}
     tables["T_growth"] = make_table({k: column(g[k], f"b: {k}", ".3f") for k in LINE},
-                                    title="T_conv ~ d^b per setting: OLS of log T_conv on log d over every run, "
+                                    title="flow_time ~ d^b per setting: OLS of log flow_time on log d over every run, "
                                           "HC1 SE, 95% t interval")
     s = slopes(ds)
     tables["slopes"] = make_table({**{k: column(s[k], k, ".3f") for k in LINE}, "n_L": column(s.n_L, "L fitted", "d")},
@@ -218,7 +259,7 @@ def fit_tables(ds: xr.Dataset) -> dict:
 def figure(ds: xr.Dataset, path):
     """Four panels: (a) ``max_t D_inf`` (softmax, seed mean) against ``L``, one curve per (setting, d);
     (b) the excess risk against ``L``, likewise; (c) the slopes of both against ``d`` with their 95%
-    intervals; (d) ``T_conv`` against ``d`` per setting (every run, with the fitted ``d^b``).
+    intervals; (d) the flow time to the stop rule against ``d`` per setting (every run, with the fitted ``d^b``).
     ``path``: a file name or a binary file object. Returns ``path``."""
     import matplotlib
 
@@ -259,7 +300,8 @@ def figure(ds: xr.Dataset, path):
     ax.set(xlabel="d", ylabel="slope in L (95% CI, cluster over seeds)", title="slopes in L against d")
     ax.legend(fontsize=7)
     ax = axes[3]
-    T = ds.T_conv.transpose("setting", "d", "seed")
+    flow, flow_max = flow_times(ds)
+    T = flow.transpose("setting", "d", "seed")
     for i, st in enumerate(settings):
         for j, d in enumerate(dims_d):
             ax.loglog(np.full(T.sizes["seed"], d), T.values[i, j], marks[st], color=f"C{i}", ms=5, mfc="none",
@@ -270,11 +312,13 @@ def figure(ds: xr.Dataset, path):
             xd = np.log(np.repeat(dvals, T.sizes["seed"])).mean()
             ax.loglog(dvals, np.exp(lm + b * (np.log(dvals) - xd)), "-", color=f"C{i}", lw=0.8,
                       label=f"{st}: d^{b:.2f}")
-    ax.axhline(int(ds.t.values[-1]), color="0.5", ls="--", lw=0.8)
-    ax.set(xlabel="d", ylabel="T_conv (steps)", title="steps to the stop rule (dashed: T_max)")
+    ax.axhline(flow_max, color="0.5", ls="--", lw=0.8)
+    ax.set(xlabel="d", ylabel="flow time T_conv x lr", title="flow time to the stop rule (dashed: flow_max)")
     ax.legend(fontsize=7)
     cfg = json.loads(ds.attrs.get("config", "{}"))
-    fig.suptitle(f"C3 dimension ({ds.attrs.get('profile', '?')} profile; lr {cfg.get('lr', '?')}, tol "
+    step = (f"lr {cfg['lr_rule']}" + (f" (margin {cfg['lr_margin']})" if cfg["lr_rule"] == "faithful" else "")
+            if "lr_rule" in cfg else f"lr {cfg.get('lr', '?')}")
+    fig.suptitle(f"C3 dimension ({ds.attrs.get('profile', '?')} profile; {step}, tol "
                  f"{cfg.get('tol', '?')}, task_ratio {cfg.get('task_ratio', '?')}, L caps {cfg.get('L_caps', '?')}, "
                  f"{ds.sizes['seed']} seeds)", fontsize=10)
     fig.tight_layout()

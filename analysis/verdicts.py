@@ -502,7 +502,8 @@ class VerdictRow:
     measured_str : the measured figure as printed (``"-0.99"``, ``"-1.03 .. -0.97 (9/9 in range)"``, ``"n/a"``).
     verdict : ``"PASS"``, ``"FAIL"``, ``"INCONCLUSIVE"`` or ``"NOT JUDGED"``.
     note : why INCONCLUSIVE or NOT JUDGED (missing, non-finite, not measurable, flagged, not
-        judged at this profile, with the reason), else ``""``.
+        judged at this profile, with the reason); for a FAIL of a labelled measure, where it fails
+        (the coordinates of its failing values); else ``""``.
     robustness : the fraction of resamples of the independent units that give the same verdict
         (PASS / FAIL only; None when not computed, ``robustness_note`` then says why).
     fails_as : ``(class, reason)`` declared for a non-PASS verdict of this criterion, or None.
@@ -669,7 +670,30 @@ def _row(crit: Criterion, raw) -> VerdictRow:
         bad = int(np.count_nonzero(~np.isfinite(values)))
         return VerdictRow(crit, raw, _measured_str(crit, values, None), INCONCLUSIVE, f"{bad}/{values.size} non-finite")
     ok = crit.holds(values)
-    return VerdictRow(crit, raw, _measured_str(crit, values, ok), PASS if ok.all() else FAIL)
+    if ok.all():
+        return VerdictRow(crit, raw, _measured_str(crit, values, ok), PASS)
+    return VerdictRow(crit, raw, _measured_str(crit, values, ok), FAIL, _where_fails(raw, ok))
+
+
+#: the failing cells a FAIL's note names at most
+NAMED_FAILS = 3
+
+
+def _where_fails(raw, ok: np.ndarray) -> str:
+    """For a labelled measure (an xarray DataArray with dims): ``"fails at d = 16, seed = 1; ..."``, the
+    coordinates of its first :data:`NAMED_FAILS` failing values (``and k more``); ``""`` otherwise."""
+    dims = getattr(raw, "dims", ())
+    if not dims or int(np.prod(raw.shape)) != ok.size:
+        return ""
+    bad = np.argwhere(~ok.reshape(raw.shape))
+
+    def name(dim, i):
+        value = raw[dim].values[i] if dim in raw.coords else i
+        return f"{dim} = {value.item() if hasattr(value, 'item') else value}"
+
+    cells = "; ".join(", ".join(name(dim, i) for dim, i in zip(dims, index)) for index in bad[:NAMED_FAILS])
+    more = f" and {len(bad) - NAMED_FAILS} more" if len(bad) > NAMED_FAILS else ""
+    return f"fails at {cells}{more}"
 
 
 def to_frame(rows: Sequence[VerdictRow]):

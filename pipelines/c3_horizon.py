@@ -8,7 +8,7 @@ import numpy as np
 from sfxlin import icl, training
 from sfxlin.engine import Cells, Param, Profiles, Variable
 
-from .families.c3 import C3, Run, draw, finite, setting_inputs, setting_law
+from .families.c3 import C3, STEP_CURVATURE, Run, draw, finite, setting_inputs, setting_law
 
 NAME = "c3_horizon"
 SETTINGS = ("isotropic", "anisotropic")
@@ -30,7 +30,7 @@ def kernel(cell, rng, config):
         "D_inf": traj["D_inf"], "norm_inf": traj["norm_inf"], "dist_star": traj["dist_bayes"],
         "dist_star_inf": traj["dist_bayes_inf"], "norm_star": np.sqrt(np.sum(U_star**2) + np.sum(v_star**2)),
         "risk_train": traj["risk_train"], "risk_inf": traj["risk_inf"], "conservation_inf": traj["conservation_inf"],
-        "off_block_max": traj["off_block"].max(axis=-1),
+        "off_block_max": traj["off_block"].max(axis=-1), **run.step_curvature(),
         "n_exact_shift_steps": np.float64(run.res["n_exact_shift_steps"]),
     })
 
@@ -54,7 +54,7 @@ EXPERIMENT = C3.variant(
                   "closer than one apart)", Profiles(quick=4, paper=16), low=1),),
     cells=(Cells({"setting": "settings", "seed": "n_seeds"}, kernel,
                  ("D_inf", "norm_inf", OWN[0], OWN[1], "norm_star", "risk_train", "risk_inf", "conservation_inf",
-                  "off_block_max", "n_exact_shift_steps"), inputs=setting_inputs, perturbed=True),),
+                  "off_block_max", *STEP_CURVATURE, "n_exact_shift_steps"), inputs=setting_inputs, perturbed=True),),
     coords={"t": lambda c: checkpoints(c).tolist()},
     scheduler="processes",   # long cells of many small numpy calls (the GIL): docs/performance.md, section 8
     title="C3 horizon: the horizon T(L) up to which softmax(L) training follows theta_inf(t)",

@@ -10,7 +10,7 @@ from sfxlin import baselines, bayes, covariance, laws
 from sfxlin.engine import Cells, Param, Profiles, Variable
 from sfxlin.engine.sensitivity import DEFAULT_EPS, param as amplification_param
 
-from .families.c3 import C3, Run, draw, finite, heldout_counts, train_counts
+from .families.c3 import C3, STEP_CURVATURE, Run, draw, finite, heldout_counts, train_counts
 
 NAME = "c3_landscape"
 
@@ -35,6 +35,7 @@ def kernel(cell, rng, config):
         "risk_inf_T": traj["risk_inf"][-1], "risk_heldout_init": at_L[:, :, 0], "risk_heldout_T": at_L[:, :, 1],
         "risk_heldout_inf_T": inf_ho[1], "risk_heldout_inf_softmax": inf_sm[1], "limit_gap": 0.5 * np.mean(gap**2),
         "risk_min_norm": base["min_norm"], "risk_bayes_ridge": base["bayes_ridge"], "risk_pgd": base["pgd"],
+        **run.step_curvature(),
     })
     centred = not np.any(mean)
     out["risk_pgd_theory"] = np.array([baselines.pgd_risk(L, Sigma, None, s, s) if centred else np.nan for L in Ls])
@@ -108,7 +109,7 @@ EXPERIMENT = C3.variant(
                   "seed": "n_seeds"}, kernel,
                  ("D_inf_max", "D_linL_max", "norm_inf_T", "off_block_max", "off_block_inf_max", "risk_train_T",
                   "risk_inf_T", "risk_heldout_init", "risk_heldout_T", "risk_heldout_inf_T", *OWN[:2], OWN[2],
-                  "risk_bayes_ridge", "risk_pgd", *THEORY), perturbed=True),
+                  "risk_bayes_ridge", "risk_pgd", *THEORY, *STEP_CURVATURE), perturbed=True),
            Cells({"covariance": "covariances", "d": "d"}, covariance_kernel, SUMMARY, name="covariance",
                  inputs=lambda config, cell: {})),
     checks=(covariance.spec_check("covariances", "d"),), cost=C3.cost.counting(counts),

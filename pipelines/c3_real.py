@@ -12,7 +12,7 @@ from sfxlin.engine.sensitivity import param as amplification_param
 from sfxlin.laws import Empirical
 from sfxlin.realdata import DATASETS, token_set
 
-from .families.c3 import C3, draw, finite, train_counts
+from .families.c3 import C3, STEP_CURVATURE_INF, draw, finite, step_curvature, train_counts
 
 NAME = "c3_real"
 
@@ -56,6 +56,7 @@ def kernel(cell, rng, config):
         "risk_train": sm["risk"], "risk_train_sinf": si["risk"], "risk_train_linf": li["risk"],
         "risk_heldout": at_L, "risk_heldout_sinf": h_sinf, "risk_heldout_linf": h_linf,
         "risk_heldout_linf_as_sinf": h_linf_as_sinf,
+        **step_curvature(tasks, config["lr"], li["U"], li["v"]),
     })
 
 
@@ -107,7 +108,7 @@ EXPERIMENT = C3.variant(
                 heldout_queries=Profiles(quick=2, paper=4), heldout_every=Profiles(quick=100, paper=500),
                 root_seed=20261202),
     changes={"d": {"doc": "covariate dimensions (principal components kept)", "high": 10}},
-    cells=(Cells({"dataset": "datasets", "d": "d", "seed": "n_seeds"}, kernel, OWN, perturbed=True),),
+    cells=(Cells({"dataset": "datasets", "d": "d", "seed": "n_seeds"}, kernel, (*OWN, *STEP_CURVATURE_INF), perturbed=True),),
     params=(amplification_param(Profiles(quick=0.0, paper=DEFAULT_EPS)),),
     cost=C3.cost.counting(counts), scheduler="processes",
     title="C3 on real covariates: softmax(L) against its exact limit softmax(inf), and linear(inf)",

@@ -9,7 +9,8 @@ from sfxlin import shift, training
 from sfxlin.engine import Cells, Param, Profiles, Variable
 from sfxlin.engine.sensitivity import step_perturbation
 
-from .families.c3 import C3, draw, finite, setting_inputs, setting_law, train_counts
+from .families.c3 import (C3, STEP_CURVATURE_INF, draw, finite, setting_inputs, setting_law, step_curvature,
+                          train_counts)
 
 NAME = "c3_shift"
 SETTINGS = ("isotropic", "anisotropic")
@@ -33,6 +34,7 @@ def kernel(cell, rng, config):
     per_shift = [shift.shift_risks(U, v, held, spec, Sigma, Le, config["ridge_lam"]) for spec in config["shifts"]]
     out = {k: np.stack([r[k] for r in per_shift]) for k in per_shift[0]}
     out["risk_train_T"] = np.concatenate([res["softmax"]["risk"][:, -1], [res["linear_inf"]["risk"][-1]]])
+    out.update(step_curvature(tasks, config["lr"], res["linear_inf"]["U"], res["linear_inf"]["v"]))   # init and T
     return finite(out, nan=("risk_pgd_test",))
 
 
@@ -96,7 +98,7 @@ EXPERIMENT = C3.variant(
                   Profiles(quick=["none", "scale:2", "subspace:2"],
                            paper=["none", "scale:0.5", "scale:2", "power_law:2.0", "rotate:1", "subspace:2"]),
                   unique=True),),
-    cells=(Cells({"setting": "settings", "seed": "n_seeds"}, kernel, OWN, inputs=setting_inputs, perturbed=True),),
+    cells=(Cells({"setting": "settings", "seed": "n_seeds"}, kernel, (*OWN, *STEP_CURVATURE_INF), inputs=setting_inputs, perturbed=True),),
     coords={"shift": lambda c: c["shifts"], "theta": lambda c: theta_labels(c["L"]), "L_eval": lambda c: c["L_eval"],
             "i": lambda c: range(c["d"]), "j": lambda c: range(c["d"])},
     checks=(shift.shift_check("shifts"),), cost=C3.cost.counting(counts), scheduler="processes",

@@ -17,7 +17,8 @@ from sfxlin.engine.sensitivity import DEFAULT_EPS, step_perturbation
 from sfxlin.engine.sensitivity import param as amplification_param
 from sfxlin.realdata import TOKEN_SUFFIXES, check_unchanged
 
-from .families.c3 import C3, GRID, MODELS, Run, draw, finite, heldout_counts, setting_law, train_counts
+from .families.c3 import (C3, GRID, MODELS, STEP_CURVATURE, Run, draw, finite, heldout_counts, setting_law,
+                          train_counts)
 
 NAME = "c3_transfer"
 CONTROL = "rademacher"
@@ -100,7 +101,7 @@ def kernel(cell, rng, config):
         "risk_ridge": np.array([icl.ridge_risk(held, L, config["ridge_lam"]) for L in Ls]),
         "risk_plugin": np.array([icl.risk("linear", U_star, v_star, held, L) for L in Ls]),
         **_perturbed_run(tasks, Ls, d, Sigma, direction, run.U, run.v, config, kw),
-        **_off_block_curvature(tasks, Ls, run.U, run.v, run.U_inf, run.v_inf),
+        **_off_block_curvature(tasks, Ls, run.U, run.v, run.U_inf, run.v_inf), **run.step_curvature(),
         **{f"risk_{name}": base[name] for name in ("bayes_ridge", "pgd")},
         "n_exact_shift_steps": np.float64(run.res["n_exact_shift_steps"]),
     }
@@ -198,7 +199,7 @@ OUTPUTS = (
     "risk_heldout_inf", "risk_heldout_inf_eval", "risk_ridge", "risk_plugin", "off_block_perturbed",
     "risk_train_perturbed", "D_perturbed", "off_block_perturbed_inf", "risk_bayes_ridge", "risk_pgd",
     "off_block_curvature_max", "off_block_curvature_min", "off_block_curvature_max_inf", "off_block_curvature_min_inf",
-    "n_exact_shift_steps")
+    *STEP_CURVATURE, "n_exact_shift_steps")
 FLAG = Variable("in_protocol", (), "cell is part of the protocol", "1 if the cell was computed (seed < n_seeds, or "
                 "< n_seeds_control for the Rademacher control), 0 if it only fills the product grid (every other "
                 "variable is NaN there).", dtype="int8", flag_meanings=("outside_protocol", "in_protocol"))

@@ -651,6 +651,8 @@ def cmd_verify(args):
             verdict, ok = _verify_verdict(check, rtol)
             if not ok:
                 status = FAILED
+            if check.absent:
+                verdict += f"; not in the file (added since): {', '.join(check.absent)}"
             print(f"{where}: {verdict}, recomputed in {check.seconds:.1f} s", flush=True)
     return status
 

@@ -55,8 +55,8 @@ from .training import pair_structure, validate_Ls
 from .validation import as_sigma, noise_std
 
 __all__ = ["off_block_coordinates", "off_block_hessian", "curvature_extremes", "spectral_radius",
-           "linear_inf_gradient", "linear_inf_hessian", "linear_inf_training_hessian", "block_edge", "faithful_lr",
-           "FAITHFUL_MARGIN"]
+           "linear_inf_gradient", "linear_inf_hessian", "linear_inf_training_hessian", "linear_training_hessian",
+           "block_coordinates", "lambda_max", "block_edge", "faithful_lr", "FAITHFUL_MARGIN"]
 
 #: :func:`faithful_lr`'s default: ``lr = 0.1 * 2 / lambda_max``, the stiffest direction contracting by
 #: 0.8 a step, where gradient descent and the gradient flow differ by ``lr^2 lambda^2 / 2 = 2%`` a step
@@ -280,27 +280,70 @@ def linear_inf_hessian(U, v, Sigma, noise=0.0):
     return _place(d, blocks)
 
 
+def block_coordinates(d):
+    """Indices in ``theta = (U row-major, v)`` (``D = d + 1``) of the block coordinates ``U[:d, :d]`` and
+    ``v[d]``: the ``d^2 + 1`` parameters a block-structured trajectory moves. At a block-structured point on
+    antithetic tasks the risk is even in the off-block coordinates, so the Hessian has no entry between the
+    two sets and its eigenvalues are those of either block (those of the block coordinates govern the
+    trajectory, the others the growth of an off-block perturbation)."""
+    D = d + 1
+    return np.concatenate([(np.arange(d)[:, None] * D + np.arange(d)).ravel(), [D * D + d]])
+
+
+def lambda_max(H, d=None):
+    """Largest eigenvalue of the symmetric ``H (..., P, P)``, of all of ``theta`` or, with ``d``, of its block
+    coordinates (:func:`block_coordinates`) -> ``(...)``."""
+    if d is not None:
+        idx = block_coordinates(d)
+        H = H[..., idx[:, None], idx]
+    return np.linalg.eigvalsh(H)[..., -1]
+
+
+def _linear_training_hessian(G, z, y_q, U, v):
+    """``mean[grad f grad f^T + (f - y_q) hess f]`` over tasks and queries of ``f = v^T G U z_q`` at ``U (...,
+    D, D)``, ``v (..., D)`` (leading dims: a batch), ``G (n, D, D)``, ``z (n, q, D)`` -> ``(..., P, P)``."""
+    D = U.shape[-1]
+    lead = U.shape[:-2]
+    U, v = U.reshape((-1, D, D)), v.reshape((-1, D))
+    b = U.shape[0]
+    h = np.einsum("nij,bjk,nqk->bnqi", G, U, z)                         # G U z_q
+    r = np.einsum("bnqi,bi->bnq", h, v) - y_q                           # residuals
+    Gv = np.einsum("nij,bj->bni", G, v)
+    N = r.shape[1] * r.shape[2]
+    J = np.concatenate([np.einsum("bni,nqk->bnqik", Gv, z).reshape(b, N, D * D), h.reshape(b, N, D)], axis=2)
+    H = np.einsum("bna,bnc->bac", J, J) / N
+    cross = np.einsum("bnq,nij,nqk->bijk", r, G, z).reshape(b, D, D * D) / N   # (v_i, U_jk)
+    H[:, D * D:, :D * D] += cross
+    H[:, :D * D, D * D:] += np.swapaxes(cross, 1, 2)
+    return H.reshape(lead + H.shape[1:])
+
+
+def _check_theta(tasks, U, v):
+    U, v = np.asarray(U, dtype=float), np.asarray(v, dtype=float)
+    D = tasks.D
+    if U.shape[-2:] != (D, D) or v.shape[-1:] != (D,) or U.shape[:-2] != v.shape[:-1]:
+        raise ValueError(f"U must be (..., {D}, {D}) and v (..., {D}) with the same leading dims, got {U.shape} and "
+                         f"{v.shape}")
+    return U, v
+
+
 def linear_inf_training_hessian(tasks, U, v):
     """Hessian of the training risk of linear(inf) on ``tasks`` (``mean 1/2 (v^T Gamma_w U z_q -
     y_q)^2`` over tasks and queries, ``Gamma_w`` of :func:`sfxlin.icl.model_matrix`) at ``(U, v)``, over
     ``theta = (U row-major, v)``, exact: each prediction ``f = v^T G U z_q`` is bilinear, so ``H =
     mean[grad f grad f^T + (f - y_q) hess f]`` with ``grad_v f = G U z_q``, ``grad_U f = (G v) z_q^T``
-    and ``d^2 f / dv_i dU_jk = G_ij z_q,k``."""
-    U, v = np.asarray(U, dtype=float), np.asarray(v, dtype=float)
-    D = tasks.D
-    if U.shape != (D, D) or v.shape != (D,):
-        raise ValueError(f"U must be ({D}, {D}) and v ({D},), got {U.shape} and {v.shape}")
-    G = icl.model_matrix("linear_inf", tasks)                           # (n, D, D), symmetric
-    z = tasks.z_q                                                       # (n, q, D)
-    h = np.einsum("nij,jk,nqk->nqi", G, U, z)                           # G U z_q
-    r = (h @ v - tasks.y_q).reshape(-1)                                 # (N,)
-    Gv = G @ v                                                          # (n, D)
-    J = np.concatenate([np.einsum("ni,nqk->nqik", Gv, z).reshape(r.size, D * D), h.reshape(r.size, D)], axis=1)
-    H = J.T @ J / r.size
-    cross = np.einsum("nq,nij,nqk->ijk", r.reshape(z.shape[:2]), G, z).reshape(D, D * D) / r.size   # (v_i, U_jk)
-    H[D * D:, :D * D] += cross
-    H[:D * D, D * D:] += cross.T
-    return H
+    and ``d^2 f / dv_i dU_jk = G_ij z_q,k``. ``U (..., D, D)``, ``v (..., D)`` -> ``(..., P, P)``,
+    ``P = D^2 + D`` (leading dims: e.g. the checkpoints of a run)."""
+    U, v = _check_theta(tasks, U, v)
+    return _linear_training_hessian(icl.model_matrix("linear_inf", tasks), tasks.z_q, tasks.y_q, U, v)
+
+
+def linear_training_hessian(tasks, L, U, v):
+    """As :func:`linear_inf_training_hessian`, for linear(L): ``G = Ghat_L``, the empirical second moment of
+    each task's first ``L`` prompt tokens."""
+    U, v = _check_theta(tasks, U, v)
+    return _linear_training_hessian(icl.model_matrix("linear", tasks, icl.check_L(L, tasks.L_max)), tasks.z_q,
+                                    tasks.y_q, U, v)
 
 
 def block_edge(tasks, U, v, lr):

@@ -462,11 +462,12 @@ C3_DIM_SEEDS = np.array([0.9, 1.0, 1.1])
 
 
 @factory("c3_dim")
-def c3_dim(D_slope=-0.3, excess_slope=-1.0, T_slope=-0.5, not_converged=0):
+def c3_dim(D_slope=-0.3, excess_slope=-1.0, T_slope=-0.5, not_converged=0, rises=0):
     """``c3_dim`` file with a known answer: per seed ``g``, ``max_t D_inf = f_g (L / 8)^D_slope`` (softmax),
-    held-out risk of softmax(L) = ``risk_inf + 0.1 f_g (L / 8)^excess_slope``, ``T_conv = 400 f_g
-    (d / 3)^T_slope`` (both settings); d = 16 capped at L = 128 (NaN beyond); ``not_converged`` runs
-    of (isotropic, d = 8) flagged."""
+    held-out risk of softmax(L) = ``risk_inf + 0.1 f_g (L / 8)^excess_slope``, ``flow_time = 4 f_g
+    (d / 3)^T_slope`` (both settings) at ``lr = 0.01 (3 / d)`` (``T_conv = flow_time / lr`` steps); d = 16 capped
+    at L = 128 (NaN beyond); ``not_converged`` runs of (isotropic, d = 8) flagged; ``rises`` rises of the
+    population risk in run (power_law:1.0, d = 16, seed 1)."""
     S, G = ["isotropic", "power_law:1.0"], len(C3_DIM_SEEDS)
     L = C3_DIM_L.astype(float)
     f = C3_DIM_SEEDS[None, None, :, None, None]
@@ -477,23 +478,27 @@ def c3_dim(D_slope=-0.3, excess_slope=-1.0, T_slope=-0.5, not_converged=0):
     cap = L > 128
     for a in (Dm, ho):
         a[:, 2, :, :, cap] = np.nan
-    T = 400 * C3_DIM_SEEDS[None, None, :] * (np.array(C3_DIM_D, float)[None, :, None] / 3) ** T_slope
-    T = np.broadcast_to(T, (2, len(C3_DIM_D), G)).copy()
+    dd = np.array(C3_DIM_D, float)[None, :, None]
+    flow = np.broadcast_to(4 * C3_DIM_SEEDS[None, None, :] * (dd / 3) ** T_slope, (2, len(C3_DIM_D), G)).copy()
+    lr = np.broadcast_to(0.01 * 3 / dd, flow.shape).copy()
     conv = np.ones((2, len(C3_DIM_D), G), dtype=np.int8)
     conv[0, 1, :not_converged] = 0
+    up = np.zeros(flow.shape, dtype=np.int16)
+    up[1, 2, 1] = rises
     g = ("setting", "d", "seed")
     gm = g + ("model", "L")
     ob = np.zeros(shape)
     ob[:, 2, :, :, cap] = np.nan
     ds = xr.Dataset(
-        {"D_inf_max": (gm, Dm), "risk_heldout_T": (gm, ho), "risk_heldout_inf_T": (g, inf), "T_conv": (g, T),
-         "converged": (g, conv), "off_block_max": (gm, ob), "inf_rerun_diff": (g, np.zeros(T.shape)),
-         "risk_pop_inf": (g, np.full(T.shape, 0.004)), "risk_pop_init": (g, np.full(T.shape, 0.5)),
-         "dist_star_inf_T": (g, np.full(T.shape, 0.1)), "norm_star": (g, np.full(T.shape, 2.0)),
-         "risk_train_inf": (g, np.full(T.shape, 1e-3)), "n_pairs": (g, np.full(T.shape, 18.0))},
+        {"D_inf_max": (gm, Dm), "risk_heldout_T": (gm, ho), "risk_heldout_inf_T": (g, inf), "T_conv": (g, flow / lr),
+         "lr": (g, lr), "flow_time": (g, flow), "risk_rises": (g, up),
+         "converged": (g, conv), "off_block_max": (gm, ob), "inf_rerun_diff": (g, np.zeros(flow.shape)),
+         "risk_pop_inf": (g, np.full(flow.shape, 0.004)), "risk_pop_init": (g, np.full(flow.shape, 0.5)),
+         "dist_star_inf_T": (g, np.full(flow.shape, 0.1)), "norm_star": (g, np.full(flow.shape, 2.0)),
+         "risk_train_inf": (g, np.full(flow.shape, 1e-3)), "n_pairs": (g, np.full(flow.shape, 18.0))},
         coords={"setting": S, "d": list(C3_DIM_D), "seed": np.arange(G), "model": ["softmax", "linear"],
-                "L": C3_DIM_L, "t": np.arange(0, 1001, 25)})
-    return _attach(ds, "c3_dim", {"lr": 0.01, "tol": 0.01})
+                "L": C3_DIM_L, "t_flow": np.arange(0, 41) * 0.25})
+    return _attach(ds, "c3_dim", {"lr_rule": "faithful", "lr_margin": 0.015, "tol": 0.01})
 
 
 # --------------------------------------------------------------------------- C3 horizon

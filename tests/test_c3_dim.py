@@ -1,13 +1,16 @@
 """C3 dimension: the stop rule of sfxlin.training.train_until (a run that converges, one that cannot,
-one that stops at the init), the bit-identity of its trajectory with a joint run, one cell against an
-independent recomputation (plain per-L loop, the closed-form population risk), the analysis on a
-synthetic file with a known answer, the criteria's behaviour, the quick profile end to end."""
+one that stops at the init), the bit-identity of its trajectory with a joint run, the step size of a cell
+(faithful: from its curvature, a whole number of steps a check; or fixed) and the faithful step's first-order
+agreement with the gradient flow, the count of risk rises (none on a faithful step, some beyond the stable
+one), one cell against an independent recomputation (plain per-L loop, the closed-form population risk), the
+analysis on a synthetic file with a known answer and on a file of the fixed-step protocol, the criteria's
+behaviour, the quick profile end to end."""
 
 import numpy as np
 import pytest
 import xarray as xr
 
-from sfxlin import covariance, icl, laws, training
+from sfxlin import covariance, curvature, icl, laws, training
 from sfxlin.analysis import c3_dim as analysis
 from sfxlin.analysis.verdicts import FAIL, INCONCLUSIVE, NOT_JUDGED, PASS
 from sfxlin.engine import storage
@@ -94,8 +97,8 @@ def test_population_risk_of_block_parameters_is_the_plug_in_error():
 
 # --------------------------------------------------------------------------- one cell
 
-SMALL = dict(settings=["power_law:1.0"], d=[2], L_caps=[16], n_seeds=1, L=[4, 8, 16, 32], T_max=300, check_every=20,
-             heldout_pairs=3, heldout_queries=2, task_ratio=3.0)
+SMALL = dict(settings=["power_law:1.0"], d=[2], L_caps=[16], n_seeds=1, L=[4, 8, 16, 32], lr_rule="0.01",
+             flow_max=3.0, check_flow=0.2, heldout_pairs=3, heldout_queries=2, task_ratio=3.0)
 
 
 def test_task_count_scales_with_d_squared():
@@ -126,8 +129,10 @@ def test_kernel_matches_an_independent_recomputation():
     rel = np.einsum("tij,jk,tik->t", B, Sigma, B) / np.einsum("ij,jk,ik->", B[0], Sigma, B[0])
     k = int(np.argmax(rel <= 0.01)) if np.any(rel <= 0.01) else len(rel) - 1
     assert out["T_conv"] == 20 * k and out["converged"] == int(np.any(rel <= 0.01))
+    assert out["lr"] == 0.01 and out["flow_time"] == pytest.approx(0.2 * k, rel=1e-12)
     np.testing.assert_allclose(out["rel_risk_inf"][: k + 1], rel[: k + 1], rtol=1e-9)
     assert np.all(np.isnan(out["rel_risk_inf"][k + 1:]))
+    assert out["risk_rises"] == np.count_nonzero(np.diff(rel[: k + 1]) > c3d.RISE_TOL)
     assert out["inf_rerun_diff"] == 0.0 and out["n_pairs"] == 6
     for i, m in enumerate(MODELS):
         U, v = ref[m]["U"][:, : k + 1], ref[m]["v"][:, : k + 1]
@@ -143,6 +148,80 @@ def test_kernel_matches_an_independent_recomputation():
         assert out["risk_heldout_T"][0, j] == pytest.approx(0.5 * np.mean((pred - held.y_q) ** 2), rel=1e-9)
     assert out["risk_pop_inf"] == pytest.approx(0.5 * np.einsum("ij,jk,ik->", B[k], Sigma, B[k]), rel=1e-9)
     assert np.all(out["off_block_max"][:, :3] == 0.0)
+    # the step against the curvature along the reference trajectories (sfxlin.curvature, tested on its own)
+    H = curvature.linear_inf_training_hessian(tasks, Ui[: k + 1], vi[: k + 1])
+    assert out["lr_lambda_init_inf"] == pytest.approx(0.01 * np.linalg.eigvalsh(H[0])[-1], rel=1e-9)
+    assert out["lr_lambda_max_inf"] == pytest.approx(0.01 * np.linalg.eigvalsh(H)[:, -1].max(), rel=1e-9)
+    assert out["lr_lambda_block_max_inf"] == pytest.approx(0.01 * curvature.lambda_max(H, 2).max(), rel=1e-9)
+    for j, L in enumerate((4, 8, 16)):
+        HL = curvature.linear_training_hessian(tasks, L, ref["linear"]["U"][j, : k + 1], ref["linear"]["v"][j, : k + 1])
+        assert out["lr_lambda_block_max_linear"][j] == pytest.approx(0.01 * curvature.lambda_max(HL, 2).max(), rel=1e-9)
+    assert np.isnan(out["lr_lambda_block_max_linear"][3])
+
+
+# --------------------------------------------------------------------------- the step size and the flow
+
+
+def test_a_cell_step_is_faithful_lowered_to_whole_steps_a_check_or_the_fixed_one():
+    config = EXPERIMENT.configure("paper")
+    for d, spec in ((3, "isotropic"), (16, "power_law:1.0")):
+        Sigma = covariance.from_spec(spec, d)
+        lr, steps = c3d.cell_lr(config, d, Sigma)
+        lr_f, lam = curvature.faithful_lr(d, Sigma, margin=config["lr_margin"])
+        assert steps * lr == pytest.approx(config["check_flow"], rel=1e-14) and lr <= lr_f < lr * steps / (steps - 1)
+        assert lr * lam <= 2 * config["lr_margin"]
+    fixed = EXPERIMENT.configure("paper", values={"lr_rule": "0.01"})
+    assert c3d.cell_lr(fixed, 16, covariance.from_spec("isotropic", 16)) == (0.01, 25)
+    assert EXPERIMENT.inner_coords(config)["t_flow"] == [0.25 * k for k in range(101)]
+
+
+@pytest.mark.parametrize("values, match", [
+    ({"lr_rule": "fast"}, "expected 'faithful' or a positive number"), ({"lr_rule": "-0.1"}, "positive number"),
+    ({"lr_rule": "0.03"}, "must divide check_flow"), ({"flow_max": 10.1}, "multiple of check_flow"),
+    ({"lr_margin": 0.6}, "lr_margin"), ({"L_caps": [16, 32]}, "one cap per d")])
+def test_bad_steps_and_flow_times_are_refused(values, match):
+    with pytest.raises(ValueError, match=match):
+        EXPERIMENT.configure("quick", values={**SMALL, **values})
+
+
+def test_risk_rises_count_only_rises_beyond_rounding():
+    rel = np.array([1.0, 0.5, 0.5 + 1e-11, 0.6, 0.3, 0.3, 0.31])
+    assert c3d.risk_rises(rel) == 2
+    assert c3d.risk_rises(np.array([1.0])) == 0
+
+
+def test_halving_the_faithful_step_moves_the_flow_by_first_order():
+    """linear(inf) at d = 3 (power_law:1.0, 18 pairs) at the faithful lr, lr / 2 and lr / 4, compared at the same
+    flow times (every 0.1 to 3): gradient descent is a first-order discretisation of the gradient flow, so the
+    difference of lr and lr / 2 is twice that of lr / 2 and lr / 4 (the ratio 2 + O(lr lambda); lr lambda <= 0.03
+    at the init here), and it is small: <= 1e-2 of ||theta|| at the faithful step (measured: 7.2e-4, the ratio 2.015)."""
+    d, spec = 3, "power_law:1.0"
+    Sigma = covariance.from_spec(spec, d)
+    config = EXPERIMENT.configure("quick")
+    lr, steps = c3d.cell_lr(config, d, Sigma)
+    tasks = icl.make_tasks(np.random.default_rng(11), d, 18, 2, 4, laws.covariate_law("gaussian", Sigma))
+    theta = []
+    for k in range(3):
+        r = training.train_all_arrays(tasks, (), models=("linear_inf",), lr=lr / 2**k, n_steps=30 * steps * 2**k,
+                                      ckpt_every=steps * 2**k)["linear_inf"]
+        theta.append(np.concatenate([r["U"].reshape(31, -1), r["v"]], axis=1))
+    e1 = np.linalg.norm(theta[0] - theta[1], axis=1).max()
+    e2 = np.linalg.norm(theta[1] - theta[2], axis=1).max()
+    assert 1.9 < e1 / e2 < 2.1
+    assert e1 <= 1e-2 * np.linalg.norm(theta[1], axis=1).max()
+
+
+def test_a_step_beyond_the_stable_one_raises_the_risk_and_fails_the_flow_criterion():
+    """d = 2, power_law:1.0: lr = 0.6 takes linear(inf)'s block curvature beyond 2 / lr on the way (the
+    population risk rises at some checks: counted, and C3D-flow FAILs naming the cell); the faithful step on
+    the same tasks never raises it."""
+    values = dict(SMALL, flow_max=24.0, check_flow=2.4)
+    cell = {"setting": "power_law:1.0", "d": 2, "seed": 0}
+    big = run_cell(EXPERIMENT, EXPERIMENT.configure("quick", values=dict(values, lr_rule="0.6")), cell)
+    assert big["risk_rises"] >= 1 and big["lr_lambda_block_max_inf"] > 2
+    assert np.count_nonzero(np.diff(big["rel_risk_inf"][np.isfinite(big["rel_risk_inf"])]) > 0) == big["risk_rises"]
+    calm = run_cell(EXPERIMENT, EXPERIMENT.configure("quick", values=dict(values, lr_rule="faithful")), cell)
+    assert calm["risk_rises"] == 0 and calm["lr_lambda_block_max_inf"] < 0.2 and calm["lr"] < 0.02
 
 
 # --------------------------------------------------------------------------- synthetic, known answers
@@ -158,7 +237,7 @@ def test_slopes_and_T_growth_recover_the_known_answer():
     g = analysis.T_growth(synthetic())
     np.testing.assert_allclose(g.slope.values, -0.5, atol=1e-12)
     assert np.all(g.ci_low <= -0.5) and np.all(g.ci_high >= -0.5)
-    assert float(g.T_median.sel(setting="isotropic", d=3)) == pytest.approx(400.0)
+    assert float(g.T_median.sel(setting="isotropic", d=3)) == pytest.approx(4.0)
 
 
 def test_clustered_se_follows_the_seed_to_seed_spread():
@@ -194,6 +273,26 @@ def test_criteria_fail_where_they_must():
     ds = synthetic()
     ds["inf_rerun_diff"][0, 0, 0] = 1e-16
     assert _verdict(ds, "C3D-rerun").verdict == FAIL
+    row = _verdict(synthetic(rises=2), "C3D-flow")
+    assert row.verdict == FAIL and row.note == "fails at setting = power_law:1.0, d = 16, seed = 1"
+
+
+def test_a_file_of_the_fixed_step_protocol_is_read_in_flow_time():
+    """A file made before the faithful step (T_conv at one lr, checks t in steps, no flow_time, lr or
+    risk_rises): its flow times are T_conv x its lr, its flow_max T_max x lr; C3D-flow is INCONCLUSIVE, saying
+    why; the tables and the figure are made."""
+    new = synthetic()
+    old = new.drop_vars(["flow_time", "lr", "risk_rises"]).drop_dims("t_flow").assign_coords(t=np.arange(0, 1001, 25))
+    old["T_conv"] = new.flow_time / 0.01
+    old.attrs["config"] = '{"lr": 0.01, "tol": 0.01}'
+    flow, flow_max = analysis.flow_times(old)
+    np.testing.assert_allclose(flow.values, new.flow_time.values, rtol=1e-12)
+    assert flow_max == pytest.approx(10.0)
+    np.testing.assert_allclose(analysis.T_growth(old).slope.values, -0.5, atol=1e-12)
+    row = _verdict(old, "C3D-flow")
+    assert row.verdict == INCONCLUSIVE and "fixed-step protocol" in row.note
+    assert "rises" not in analysis.fit_tables(old)["steps"]
+    assert "rises" in analysis.fit_tables(new)["steps"]
 
 
 def test_an_excess_on_the_floor_is_inconclusive_with_its_reason():
@@ -214,7 +313,8 @@ def test_quick_profile_end_to_end(tmp_path):
     with xr.open_dataset(path) as f:
         back = f.load()
     assert set(back.T_conv.dims) == {"setting", "d", "seed"} and back.converged.dtype == np.int8
-    assert np.all(back.inf_rerun_diff == 0.0)
+    assert np.all(back.inf_rerun_diff == 0.0) and np.all(back.risk_rises == 0)
+    np.testing.assert_allclose(back.flow_time, back.T_conv * back.lr, rtol=1e-15)
     rows = analysis.verdicts(back, resamples=4)
     assert {r.verdict for r in rows} <= {PASS, NOT_JUDGED}
     assert all(isinstance(t, xr.Dataset) for t in analysis.fit_tables(back).values())

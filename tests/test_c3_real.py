@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from sfxlin import icl, laws, training
+from sfxlin import curvature, icl, laws, training
 from sfxlin.analysis import c3_real as analysis
 from sfxlin.analysis.verdicts import FAIL, INCONCLUSIVE, NOT_JUDGED, PASS
 from sfxlin.engine.sweep import build, cell_rng, run_cell
@@ -67,6 +67,9 @@ def test_one_cell_against_an_independent_recomputation():
                                icl.risk("softmax_inf", linf.U.values[at], linf.v.values[at], held, x_law=law), rtol=1e-11)
     np.testing.assert_allclose(out["risk_heldout_linf"],
                                icl.risk("linear_inf", linf.U.values[at], linf.v.values[at], held), rtol=1e-12)
+    lam = np.linalg.eigvalsh(curvature.linear_inf_training_hessian(tasks, linf.U.values, linf.v.values))
+    assert out["lr_lambda_init_inf"] == pytest.approx(config["lr"] * lam[0, -1], rel=1e-9)
+    assert out["lr_lambda_max_inf"] == pytest.approx(config["lr"] * lam[:, -1].max(), rel=1e-9)
 
 
 def test_criteria_on_synthetic_files():

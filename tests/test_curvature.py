@@ -120,6 +120,54 @@ def test_linear_inf_training_hessian_against_its_gradient_and_an_exact_stencil()
     assert np.abs(H - dense).max() <= 1e-10 * np.abs(H).max()
 
 
+def test_linear_training_hessian_against_an_exact_stencil_and_batched():
+    """linear(L) (G = Ghat_L of the first L tokens) against the 5-point stencil of its training risk, exact for
+    the quartic; a stack of parameters gives each one's Hessian; bad shapes are refused."""
+    rng = np.random.default_rng(7)
+    tasks = icl.make_tasks(rng, 3, 4, 2, 16, laws.covariate_law("gaussian", np.diag([2.0, 1.0, 0.5]), np.ones(3)))
+    D = tasks.D
+    U, v = 0.4 * rng.standard_normal((2, D, D)), rng.standard_normal((2, D))
+    H = curvature.linear_training_hessian(tasks, 8, U, v)
+    assert H.shape == (2, D * D + D, D * D + D)
+    for k in range(2):
+        dense = _stencil_hessian(lambda t: icl.risk("linear", *_split(t, D), tasks, 8), _theta(U[k], v[k]))
+        assert np.abs(H[k] - dense).max() <= 1e-10 * np.abs(H[k]).max()
+        scale = np.abs(H[k]).max()
+        np.testing.assert_allclose(H[k], curvature.linear_training_hessian(tasks, 8, U[k], v[k]), rtol=0,
+                                   atol=1e-13 * scale)
+        inf = curvature.linear_inf_training_hessian(tasks, U[k], v[k])
+        np.testing.assert_allclose(curvature.linear_inf_training_hessian(tasks, U, v)[k], inf, rtol=0,
+                                   atol=1e-13 * np.abs(inf).max())
+    with pytest.raises(ValueError, match="same leading dims"):
+        curvature.linear_training_hessian(tasks, 8, U, v[0])
+    with pytest.raises(ValueError, match="L must be in"):
+        curvature.linear_training_hessian(tasks, 17, U, v)
+
+
+def test_block_coordinates_split_the_hessian_at_a_block_structured_point():
+    """On antithetic tasks at a block-structured point the risk is even in the off-block coordinates: the
+    Hessian has no entry between them and the block coordinates U[:d, :d], v[d], so its spectrum is the union
+    of the two blocks' and lambda_max(H, d) is the block coordinates' largest eigenvalue."""
+    d = 3
+    tasks = icl.make_tasks(np.random.default_rng(8), d, 5, 2, 8, laws.covariate_law("gaussian", np.diag([2.0, 1.0, 0.5])))
+    D = d + 1
+    U, v = np.zeros((D, D)), np.zeros(D)
+    U[:d, :d] = np.random.default_rng(9).standard_normal((d, d))
+    v[d] = 0.7
+    idx = curvature.block_coordinates(d)
+    assert sorted(idx) == sorted([i * D + j for i in range(d) for j in range(d)] + [D * D + d])
+    for H in (curvature.linear_inf_training_hessian(tasks, U, v), curvature.linear_training_hessian(tasks, 4, U, v)):
+        off = np.setdiff1d(np.arange(D * D + D), idx)
+        assert np.abs(H[np.ix_(idx, off)]).max() <= 1e-13 * np.abs(H).max()
+        block = np.linalg.eigvalsh(H[np.ix_(idx, idx)])
+        both = np.sort(np.concatenate([block, np.linalg.eigvalsh(H[np.ix_(off, off)])]))
+        np.testing.assert_allclose(np.linalg.eigvalsh(H), both, rtol=0, atol=1e-12 * np.abs(H).max())
+        assert curvature.lambda_max(H, d) == pytest.approx(block[-1], rel=1e-13)
+        assert curvature.lambda_max(H) == pytest.approx(np.linalg.eigvalsh(H)[-1], rel=1e-13)
+        np.testing.assert_allclose(curvature.lambda_max(np.stack([H, 2 * H]), d), [block[-1], 2 * block[-1]],
+                                   rtol=1e-13)
+
+
 def test_faithful_lr_at_the_eq9_init():
     """lr = margin * 2 / lambda_max of the Hessian at the Eq. 9 init (population, or training risk on
     given tasks); with it the stiffest direction contracts by 1 - 2 margin a step."""

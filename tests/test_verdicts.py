@@ -108,6 +108,24 @@ def test_array_in_range_all_or_fail_and_measured_string():
     assert row.verdict == FAIL and row.measured_str == "0 .. 3 (2/3 <= 1)"
 
 
+def test_a_fail_of_a_labelled_measure_names_where_it_fails():
+    """A DataArray that FAILs: the note names the coordinates of its failing values (positions for a dim
+    without coordinates), the first three and how many more; a PASS, or a plain array, has no note."""
+    slopes = np.full((2, 3), -1.0)
+    da = xr.DataArray(slopes, dims=("setting", "d"), coords={"setting": ["iso", "aniso"], "d": [3, 8, 16]})
+    bad = da.copy()
+    bad.loc["aniso", 16] = -0.5
+    (row,) = evaluate([SLOPES], {"C1-slopes": bad})
+    assert row.verdict == FAIL and row.note == "fails at setting = aniso, d = 16"
+    worse = bad.copy(data=np.full((2, 3), 0.0))
+    (row,) = evaluate([SLOPES], {"C1-slopes": worse})
+    assert row.note == "fails at setting = iso, d = 3; setting = iso, d = 8; setting = iso, d = 16 and 3 more"
+    (row,) = evaluate([SLOPES], {"C1-slopes": xr.DataArray([-1.0, -0.2], dims=("seed",))})
+    assert row.note == "fails at seed = 1"
+    assert evaluate([SLOPES], {"C1-slopes": bad.values})[0].note == ""
+    assert evaluate([SLOPES], {"C1-slopes": da})[0].note == ""
+
+
 def test_inconclusive_when_missing_nonfinite_or_flagged():
     rows = evaluate(
         ALL,

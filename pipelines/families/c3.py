@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sfxlin import covariance, icl, laws, training
+from sfxlin import covariance, curvature, icl, laws, training
 from sfxlin.engine import Param, Variable
 from sfxlin.engine.family import Cost, Family, multiples
 from sfxlin.engine.sensitivity import step_perturbation
@@ -56,6 +56,7 @@ class Run:
     an amplification run (a part of such runs declares ``perturbed=True``)."""
 
     def __init__(self, tasks, Ls, label, **run):
+        self.tasks, self.Ls, self.lr = tasks, Ls, run["lr"]
         self.res = training.train_all_arrays(tasks, Ls, models=("softmax", "linear", "linear_inf"), label=label,
                                              perturb=step_perturbation(), **run)
         self.U = np.stack([self.res[m]["U"] for m in MODELS])
@@ -84,12 +85,58 @@ class Run:
         """``||theta_inf(T)||``, the norm of linear(inf) at the last checkpoint."""
         return np.sqrt(np.sum(self.U_inf[-1] ** 2) + np.sum(self.v_inf[-1] ** 2))
 
+    def step_curvature(self) -> dict:
+        """:func:`step_curvature` of the run: linear(inf) and linear(L) along their checkpoints."""
+        return step_curvature(self.tasks, self.lr, self.U_inf, self.v_inf, self.Ls, self.U[1], self.v[1])
+
     def heldout(self, held, Ls, L_eval, at):
         """:func:`sfxlin.training.heldout_risks` of the checkpoints ``at`` (indices): ``at_L``, ``at_eval``
         ``(model, L, k)``, ``inf``, ``inf_eval`` ``(k,)``."""
         return training.heldout_risks(held, Ls, L_eval, {m: self.U[i][:, at] for i, m in enumerate(MODELS)},
                                       {m: self.v[i][:, at] for i, m in enumerate(MODELS)}, self.U_inf[at],
                                       self.v_inf[at])
+
+
+#: the outputs of :func:`step_curvature`: of linear(inf), and with linear(L)'s
+STEP_CURVATURE_INF = ("lr_lambda_init_inf", "lr_lambda_max_inf", "lr_lambda_block_max_inf")
+STEP_CURVATURE = STEP_CURVATURE_INF + ("lr_lambda_block_max_linear",)
+#: bytes of the Jacobians of one batch of checkpoints in :func:`step_curvature` (bounds its memory)
+_HESSIAN_BYTES = 1 << 26
+
+
+def _lambdas(hessian, U, v, items):
+    """``(whole, block)``: the largest eigenvalue of ``hessian(U, v)`` (a training Hessian over ``items`` tasks and
+    queries) over all of theta and over its block coordinates (:func:`sfxlin.curvature.lambda_max`) at every
+    checkpoint of ``U (t, D, D)``, ``v (t, D)``, a batch of checkpoints at a time."""
+    D = U.shape[-1]
+    per = max(1, _HESSIAN_BYTES // (8 * items * D * (D + 1)))
+    whole, block = [], []
+    for t0 in range(0, U.shape[0], per):
+        H = hessian(U[t0:t0 + per], v[t0:t0 + per])
+        whole.append(curvature.lambda_max(H))
+        block.append(curvature.lambda_max(H, D - 1))
+    return np.concatenate(whole), np.concatenate(block)
+
+
+def step_curvature(tasks, lr, U_inf, v_inf, Ls=(), U_lin=None, v_lin=None) -> dict:
+    """The step ``lr`` against the curvature of the training risks along a run (docs/performance.md, section
+    10): ``lr_lambda_init_inf``, ``lr`` times the largest eigenvalue of linear(inf)'s training Hessian at its
+    first checkpoint ``U_inf[0]`` (the Eq. 9 init), over all of theta; ``lr_lambda_max_inf`` and
+    ``lr_lambda_block_max_inf``, the largest over the checkpoints ``U_inf (t, D, D)``, ``v_inf (t, D)``, over
+    all of theta and over the block coordinates (:func:`sfxlin.curvature.block_coordinates`); with ``Ls``,
+    ``lr_lambda_block_max_linear (L,)``, the same of linear(L) over its checkpoints ``U_lin (L, t, D, D)``,
+    ``v_lin (L, t, D)``. Exact (:func:`sfxlin.curvature.linear_inf_training_hessian`,
+    :func:`~sfxlin.curvature.linear_training_hessian`); above 2, gradient descent is unstable along that
+    direction at that checkpoint."""
+    items = tasks.n_tasks * tasks.n_queries
+    whole, block = _lambdas(lambda U, v: curvature.linear_inf_training_hessian(tasks, U, v), U_inf, v_inf, items)
+    out = {"lr_lambda_init_inf": np.float64(lr * whole[0]), "lr_lambda_max_inf": np.float64(lr * whole.max()),
+           "lr_lambda_block_max_inf": np.float64(lr * block.max())}
+    if len(Ls):
+        block_L = [_lambdas(lambda U, v: curvature.linear_training_hessian(tasks, L, U, v), U_lin[i], v_lin[i],
+                            items)[1] for i, L in enumerate(Ls)]
+        out["lr_lambda_block_max_linear"] = lr * np.array([b.max() for b in block_L])
+    return out
 
 
 def finite(out, allowed=(), nan=()):
@@ -232,6 +279,21 @@ OUTPUTS = (
              "w_hat = Gamma_L (1/L) sum_k y_k x_k with the risk-minimising Gamma_L = [(1 + 1/L) Sigma + (tr Sigma / "
              "L) I]^{-1} for centred Gaussian covariates (sfxlin.baselines.pgd; the optimum of linear(L) "
              "attention), held-out prompts of length L."),
+    Variable("lr_lambda_init_inf", (), "lr x largest curvature of linear(inf)'s training risk at the init",
+             "the step lr times the largest eigenvalue of the Hessian of linear(inf)'s training risk over all of theta "
+             "(sfxlin.curvature.linear_inf_training_hessian) at the Eq. 9 init: > 2, gradient descent is unstable "
+             "there along some direction (docs/performance.md, section 10)."),
+    Variable("lr_lambda_max_inf", (), "lr x largest curvature of linear(inf)'s training risk along the run",
+             "as lr_lambda_init_inf, the largest over the checkpoints of theta_inf(t); at a block-structured point "
+             "the off-block coordinates usually set it: > 2, an off-block perturbation grows (the run's own off-block "
+             "mass stays 0 on exact antithetic pairs)."),
+    Variable("lr_lambda_block_max_inf", (), "lr x largest block curvature of linear(inf)'s training risk along the run",
+             "as lr_lambda_max_inf, over the block coordinates U[:d, :d], v[d] (sfxlin.curvature.block_coordinates), "
+             "on which the trajectory moves: > 2, the trajectory itself is beyond the stable step (oscillation, "
+             "catapults, rounding amplified)."),
+    Variable("lr_lambda_block_max_linear", ("L",), "lr x largest block curvature of linear(L)'s training risk along "
+             "the run", "as lr_lambda_block_max_inf, for linear(L) (Ghat_L, sfxlin.curvature."
+             "linear_training_hessian) at its own checkpoints theta_L(t)."),
     Variable("n_exact_shift_steps", (), "softmax steps with the exact max shift (main run)", "engine diagnostic: "
              "steps whose cached log-sum-exp shift was out of range and were recomputed exactly.", units="1"),
     Variable("norm_star", (), "norm of theta_star", "sqrt(||U*||_F^2 + ||v*||^2) = sqrt(2) ||Sigma^-1||_F^(1/2)."),

@@ -42,6 +42,8 @@ COORDS = {
           "prompts)."},
     "seed": {"long_name": "seed index", "description": "Independent replicate; enters the per-cell random generator."},
     "t": {"long_name": "training step", "units": "1", "description": "Gradient-descent step of the checkpoint."},
+    "t_flow": {"long_name": "flow time of a check (steps x lr)", "units": "1", "description": "Steps x step size at "
+               "a check: the time of the gradient flow a run discretises, common to cells of different step sizes."},
     "t_heldout": {"long_name": "training step of a held-out evaluation", "units": "1",
                   "description": "A subset of t, every heldout_every steps."},
     "tau": {"long_name": "tr(Sigma^-2)", "description": "Trace of the inverse squared covariance; the constant "

@@ -1,7 +1,8 @@
 """Does a results file still come from the code? ``sfxlin verify FILE``.
 
 Recomputes a few cells of a results file with the installed code, from the configuration the
-file records, and compares every variable of each cell with the file's: bit-identical (the same
+file records, and compares every variable of each cell that the file holds with the file's (an output
+added since the file was made is named, not compared): bit-identical (the same
 machine and version: the determinism contract promises equal bits whatever the scheduler, the
 chunking or the grid around the cell), or within the contract across code versions and CPUs, or not.
 Element by element the test is ``|new - stored| <= rtol * max(1, A) * max |stored|``: ``rtol`` (default
@@ -94,12 +95,15 @@ class VariableCheck:
 
 @dataclass(frozen=True)
 class CellCheck:
-    """One recomputed cell of ``part``: its coordinates, seconds, and every variable's check."""
+    """One recomputed cell of ``part``: its coordinates, seconds, every variable's check, and the names of
+    the variables the code computes that the file does not hold (``absent``: outputs added since the file
+    was made; nothing to compare them with)."""
 
     part: str
     cell: dict
     seconds: float
     variables: tuple = field(default_factory=tuple)
+    absent: tuple = field(default_factory=tuple)
 
     @property
     def identical(self) -> bool:
@@ -242,11 +246,14 @@ def iter_verify(path, cells=1, where=None, on_open=None, most_amplified=0):
         seconds = time.perf_counter() - start
         measured = experiment.amplified(part)
         recorded = recorded_amplification(ds, experiment, part, cell)
-        results = []
+        results, absent = [], []
         for var in experiment.part_variables(part):
             if var.name in measured.values():   # the yardstick, not recomputed
+                continue
+            if var.name not in ds.data_vars:
+                absent.append(var.name)
                 continue
             inner = [d for d in var.dims if d not in cell]
             stored = ds[var.name].sel(cell).transpose(*inner).values
             results.append(_compare(var.name, stored, out[var.name], scales[var.name], recorded.get(var.name)))
-        yield CellCheck(part, cell, seconds, tuple(results))
+        yield CellCheck(part, cell, seconds, tuple(results), tuple(absent))
