@@ -129,6 +129,23 @@ def test_default_head_and_queries_are_shared_by_every_cell_and_documented():
     assert "default head" in next(v.description for v in EXP.variables if v.name == "U_eff")
 
 
+def test_the_default_heads_scale_is_in_the_tokens_own_units(tmp_path):
+    """Tokens whose variances are 1, 4, 25 (mean variance s^2 = 10) and the same tokens times 3: the
+    default head satisfies ||S^{1/2} U S^{1/2}||_F = s^2 ||U||_F = U_norm for S = s^2 I, so U scales as
+    1 / 3^2 with the tokens and the logits z^T U q over the file are the same numbers (every test file
+    elsewhere has unit-variance tokens, where a head missing the 1 / s^2 would pass)."""
+    Z = np.random.default_rng(8).standard_normal((500, 3)) * np.array([1.0, 2.0, 5.0])
+    setups = [c1_own.setup(EXP.configure("quick", [f"tokens={_save(tmp_path / f't{c}.npy', c * Z)}", "U_norm=0.7",
+                                                   "n_queries=4"])) for c in (1, 3)]
+    for s, c in zip(setups, (1, 3)):
+        s2 = np.trace(np.cov(c * Z.T, bias=True)) / 3
+        np.testing.assert_allclose(s2, 10 * c**2, rtol=0.15)    # the premise: not unit variance
+        np.testing.assert_allclose(np.linalg.norm(s.U) * s2, 0.7, rtol=1e-12)
+    np.testing.assert_allclose(setups[1].U, setups[0].U / 9, rtol=1e-12)
+    logits = [s.tokens @ s.U @ s.q.T for s in setups]
+    np.testing.assert_allclose(logits[1], logits[0], rtol=1e-10)
+
+
 def _error(config_args, message):
     with pytest.raises(ValueError, match=message):
         EXP.configure("quick", config_args)
