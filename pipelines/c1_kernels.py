@@ -140,7 +140,7 @@ OWN = {o.name: o for o in (
 EXPERIMENT = C1.variant(
     NAME, short="c1_kernels", analysis="sfxlin.analysis.c1_kernels",
     values=dict(L=Profiles(quick=[2**k for k in range(4, 11)], paper=[2**k for k in range(4, 15)]),
-                n_seeds=Profiles(quick=1, paper=2), n_queries=Profiles(quick=3, paper=8),
+                n_seeds=Profiles(quick=1, paper=16), n_queries=Profiles(quick=3, paper=64),
                 n_prompts=Profiles(quick=8, paper=16), root_seed=20251211),
     changes={"n_prompts": {"low": 2, "why": "the z-scores need a standard error over prompts"}},
     params=(
@@ -159,7 +159,7 @@ EXPERIMENT = C1.variant(
               min_len=3, why="the analysis fits log-log slopes in m", grid=True),
         Param("rf_a", "float", "Euclidean norm |a| of the random-feature study's query (the feature weights' spread "
               "grows like exp(|a|^2))", 0.5, low=0, low_open=True),
-        Param("rf_draws", "int", "independent feature draws per (rf_sigma2, m)", Profiles(quick=200, paper=2000),
+        Param("rf_draws", "int", "independent feature draws per (rf_sigma2, m)", Profiles(quick=200, paper=16000),
               low=2),
         Param("stein_nodes", "int", "Gauss-Hermite nodes per dimension of the Stein check", 60, low=2)),
     cells=(Cells({"kernel": "kernels", "r": "r", "seed": "n_seeds"}, kernel,
