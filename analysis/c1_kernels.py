@@ -196,7 +196,7 @@ def _rf_rate(ds):
 @CRITERIA("C1K-rf-constant", "m E||rf limit - Sigma a||^2 at the largest m / its delta-method constant "
           "(rf_sigma2 < 1/3)", "in", (0.8, 1.2),
           reason="the sharp constant of the feature average; +-20% for the heavy-ish tail of the squared error over "
-          "2000 feature draws",
+          "2000 feature draws (the profile the band was set for; 16000 since the seeds were bought)",
           # quick (200 draws): replicate mean 0.991, SD 0.059, range 0.846 .. 1.159: +-25% is 4.1 SD
           quick=(0.75, 1.25))
 def _rf_constant(ds):
