@@ -464,3 +464,26 @@ def test_window_crossing_on_known_curves():
     curve = np.array([0.4, 0.2, 0.1, 0.0])
     np.testing.assert_allclose(analysis.window_crossing(curve, L, [0.05]), [60.0], rtol=1e-12)
     assert np.all(np.isnan(analysis.window_crossing(6.0 / L, L, [1.0, 0.01])))
+
+
+@pytest.mark.slow
+def test_the_constant_se_follows_the_design(tmp_path):
+    """Monte Carlo SE against an exact value (issue #38): the constant L * mse at the regime's last L with its
+    SE over the seed x prompt units (constants), against the file's exact window error for window prompts
+    (window_mse: exact, every start) and the sharp i.i.d. constant for i.i.d. prompts (the delta method's
+    remainder, O(weight_ratio / L) with a weight ratio of about 1.3, is 0.5% at L = 256, a tenth of the SE).
+    A file of 20000 i.i.d. N(0, I_2) tokens, 48 runs (root_seed 1 .. 48: a head, queries and prompts each) of
+    2 x 40 prompts: K = 96 z-scores, each a t with 79 dof (the units' spread: squared errors, skewed, so the
+    test reads the share inside the central 50% and the signs, not z^2), which a right SE passes with
+    probability >= 0.9972."""
+    from sfxlin.testing.calibration import assert_se_follows_design
+
+    tokens = _save(tmp_path / "iid.npy", np.random.default_rng(5).standard_normal((20000, 2)))
+    z = []
+    for root in range(1, 49):
+        config = EXP.configure("quick", [f"tokens={tokens}", "sampling=iid,window", "n_queries=4", "L=64,128,256",
+                                         "n_prompts=40", "n_seeds=2", "prompt_chunk=40", f"root_seed={root}"])
+        c = analysis.constants(compute(build(EXP, config), scheduler="synchronous", progress=False)[0])
+        z += [float(((c.constant - c.predicted) / c.constant_se).sel(sampling="iid")),
+              float(((c.constant - c.file) / c.constant_se).sel(sampling="window"))]
+    assert_se_follows_design(z, 79, "c1_own constant")
