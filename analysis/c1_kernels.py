@@ -118,7 +118,8 @@ def _stein_kinked(ds):
 @CRITERIA("C1K-slopes", "log-log slope in L of E||f_L - f_inf||^2 to the kernel's own limit, every (kernel, r)",
           "in", (-1.15, -0.85),
           reason="an i.i.d. mean or a self-normalised ratio: variance 1/L, squared bias 1/L^2; +-0.15 covers "
-          "Monte Carlo noise of 2 seeds x 8 queries x 16 prompts and pre-asymptotic curvature",
+          "Monte Carlo noise of 2 seeds x 8 queries x 16 prompts (the paper profile before its seeds were bought: 16 "
+          "x 64 x 16 since) and pre-asymptotic curvature",
           # quick: replicate SD 0.061 .. 0.109 per cell, means -1.006 .. -0.797 (sigmoid_logL at r = 1: the
           # pre-asymptotic start of the paper run's FAIL), range -1.30 .. -0.55 (2880 values): the band is
           # 4.7 SD of the widest cell below its mean and 5 SD of sigmoid_logL above its mean
@@ -133,7 +134,8 @@ def _slopes(ds):
 @CRITERIA("C1K-sharp-constant", "mse / predicted mse at the largest L (exact or delta method), every kernel "
           "with a prediction and every r", "in", (0.85, 1.15),
           reason="exact for unnormalised kernels, 1 + O(1/L) for normalised ones; the Monte Carlo SE of a mean of "
-          "256 squared errors is 3-7%, so +-15% is 2-5 SE",
+          "256 squared errors is 3-7%, so +-15% is 2-5 SE (set for 2 seeds x 8 queries; 16 x 64 since the seeds "
+          "were bought)",
           # quick: a mean of 24 squared errors, replicate SD 0.16 .. 0.27, range 0.41 .. 2.33 (2560 values);
           # as a chi-square mean with >= 27 effective dof, P(< 0.25) < 1e-6, and 3 is 7 SD above 1
           quick=(0.25, 3.0))
@@ -148,7 +150,8 @@ def _sharp(ds):
 @CRITERIA("C1K-limit-mc", "mean squared z-score of the prompt mean at L_max against the exact limit, every "
           "(kernel, r)", "in", (0.4, 2.5),
           reason="a t statistic with P - 1 = 15 dof has E t^2 = 15/13 = 1.15; the mean of 48 of them (2 seeds x 8 "
-          "queries x 3 components) has SD about 0.3, and 36 (kernel, r) are tested: a wrong limit gives z^2 >> 1",
+          "queries x 3 components, the profile the band was set for; 16 x 64 x 3 since the seeds were bought) has "
+          "SD about 0.3, and 36 (kernel, r) are tested: a wrong limit gives z^2 >> 1",
           # quick: the mean of 9 squared t_7 (3 queries x 3 components, correlated): E = 1.4, replicate range
           # 0.069 .. 10.4 (2880 values). Simulated P(mean > 25) per cell: 1e-5 for independent components, 1.9e-4
           # for perfectly correlated ones (a mean of 3), so at most 0.34% over the 18 cells; the lower end is
@@ -193,7 +196,7 @@ def _rf_rate(ds):
 @CRITERIA("C1K-rf-constant", "m E||rf limit - Sigma a||^2 at the largest m / its delta-method constant "
           "(rf_sigma2 < 1/3)", "in", (0.8, 1.2),
           reason="the sharp constant of the feature average; +-20% for the heavy-ish tail of the squared error over "
-          "2000 feature draws",
+          "2000 feature draws (the profile the band was set for; 16000 since the seeds were bought)",
           # quick (200 draws): replicate mean 0.991, SD 0.059, range 0.846 .. 1.159: +-25% is 4.1 SD
           quick=(0.75, 1.25))
 def _rf_constant(ds):

@@ -2,16 +2,17 @@
 
 Reads ``mse(sampling, seed, prompt, L)`` (error to the tokens' exact limit), ``mse_gauss`` (to the
 Gaussian surrogate), the exact part's scalars (``limit_sq``, ``bias_gauss``, ``const_sharp``,
-``const_gauss``, ``limit_sq_gauss``, ``weight_ratio``, ``tau``, ``tau_se``) and the ``config`` attr
-(``eps``). Per sampling mode (``iid``, ``window``):
+``const_gauss``, ``limit_sq_gauss``, ``weight_ratio``, ``tau``, ``tau_se``, ``n_tokens``), the exact
+window errors ``window_mse(L)`` and the ``config`` attr (``eps``). Per sampling mode (``iid``, ``window``):
 
 * the regime: the prompt lengths with ``L >= REGIME * weight_ratio`` (times ``max(tau, 1)`` for
   windows): a prompt of L tokens weighs like ``L / weight_ratio`` equal-weight tokens (``L /
   (weight_ratio tau)`` for dependent ones), and the delta method's ``1/L`` term dominates once
-  that effective sample is large;
+  that effective sample is large; for windows also ``L <= FILE_SHARE * n`` (:func:`regime`: the
+  finite file);
 * the log-log line of the error over the regime: slope (-1 expected) with its SE clustered over
   the independent units (seed x prompt: every prompt is nested along L and shared by the queries);
-* the constant ``L * mse`` at the largest L against the predicted one: the sharp i.i.d. constant
+* the constant ``L * mse`` at the regime's largest L against the predicted one: the sharp i.i.d. constant
   ``const_sharp = mean_q tr V C_mu V^T`` for i.i.d. prompts, ``tau * const_sharp`` for windows;
 * ``L*(eps)``: the relative error is ``r(L) = sqrt(mse(L) / limit_sq)``, ``limit_sq = mean_q
   ||V (f_inf(q) - m)||^2`` (the size of the head's query-dependent signal); ``L*(eps)`` solves
@@ -19,7 +20,18 @@ Gaussian surrogate), the exact part's scalars (``limit_sq``, ``bias_gauss``, ``c
   interval from the unit lines' covariance; beside it the sharp prediction
   ``const / (eps^2 limit_sq)``, the Gaussian picture's ``const_gauss / (eps^2 limit_sq_gauss)``,
   and the length at which the error *to the surrogate* falls below eps (on the fitted line plus
-  its exact bias: none when the bias alone exceeds it).
+  its exact bias: none when the bias alone exceeds it); every one of them reported only up to the
+  sampling's reach (:func:`reach`: ``n`` for i.i.d. prompts, ``FILE_SHARE * n`` for windows), and for
+  windows the length at which the file's exact window error (``window_mse``) meets eps, within the
+  measured L.
+
+The finite file. Prompts drawn i.i.d. (with replacement) from the tokens are i.i.d. draws of their
+empirical law at every L, longer than the file included: no finite-population effect. A window is ``L``
+distinct tokens of the ``n``: its error carries the finite-population correction of sampling without
+replacement, about ``1 - L/n`` (exactly ``(n - L) / (n - 1)`` for the first-order error of an
+exchangeable file), and is 0 at ``L = n``, where the window is the whole file. On a log-log line that
+factor bends the local slope by ``-(L/n) / (1 - L/n)``: the rule ``L <= FILE_SHARE * n`` keeps it
+within 0.053 at the fit's last point (a third of C1O-slope's band) and the constant within 5%.
 """
 from __future__ import annotations
 
@@ -33,8 +45,9 @@ from .fits import MIN_LINE_POINTS, loglog_slope, ols_line, too_few
 from .tables import column, make_table
 from .verdicts import Criteria, Inconclusive, judged_where
 
-__all__ = ["CRITERIA", "UNITS", "REGIME", "EXTRAPOLATION", "eps_list", "predicted_constant", "regime", "unit_lines",
-           "lstar_of", "slopes", "constants", "lstar", "measures", "verdicts", "fit_tables", "figure"]
+__all__ = ["CRITERIA", "UNITS", "REGIME", "EXTRAPOLATION", "FILE_SHARE", "eps_list", "predicted_constant", "reach",
+           "regime", "last_regime_L", "window_errors", "unit_lines", "lstar_of", "window_crossing", "slopes",
+           "constants", "lstar", "measures", "verdicts", "fit_tables", "figure"]
 
 #: the dims of the independent units: every prompt of every seed (the head and the query set are
 #: fixed by the file; a prompt is shared by the queries and nested along L)
@@ -43,8 +56,12 @@ UNITS = ("seed", "prompt")
 #: the regime of the 1/L law: L >= REGIME x the effective-sample factor (see :func:`regime`)
 REGIME = 10.0
 
-#: C1O-Lstar judges the eps whose predicted L* is at most this many times the largest L
+#: C1O-Lstar judges the eps whose predicted L* is at most this many times the regime's largest L
 EXTRAPOLATION = 4.0
+
+#: windows are fitted (slope, constant, the line's L*) only at ``L <= FILE_SHARE * n``: the finite-population
+#: correction ``1 - L/n`` stays >= 0.95 there (module doc)
+FILE_SHARE = 0.05
 
 
 def eps_list(ds) -> np.ndarray:
@@ -62,9 +79,36 @@ def predicted_constant(ds) -> xr.DataArray:
     return ds.const_sharp * _tau_used(ds)
 
 
+def window_errors(ds) -> xr.DataArray:
+    """The file's exact window errors ``window_mse(L)``; NaN in a file made before they were stored (its
+    windows, if any, were not read circularly: nothing exact to show)."""
+    return ds.window_mse if "window_mse" in ds else xr.full_like(ds.L, np.nan, dtype=float)
+
+
+def reach(ds) -> xr.DataArray:
+    """Per sampling, the longest prompt a fit or an ``L*`` may speak for: ``n`` (``n_tokens``) for i.i.d.
+    prompts (an ``L*`` beyond it asks for an eps finer than the file's own resolution of its limit: the
+    file's tilted mean is itself off its population's by about ``const_sharp / n`` in squared error, so
+    ``L*_sharp(eps) > n`` exactly when ``eps`` is below it), ``FILE_SHARE * n`` for windows (beyond it the
+    finite file bends the error below the line: module doc)."""
+    return xr.where(ds.sampling == "window", FILE_SHARE, 1.0) * ds.n_tokens
+
+
 def regime(ds) -> xr.DataArray:
-    """``L >= REGIME * weight_ratio * max(tau, 1)`` (windows; 1 for i.i.d.), per (sampling, L)."""
-    return ds.L >= REGIME * ds.weight_ratio * np.maximum(_tau_used(ds), 1.0)
+    """``REGIME * weight_ratio * max(tau, 1) <= L`` (tau for windows; 1 for i.i.d.), and for windows
+    ``L <= FILE_SHARE * n`` (:func:`reach`), per (sampling, L)."""
+    short = ds.L >= REGIME * ds.weight_ratio * np.maximum(_tau_used(ds), 1.0)
+    return short & ((ds.sampling != "window") | (ds.L <= reach(ds)))
+
+
+def last_regime_L(ds) -> xr.DataArray:
+    """Per sampling, the regime's largest L (NaN where the regime is empty)."""
+    return ds.L.astype(float).where(regime(ds)).max("L")
+
+
+def _at_last(ds, da) -> xr.DataArray:
+    """``da`` (with an ``L`` dim) at the regime's largest L, per sampling (NaN where the regime is empty)."""
+    return da.where(ds.L == last_regime_L(ds)).sum("L", min_count=1)
 
 
 def unit_lines(ds) -> xr.Dataset:
@@ -112,7 +156,8 @@ def _per_sampling(ds, values):
     """``values`` (over sampling), or Inconclusive naming the first sampling with too few regime L."""
     for s, n in zip(ds.sampling.values, regime(ds).sum("L").values):
         if _few(int(n)):
-            return Inconclusive(f"{s}: {_few(int(n))} (L >= {REGIME:g} x weight_ratio{' x tau' if s == 'window' else ''})")
+            where = f" x tau, L <= {FILE_SHARE:g} n" if s == "window" else ""
+            return Inconclusive(f"{s}: {_few(int(n))} (L >= {REGIME:g} x weight_ratio{where})")
     return values()
 
 
@@ -132,7 +177,7 @@ CRITERIA = Criteria("C1", units=UNITS)
 
 
 @CRITERIA("C1O-slope", "log-log slope in L of the error to the tokens' exact limit over the regime "
-          "(L >= 10 x weight_ratio, x tau for windows), every sampling", "in", (-1.15, -0.85),
+          "(L >= 10 x weight_ratio, x tau for windows; windows at L <= n / 20), every sampling", "in", (-1.15, -0.85),
           reference="-1 (law of large numbers; for windows, of a stationary mixing sequence)",
           reason="the error is const / L + O(1/L^2) once the effective sample L / (weight_ratio tau) is >= 10; "
                  "+-0.15 covers the O(weight_ratio tau / L) curvature left at the regime's start and the slope's "
@@ -151,8 +196,8 @@ def _slope_interval(ds):
     return _per_sampling(ds, lambda: _slope_gap(ds))
 
 
-@CRITERIA("C1O-constant", "L * mse at the largest L / predicted constant (tr V C_mu V^T i.i.d., x tau for "
-          "windows), every sampling", "in", (0.75, 1.33), reference="1 (SNIS delta method; docs/models.md)",
+@CRITERIA("C1O-constant", "L * mse at the regime's largest L / predicted constant (tr V C_mu V^T i.i.d., x tau "
+          "for windows), every sampling", "in", (0.75, 1.33), reference="1 (SNIS delta method; docs/models.md)",
           reason="1 + O(weight_ratio tau / L); the unit mean of 256 squared errors has a relative SE of 5-10% "
                  "(heavier than chi-square: shared prompts, tilted weights) and the batch-means tau of a few "
                  "thousand tokens 5-15%: the band is ~3 SE of their combination",
@@ -162,17 +207,21 @@ def _constant(ds):
 
 
 @CRITERIA("C1O-Lstar", "L*(eps) on the fitted line / the sharp prediction const / (eps^2 limit_sq), every "
-          "(sampling, eps) whose predicted L* is at most 4 x the largest L", "in", (0.67, 1.5), reference="1",
+          "(sampling, eps) whose predicted L* is at most 4 x the regime's largest L and within the file's reach (n "
+          "i.i.d., n / 20 windows)", "in", (0.67, 1.5), reference="1",
           reason="L* is defined (the line falls) and agrees with the prediction: within the measured range the "
                  "line's value is the constant's (C1O-constant band); extrapolating by up to 4x (log 4 = 1.4) adds "
-                 "1.4 x the slope's error (<= 0.15) to log L*: the band is their sum; beyond 4x, shown, not judged",
+                 "1.4 x the slope's error (<= 0.15) to log L*: the band is their sum; beyond 4x or the reach, shown "
+                 "(within the reach), not judged",
           quick=(0.3, 3.0))
 def _lstar(ds):
     def ratio():
-        ls = lstar(ds)
-        near = ls.L_star_sharp <= EXTRAPOLATION * float(ds.L[-1])
-        return judged_where(ls.L_star / ls.L_star_sharp, near, ["sampling", "eps"],
-                            f"every predicted L*(eps) lies beyond {EXTRAPOLATION:g} x the largest L (shown, not judged)")
+        ls = _lstar_line(ds)
+        sharp = _lstar_sharp(ds)
+        near = (sharp <= EXTRAPOLATION * last_regime_L(ds)) & (sharp <= reach(ds))
+        return judged_where(ls.L_star / sharp, near, ["sampling", "eps"],
+                            f"every predicted L*(eps) lies beyond {EXTRAPOLATION:g} x the regime's largest L or the "
+                            "file's reach (shown, not judged)")
     return _per_sampling(ds, ratio)
 
 
@@ -198,13 +247,58 @@ def slopes(ds) -> xr.Dataset:
 
 
 def constants(ds) -> xr.Dataset:
-    """Per sampling: ``L * mse`` at the largest L (unit mean) and its SE over the units, the predicted
-    constant (:func:`predicted_constant`), the i.i.d. sharp constant, the Gaussian picture's, and
-    their ratio."""
-    last = float(ds.L[-1]) * ds.mse.isel(L=-1, drop=True)
+    """Per sampling: ``L * mse`` at the regime's largest L (unit mean) and its SE over the units, the
+    predicted constant (:func:`predicted_constant`), their ratio, and ``L * window_mse`` there (the file's
+    exact window error, NaN for i.i.d. prompts): what the finite file gives where the prediction is the
+    infinite sequence's."""
+    last = _at_last(ds, ds.L * ds.mse)
     mean, se = last.mean(UNITS), last.std(UNITS, ddof=1) / np.sqrt(np.prod([ds.sizes[u] for u in UNITS]))
     pred = predicted_constant(ds)
-    return xr.Dataset({"constant": mean, "constant_se": se, "predicted": pred, "ratio": mean / pred})
+    file = _at_last(ds, ds.L * window_errors(ds)).where(ds.sampling == "window")
+    return xr.Dataset({"constant": mean, "constant_se": se, "predicted": pred, "ratio": mean / pred,
+                       "file": file})
+
+
+def _eps(ds) -> xr.DataArray:
+    eps = eps_list(ds)
+    return xr.DataArray(eps, dims="eps", coords={"eps": eps})
+
+
+def _target(ds) -> xr.DataArray:
+    """``eps^2 limit_sq`` per eps: the squared error at which the relative error is eps."""
+    return _eps(ds) ** 2 * ds.limit_sq
+
+
+def _lstar_line(ds, alpha: float = 0.05) -> xr.Dataset:
+    """:func:`lstar_of` the unit lines at every eps, whatever the reach."""
+    return lstar_of(unit_lines(ds), _target(ds), alpha)
+
+
+def _lstar_sharp(ds) -> xr.DataArray:
+    """``predicted_constant / (eps^2 limit_sq)`` per (sampling, eps), whatever the reach."""
+    return predicted_constant(ds) / _target(ds)
+
+
+def window_crossing(window_mse, L, target) -> np.ndarray:
+    """Per value of ``target``, the prompt length at which the exact window error ``window_mse`` (over the
+    lengths ``L``) first falls to it, interpolated between the two measured L around the crossing
+    (log-log; linear where the later error is 0, a window of the whole file); NaN where it does not fall
+    to it within the measured L, or is already there at the first."""
+    wm, L = np.asarray(window_mse, dtype=float), np.asarray(L, dtype=float)
+    out = np.full(np.shape(target), np.nan)
+    if not np.all(np.isfinite(wm)):
+        return out
+    for i, t in np.ndenumerate(np.asarray(target, dtype=float)):
+        below = np.flatnonzero(wm <= t)
+        if below.size == 0 or below[0] == 0:
+            continue
+        j = below[0]
+        if wm[j] > 0:
+            frac = np.log(wm[j - 1] / t) / np.log(wm[j - 1] / wm[j])
+            out[i] = np.exp(np.log(L[j - 1]) + frac * np.log(L[j] / L[j - 1]))
+        else:
+            out[i] = L[j - 1] + (wm[j - 1] - t) / wm[j - 1] * (L[j] - L[j - 1])
+    return out
 
 
 def lstar(ds, alpha: float = 0.05) -> xr.Dataset:
@@ -212,15 +306,22 @@ def lstar(ds, alpha: float = 0.05) -> xr.Dataset:
     prediction ``L_star_sharp = predicted_constant / (eps^2 limit_sq)``, the Gaussian picture's
     ``L_star_gauss = const_gauss / (eps^2 limit_sq_gauss)``, and ``L_star_surrogate``, where the
     fitted error plus the surrogate's exact squared bias meets ``eps^2 limit_sq`` (inf when the bias
-    alone exceeds it)."""
-    eps = xr.DataArray(eps_list(ds), dims="eps", coords={"eps": eps_list(ds)})
-    target = eps**2 * ds.limit_sq
+    alone exceeds it): each NaN where it exceeds the sampling's :func:`reach` (never an L* beyond the
+    file's length). ``L_star_file`` (windows): where the file's exact window error ``window_mse`` meets
+    ``eps^2 limit_sq`` (:func:`window_crossing`), within the measured L; NaN for i.i.d. prompts."""
+    eps, target = _eps(ds), _target(ds)
     lines = unit_lines(ds)
     rest = target - ds.bias_gauss
     surrogate = xr.where(rest > 0, lstar_of(lines, rest.where(rest > 0), alpha).L_star, np.inf)
-    return lstar_of(lines, target, alpha).assign(L_star_sharp=predicted_constant(ds) / target,
-                                                 L_star_gauss=ds.const_gauss / (eps**2 * ds.limit_sq_gauss),
-                                                 L_star_surrogate=surrogate).drop_vars("G").transpose("sampling", "eps", ...)
+    far = reach(ds)
+    line = lstar_of(lines, target, alpha)
+    line = line.where(~(line.L_star > far))  # a line's L* beyond the reach is not shown, nor its interval
+    out = line.assign(L_star_sharp=_lstar_sharp(ds), L_star_gauss=ds.const_gauss / (eps**2 * ds.limit_sq_gauss),
+                      L_star_surrogate=surrogate).drop_vars("G")
+    out = out.map(lambda v: v.where(np.isinf(v) | ~(v > far)))  # inf: never (the surrogate's bias), shown
+    file = xr.DataArray(window_crossing(window_errors(ds).values, ds.L.values, target.values), dims="eps",
+                        coords={"eps": eps.values})
+    return out.assign(L_star_file=file.where(ds.sampling == "window")).transpose("sampling", "eps", ...)
 
 
 def fit_tables(ds) -> dict:
@@ -228,30 +329,37 @@ def fit_tables(ds) -> dict:
     ``lstar``: per (sampling, eps) L* with its interval and the predictions; ``law``: the head on
     these tokens (weight ratio, tau, the surrogate's relative bias)."""
     fit, const, ls = slopes(ds), constants(ds), lstar(ds)
-    keep = regime(ds)
-    first = xr.DataArray([float(ds.L.values[keep.sel(sampling=s).values].astype(float).min(initial=np.inf))
-                          for s in ds.sampling.values], dims="sampling", coords={"sampling": ds.sampling.values})
-    fits = make_table({"L_from": column(first, "regime L >=", ".0f"), "slope": column(fit.slope, "slope", ".3f"),
+    first = ds.L.astype(float).where(regime(ds)).min("L")
+    fits = make_table({"L_from": column(first, "regime L from", ".0f"),
+                       "L_to": column(last_regime_L(ds), "to", ".0f"), "slope": column(fit.slope, "slope", ".3f"),
                        "slope_se": column(fit.slope_se, "SE", ".3f"),
                        "low": column(fit.slope_ci_low, "95% low", ".3f"),
                        "high": column(fit.slope_ci_high, "95% high", ".3f"),
                        "constant": column(const.constant, "L*mse", ".4g"),
                        "constant_se": column(const.constant_se, "SE", ".2g"),
                        "predicted": column(const.predicted, "predicted", ".4g"),
-                       "ratio": column(const.ratio, "ratio", ".3f")},
+                       "ratio": column(const.ratio, "ratio", ".3f"),
+                       "file": column(const.file, "file's exact", ".4g", missing="-")},
                       title=f"per sampling: log-log line of the error to the exact limit over the regime (SE "
                             f"cluster-robust over {ds.sizes['seed']} x {ds.sizes['prompt']} units, seed x prompt), "
-                            "L * mse at the largest L against the prediction",
-                      notes="predicted: tr V C_mu V^T (the sharp i.i.d. constant) for iid, x tau for window")
+                            "L * mse at the regime's largest L against the prediction",
+                      notes=f"regime: L >= {REGIME:g} x weight_ratio (x tau for window) and, for window, L <= "
+                            f"{FILE_SHARE:g} n (the finite file: 1 - L/n >= {1 - FILE_SHARE:g}); predicted: tr V "
+                            "C_mu V^T (the sharp i.i.d. constant) for iid, x tau for window (an infinite sequence); file's "
+                            "exact: L * window_mse there, the expected error of a window of this file")
     lst = make_table({"L_star": column(ls.L_star, "L*", ".4g"), "low": column(ls.L_star_low, "95% low", ".4g"),
                       "high": column(ls.L_star_high, "95% high", ".4g"),
                       "sharp": column(ls.L_star_sharp, "L* sharp", ".4g"),
                       "gauss": column(ls.L_star_gauss, "L* Gaussian", ".4g"),
-                      "surrogate": column(ls.L_star_surrogate, "L* to surrogate", ".4g", missing="n/a")},
+                      "surrogate": column(ls.L_star_surrogate, "L* to surrogate", ".4g", missing="n/a"),
+                      "file": column(ls.L_star_file, "L* of the file", ".4g", missing="-")},
                      title="L*(eps): the prompt length at which sqrt(mse / limit_sq) = eps, on the fitted line",
                      notes="limit_sq = mean_q ||V (f_inf(q) - m)||^2; sharp: predicted / (eps^2 limit_sq); Gaussian: "
                            "const_gauss / (eps^2 limit_sq_gauss); to surrogate: error to m + Sigma U q below eps "
-                           "(inf: its bias alone exceeds eps)")
+                           "(inf: its bias alone exceeds eps); n/a: the line does not fall, or beyond the reach (n "
+                           f"for iid: a finer eps than the file resolves its own limit; {FILE_SHARE:g} n for window: "
+                           "the finite file bends the error below the line); of the file (window): where the file's "
+                           "exact window error meets eps, within the measured L")
     law = make_table({"n": column(ds.n_tokens, "tokens", ".0f"), "w": column(ds.weight_ratio, "w_ratio", ".4g"),
                       "const": column(ds.const_sharp, "tr C", ".4g"),
                       "const_gauss": column(ds.const_gauss, "const Gaussian", ".4g"),
@@ -264,9 +372,11 @@ def fit_tables(ds) -> dict:
 
 def figure(ds, path):
     """Two panels per file: the error to the exact limit vs L (dots, SE bars over the units) per
-    sampling, with the predicted ``const / L`` (lines), the Gaussian picture (dashed) and the fitted
-    line over the regime; the relative error ``sqrt(mse / limit_sq)`` and the error to the surrogate
-    against the eps levels, with L*(eps) marked."""
+    sampling, with the predicted ``const / L`` (lines, up to the sampling's reach), the Gaussian
+    picture (dashed), the fitted line over the regime, and for windows the file's exact window error
+    (crosses) and the reach ``FILE_SHARE * n`` (a vertical line); the relative error ``sqrt(mse /
+    limit_sq)`` and the error to the surrogate against the eps levels, with L*(eps) marked (triangles:
+    on the line; crosses: of the file's exact window error)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -276,17 +386,23 @@ def figure(ds, path):
     L = ds.L.values.astype(float)
     Lx = np.geomspace(L[0], L[-1] * 4, 50)
     colors = dict(zip(ds.sampling.values.tolist(), ["C0", "C3"]))
-    ls, lines = lstar(ds), unit_lines(ds)
+    ls, lines, far = lstar(ds), unit_lines(ds), reach(ds)
     ax = axes[0]
     for s, c in colors.items():
         y = ds.mse.sel(sampling=s).stack(unit=UNITS)
         se = y.std("unit", ddof=1) / np.sqrt(y.sizes["unit"])
         ax.errorbar(L, y.mean("unit"), yerr=2 * se, fmt="o", ms=3, color=c, label=f"{s}: measured (2 SE)")
-        ax.loglog(Lx, float(predicted_constant(ds).sel(sampling=s)) / Lx, "-", lw=1, color=c,
+        Ls = Lx[Lx <= float(far.sel(sampling=s))]
+        ax.loglog(Ls, float(predicted_constant(ds).sel(sampling=s)) / Ls, "-", lw=1, color=c,
                   label=f"{s}: {'tau ' if s == 'window' else ''}tr C / L")
         c0, s0 = float(lines.c.sel(sampling=s)), float(lines.s.sel(sampling=s))
         if np.isfinite(s0):
-            ax.loglog(Lx, np.exp(c0) * Lx**s0, ":", color=c, lw=1.5, label=f"{s}: fit {s0:.2f}")
+            ax.loglog(Ls, np.exp(c0) * Ls**s0, ":", color=c, lw=1.5, label=f"{s}: fit {s0:.2f}")
+        if s == "window":
+            ax.loglog(L, window_errors(ds), "x-", ms=5, lw=0.6, color=c, label="window: this file, exact")
+            if float(far.sel(sampling=s)) <= Lx[-1]:
+                ax.axvline(float(far.sel(sampling=s)), color=c, lw=0.6, ls="-.",
+                           label=f"window: reach {FILE_SHARE:g} n")
     if np.isfinite(float(ds.const_gauss)):
         ax.loglog(Lx, float(ds.const_gauss) / Lx, "k--", lw=0.8, label="Gaussian picture")
     ax.set(xscale="log", yscale="log", xlabel="prompt length L", ylabel=r"$E\|V(f_L(q) - f_\infty(q))\|^2$",
@@ -303,14 +419,15 @@ def figure(ds, path):
             Lf = np.geomspace(L[0], max(L[-1], float(np.nanmax(ls.L_star.sel(sampling=s).values, initial=L[-1]))), 50)
             ax.loglog(Lf, np.sqrt(np.exp(c0) * Lf**s0 / lim), ":", color=c, lw=1, label=f"{s}: fitted line")
         for e in ls.eps.values:
-            v = float(ls.L_star.sel(sampling=s, eps=e))
-            if np.isfinite(v):
-                ax.plot([v], [e], "v", color=c, ms=7)
+            for var, mark in (("L_star", "v"), ("L_star_file", "x")):
+                v = float(ls[var].sel(sampling=s, eps=e))
+                if np.isfinite(v):
+                    ax.plot([v], [e], mark, color=c, ms=7)
     for e in ls.eps.values:
         ax.axhline(e, color="grey", lw=0.6, ls=":")
     ax.axhline(np.sqrt(float(ds.bias_gauss) / lim), color="k", lw=0.8, ls="--", label="surrogate's relative bias")
     ax.set(xlabel="prompt length L", ylabel=r"relative error $\sqrt{mse / limit\_sq}$",
-           title="relative error; triangles: L*(eps) on the fitted line")
+           title="relative error; L*(eps): on the fitted line (v), of the file's windows (x)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -8,10 +8,15 @@ usable. A file names its own analysis module (``analysis`` attr) and its claim's
 (``title``): nothing here lists the experiments (:func:`analysis_for` finds the module,
 :func:`verdicts` and :func:`fit_tables` read a file through it).
 
-The page opens with one summary table (per file: its claim, experiment, profile, and how many
-verdicts PASS, FAIL, are INCONCLUSIVE, NOT JUDGED, and how many are fragile) and one line of
-:func:`.verdicts.multiplicity_line` over every verdict of every file; a file that is not a
-paper run carries a banner (:func:`.verdicts.calibration_note`). Then one section per file in
+The page opens with the answer per claim: one sentence per claim as the report groups the files
+(:func:`claim_groups`: a claim's own experiments, each claim id of its own, a claim's extensions;
+:func:`claim_sentence`), the FAILs counted by class (:func:`class_line`: finding, pre-asymptotic,
+colloquial reading, and ``unclassified`` where a criterion declares none), one summary table (per
+file: its claim, experiment, profile, and how many verdicts PASS, FAIL, are INCONCLUSIVE, NOT JUDGED,
+and how many are fragile), one line of :func:`.verdicts.multiplicity_line` over every verdict of
+every file (every FAIL counted, then the statistical tests alone), and a table of every FAIL and
+INCONCLUSIVE with its class, reason and note; a file that is not a paper run carries a banner
+(:func:`.verdicts.calibration_note`). Then one section per file in
 the claims' order (:func:`reading_order`), each verdict with its robustness and, when it is not
 a PASS, the class and reason its criterion declares. Each file's verdicts are computed once
 (their robustness judges 100 resamples of the file's independent units, every measure called once on them all).
@@ -39,10 +44,11 @@ import xarray as xr
 from ..engine.protocol import Analysis, ProtocolError, load_analysis
 from ..engine.storage import ResultsError, open_results
 from .tables import to_html, to_markdown as tables_markdown, to_text
-from .verdicts import FAIL, INCONCLUSIVE, NOT_JUDGED, PASS, calibration_note, count_verdicts, multiplicity_line
+from .verdicts import (CLASSES, FAIL, INCONCLUSIVE, NOT_JUDGED, PASS, UNCLASSIFIED, calibration_note, count_classes,
+                       count_verdicts, multiplicity_line)
 
-__all__ = ["analysis_for", "build_report", "fit_table", "fit_tables", "reading_order", "report_paths", "verdicts",
-           "write_report"]
+__all__ = ["analysis_for", "build_report", "claim_answer", "claim_groups", "claim_sentence", "class_line", "fit_table",
+           "fit_tables", "reading_order", "report_paths", "verdicts", "write_report"]
 
 PROVENANCE = ("profile", "created", "wall_seconds", "scheduler", "git_revision", "sfxlin_version", "history")
 
@@ -176,7 +182,7 @@ def _row_cells(r) -> dict:
 
 def _columns(rows, columns) -> list:
     """``columns`` less ``class`` and ``note`` when no row has one (a table of PASSes has neither)."""
-    shown = {"class": any(r.fails_as for r in rows), "note": any(r.note for r in rows)}
+    shown = {"class": any(r.class_name for r in rows), "note": any(r.note for r in rows)}
     return [h for h in columns if shown.get(h, True)]
 
 
@@ -191,10 +197,19 @@ def _html_rows(rows) -> str:
         c["verdict"] = f"<td class='{r.verdict.lower().replace(' ', '-')}'>{r.verdict}</td>"
         if r.fragile:
             c["robustness"] = f"<td class='fragile'>{esc(r.robustness_str)}</td>"
-        if r.fails_as:
-            c["class"] = f"<td><b>{esc(r.fails_as[0])}</b>: {esc(r.fails_as[1])}</td>"
+        c["class"] = _class_cell(r)
         body.append("<tr>" + "".join(c[h] for h in columns) + "</tr>")
     return f"<div class='fit-scroll'><table class='verdicts'><tr>{head}</tr>{''.join(body)}</table></div>"
+
+
+def _class_cell(r) -> str:
+    """The HTML cell of a row's class: the declared class in bold and its reason; ``unclassified`` marked
+    loudly (a FAIL or INCONCLUSIVE whose criterion declares no class)."""
+    if r.fails_as:
+        return f"<td><b>{html.escape(r.fails_as[0])}</b>: {html.escape(r.fails_as[1])}</td>"
+    if r.class_name == UNCLASSIFIED:
+        return f"<td class='unclassified'>{UNCLASSIFIED}</td>"
+    return "<td></td>"
 
 
 def _md_cell(text: str) -> str:
@@ -207,6 +222,8 @@ def _md_rows(rows) -> str:
     for r in rows:
         cells = _row_cells(r)
         cells["verdict"] = f"**{r.verdict}**" if r.verdict != PASS else r.verdict
+        if r.class_name == UNCLASSIFIED:
+            cells["class"] = f"**{UNCLASSIFIED}**"
         lines.append("| " + " | ".join(_md_cell(cells[h]) for h in head) + " |")
     return "\n".join(lines)
 
@@ -257,6 +274,97 @@ def _summary_md(sections) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------ per claim
+
+def claim_groups(sections) -> list:
+    """``[(label, sections)]``: the files grouped as the report orders them (:func:`reading_order`), one
+    group per claim: a claim's own experiments (label ``"C2"``), each claim id of its own (``"C3L"``),
+    and the extensions judged under a claim's id (``"C1, extensions"``), in reading order."""
+    groups = {}
+    for sec in sections:
+        family, rank = sec["order"][:2]
+        claim = sec["claims"][0] if sec["claims"] else sec["experiment"]
+        label = f"{claim}, extensions" if rank == 2 and math.isfinite(family) else claim
+        groups.setdefault((family, rank, label), []).append(sec)
+    return [(key[2], secs) for key, secs in sorted(groups.items(), key=lambda item: item[0])]
+
+
+def _by_class(rows, verdict) -> str:
+    """``"finding: C2-a, C2-b; pre-asymptotic: C2-c"``: the ids of ``rows`` of ``verdict`` by class."""
+    order = (*CLASSES, UNCLASSIFIED)
+    ids = {c: [r.id for r in rows if r.verdict == verdict and r.class_name == c] for c in order}
+    return "; ".join(f"{c}: {', '.join(ids[c])}" for c in order if ids[c])
+
+
+def claim_answer(rows) -> str:
+    """The answer of a claim's verdicts, in a few words: ``holds`` (every judged verdict PASS), ``holds
+    where judged`` (INCONCLUSIVE or NOT JUDGED besides), ``holds but for FAILs that are pre-asymptotic or
+    colloquial readings``, ``holds in part`` (a FAIL is a finding against it), ``open`` (a FAIL whose
+    criterion declares no class: it says nothing yet), ``not judged``."""
+    counts, fails = count_verdicts(rows), count_classes(rows)
+    if fails[UNCLASSIFIED]:
+        return f"open: {fails[UNCLASSIFIED]} FAIL unclassified"
+    if fails["finding"]:
+        return f"holds in part: {fails['finding']} {'FAIL is a finding' if fails['finding'] == 1 else 'FAILs are findings'}"
+    if counts[FAIL]:
+        return "holds but for FAILs that are pre-asymptotic or colloquial readings"
+    if counts[INCONCLUSIVE] or counts[NOT_JUDGED]:
+        return "holds where judged" if counts[PASS] else "not judged"
+    return "holds" if counts[PASS] else "not judged"
+
+
+def claim_sentence(label, sections) -> str:
+    """One sentence per claim: its label and experiments, :func:`claim_answer`, then the counts, the
+    FAILs and INCONCLUSIVEs named by class (:func:`_by_class`)."""
+    rows = [r for sec in sections for r in sec["rows"]]
+    counts = count_verdicts(rows)
+    parts = [f"{counts[PASS]} PASS"]
+    for verdict in (FAIL, INCONCLUSIVE):
+        if counts[verdict]:
+            parts.append(f"{counts[verdict]} {verdict} ({_by_class(rows, verdict)})")
+    if counts[NOT_JUDGED]:
+        parts.append(f"{counts[NOT_JUDGED]} {NOT_JUDGED}")
+    names = ", ".join(sec["experiment"] for sec in sections)
+    return f"{label} ({names}): {claim_answer(rows)} — {', '.join(parts)}."
+
+
+def class_line(rows) -> str:
+    """``"19 FAIL by class: 7 finding, 4 pre-asymptotic, 4 colloquial reading, 4 unclassified"``."""
+    fails = count_classes(rows)
+    return f"{sum(fails.values())} FAIL by class: " + ", ".join(f"{n} {c}" for c, n in fails.items())
+
+
+_OPEN_HEAD = ("claim", "criterion", "verdict", "class", "why", "note")
+
+
+def _open_rows(sections) -> list:
+    """Every FAIL and INCONCLUSIVE of every file, in reading order: ``(claim, row)``."""
+    return [(label, r) for label, secs in claim_groups(sections) for sec in secs for r in sec["rows"]
+            if r.verdict in (FAIL, INCONCLUSIVE)]
+
+
+def _open_html(sections) -> str:
+    esc = html.escape
+    body = []
+    for label, r in _open_rows(sections):
+        why = esc(r.fails_as[1]) if r.fails_as else ""
+        body.append(f"<tr><td>{esc(label)}</td><td class='id'>{esc(r.id)}</td>"
+                    f"<td class='{r.verdict.lower()}'>{r.verdict}</td>"
+                    + (f"<td><b>{esc(r.class_name)}</b></td>" if r.fails_as else _class_cell(r))
+                    + f"<td>{why}</td><td>{esc(r.note)}</td></tr>")
+    head = "".join(f"<th>{h}</th>" for h in _OPEN_HEAD)
+    return f"<div class='fit-scroll'><table class='verdicts'><tr>{head}</tr>{''.join(body)}</table></div>"
+
+
+def _open_md(sections) -> str:
+    lines = ["| " + " | ".join(_OPEN_HEAD) + " |", "|" + "|".join("---" for _ in _OPEN_HEAD) + "|"]
+    for label, r in _open_rows(sections):
+        cls = r.class_name if r.fails_as else f"**{r.class_name}**"
+        cells = (label, r.id, f"**{r.verdict}**", cls, r.fails_as[1] if r.fails_as else "", r.note)
+        lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
 def _not_paper_line(sections) -> str:
     """``"2 of 8 files are not paper runs: ..."``, or ``""`` when every file is judged as calibrated."""
     marked = [sec for sec in sections if sec["note"]]
@@ -277,7 +385,7 @@ STYLE = """body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:
 overflow-wrap:break-word}
 table{border-collapse:collapse;margin:1em 0;font-size:0.9em}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}
 .pass{background:#d9f2d9}.fail{background:#f7d4d4}.inconclusive{background:#f5ecc8}.not-judged{background:#e4e4ee}
-td.fragile{background:#fbe3c4;font-weight:bold}table.verdicts td.id{white-space:nowrap}
+td.fragile{background:#fbe3c4;font-weight:bold}td.unclassified{background:#f7b0b0;font-weight:bold}table.verdicts td.id{white-space:nowrap}
 table.summary td.zero{color:#aaa}table.summary td.fail{font-weight:bold}table.summary tr.total td{font-weight:bold}
 table.summary td.not-paper{background:#fff3b0;font-weight:bold}
 .banner{background:#fff3b0;border:2px solid #d4a800;border-radius:4px;padding:0.6em 1em;margin:1em 0;
@@ -309,6 +417,8 @@ def build_report(results_dir, on_skip=None, *, resamples=None, on_verdicts=None)
     every_row = [r for sec in sections for r in sec["rows"]]
     multiplicity = multiplicity_line(every_row)
     not_paper = _not_paper_line(sections)
+    answers = [claim_sentence(label, secs) for label, secs in claim_groups(sections)]
+    classes, open_rows = class_line(every_row), _open_rows(sections)
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>sfxlin report</title><style>{STYLE}</style>"
              "</head><body><h1>sfxlin: softmax attention as linear attention in the large-prompt regime</h1>",
              f"<p>Report of {len(sections)} results files in <code>{html.escape(str(folder))}</code>, written {stamp}. "
@@ -317,14 +427,19 @@ def build_report(results_dir, on_skip=None, *, resamples=None, on_verdicts=None)
              "each claim, docs/criteria.md each criterion).</p>",
              "<h2 id='summary'>What holds</h2>",
              *([f"<div class='banner'>{html.escape(not_paper)}</div>"] if not_paper else []),
+             "<ul class='claims'>" + "".join(f"<li>{html.escape(sentence)}</li>" for sentence in answers) + "</ul>",
+             f"<p class='classes'>{html.escape(classes)}.</p>",
              _summary_html(sections),
              f"<p class='multiplicity'>Over every file: {html.escape(multiplicity)}. A fragile verdict is one kept "
              "in fewer than 80% of the resamples of its file's independent units (seeds); a non-PASS verdict shows "
              "the class its criterion declares for it (a finding, pre-asymptotic, or a colloquial reading of the "
-             "paper) and why.</p>"]
+             f"paper) and why, or <b>{UNCLASSIFIED}</b> where it declares none.</p>",
+             *(["<h3 id='open'>Every FAIL and INCONCLUSIVE</h3>", _open_html(sections)] if open_rows else [])]
     md = ["# sfxlin report", "", f"{len(sections)} results files in `{folder}`, written {stamp}.", "",
-          "## What holds", "", *([f"> **{not_paper}**", ""] if not_paper else []), _summary_md(sections), "",
-          f"Over every file: {multiplicity}.", ""]
+          "## What holds", "", *([f"> **{not_paper}**", ""] if not_paper else []),
+          *(f"- {sentence}" for sentence in answers), "", f"{classes}.", "", _summary_md(sections), "",
+          f"Over every file: {multiplicity}.", "",
+          *(["### Every FAIL and INCONCLUSIVE", "", _open_md(sections), ""] if open_rows else [])]
     for sec in sections:
         title = sec["title"]
         counts = ", ".join(f"{v} {k}" for k, v in sec["counts"].items() if v)

@@ -37,10 +37,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-__all__ = ["calibration_note", "criteria_from_attrs", "Criteria", "FAIL", "CLASSES", "FRAGILE_BELOW", "INCONCLUSIVE",
-           "KINDS", "NOT_JUDGED", "NotJudged", "PASS", "multiplicity", "RESAMPLE", "resample_indices", "resampled",
-           "Criterion", "Inconclusive", "Shared", "VerdictRow", "count_verdicts", "to_frame", "evaluate", "format_table",
-           "judged_where", "measure_unless", "multiplicity_line", "to_markdown"]
+__all__ = ["calibration_note", "criteria_from_attrs", "Criteria", "FAIL", "CLASSES", "UNCLASSIFIED", "FRAGILE_BELOW",
+           "INCONCLUSIVE", "count_classes", "KINDS", "NOT_JUDGED", "NotJudged", "PASS", "multiplicity", "RESAMPLE",
+           "resample_indices", "resampled", "Criterion", "Inconclusive", "Shared", "VerdictRow", "count_verdicts",
+           "to_frame", "evaluate", "format_table", "judged_where", "measure_unless", "multiplicity_line", "to_markdown"]
 
 PASS = "PASS"
 FAIL = "FAIL"
@@ -52,6 +52,9 @@ VERDICTS = (PASS, FAIL, INCONCLUSIVE, NOT_JUDGED)
 #: or constant not yet reached at the sizes run (``pre-asymptotic``), a criterion testing a
 #: stronger reading than the paper's theorem states (``colloquial reading``).
 CLASSES = ("finding", "pre-asymptotic", "colloquial reading")
+
+#: what a FAIL or INCONCLUSIVE shows whose criterion declares no class (``fails_as``): said, not hidden
+UNCLASSIFIED = "unclassified"
 
 #: a verdict kept in fewer than this fraction of resamples of its independent units is fragile.
 FRAGILE_BELOW = 0.8
@@ -535,9 +538,18 @@ class VerdictRow:
         return f"{self.robustness:.2f}" + (" fragile" if self.fragile else "")
 
     @property
+    def class_name(self) -> str:
+        """The declared class of a FAIL or INCONCLUSIVE (:data:`CLASSES`), :data:`UNCLASSIFIED` where its
+        criterion declares none, ``""`` for another verdict without one."""
+        if self.fails_as is not None:
+            return self.fails_as[0]
+        return UNCLASSIFIED if self.verdict in (FAIL, INCONCLUSIVE) else ""
+
+    @property
     def class_str(self) -> str:
-        """``"pre-asymptotic: curvature at small L"``, or ``""``."""
-        return "" if self.fails_as is None else f"{self.fails_as[0]}: {self.fails_as[1]}"
+        """``"pre-asymptotic: curvature at small L"``, :data:`UNCLASSIFIED` (a FAIL or INCONCLUSIVE whose
+        criterion declares no class), or ``""``."""
+        return self.class_name if self.fails_as is None else f"{self.fails_as[0]}: {self.fails_as[1]}"
 
     @property
     def id(self) -> str:
@@ -568,7 +580,7 @@ class VerdictRow:
             "note": self.note,
             "robustness": "" if self.robustness is None else f"{self.robustness:.2f}",
             "fragile": "yes" if self.fragile else "",
-            "class": "" if self.fails_as is None else self.fails_as[0],
+            "class": self.class_name,
             "class_reason": "" if self.fails_as is None else self.fails_as[1],
         }
 
@@ -705,6 +717,16 @@ def to_frame(rows: Sequence[VerdictRow]):
     return pd.DataFrame([r.to_dict() for r in rows]).set_index("criterion")
 
 
+def count_classes(rows: Iterable[VerdictRow], verdict: str = FAIL) -> dict[str, int]:
+    """``{class: k}`` over the rows of ``verdict`` (FAIL by default): every class of :data:`CLASSES`
+    (0 included) and :data:`UNCLASSIFIED` (where no class is declared)."""
+    out = {c: 0 for c in (*CLASSES, UNCLASSIFIED)}
+    for r in rows:
+        if r.verdict == verdict:
+            out[r.class_name] += 1
+    return out
+
+
 def count_verdicts(rows: Iterable[VerdictRow]) -> dict[str, int]:
     """``{"PASS": k, "FAIL": m, "INCONCLUSIVE": j, "NOT JUDGED": i, "fragile": f}``."""
     out = {v: 0 for v in VERDICTS}
@@ -724,10 +746,11 @@ def multiplicity(rows: Sequence[VerdictRow]) -> dict:
     ``holm`` ``{id: adjusted p-value}``, and for every criterion (tests or bounds on a point
     estimate) ``flips``: the number of verdicts a new draw of the independent units would change,
     expected from their robustness (the sum of ``1 - robustness`` over the rows that have one),
-    with ``with_robustness`` the number of those rows."""
+    with ``with_robustness`` the number of those rows; ``all_fails``: every FAIL, tests or not."""
     judged = [r for r in rows if r.verdict in (PASS, FAIL)]
     tests = [r for r in judged if r.level is not None and r.pvalue is not None]
-    out = {"judged": len(judged), "tests": len(tests), "chance_fails": float(sum(r.level for r in tests)),
+    out = {"judged": len(judged), "all_fails": sum(r.verdict == FAIL for r in judged), "tests": len(tests),
+           "chance_fails": float(sum(r.level for r in tests)),
            "fails": sum(r.verdict == FAIL for r in tests), "holm_fails": 0, "holm": {},
            "flips": float(sum(1.0 - r.robustness for r in judged if r.robustness is not None)),
            "with_robustness": sum(r.robustness is not None for r in judged)}
@@ -741,19 +764,28 @@ def multiplicity(rows: Sequence[VerdictRow]) -> dict:
 
 
 def multiplicity_line(rows: Sequence[VerdictRow]) -> str:
-    """``"9 criteria judged; 2 are tests at a stated level: chance alone gives 0.0063 FAILs among
-    them, 0 FAIL (0 after Holm); a new draw of the independent units would change about 0.4 of
-    the 9 verdicts with a robustness (the sum of 1 - robustness)"``."""
+    """``"9 criteria judged, 3 FAIL; of the 9, 2 are statistical tests at a stated level (the other 7
+    compare an estimate with a band): if every claim held, chance alone would give 0.0063 FAILs among
+    the 2 tests (the sum of their levels); they give 0 (0 after Holm); a new draw of the independent
+    units would change about 0.4 of the 9 verdicts with a robustness (the sum of 1 - robustness)"``:
+    every FAIL is counted first, so that the tests' FAILs cannot be read as the FAIL count."""
     m = multiplicity(rows)
-    line = f"{m['judged']} criteria judged"
+    line = f"{m['judged']} criteria judged, {m['all_fails']} FAIL"
     if m["tests"]:
-        are = "is a test" if m["tests"] == 1 else "are tests"
-        line += (f"; {m['tests']} {are} at a stated level: chance alone gives {m['chance_fails']:.2g} FAILs "
-                 f"among them, {m['fails']} FAIL ({m['holm_fails']} after Holm)")
+        one = m["tests"] == 1
+        line += (f"; of the {m['judged']}, {m['tests']} {'is a statistical test' if one else 'are statistical tests'}"
+                 f" at a stated level ({_others(m['judged'] - m['tests'])} an estimate with a band): if "
+                 f"every claim held, chance alone would give {m['chance_fails']:.2g} FAILs among the "
+                 f"{'test (its level)' if one else str(m['tests']) + ' tests (the sum of their levels)'}; "
+                 f"{'it gives' if one else 'they give'} {m['fails']} ({m['holm_fails']} after Holm)")
     if m["with_robustness"]:
         line += (f"; a new draw of the independent units would change about {m['flips']:.1f} of the "
                  f"{m['with_robustness']} verdicts with a robustness (the sum of 1 - robustness)")
     return line
+
+
+def _others(n: int) -> str:
+    return "the other one compares" if n == 1 else f"the other {n} compare"
 
 
 _HEADER = ("criterion", "measured", "threshold", "reference", "verdict", "robust")

@@ -55,6 +55,9 @@ def kernel(cell, rng, config):
     token_rng = substream(rng, part="tokens")
     sq_err = np.empty((Q, P, len(Ls)))
     final_mean, final_se = np.empty((Q, D)), np.empty((Q, D))
+    Sa = a @ S
+    B = np.sum(Sa**2, axis=-1)
+    gain_q_se = np.empty(Q)
     for i in range(Q):
         Z = token_rng.standard_normal((P, Ls[-1], D)) @ chol.T
         if name == "rf_softmax":
@@ -64,10 +67,8 @@ def kernel(cell, rng, config):
         sq_err[i] = np.sum((f - lim[i]) ** 2, axis=-1)
         final_mean[i] = f[:, -1].mean(axis=0)
         final_se[i] = f[:, -1].std(axis=0, ddof=1) / math.sqrt(P)
-    Sa = a @ S
-    B = np.sum(Sa**2, axis=-1)
+        gain_q_se[i] = (f[:, -1] @ Sa[i]).std(ddof=1) / (B[i] * math.sqrt(P))   # the prompts' projections' spread
     gain_q = np.sum(final_mean * Sa, axis=-1) / B              # projection of the prompt mean on Sigma a
-    gain_q_se = np.sqrt(np.sum((final_se * Sa) ** 2, axis=-1)) / B
     orth = final_mean - gain_q[:, None] * Sa
     return {
         "mse": sq_err.mean(axis=(0, 1)), "mse_theory": theory, "mse_query": Out(sq_err.mean(axis=1), ("query", "L")),
@@ -115,8 +116,9 @@ OWN = {o.name: o for o in (
              "by design for rf_softmax.", allow_nonfinite=True),
     Variable("gain_measured", (), "gain read off Monte Carlo at L_max", "mean over queries of <mean over prompts of "
              "f_Lmax, Sigma a> / ||Sigma a||^2."),
-    Variable("gain_se", (), "standard error of gain_measured", "from the prompt-to-prompt spread of f_Lmax "
-             "(independent prompts and queries)."),
+    Variable("gain_se", (), "standard error of gain_measured", "from the prompt-to-prompt spread of the projections "
+             "<f_Lmax, Sigma a> / ||Sigma a||^2 (independent prompts and queries; the projection's own spread, which "
+             "holds the covariance of f's components)."),
     Variable("gain_limit", (), "gain of the exact limit", "mean over queries of <f_inf, Sigma a> / ||Sigma a||^2: "
              "the Stein gain (rf_softmax: of the fixed-feature limit, which is not exactly along Sigma a)."),
     Variable("orth_share", (), "share of the Monte Carlo mean orthogonal to Sigma a", "mean over queries of ||(I - "
@@ -140,7 +142,7 @@ OWN = {o.name: o for o in (
 EXPERIMENT = C1.variant(
     NAME, short="c1_kernels", analysis="sfxlin.analysis.c1_kernels",
     values=dict(L=Profiles(quick=[2**k for k in range(4, 11)], paper=[2**k for k in range(4, 15)]),
-                n_seeds=Profiles(quick=1, paper=2), n_queries=Profiles(quick=3, paper=8),
+                n_seeds=Profiles(quick=1, paper=16), n_queries=Profiles(quick=3, paper=64),
                 n_prompts=Profiles(quick=8, paper=16), root_seed=20251211),
     changes={"n_prompts": {"low": 2, "why": "the z-scores need a standard error over prompts"}},
     params=(
@@ -159,7 +161,7 @@ EXPERIMENT = C1.variant(
               min_len=3, why="the analysis fits log-log slopes in m", grid=True),
         Param("rf_a", "float", "Euclidean norm |a| of the random-feature study's query (the feature weights' spread "
               "grows like exp(|a|^2))", 0.5, low=0, low_open=True),
-        Param("rf_draws", "int", "independent feature draws per (rf_sigma2, m)", Profiles(quick=200, paper=2000),
+        Param("rf_draws", "int", "independent feature draws per (rf_sigma2, m)", Profiles(quick=200, paper=16000),
               low=2),
         Param("stein_nodes", "int", "Gauss-Hermite nodes per dimension of the Stein check", 60, low=2)),
     cells=(Cells({"kernel": "kernels", "r": "r", "seed": "n_seeds"}, kernel,

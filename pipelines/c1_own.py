@@ -2,7 +2,8 @@
 of its law. The tokens, the head and the query set are read and checked once when the run is configured
 (:class:`Setup`); the default head and the queries come from ``root_seed`` alone (:func:`head_rng`). Main grid
 ``sampling x seed`` (iid or window prompts, each shared by every query); part ``exact``: the exact constants of
-the tokens' law at the query set. The inputs and the protocol: docs/own_head.md."""
+the tokens' law at the query set, and with window sampling the exact expected error of a window of the finite file
+at every L. The inputs and the protocol: docs/own_head.md."""
 from __future__ import annotations
 
 import functools
@@ -11,7 +12,7 @@ import math
 import numpy as np
 
 from sfxlin.attention import asymptotic_mse, weight_ratio
-from sfxlin.dependence import integrated_factor
+from sfxlin.dependence import integrated_factor, window_mse
 from sfxlin.engine import Cells, Out, Param, Profiles, Variable, cell_rng, substream
 from sfxlin.heads import LOGIT_SCALES, default_U, head_matrices, parse_logit_scale
 from sfxlin.laws import Empirical, FloatOverflowError, Gaussian
@@ -85,12 +86,14 @@ def setup(inputs):
 
 def _inputs_fit(config):
     """Every file read and checked before any work: finite 2-D arrays, the head's shapes against the
-    tokens' D, the logit scale, the queries; window sampling needs L_max <= n; tau's batches."""
+    tokens' D, the logit scale, the queries; window sampling needs L_max <= n (a longer window would read
+    a token twice); tau's batches."""
     s = setup(config)
     L_max = config["L"][-1]
     if "window" in config["sampling"] and L_max > s.n:
         raise ValueError(f"L: window sampling takes contiguous windows of the file, but the largest L = {L_max} "
-                         f"exceeds its {s.n} tokens; use L <= {s.n} or --set sampling=iid")
+                         f"exceeds its {s.n} tokens (a window would read a token twice); use L <= {s.n} or "
+                         f"--set sampling=iid")
     b = config["batch"] or math.isqrt(s.n)
     if s.n // b < 2:
         raise ValueError(f"batch: {b} tokens per batch leaves fewer than 2 batches of the file's {s.n} tokens; "
@@ -100,10 +103,13 @@ def _inputs_fit(config):
 def prompt_indices(rng, sampling, n, P, L_max):
     """The token rows of ``P`` prompts of ``L_max`` tokens, ``(P, L_max)``: ``"iid"`` draws
     ``rng.integers(0, n, (P, L_max))`` (with replacement, the empirical law's draw order);
-    ``"window"`` draws the starts ``s = rng.integers(0, n - L_max + 1, P)`` and takes ``s + k``."""
+    ``"window"`` draws the starts ``s = rng.integers(0, n, P)`` and takes ``(s + k) mod n``: the file read
+    circularly, so that at every prompt length every token is equally likely at every place of a window
+    whatever ``L_max`` (a start limited to ``0 .. n - L_max`` would confine the short windows to the file's
+    first ``n - L_max + L`` tokens) and a window of ``n`` tokens is the whole file."""
     if sampling == "iid":
         return rng.integers(0, n, (P, L_max))
-    return rng.integers(0, n - L_max + 1, P)[:, None] + np.arange(L_max)
+    return (rng.integers(0, n, P)[:, None] + np.arange(L_max)) % n
 
 
 def kernel(cell, rng, config):
@@ -133,29 +139,42 @@ def gaussian_constant(law, U, V, q):
 
 
 def exact(cell, rng, config):
-    """The exact quantities of the tokens' law at the query set (one cell, no draw)."""
+    """The exact quantities of the tokens' law at the query set (one cell, no draw); with window sampling
+    the exact expected error of a window of the file at every L (:func:`sfxlin.dependence.window_mse`),
+    NaN without."""
     s = setup(config)
     a = s.q @ s.U.T
     f_inf = s.law.tilted_mean(a)
     m, Sigma, V = s.law.mean, s.law.cov, s.V
     tau, tau_se, _, B = integrated_factor(s.tokens, a, f_inf, V, config["batch"] or math.isqrt(s.n))
+    windows = (window_mse(s.tokens, a, f_inf, V, config["L"]) if config["windows"]
+               else np.full(len(config["L"]), np.nan))
     return {
         "limit_sq": np.mean(np.sum(((f_inf - m) @ V.T) ** 2, axis=-1)),
         "limit_sq_gauss": np.mean(np.sum((a @ Sigma @ V.T) ** 2, axis=-1)),
         "bias_gauss": np.mean(np.sum(((f_inf - m - a @ Sigma) @ V.T) ** 2, axis=-1)),
         "const_sharp": np.mean(asymptotic_mse(s.law, s.U, V, s.q)), "const_gauss": gaussian_constant(s.law, s.U, V, s.q),
         "weight_ratio": np.mean(weight_ratio(a @ s.tokens.T)),
-        "tau": tau, "tau_se": tau_se, "n_batches": float(B), "n_tokens": float(s.n),
+        "tau": tau, "tau_se": tau_se, "n_batches": float(B), "n_tokens": float(s.n), "window_mse": windows,
         "U_eff": Out(s.U, ("key_dim", "query_dim")), "V_used": Out(V, ("out_dim", "key_dim")),
     }
 
 
+def exact_inputs(config, cell):
+    """What reaches the exact cell: the head, tokens and query set (:data:`HEAD_PARAMS`), tau's batch, the
+    prompt lengths, and ``windows``: whether the run samples windows (the exact window errors are computed
+    only then)."""
+    return {**{p: config[p] for p in (*HEAD_PARAMS, "batch", "L")}, "windows": "window" in config["sampling"]}
+
+
 def counts(config, part, cell):
     """Main part: every prompt of ``L_max`` tokens read by the whole query set in one prefix pass; exact
-    part: a softmax over the whole file per query (:func:`setup`: the query set, read once per process)."""
+    part: a softmax over the whole file per query (:func:`setup`: the query set, read once per process),
+    and with window sampling the file read once more per query and prompt length (:func:`window_mse`)."""
     s = setup(config)
     if part == E:
-        return {"visit": s.n * s.q.shape[0], "cell": 1}
+        windows = len(config["L"]) if "window" in config["sampling"] else 0
+        return {"visit": s.n * s.q.shape[0] * (1 + windows), "cell": 1}
     return {"shared_visit": config["n_prompts"] * max(config["L"]) * s.q.shape[0], "cell": 1}
 
 
@@ -181,6 +200,10 @@ OWN = (
              "i.i.d. constant."),
     Variable("n_batches", (), "batches of the tau estimate", "floor(n / batch length)."),
     Variable("n_tokens", (), "tokens in the file", "the rows of the token file (or of the built-in set)."),
+    Variable("window_mse", ("L",), "exact expected error of a window of the file", "mean over the query set and "
+             "over every start s of ||V(f_L - f_inf)||^2, f_L the softmax over the window z_s .. z_{s+L-1} of the "
+             "file read circularly: what window prompts measure, exactly, at this finite file (0 at L = n: the "
+             "window is the whole file); NaN when the run samples no windows.", allow_nonfinite=True),
     Variable("U_eff", ("key_dim", "query_dim"), "the logit matrix used, c U", "logits c z^T U q = z^T U_eff q: U "
              "from its file, or W_K^T W_Q, or the default head (a Gaussian direction scaled to ||S^{1/2} U "
              "S^{1/2}||_F = U_norm, S = (tr Sigma / D) I, from root_seed: the config attr says which), times the "
@@ -200,7 +223,8 @@ EXPERIMENT = C1.variant(
                                "without U and W_Q)", "parts": (E, "")},
              "n_queries": {"doc": "queries drawn from the tokens (distinct rows) when no query file is given",
                            "parts": (E, "")},
-             "L": {"parts": ("",)}, "n_prompts": {"doc": "prompts per cell, each shared by every query", "parts": ("",)}},
+             "L": {"parts": (E, "")},
+             "n_prompts": {"doc": "prompts per cell, each shared by every query", "parts": ("",)}},
     params=(
         Param("default_set", "str", "the scikit-learn data set used when tokens is '' (standardised, whitened to "
               "default_D components)", "digits", choices=DATASETS, parts=(E, "")),
@@ -216,8 +240,9 @@ EXPERIMENT = C1.variant(
               parts=(E, "")),
         _file("queries", "queries, one of dimension D per row ('': n_queries tokens of the file)"),
         Param("sampling", "str_list", "how prompts are drawn: 'iid' (with replacement from the tokens' law) or "
-              "'window' (contiguous windows of the file in its order, for a file that is a sequence; the built-in "
-              "set's order is the data set's, not a sequence)", ["iid"], choices=SAMPLINGS, grid=True),
+              "'window' (contiguous windows of the file in its order, read circularly from a uniform start, for a "
+              "file that is a sequence; the built-in set's order is the data set's, not a sequence)", ["iid"],
+              choices=SAMPLINGS, grid=True),
         Param("eps", "float_list", "relative errors at which L*(eps) is reported (analysis only)", [0.3, 0.1, 0.03],
               low=0, low_open=True, order="decreasing", parts=()),
         Param("batch", "int", "batch length of the batch-means estimate of tau (0: floor(sqrt(n)))", 0, low=0,
@@ -226,7 +251,8 @@ EXPERIMENT = C1.variant(
               "floats)", 8, low=1, parts=("",))),
     cells=(Cells({"sampling": "sampling", "seed": "n_seeds"}, kernel,
                  (C1.output("mse", over=("prompt",)), C1.output("mse_gauss", over=("prompt",)))),
-           Cells({}, exact, ("limit_sq", OWN[0], "bias_gauss", *OWN[1:3], "weight_ratio", *OWN[3:]), name=E)),
+           Cells({}, exact, ("limit_sq", OWN[0], "bias_gauss", *OWN[1:3], "weight_ratio", *OWN[3:]), name=E,
+                 inputs=exact_inputs)),
     coords={"prompt": lambda c: range(c["n_prompts"]), "key_dim": lambda c: range(setup(c).D),
             "query_dim": lambda c: range(setup(c).D), "out_dim": lambda c: range(setup(c).V.shape[0])},
     checks=(_inputs_fit,), cost=C1.cost.counting(counts),

@@ -56,7 +56,7 @@ EXPERIMENT = C1.variant(
     values=dict(datasets=C1.param("datasets").value,
                 U_norm=Profiles(quick=[0.05, 0.1, 0.8], paper=[0.025, 0.05, 0.1, 0.2, 0.4, 0.8]),
                 L=Profiles(quick=[2**k for k in range(4, 11)], paper=[2**k for k in range(4, 14)]),
-                n_seeds=Profiles(quick=1, paper=2), n_queries=Profiles(quick=6, paper=16),
+                n_seeds=Profiles(quick=1, paper=8), n_queries=Profiles(quick=6, paper=16),
                 n_prompts=Profiles(quick=8, paper=16), root_seed=20251212, query_chunk=Profiles(quick=3, paper=4)),
     params=(Param("D", "int_list", "token dimensions (principal components kept)",
                   Profiles(quick=[2, 5], paper=[2, 5, 10]), low=1, high=10, grid=True),),

@@ -130,7 +130,7 @@ OWN = {
 EXPERIMENT = C2.variant(
     NAME, short="c2_threshold", analysis="sfxlin.analysis.c2_threshold",
     values=dict(d=3, L=Profiles(quick=[2**k for k in range(3, 10)], paper=[2**k for k in range(3, 13)]),
-                n_seeds=Profiles(quick=1, paper=10), n_pairs=Profiles(quick=4, paper=48), n_queries=2,
+                n_seeds=Profiles(quick=1, paper=20), n_pairs=Profiles(quick=4, paper=48), n_queries=2,
                 n_replicates=Profiles(quick=2, paper=6), lr=0.01, n_steps=Profiles(quick=200, paper=2500),
                 ckpt_every=Profiles(quick=50, paper=100), x_law="gaussian", trainer="pairs", root_seed=20251211),
     params=(
@@ -141,7 +141,7 @@ EXPERIMENT = C2.variant(
               "isotropic one, each rescaled to every tau: Sigma = covariance.scaled(from_spec(family, d), tau)",
               Profiles(quick=["kms:0.5"], paper=["kms:0.5", "power_law:1.0"]), grid=True, parts=("families", _FC)),
         Param("n_family_seeds", "int", "independent replicates per (family, tau) of the families part",
-              Profiles(quick=1, paper=3), low=1, grid=True, parts=("families",)),
+              Profiles(quick=1, paper=6), low=1, grid=True, parts=("families",)),
         Param("family_steps", "int", "gradient-descent steps of the families part (a multiple of "
               "family_ckpt_every): anisotropic Sigma converge more slowly along their small eigenvalues",
               Profiles(quick=200, paper=10000), unit="steps", low=0, parts=("families",)),

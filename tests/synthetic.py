@@ -440,15 +440,18 @@ def c1_own(L=(16, 32, 64, 128, 256)):
     """``c1_own`` file: the error to the exact limit exactly ``C / L`` in its unit mean (units +-20%,
     the same along L), ``C = const_sharp = 2`` for iid and ``tau * const_sharp = 4`` for windows,
     the error to the surrogate exactly ``mse + bias_gauss``: every measure is 1 (ratios), -1
-    (slopes) or 0 (the slope interval's distance to -1)."""
+    (slopes) or 0 (the slope interval's distance to -1). A file of ``n = 10^4`` tokens (every L within
+    the windows' reach ``n / 20``), whose exact window error is ``4 (n - L) / ((n - 1) L)``."""
     L = np.asarray(L, dtype=float)
+    n = 1e4
     C = np.array([2.0, 4.0])[:, None, None, None]                                # (sampling, 1, 1, 1)
     units = 1.0 + 0.2 * np.array([[1.0, -1.0], [-1.0, 1.0]])[None, :, :, None]   # (1, seed, prompt, 1)
     mse = C * units / L                                                          # (sampling, seed, prompt, L)
     dims = ("sampling", "seed", "prompt", "L")
     scalars = {"limit_sq": 1.0, "limit_sq_gauss": 1.0, "bias_gauss": 1e-3, "const_sharp": 2.0, "const_gauss": 2.0,
-               "weight_ratio": 1.0, "tau": 2.0, "tau_se": 0.1, "n_batches": 40.0, "n_tokens": 1600.0}
+               "weight_ratio": 1.0, "tau": 2.0, "tau_se": 0.1, "n_batches": 100.0, "n_tokens": n}
     ds = xr.Dataset({"mse": (dims, mse), "mse_gauss": (dims, mse + 1e-3),
+                     "window_mse": ("L", 4 * (n - L) / ((n - 1) * L)),
                      **{k: ((), v) for k, v in scalars.items()}},
                     coords={"sampling": ["iid", "window"], "seed": [0, 1], "prompt": [0, 1], "L": L.astype(int)})
     return _attach(ds, "c1_own", {"eps": [0.3, 0.1]})

@@ -76,6 +76,30 @@ def test_min_norm_at_condition_number_1e8_is_lstsq(seed):
                 assert _residual(X, y, got[k, i]) <= _residual(X, y, ref) * (1 + 1e-8), (L, i)
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_min_norm_on_a_rank_deficient_design_is_pinv(seed):
+    """Covariates in a 2-dimensional subspace of R^4 (``X = G B``, ``B`` 2 x 4) at every L, 1 to 30: ``X``
+    has two singular values that are 0 up to rounding, whatever L, which min_norm must drop (at L >= d
+    the L < d branch does not apply). Per task and L, relative 1e-8 to ``np.linalg.pinv(X) @ y``, and the
+    solution lies in the row space of B (its component along B's null space is 0 to 1e-8): the
+    minimum-norm least-squares solution, not one of the many that fit as well."""
+    rng = _rng(seed, 7)
+    n, L_max, d = 5, 30, 4
+    B = rng.standard_normal((2, d))
+    X = rng.standard_normal((n, L_max, 2)) @ B
+    y = np.einsum("nld,nd->nl", X, rng.standard_normal((n, d))) + 0.5 * rng.standard_normal((n, L_max))
+    t = icl.Tasks(Z=np.concatenate([X, y[..., None]], axis=-1), w=np.zeros((n, d)), x_q=np.zeros((n, 1, d)),
+                  y_q=np.zeros((n, 1)), Sigma=np.eye(d), paired=False, noise=0.5)
+    null = np.linalg.svd(B)[2][2:]                      # an orthonormal basis of B's null space (2 x 4)
+    Ls = (1, 2, 3, 4, 5, 9, 30)
+    got = baselines.min_norm(t, Ls)
+    for k, L in enumerate(Ls):
+        for i in range(n):
+            ref = np.linalg.pinv(X[i, :L]) @ y[i, :L]
+            assert np.linalg.norm(got[k, i] - ref) <= 1e-8 * np.linalg.norm(ref), (L, i)
+            assert np.linalg.norm(null @ got[k, i]) <= 1e-8 * np.linalg.norm(ref), (L, i)
+
+
 def test_noiseless_posterior_mean_at_condition_number_1e8_is_the_least_omega_norm_interpolator():
     """Omega^{1/2} lstsq(X Omega^{1/2}, y) per task (relative 1e-8), L < d included (the interpolator
     of least w^T Omega^{-1} w). The tasks declare noise = 0 (the interpolator branch) but their labels

@@ -8,7 +8,7 @@ import xarray as xr
 
 from sfxlin.analysis import c1_own as analysis
 from sfxlin.cli import main
-from sfxlin.dependence import batch_means, influence, integrated_factor
+from sfxlin.dependence import batch_means, influence, integrated_factor, window_mse
 from sfxlin.engine.execution import compute
 from sfxlin.engine.sweep import build, cell_rng, run_cell
 from sfxlin.pipelines import c1_own
@@ -68,7 +68,7 @@ def test_a_prompt_cell_against_a_naive_per_prompt_loop(files, sampling):
     np.testing.assert_allclose(s.U, U, rtol=1e-13)
     idx = c1_own.prompt_indices(cell_rng(c1_own.NAME, cell, config["root_seed"]), sampling, len(Z), 5, 64)
     if sampling == "window":
-        assert np.all(np.diff(idx, axis=1) == 1)  # contiguous windows of the file
+        np.testing.assert_array_equal(idx, (idx[:, :1] + np.arange(64)) % len(Z))  # contiguous, read circularly
     for p in range(5):
         for j, L in enumerate((4, 16, 64)):
             err = err_g = 0.0
@@ -127,6 +127,23 @@ def test_default_head_and_queries_are_shared_by_every_cell_and_documented():
     U = s.U  # logit scale 1: U_norm * G / (||G|| tr(S)/D)
     np.testing.assert_allclose(np.linalg.norm(U) * np.trace(S) / 4, 0.5, rtol=1e-12)
     assert "default head" in next(v.description for v in EXP.variables if v.name == "U_eff")
+
+
+def test_the_default_heads_scale_is_in_the_tokens_own_units(tmp_path):
+    """Tokens whose variances are 1, 4, 25 (mean variance s^2 = 10) and the same tokens times 3: the
+    default head satisfies ||S^{1/2} U S^{1/2}||_F = s^2 ||U||_F = U_norm for S = s^2 I, so U scales as
+    1 / 3^2 with the tokens and the logits z^T U q over the file are the same numbers (every test file
+    elsewhere has unit-variance tokens, where a head missing the 1 / s^2 would pass)."""
+    Z = np.random.default_rng(8).standard_normal((500, 3)) * np.array([1.0, 2.0, 5.0])
+    setups = [c1_own.setup(EXP.configure("quick", [f"tokens={_save(tmp_path / f't{c}.npy', c * Z)}", "U_norm=0.7",
+                                                   "n_queries=4"])) for c in (1, 3)]
+    for s, c in zip(setups, (1, 3)):
+        s2 = np.trace(np.cov(c * Z.T, bias=True)) / 3
+        np.testing.assert_allclose(s2, 10 * c**2, rtol=0.15)    # the premise: not unit variance
+        np.testing.assert_allclose(np.linalg.norm(s.U) * s2, 0.7, rtol=1e-12)
+    np.testing.assert_allclose(setups[1].U, setups[0].U / 9, rtol=1e-12)
+    logits = [s.tokens @ s.U @ s.q.T for s in setups]
+    np.testing.assert_allclose(logits[1], logits[0], rtol=1e-10)
 
 
 def _error(config_args, message):
@@ -267,7 +284,7 @@ def test_unit_lines_and_lstar_on_an_exact_power_law():
     L*(0.01) = 400 inside its interval; a line that does not fall has no L*."""
     L = np.array([16.0, 64, 256])
     ds = xr.Dataset({"mse": (("sampling", "seed", "prompt", "L"), np.stack([3.0 / L, 5.0 / L])[None, None]),
-                     "weight_ratio": 1.0, "tau": 1.0}, coords={"sampling": ["iid"], "L": L})
+                     "weight_ratio": 1.0, "tau": 1.0, "n_tokens": 1e4}, coords={"sampling": ["iid"], "L": L})
     lines = analysis.unit_lines(ds).sel(sampling="iid")
     assert float(lines.s) == pytest.approx(-1, rel=1e-12) and float(np.exp(lines.c)) == pytest.approx(4, rel=1e-12)
     assert float(lines.var_c) == pytest.approx(0.0625, rel=1e-12) and abs(float(lines.var_s)) < 1e-20
@@ -320,3 +337,153 @@ def test_a_file_changed_after_configuring_is_refused_in_the_cell(tmp_path):
     _save(tmp_path / "t.npy", Z + 1.0)
     with pytest.raises(Exception, match="changed since the run was configured"):
         run_cell(EXP, config, {"sampling": "iid", "seed": 0})
+
+
+
+# ----------------------------------------------------------------------------- a finite file
+def _window_softmax(rows, a):
+    s = rows @ a
+    w = np.exp(s - s.max())
+    return w @ rows / w.sum()
+
+
+def _naive_window_mse(Z, A, V, L):
+    """Every circular window of L tokens of Z, a softmax per window (no prefix sums), mean over starts and queries."""
+    n, err = len(Z), 0.0
+    for a in A:
+        f = _exact_limit(Z, a)
+        for s in range(n):
+            err += np.sum((V @ (_window_softmax(Z[(s + np.arange(L)) % n], a) - f)) ** 2)
+    return err / (n * len(A))
+
+
+def test_window_mse_is_the_mean_over_every_circular_window():
+    """Against a softmax per window, at every start (a file of 60 tokens); a window of the whole file has
+    error 0 (to rounding); a length outside 1 .. n is refused."""
+    rng = np.random.default_rng(4)
+    Z = rng.standard_normal((60, 3))
+    Z[:, 1] = np.exp(Z[:, 1])
+    A, V = 0.6 * rng.standard_normal((3, 3)), rng.standard_normal((2, 3))
+    f_inf = np.array([_exact_limit(Z, a) for a in A])
+    Ls = [1, 5, 17, 59, 60]
+    got = window_mse(Z, A, f_inf, V, Ls)
+    np.testing.assert_allclose(got[:-1], [_naive_window_mse(Z, A, V, L) for L in Ls[:-1]], rtol=1e-10)
+    assert got[-1] < 1e-28 * got[0]
+    for bad in ([0, 5], [5, 61], [2.5]):
+        with pytest.raises(ValueError, match="integers in 1 .. n = 60"):
+            window_mse(Z, A, f_inf, V, bad)
+
+
+def test_window_mse_of_an_exchangeable_file_has_the_finite_population_correction():
+    """docs/own_head.md: to first order a window of an exchangeable file is a sample without replacement, so
+    E L window_mse / tr C = (n - L) / (n - 1) over files (tr C the file's own SNIS constant). 400 random files
+    of n = 200 i.i.d. Gaussian tokens, a small head (weight ratio ~1.05, so the O(w / L) remainder is ~1% at
+    L = 8): the mean ratio over files at each L against (n - L) / (n - 1) within 4 SE + 0.03; at L = n / 2
+    it is half the i.i.d. constant, not the constant."""
+    rng = np.random.default_rng(12)
+    n, Ls = 200, np.array([8, 50, 100, 150])
+    ratios = []
+    for _ in range(400):
+        Z = rng.standard_normal((n, 2))
+        A = 0.15 * rng.standard_normal((2, 2))
+        f_inf = np.array([_exact_limit(Z, a) for a in A])
+        trC = np.mean([np.mean(np.sum(influence(Z, a, f, np.eye(2)) ** 2, axis=1)) for a, f in zip(A, f_inf)])
+        ratios.append(Ls * window_mse(Z, A, f_inf, np.eye(2), Ls) / trC)
+    ratios = np.array(ratios)
+    mean, se = ratios.mean(axis=0), ratios.std(axis=0, ddof=1) / np.sqrt(len(ratios))
+    want = (n - Ls) / (n - 1)
+    assert np.all(np.abs(mean - want) < 4 * se + 0.03), (mean, want, se)
+    assert abs(mean[2] - 0.5) < 0.05
+
+
+@pytest.fixture(scope="module")
+def finite_run(tmp_path_factory):
+    """A file of 2000 i.i.d. tokens, windows and i.i.d. prompts up to L = n."""
+    root = tmp_path_factory.mktemp("finite")
+    Z = np.random.default_rng(21).standard_normal((2000, 2))
+    tokens = _save(root / "finite.npy", Z)
+    config = EXP.configure("quick", [f"tokens={tokens}", "sampling=iid,window", "U_norm=0.5", "n_queries=4",
+                                     "L=16,32,64,100,200,500,1000,2000", "n_prompts=60", "n_seeds=2",
+                                     "prompt_chunk=20", "eps=0.3,0.1,0.03"])
+    ds, _, _ = compute(build(EXP, config), scheduler="synchronous", progress=False)
+    return ds, Z, config
+
+
+def test_window_cells_measure_the_files_exact_window_error(finite_run):
+    """The known answer of a finite file: the stored window errors' unit mean at each L against the exact
+    expectation over every start (window_mse, itself checked against a softmax per window above) within 4
+    SE of the 120 units; at L = n every window is the whole file: error 0 in every prompt."""
+    ds, Z, config = finite_run
+    s = c1_own.setup(config)
+    a = s.q @ s.U.T
+    exact = window_mse(Z, a, np.array([_exact_limit(Z, x) for x in a]), s.V, ds.L.values)
+    np.testing.assert_allclose(ds.window_mse.values, exact, rtol=1e-9, atol=1e-30)
+    w = ds.mse.sel(sampling="window").stack(unit=analysis.UNITS)
+    mean, se = w.mean("unit").values[:-1], w.std("unit", ddof=1).values[:-1] / np.sqrt(w.sizes["unit"])
+    assert np.all(np.abs(mean - exact[:-1]) < 4 * se), (mean, exact, se)
+    assert float(w.sel(L=2000).max()) < 1e-25 * float(ds.limit_sq)
+
+
+def test_the_analysis_fits_windows_only_where_the_file_is_large_and_reports_no_Lstar_beyond_it(finite_run):
+    """Windows are fitted at L <= n / 20 = 100 only (the slope over every L is far steeper than -1: the
+    file's finite-population correction, the issue this rule answers), the constant is read at the regime's
+    last L, no L* exceeds its reach (n for iid, n / 20 for windows), and the file's L* is where the exact
+    window error crosses eps^2 limit_sq."""
+    ds, _, _ = finite_run
+    keep = analysis.regime(ds)
+    assert int(ds.L.where(keep.sel(sampling="window")).max()) == 100
+    assert bool(keep.sel(sampling="iid", L=2000))                # with replacement: no finite population
+    steep = analysis.loglog_slope(ds.mse.sel(sampling="window").where(ds.L >= 64), "L", units=analysis.UNITS,
+                                  skipna=True)
+    assert float(steep.slope) < -1.3                             # what fitting every L would report
+    c = analysis.constants(ds)
+    w = ds.mse.sel(sampling="window", L=100)
+    np.testing.assert_allclose(float(c.constant.sel(sampling="window")), 100 * float(w.mean()), rtol=1e-12)
+    np.testing.assert_allclose(float(c.file.sel(sampling="window")), 100 * float(ds.window_mse.sel(L=100)),
+                               rtol=1e-12)
+    ls = analysis.lstar(ds)
+    far = analysis.reach(ds)
+    np.testing.assert_allclose(far.values, [2000, 100])
+    for v in ("L_star", "L_star_low", "L_star_high", "L_star_sharp", "L_star_gauss"):
+        assert bool(((ls[v] <= far) | np.isnan(ls[v])).all()), v
+    target = np.array([0.3, 0.1, 0.03]) ** 2 * float(ds.limit_sq)
+    np.testing.assert_allclose(ls.L_star_file.sel(sampling="window").values,
+                               analysis.window_crossing(ds.window_mse.values, ds.L.values, target), rtol=1e-12)
+    assert np.all(np.isnan(ls.L_star_file.sel(sampling="iid").values))
+    # the eps whose sharp L* exceeds the file: none reported for iid
+    sharp = float(ds.const_sharp) / target
+    assert np.all(np.isnan(ls.L_star.sel(sampling="iid").values[sharp > 2000 * 1.5]))
+
+
+def test_window_crossing_on_known_curves():
+    """On a power law C / L the log-log interpolation is exact (L* = C / t); a curve that reaches 0 at its
+    last L (a window of the whole file) is interpolated linearly; no crossing within the L, or one at the
+    first L already, is NaN."""
+    L = np.array([10.0, 20, 40, 80])
+    np.testing.assert_allclose(analysis.window_crossing(6.0 / L, L, [6.0 / 13, 6.0 / 55]), [13, 55], rtol=1e-12)
+    curve = np.array([0.4, 0.2, 0.1, 0.0])
+    np.testing.assert_allclose(analysis.window_crossing(curve, L, [0.05]), [60.0], rtol=1e-12)
+    assert np.all(np.isnan(analysis.window_crossing(6.0 / L, L, [1.0, 0.01])))
+
+
+@pytest.mark.slow
+def test_the_constant_se_follows_the_design(tmp_path):
+    """Monte Carlo SE against an exact value (issue #38): the constant L * mse at the regime's last L with its
+    SE over the seed x prompt units (constants), against the file's exact window error for window prompts
+    (window_mse: exact, every start) and the sharp i.i.d. constant for i.i.d. prompts (the delta method's
+    remainder, O(weight_ratio / L) with a weight ratio of about 1.3, is 0.5% at L = 256, a tenth of the SE).
+    A file of 20000 i.i.d. N(0, I_2) tokens, 48 runs (root_seed 1 .. 48: a head, queries and prompts each) of
+    2 x 40 prompts: K = 96 z-scores, each a t with 79 dof (the units' spread: squared errors, skewed, so the
+    test reads the share inside the central 50% and the signs, not z^2), which a right SE passes with
+    probability >= 0.9972."""
+    from sfxlin.testing.calibration import assert_se_follows_design
+
+    tokens = _save(tmp_path / "iid.npy", np.random.default_rng(5).standard_normal((20000, 2)))
+    z = []
+    for root in range(1, 49):
+        config = EXP.configure("quick", [f"tokens={tokens}", "sampling=iid,window", "n_queries=4", "L=64,128,256",
+                                         "n_prompts=40", "n_seeds=2", "prompt_chunk=40", f"root_seed={root}"])
+        c = analysis.constants(compute(build(EXP, config), scheduler="synchronous", progress=False)[0])
+        z += [float(((c.constant - c.predicted) / c.constant_se).sel(sampling="iid")),
+              float(((c.constant - c.file) / c.constant_se).sel(sampling="window"))]
+    assert_se_follows_design(z, 79, "c1_own constant")

@@ -222,3 +222,24 @@ def test_shipped_slope_ses_are_the_between_seed_ses():
           np.round(plain, 3).ravel())
     assert np.all((ratio > 1 / 1.5) & (ratio < 1.5)), ratio
     assert plain.min() < 1 / 1.5
+
+
+def test_the_seed_se_of_the_constant_follows_the_design():
+    """Monte Carlo SE against an exact value (issue #38): the ratio L mse / tr C at the largest L with its SE
+    over the seeds (ar1_fits' ratio_iid, i.i.d. Gaussian tokens as ar1 at rho = 0) against its value 1: at
+    U_norm <= 0.1 the softmax weights are within exp(+-0.1 |z|) of uniform and the remainder beyond tr C / L
+    is O(|a|^2 / L) relative, below 1e-3 at L = 128, a tenth of the smallest SE (0.0098 in these runs).
+    4 runs (root_seed 1 .. 4) of 9 d x 2 U_norm cells with 4 seeds each: K = 72 z-scores, each a t with 3
+    dof when the per-seed ratios are independent units; sfxlin.testing.calibration checks the share inside
+    the central 50% and the signs, which a right SE passes with probability >= 0.9974."""
+    from sfxlin.testing.calibration import assert_se_follows_design
+
+    z = []
+    for root in (1, 2, 3, 4):
+        config = c1_limit.EXPERIMENT.configure("quick", [
+            "laws=gaussian,ar1", "ar1_rho=0.0", "d=2,3,4,5,6,7,8,9,10", "U_norm=0.05,0.1", "L=32,64,128", "n_seeds=4",
+            "n_queries=6", "n_prompts=8", f"root_seed={root}"])
+        ds = build(c1_limit.EXPERIMENT, config).compute(scheduler="synchronous")
+        fit = c1_analysis.ar1_fits(ds)
+        z.append(((fit.ratio_iid - 1) / fit.ratio_iid_se).values.ravel())
+    assert_se_follows_design(np.concatenate(z), 3, "c1_limit ratio_iid")

@@ -166,3 +166,23 @@ def test_the_measures_are_the_fits():
     np.testing.assert_allclose(m["C1R-sharp-constant"], analysis.sharp_ratio(ds).values[keep], rtol=1e-12)
     np.testing.assert_allclose(m["C1R-gauss-decomposition"], analysis.decomposition(ds).values[keep], rtol=1e-12)
     xr.testing.assert_identical(m["C1R-bias-order"], analysis.bias_order(ds))
+
+
+@pytest.mark.slow
+def test_the_slope_se_follows_the_design():
+    """Monte Carlo SE against an exact value (issue #38): at U_norm = 0.025 the weights are uniform to
+    O(0.025 |z|), so the error to the exact empirical limit is the i.i.d. sample mean's, tr Cov / L to
+    O(|a|^2 / L): the seed-mean slope's exact value is -1, and ``(slope + 1) / slope_se`` (cluster-robust over
+    the seeds, the prompts nested along L) is a t with n_seeds - 1 = 7 dof. 6 runs (root_seed 1 .. 6) of the
+    4 data sets x D = 2, 5, 10, 8 seeds each: K = 72 z-scores; the share inside the central 50% and the signs,
+    which a right SE passes with probability >= 0.9974."""
+    from sfxlin.testing.calibration import assert_se_follows_design
+
+    EXP = c1_real.EXPERIMENT
+    z = []
+    for root in range(1, 7):
+        config = EXP.configure("quick", ["D=2,5,10", "U_norm=0.025", "L=16,32,64,128,256", "n_seeds=8", "n_queries=2",
+                                         "n_prompts=8", f"root_seed={root}"])
+        fit = analysis.slopes(build(EXP, config).compute(scheduler="synchronous"))
+        z.append(((fit.slope + 1) / fit.slope_se).values.ravel())
+    assert_se_follows_design(np.concatenate(z), 7, "c1_real slope")

@@ -537,3 +537,32 @@ def test_robustness_resamples_seeds_and_trajectory_seeds():
     one = {r.id: r for r in c2_analysis.verdicts(ds.isel(seed=[0], traj_seed=[0]), resamples=5)}
     assert all(r.robustness_note == "one independent unit: no resample"
                for r in one.values() if r.verdict in ("PASS", "FAIL"))
+
+
+def test_the_tail_tests_follow_the_design():
+    """Monte Carlo SE against an exact value (issue #38): at U_norm = 1e-6 the softmax weights are uniform to
+    1e-6, so f_L is the mean of L i.i.d. N(0, I_d) tokens and the exact probability that a prompt exceeds a
+    stored threshold t is chi2.sf(L t^2, d). Each tail test counts the exceedances of tail_n independent
+    prompts (each query draws its own): the count is Binomial(n, p), which the analysis' Clopper-Pearson
+    interval assumes. At L = 32 and level 0.1 (n p of about 102), d = 2, 3 x 20 seeds x 5 queries: K = 200
+    z-scores (count - n p) / sqrt(n p (1 - p)), normal to the binomial's skew; the share inside the central
+    50%, the signs and the mean of z^2 pass with probability >= 0.9952 for binomial counts; the
+    Clopper-Pearson intervals (coverage >= 0.95 each) cover the exact p in at least the 0.1% quantile of
+    Binomial(200, 0.95) of the tests."""
+    from scipy import stats
+
+    from sfxlin.testing.calibration import assert_se_follows_design
+
+    config = c2.EXPERIMENT.configure("quick", [
+        "d=2,3", "U_norm=1e-6", "L=8,16,32", "n_seeds=20", "tail_queries=5", "tail_prompts=1024", "grad_pairs=1",
+        "grad_queries=1", "grad_draws=2", "traj_seeds=1", "traj_steps=20", "traj_ckpt_every=20", "traj_pairs=1",
+        "traj_replicates=1"])
+    ds = build(c2.EXPERIMENT, config).compute(scheduler="synchronous")
+    one = ds.sel(L=32, level=0.1)
+    n = float(ds.tail_n.max())
+    exact = stats.chi2.sf(32 * one.tail_threshold**2, one.d.broadcast_like(one.tail_threshold))   # sigma = 1
+    assert_se_follows_design(((one.tail_count - n * exact) / np.sqrt(n * exact * (1 - exact))).values, None,
+                             "c2 tail counts")
+    tt = c2_analysis.tail_tests(ds).sel(L=32, level=0.1)
+    covered = int(((tt.ci_low <= exact) & (exact <= tt.ci_high)).sum())
+    assert covered >= stats.binom.ppf(0.001, tt.ci_low.size, 0.95), covered

@@ -500,3 +500,29 @@ def test_the_cells_a_blas_kernel_moves_are_those_past_the_edge_of_stability():
         balance = np.sum(U[-1] ** 2) - np.sum(v[-1] ** 2)
         assert (edge.max() > 2.2) == crosses and (balance > 0.2) == crosses, (seed, edge.max(), balance)
         assert (1.9 < edge[-1] < 2.0) == crosses and (dist[-1] > 0.1) == crosses, (seed, edge[-1], dist[-1])
+
+
+@pytest.mark.slow
+def test_the_gap_constant_se_follows_the_design():
+    """Monte Carlo SE against an exact value (issue #38): the constants part's gap_constant (the gradient-gap
+    constant K, a Monte Carlo mean of i.i.d. polynomial moments after the exact change of Gaussian measure) with
+    its gap_constant_se (their spread / sqrt(n)), against K of 2^20 draws (its own SE, 1/8 of a cell's, joins
+    the z's denominator). tau = 5.9162, 9.362, 14.8148 x root_seed 1 .. 100 at 2^14 draws: K = 300 z-scores.
+    The moments are heavy-tailed (kappa = 1 - 2 tau^-1/2 is 0.18 at tau = 5.9, so x ~ N(0, Sigma / kappa) is
+    wide): at 2^10 draws the z's are skewed and too wide (mean z^2 1.79), at 2^14 they are near normal, so the
+    check reads the share inside the central 50% and the signs (a t with n - 1 dof), not z^2: an SE wrong by a
+    factor 1.5 fails it; a right SE passes with probability >= 0.9971."""
+    from sfxlin.testing.calibration import assert_se_follows_design
+
+    n = 1 << 14
+    EXP = c2_threshold.EXPERIMENT
+    z = []
+    for tau in (5.9162, 9.362, 14.8148):
+        reference = EXP.configure("quick", [f"gap_samples={n}"])
+        K, se = gap_constant(c2_threshold.sigma_scale(tau, 3) * np.eye(3), reference["n_queries"],
+                             np.random.default_rng([7, int(tau * 1e4)]), 1 << 20)
+        for root in range(1, 101):
+            out = run_cell(EXP, EXP.configure("quick", [f"gap_samples={n}", f"root_seed={root}"]), {"tau": tau},
+                           "constants")
+            z.append((out["gap_constant"] - K) / np.hypot(out["gap_constant_se"], se))
+    assert_se_follows_design(z, n - 1, "c2_threshold gap constant")

@@ -180,6 +180,61 @@ def test_an_overlapping_cell_with_other_values_is_refused_naming_it():
         merge([run("d=2,3"), other])
 
 
+@pytest.mark.parametrize("nan_first", [True, False])
+def test_an_overlapping_cell_that_is_nan_in_one_file_and_a_number_in_the_other_is_refused(nan_first):
+    """NaN is never "the same value" as a number, whichever file holds it: the cell d=3 of one run
+    made NaN (a cell a run did not finish, or a flagged outcome) against its number in the other."""
+    other = run("d=3")
+    other["mse"].loc[{"law": "uniform", "L": 32}] = np.nan
+    files = [other, run("d=2,3")] if nan_first else [run("d=2,3"), other]
+    with pytest.raises(ResultsError, match=r"both hold the cell d=3, U_norm=0.5, seed=0 with different values of mse"):
+        merge(files)
+
+
+DESCENDING = """
+import numpy as np
+from sfxlin.engine.params import Param
+from sfxlin.engine.sweep import Experiment, Part, Variable
+
+def grid(config):
+    return {"h": list(config["h"]), "seed": list(range(config["n_seeds"]))}
+
+def kernel(cell, rng, config):
+    return {"x": cell["h"] + rng.standard_normal(3)}
+
+EXPERIMENT = Experiment(
+    name="descending", inner_coords=lambda config: {"draw": [0, 1, 2]},
+    params=(Param("h", "float_list", "bandwidths, largest first", [0.5, 0.2, 0.1], low=0, low_open=True,
+                  order="decreasing", grid=True),
+            Param("n_seeds", "int", "replicates", 1, low=1, grid=True),
+            Param("root_seed", "int", "root seed", 3)),
+    variables=(Variable("x", ("h", "seed", "draw"), "h plus a normal draw", "h + a standard normal draw."),),
+    parts=(Part("", grid, kernel),), description="a grid list declared decreasing")
+"""
+
+
+def test_a_grid_list_declared_decreasing_keeps_its_order(tmp_path, monkeypatch):
+    """``h`` declares ``order="decreasing"``: runs over h = 0.2 and h = 0.5, 0.1 merge into the run over
+    h = 0.5, 0.2, 0.1 (its configuration and its coordinates in that order, the bits of the one run),
+    whichever file comes first."""
+    from sfxlin.engine.experiments import ENV
+
+    (tmp_path / "descending.py").write_text(DESCENDING)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(ENV, "descending")
+    from descending import EXPERIMENT
+
+    def ran(h):
+        return build(EXPERIMENT, EXPERIMENT.configure("quick", [f"h={h}"])).compute(scheduler="synchronous")
+
+    single = ran("0.5,0.2,0.1")
+    for files in ([ran("0.2"), ran("0.5,0.1")], [ran("0.5,0.1"), ran("0.2")]):
+        merged = merge(files)
+        assert json.loads(merged.attrs["config"])["h"] == [0.5, 0.2, 0.1]
+        assert merged.h.values.tolist() == [0.5, 0.2, 0.1]
+        _assert_same_data(merged, single)
+
+
 def test_a_variable_outside_the_grid_must_be_equal_in_every_file():
     other = run("d=3")
     other["quadrature_error"][0] += 1e-16

@@ -175,7 +175,7 @@ def test_each_verdict_shows_its_robustness_and_for_a_non_pass_its_class_and_note
     rows = _rows_with_every_status()
     monkeypatch.setattr(c1, "verdicts", lambda ds, resamples=None: rows)
     page, md = build_report(results)
-    table = page.split("<table class='verdicts'>")[1].split("</table>")[0]
+    table = page.split("<h2 id='c1_limit'>")[1].split("<table class='verdicts'>")[1].split("</table>")[0]
     head, good, bad, later = table.split("</tr>")[:4]
     assert re.findall(r"<th>(.*?)</th>", head) == ["criterion", "description", "measured", "threshold", "reference",
                                                    "verdict", "robustness", "class", "note"]
@@ -319,3 +319,86 @@ def test_a_report_of_the_shipped_files_fits_a_1280_px_page(tmp_path, monkeypatch
     page_width, viewport, n_out, which = title.groups()
     assert int(page_width) <= 1280 and int(viewport) <= 1280, (page_width, viewport)
     assert n_out == "0", f"{n_out} elements pass the {viewport} px viewport or their box: {which}"
+
+
+# --------------------------------------------------------------------------------------------
+# the answer per claim at the top
+# --------------------------------------------------------------------------------------------
+def _row(cid, verdict, fails_as=None, note=""):
+    from sfxlin.analysis.verdicts import Criterion, VerdictRow
+
+    crit = Criterion(id=cid, claim=cid.split("-")[0], description="a figure", kind="<", threshold=1.0)
+    return VerdictRow(crit, 0.5, "0.5", verdict, note, fails_as=fails_as)
+
+
+def _section(experiment, title, claim, rows):
+    from sfxlin.analysis.report import reading_order
+
+    return {"experiment": experiment, "claims": [claim], "rows": rows,
+            "order": reading_order(experiment, title, claim, f"{experiment}.nc")}
+
+
+def test_claims_are_grouped_as_the_report_orders_them_and_each_gets_its_answer():
+    """A claim's own experiments, a claim id of its own and a claim's extensions are three groups, in
+    reading order; the answer follows the classes of its FAILs (one word per case: holds, holds where
+    judged, holds but for pre-asymptotic or colloquial FAILs, holds in part, open), and the sentence names
+    every FAIL and INCONCLUSIVE by class."""
+    from sfxlin.analysis.report import claim_answer, claim_groups, claim_sentence, class_line
+
+    pre, find = ("pre-asymptotic", "not yet 1/L"), ("finding", "it does not")
+    sections = [
+        _section("c9_ext", "C9 kernels: more", "C9", [_row("C9K-a", "PASS"), _row("C9K-b", "FAIL", pre)]),
+        _section("c9_limit", "C9: the claim", "C9", [_row("C9-a", "PASS"), _row("C9-b", "INCONCLUSIVE", pre, "few L")]),
+        _section("c9_own", "C9 own: its own id", "C9O", [_row("C9O-a", "FAIL", note="")]),
+        _section("c9_more", "C9: the claim again", "C9", [_row("C9-c", "FAIL", find), _row("C9-d", "NOT JUDGED")]),
+    ]
+    sections.sort(key=lambda sec: sec["order"])
+    groups = claim_groups(sections)
+    assert [(label, [s["experiment"] for s in secs]) for label, secs in groups] == [
+        ("C9", ["c9_limit", "c9_more"]), ("C9O", ["c9_own"]), ("C9, extensions", ["c9_ext"])]
+    assert claim_sentence(*groups[0]) == ("C9 (c9_limit, c9_more): holds in part: 1 FAIL is a finding — 1 PASS, "
+                                          "1 FAIL (finding: C9-c), 1 INCONCLUSIVE (pre-asymptotic: C9-b), "
+                                          "1 NOT JUDGED.")
+    assert claim_sentence(*groups[1]) == "C9O (c9_own): open: 1 FAIL unclassified — 0 PASS, 1 FAIL (unclassified: C9O-a)."
+    assert claim_sentence(*groups[2]).startswith("C9, extensions (c9_ext): holds but for FAILs that are "
+                                                 "pre-asymptotic or colloquial readings — 1 PASS, 1 FAIL")
+    assert claim_answer([_row("C9-a", "PASS")]) == "holds"
+    assert claim_answer([_row("C9-a", "PASS"), _row("C9-b", "INCONCLUSIVE", pre)]) == "holds where judged"
+    assert claim_answer([_row("C9-d", "NOT JUDGED")]) == "not judged"
+    every = [r for sec in sections for r in sec["rows"]]
+    assert class_line(every) == "3 FAIL by class: 1 finding, 1 pre-asymptotic, 0 colloquial reading, 1 unclassified"
+
+
+def test_the_top_of_the_report_answers_per_claim_and_lists_every_fail_and_inconclusive(results, monkeypatch):
+    """In both formats, before the summary table: the claim's sentence, the FAILs by class, and a table of
+    every FAIL and INCONCLUSIVE with its class, reason and note; a FAIL whose criterion declares no class
+    is shown as unclassified (at the top and in its section), never as an empty cell; the multiplicity
+    line counts every FAIL before it speaks of the tests."""
+    from sfxlin.analysis import c1
+    from sfxlin.analysis.report import class_line
+    from sfxlin.analysis.verdicts import multiplicity_line
+
+    rows = [_row("C1-good", "PASS"), _row("C1-bare", "FAIL"),
+            _row("C1-slow", "FAIL", ("pre-asymptotic", "the rate is not reached at L = 64")),
+            _row("C1-few", "INCONCLUSIVE", ("pre-asymptotic", "two L only"), "needs >= 3 prompt lengths")]
+    monkeypatch.setattr(c1, "verdicts", lambda ds, resamples=None: rows)
+    page, md = build_report(results)
+    top = page.split("<h2 id='summary'>What holds</h2>")[1].split("<h2 ")[0]
+    sentence = ("C1 (c1_limit): open: 1 FAIL unclassified — 1 PASS, 2 FAIL (pre-asymptotic: C1-slow; unclassified: "
+                "C1-bare), 1 INCONCLUSIVE (pre-asymptotic: C1-few).")
+    assert top.index(html_escape(sentence)) < top.index(html_escape(class_line(rows))) < top.index("class='summary'")
+    assert class_line(rows) == "2 FAIL by class: 0 finding, 1 pre-asymptotic, 0 colloquial reading, 1 unclassified"
+    listed = top.split("<h3 id='open'>Every FAIL and INCONCLUSIVE</h3>")[1]
+    assert [re.findall(r"<td class='id'>(.*?)</td>", line)[0] for line in listed.split("</tr>")[1:-1]] == \
+        ["C1-bare", "C1-slow", "C1-few"]
+    assert "<td class='unclassified'>unclassified</td>" in listed.split("</tr>")[1]
+    assert "<td>the rate is not reached at L = 64</td>" in listed and "<td>needs &gt;= 3 prompt lengths</td>" in listed
+    section = page.split("<h2 id='c1_limit'>")[1]
+    assert "<td class='unclassified'>unclassified</td>" in section
+    assert f"Over every file: {html_escape(multiplicity_line(rows))}." in top
+    assert multiplicity_line(rows).startswith("3 criteria judged, 2 FAIL")
+    md_top = md.split("## What holds")[1].split("\n## ")[0]
+    assert md_top.index(f"- {sentence}") < md_top.index(class_line(rows)) < md_top.index("| claim | experiment |")
+    assert "| C1 | C1-bare | **FAIL** | **unclassified** |  |  |" in md_top
+    assert "| C1 | C1-few | **INCONCLUSIVE** | pre-asymptotic | two L only | needs >= 3 prompt lengths |" in md_top
+    assert "| C1-bare | 0.5 | < 1 |  | **FAIL** |  | **unclassified** |  |" in md.split("`c1_limit.nc`")[1]

@@ -245,7 +245,10 @@ def test_multiplicity_counts_chance_fails_and_the_holm_view():
     hand = holm_by_hand(list(pvals.values()))
     assert [m["holm"][k] for k in pvals] == pytest.approx(hand)
     assert m["holm_fails"] == int(np.sum(hand < 0.01))  # 0.012: none after Holm
-    assert multiplicity_line(rows).startswith("4 criteria judged; 3 are tests")
+    assert multiplicity_line(rows).startswith("4 criteria judged, 1 FAIL; of the 4, 3 are statistical tests at a "
+                                              "stated level (the other one compares an")
+    assert "chance alone would give 0.03 FAILs among the 3 tests (the sum of their levels); they give 1 (0 after " \
+        "Holm)" in multiplicity_line(rows)
     assert m["with_robustness"] == 0 and m["flips"] == 0.0  # no units: no robustness
 
 

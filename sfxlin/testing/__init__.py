@@ -8,6 +8,9 @@ extends it (a new experiment's tests, a researcher's checks of a results file).
   function that should stay lazy), after flox's test helper;
 * :mod:`sfxlin.testing.reference_c3`: the plain per-L, per-step numpy reference of the C3
   training, the oracle of the fast trainer (and the slow arm of ``sfxlin bench c3``);
+* :mod:`sfxlin.testing.calibration`: whether a reported standard error follows the design, from
+  z-scores of estimates against exact values (the share inside the central 50%, the signs, and for
+  normal z the mean of z^2, each in its binomial or chi-square band);
 * :mod:`sfxlin.testing.generate`: the files generated from the experiments' declarations (the
   criteria pins, :mod:`.pins`; the tables of docs/criteria.md, :mod:`.criteria_doc`) and the
   command that checks and rewrites them.
