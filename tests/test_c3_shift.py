@@ -158,6 +158,44 @@ def test_min_norm_recovers_the_task_on_a_subspace():
     assert np.all(r[1:] < 1e-24) and np.all(r[0] > 1e-6)
 
 
+@pytest.mark.parametrize("noise,query_noise", [(0.0, 0.0), (0.7, 0.3)])
+def test_pair_variance_matches_monte_carlo(noise, query_noise):
+    """The exact variance of a pair's risk (any (U, v), label noise) within 4 SE of its sample variance over
+    2e5 independent pairs of 3 queries, the partners (w, eps), (-w, -eps) sharing the queries."""
+    rng = np.random.default_rng(21)
+    d, q, n = 3, 3, 200_000
+    G = rng.standard_normal((d, d))
+    S = G @ G.T / d
+    U, v = _random_theta(rng, 2, d + 1)
+    w = rng.standard_normal((n, d))
+    x = rng.standard_normal((n, q, d)) @ np.linalg.cholesky(S).T
+    eps = query_noise * rng.standard_normal((n, q))
+    z_q = np.concatenate([x, np.zeros((n, q, 1))], axis=-1)
+    r = sum(0.25 * np.mean((icl.linear_predict(U, v, icl.Gamma_w(S, s * w, None, noise), z_q)
+                            - s * (np.einsum("nqi,ni->nq", x, w) + eps)) ** 2, axis=-1) for s in (1.0, -1.0))
+    dev = r - r.mean(axis=-1, keepdims=True)
+    se_var = np.sqrt(np.mean((dev**2 - r.var(axis=-1, keepdims=True)) ** 2, axis=-1) / n)
+    exact = icl.linear_inf_pair_variance(U, v, S, q, noise, query_noise)
+    assert exact.shape == (2,)
+    assert np.all(np.abs(r.var(axis=-1) - exact) < 4 * se_var), (r.var(axis=-1), exact, se_var)
+
+
+def test_pair_variance_block_structured_closed_form():
+    """Block-structured (U, v), noiseless: ((tr K)^2 + 2 tr K^2) / (2 q) + tr K^2 / 2, K = B Sigma B^T, B =
+    v_y Sigma A - I (the pair's error w^T B^T x_q is one Gaussian given w)."""
+    rng = np.random.default_rng(4)
+    A = rng.standard_normal((3, 3))
+    U = np.zeros((4, 4))
+    U[:3, :3] = A
+    v = np.array([0.0, 0.0, 0.0, 0.6])
+    S = covariance.kms(3, 0.5)
+    B = 0.6 * S @ A - np.eye(3)
+    K = B @ S @ B.T
+    for q in (1, 4):
+        expect = (np.trace(K) ** 2 + 2 * np.trace(K @ K)) / (2 * q) + np.trace(K @ K) / 2
+        assert icl.linear_inf_pair_variance(U, v, S, q) == pytest.approx(expect, rel=1e-12)
+
+
 # --------------------------------------------------------------------------- the pipeline
 
 SMALL = dict(settings=["anisotropic"], n_seeds=1, n_pairs=2, L=[4, 8], n_steps=30, shifts=["none", "scale:2",
