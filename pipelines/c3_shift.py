@@ -36,12 +36,15 @@ def kernel(cell, rng, config):
 
 
 def counts(config, part, cell):
-    """The training, then per shift every trained theta (``len(L) + 1``) evaluated on the shifted held-out items
-    at every ``L_eval``, with the shift's fixed cost (its prompts, the ridge and PGD baselines)."""
+    """The training, then per shift every trained theta (``len(L) + 1``) evaluated on the shifted held-out pairs at
+    every ``L_eval`` in one pass over the longest prompts (the partners of the block-structured trained parameters
+    sharing it), the shifted tokens and their prefix sums (the ridge and PGD baselines) and the shift's fixed cost;
+    the held-out tokens drawn once more."""
     Ls, Le, n_shifts = config["L"], config["L_eval"], len(config["shifts"])
-    evals = n_shifts * (len(Ls) + 1) * 2 * config["heldout_pairs"] * config["heldout_queries"] * sum(Le)
+    pairs = config["heldout_pairs"]
+    evals = n_shifts * (len(Ls) + 1) * pairs * config["heldout_queries"] * Le[-1]
     return {**train_counts(config["n_steps"], config["n_pairs"], config["n_queries"], Ls), "eval_visit": evals,
-            "shift": n_shifts}
+            "shift_token": (n_shifts + 1) * pairs * Le[-1], "shift": n_shifts}
 
 
 _GS = ("shift",)

@@ -111,49 +111,58 @@ def _held(rng, n_pairs=5, q=3, L=40, Sigma=SIGMA):
     return icl.make_tasks(rng, 3, n_pairs, q, L, laws.covariate_law("gaussian", Sigma))
 
 
-def test_shifted_prompts_map_every_covariate_and_relabel():
+def test_shifted_pairs_map_every_covariate_and_relabel():
     held = _held(np.random.default_rng(0))
     A = shift.shift_map("rotate:2", SIGMA)
-    P = shift.shifted_prompts(held, A)
-    for n in range(held.n_tasks):   # a naive loop
+    P = shift.shifted_pairs(held, A)
+    assert P.Z.shape == (held.n_tasks // 2, 4, held.L_max)
+    for p in range(held.n_tasks // 2):   # a naive loop over the pairs' first tasks
+        n = 2 * p
         for k in range(held.L_max):
             x = A @ held.Z[n, k, :3]
-            np.testing.assert_allclose(P.Z[n, k], np.append(x, held.w[n] @ x), rtol=1e-12, atol=1e-14)
+            np.testing.assert_allclose(P.Z[p, :, k], np.append(x, held.w[n] @ x), rtol=1e-12, atol=1e-14)
         for j in range(held.n_queries):
-            np.testing.assert_allclose(P.z_q[n, j], np.append(A @ held.x_q[n, j], 0.0), rtol=1e-12, atol=1e-14)
-            assert P.y_q[n, j] == pytest.approx(held.w[n] @ (A @ held.x_q[n, j]), rel=1e-12, abs=1e-14)
+            np.testing.assert_allclose(P.z_q[p, j], np.append(A @ held.x_q[n, j], 0.0), rtol=1e-12, atol=1e-14)
+            assert P.y_q[p, j] == pytest.approx(held.w[n] @ (A @ held.x_q[n, j]), rel=1e-12, abs=1e-14)
     np.testing.assert_allclose(P.Sigma, shift.shifted_covariance("rotate:2", SIGMA), rtol=1e-12, atol=1e-14)
     noisy = icl.make_tasks(np.random.default_rng(0), 3, 2, 2, 8, laws.covariate_law("gaussian", SIGMA), noise=0.1)
     with pytest.raises(ValueError, match="noiseless"):
-        shift.shifted_prompts(noisy, A)
+        shift.shifted_pairs(noisy, A)
 
 
-def test_risks_on_unshifted_prompts_equal_the_icl_and_baselines_risks():
-    """Shift ``none``: the pair risks average to icl.risk (softmax, linear(inf)), icl.ridge_risk and
-    baselines.pgd's held-out risk on the same Tasks."""
+@pytest.mark.parametrize("block", [False, True])
+def test_risks_on_unshifted_prompts_equal_the_icl_and_baselines_risks(block):
+    """Shift ``none``: the pair risks average to icl.risk (softmax at every L of one pass, linear(inf)),
+    icl.ridge_risk and baselines.pgd's held-out risk on the same Tasks; block-structured parameters (the
+    partners share the softmax pass) and others (each partner its own)."""
     rng = np.random.default_rng(5)
     held = _held(rng)
-    P = shift.shifted_prompts(held, np.eye(3))
+    P = shift.shifted_pairs(held, np.eye(3))
     U, v = _random_theta(rng, 2, 4)
-    for L in (8, 40):
-        np.testing.assert_allclose(shift.softmax_pair_risks(U, v, P, L).mean(-1), icl.risk("softmax", U, v, held, L),
-                                   rtol=1e-10)
+    if block:
+        U[:, 3, :] = U[:, :, 3] = v[:, :3] = 0.0
+    Ls = [4, 8, 16, 40]
+    sm = shift.softmax_pair_risks(U, v, P, Ls)
+    assert sm.shape == (2, 4, 5)
+    for i, L in enumerate(Ls):
+        np.testing.assert_allclose(sm[:, i].mean(-1), icl.risk("softmax", U, v, held, L), rtol=1e-10)
     np.testing.assert_allclose(shift.linear_inf_pair_risks(U, v, P).mean(-1), icl.risk("linear_inf", U, v, held),
                                rtol=1e-10)
-    Ls = [4, 16, 40]
     np.testing.assert_allclose(shift.ridge_pair_risks(P, Ls).mean(-1), [icl.ridge_risk(held, L) for L in Ls],
                                rtol=1e-6, atol=1e-24)
     np.testing.assert_allclose(shift.ridge_pair_risks(P, Ls, 0.3).mean(-1), [icl.ridge_risk(held, L, 0.3) for L in Ls],
                                rtol=1e-10)
     np.testing.assert_allclose(shift.pgd_pair_risks(P, Ls, SIGMA).mean(-1),
                                baselines.heldout_risk(held, baselines.pgd(held, Ls)), rtol=1e-10)
+    with pytest.raises(ValueError, match="strictly increasing"):
+        shift.softmax_pair_risks(U, v, P, [8, 4])
 
 
 def test_min_norm_recovers_the_task_on_a_subspace():
     """Covariates confined to 2 of 3 dims: pinv(X) y predicts every query in the subspace exactly
     (rounding) once L >= 2; the x_3 direction carries no information."""
     held = _held(np.random.default_rng(2))
-    P = shift.shifted_prompts(held, shift.shift_map("subspace:2", SIGMA))
+    P = shift.shifted_pairs(held, shift.shift_map("subspace:2", SIGMA))
     r = shift.ridge_pair_risks(P, [1, 2, 10])
     assert np.all(r[1:] < 1e-24) and np.all(r[0] > 1e-6)
 
