@@ -62,7 +62,11 @@ OWN = (
     Variable("risk_linf_mc", _GST, "risk of theta under linear(inf) with the test covariance, Monte Carlo",
            "mean over the held-out tasks and queries" + _ON + " of 1/2 (v^T Gamma_w U z_q - y_q)^2, Gamma_w from "
            "Sigma_test and each task's w: the closed form's Monte Carlo on the same tasks as risk_softmax."),
-    Variable("risk_linf_mc_se", _GST, "SE of risk_linf_mc over held-out pairs", "as risk_softmax_se."),
+    Variable("risk_linf_mc_se", _GST, "SE of risk_linf_mc over held-out pairs, estimated", "as risk_softmax_se (the "
+             "sample standard deviation: noisy for these heavy-tailed risks, and low where the mean is low)."),
+    Variable("risk_linf_exact_se", _GST, "exact SE of risk_linf_mc", "sqrt(sfxlin.icl.linear_inf_pair_variance(U, v, "
+             "Sigma_test, heldout_queries) / heldout_pairs): the closed-form variance of a held-out pair's risk under "
+             "linear(inf) (the population value of risk_linf_mc_se).", units="1"),
     Variable("diff_se", _GST + ("L_eval",), "SE of risk_softmax - risk_linf_mc over held-out pairs",
              "the paired difference per held-out pair (same tasks), its standard deviation over sqrt(pairs)."),
     Variable("risk_ridge", _GS + ("L_eval",), "held-out risk of ridge on the shifted prompt", "per held-out task, "

@@ -279,10 +279,12 @@ def shift_risks(U, v, held, spec, Sigma, L_eval, ridge_lam=0.0) -> dict:
     shift ``spec`` of the training covariance ``Sigma``, at every length of ``L_eval``: ``risk_softmax``,
     ``risk_softmax_se``, ``diff_se`` ``(theta, L_eval)`` (softmax(L_eval), its SE over pairs, the SE of its paired
     difference to linear(inf)'s Monte Carlo); ``risk_exact`` (:func:`sfxlin.icl.linear_inf_risk` with the test
-    covariance), ``risk_linf_mc``, ``risk_linf_mc_se`` ``(theta,)``; the baselines ``risk_ridge``,
+    covariance), ``risk_linf_mc``, ``risk_linf_mc_se`` (its SE over pairs, estimated) and ``risk_linf_exact_se``
+    (its exact SE, :func:`sfxlin.icl.linear_inf_pair_variance`) ``(theta,)``; the baselines ``risk_ridge``,
     ``risk_pgd_train``, ``risk_pgd_test`` ``(L_eval,)`` (preconditioned by the training and the test covariance;
     NaN where the test covariance is singular) and ``Sigma_test``."""
     P = shifted_pairs(held, shift_map(spec, Sigma))
+    n_pairs, q = P.y_q.shape
     sm = softmax_pair_risks(U, v, P, L_eval)                                   # (theta, L_eval, pairs)
     lin = linear_inf_pair_risks(U, v, P)                                       # (theta, pairs)
     singular = is_singular(spec, Sigma.shape[0])
@@ -290,6 +292,7 @@ def shift_risks(U, v, held, spec, Sigma, L_eval, ridge_lam=0.0) -> dict:
     return {"risk_softmax": sm.mean(axis=-1), "risk_softmax_se": _mean_se(sm)[1],
             "risk_exact": icl.linear_inf_risk(U, v, P.Sigma), "risk_linf_mc": lin.mean(axis=-1),
             "risk_linf_mc_se": _mean_se(lin)[1],
+            "risk_linf_exact_se": np.sqrt(icl.linear_inf_pair_variance(U, v, P.Sigma, q) / n_pairs),
             "diff_se": _mean_se(sm - lin[:, None])[1],
             "risk_ridge": ridge_pair_risks(P, L_eval, ridge_lam).mean(axis=-1),
             "risk_pgd_train": pgd_pair_risks(P, L_eval, Sigma).mean(axis=-1), "risk_pgd_test": test,

@@ -205,6 +205,45 @@ def test_pair_variance_block_structured_closed_form():
         assert icl.linear_inf_pair_variance(U, v, S, q) == pytest.approx(expect, rel=1e-12)
 
 
+#: z-spread replicates: the sample SD of 1000 z-scores of unit variance (kurtosis about 3.3) has an SE of about
+#: 0.024, so a right SE lands in 0.9 .. 1.1 with probability above 1 - 1e-4 (4 SEs each side)
+REPLICATES = 1000
+
+
+def _z_spread(z):
+    """Mean and SD of z-scores over their replicates (axis 0), every statistic at once."""
+    return z.mean(axis=0), z.std(axis=0, ddof=1)
+
+
+def test_c3_shift_linear_inf_monte_carlo_z_spread():
+    """The c3_shift estimator (shift.shift_risks at the paper's 256 held-out pairs x 4 queries: risk_linf_mc with
+    risk_linf_exact_se) against its exact value over independent replicates: every (shift, theta) z has SD in 0.9 ..
+    1.1 and |mean| < 0.15 (about 5 SEs of a right mean). Trained block-structured thetas and one that is not; the
+    shifts none, scale:2 and the singular subspace:2. The sample SE (risk_linf_mc_se) is the design's too, but
+    from these heavy-tailed risks it is low where the mean is low: that z has SD above 1 and a long left tail."""
+    d = 3
+    law = laws.covariate_law("gaussian", SIGMA)
+    tasks = icl.make_tasks(np.random.default_rng(8), d, 8, 2, 64, law)
+    res = training.train_all_arrays(tasks, [16, 64], models=("softmax", "linear_inf"), lr=0.01, n_steps=300,
+                                    ckpt_every=300)
+    U = np.concatenate([res["softmax"]["U"][:, -1], res["linear_inf"]["U"][-1][None]])
+    v = np.concatenate([res["softmax"]["v"][:, -1], res["linear_inf"]["v"][-1][None]])
+    U_any, v_any = _random_theta(np.random.default_rng(9), 1, d + 1)
+    U, v = np.concatenate([U, 0.5 * U_any]), np.concatenate([v, v_any])
+    specs = ("none", "scale:2", "subspace:2")
+    z, t = [], []
+    for r in range(REPLICATES):
+        held = icl.make_tasks(np.random.default_rng([r, 38]), d, 256, 4, 1, law)
+        out = [shift.shift_risks(U, v, held, spec, SIGMA, [1]) for spec in specs]
+        z.append([(o["risk_linf_mc"] - o["risk_exact"]) / o["risk_linf_exact_se"] for o in out])
+        t.append([(o["risk_linf_mc"] - o["risk_exact"]) / o["risk_linf_mc_se"] for o in out])
+    mean, sd = _z_spread(np.array(z))
+    assert np.all((sd > 0.9) & (sd < 1.1)), sd
+    assert np.all(np.abs(mean) < 0.15), mean
+    t_mean, _ = _z_spread(np.array(t))
+    assert np.all(t_mean < -0.1), t_mean   # the studentised z: biased low (the SE is low where the mean is)
+
+
 # --------------------------------------------------------------------------- the pipeline
 
 SMALL = dict(settings=["anisotropic"], n_seeds=1, n_pairs=2, L=[4, 8], n_steps=30, shifts=["none", "scale:2",
@@ -281,7 +320,11 @@ def test_measures_read_the_declared_quantities():
     last = 1.01 * (1 + 0.5 / 64)          # (L_eval = 1024) / 16 = 64
     np.testing.assert_allclose(m["C3S-ratio"], last, rtol=1e-12)
     np.testing.assert_allclose(m["C3S-gap"], 0.4 * (last - 1) / 1.0, rtol=1e-12)   # tr(I_2) / 2 = 1
-    assert m["C3S-exact"] == pytest.approx(0.4 * 0.01 / 0.01, rel=1e-12)
+    # both seeds' Monte Carlo 0.004 above the closed form, exact SE 0.01 each: 0.008 / sqrt(2 * 0.01^2)
+    assert m["C3S-exact"] == pytest.approx(0.008 / np.sqrt(2e-4), rel=1e-12)
+    np.testing.assert_allclose(analysis.exact_z(ds), 0.008 / np.sqrt(2e-4), rtol=1e-12)
+    older = analysis.measures(ds.drop_vars("risk_linf_exact_se"))["C3S-exact"]   # a file written before it
+    assert "risk_linf_exact_se" in older.reason
     # seeds falling at different rates: a cluster-robust SE > 0
     assert float(analysis.slopes(_synthetic((-1.0, -0.5))).slope_se.min()) > 0
 
