@@ -101,6 +101,15 @@ def _exact(sh):
     return measure_unless(old, lambda: abs(sh(exact_z)).max(["setting", "shift", "theta"]))
 
 
+#: the class of a C3S-ratio / gap / falls FAIL, with the evidence at L_eval = 65536
+_SLOW = ("finding", "on the shifts that enlarge the logits (scale:2; rotate:1 of the anisotropic Sigma; power_law:2.0 "
+                    "of the isotropic one) softmax has not reached the large-L prediction by L_eval = 65536, nor does "
+                    "its gap close at a resolved rate: in a 2-seed paper run to 65536, scale:2's seed-mean gap is "
+                    "-0.96 .. 0.001 of tr(Sigma') / 2 and its |paired - 1| 0.03 .. 0.37, slopes -0.04 .. -0.25, "
+                    "against -0.57 .. -0.94 on none, scale:0.5 and subspace:2. The limit is Lemma 2.1's; the rate is "
+                    "what fails. Not established why; first suspect: the heavy tail over the queries of the logits' "
+                    "quadratic form a^T Sigma' a (C2-threshold's mechanism)")
+
 #: a row's prediction counts as "not near 0" (judged by C3S-ratio) when its exact risk is at least this
 #: fraction of the test target's scale tr(Sigma') / 2
 PREDICTION_FLOOR = 0.05
@@ -128,7 +137,7 @@ def _end(ds) -> xr.Dataset:
           reason="ours: the large-prompt prediction carries to shifted prompts; the band is ~3 Monte Carlo SEs of a "
                  "seed mean of held-out risks (256 pairs x 4 queries x 6 seeds) plus the O(1/L) finite-L gap; a "
                  "prediction near 0 (a near-optimal theta on a shift it absorbs) makes the ratio the O(1/L) gap over "
-                 "~0, so those rows are judged by C3S-gap", quick=_TINY)
+                 "~0, so those rows are judged by C3S-gap", quick=_TINY, fails_as=_SLOW)
 def _ratio(sh):
     e = sh(_end)
     return judged_where(e.ratio, e.judged, _ROW, "no row with a prediction above the floor")
@@ -137,9 +146,10 @@ def _ratio(sh):
 @CRITERIA("C3S-gap", "seed-mean gap (measured softmax(L_eval) risk - exact prediction) / (tr(Sigma') / 2) at the "
           "largest L_eval, every (setting, shift, theta)", "in", (-0.05, 0.05),
           reference="0 in the limit; tr(Sigma') / 2 is the risk of predicting 0 on the shifted task",
-          reason="ours: the finite-L gap in units of the task's scale must be small at L_eval = 4096 on every shift, "
-                 "near-zero predictions included (5% of the scale: well above the Monte Carlo noise of a seed mean)",
-          quick=_TINY)
+          reason="ours: the finite-L gap in units of the task's scale must be small at the largest L_eval on every "
+                 "shift, near-zero predictions included (5% of the scale: well above the Monte Carlo noise of a seed "
+                 "mean)",
+          quick=_TINY, fails_as=_SLOW)
 def _gap(sh):
     return sh(_end).gap
 
@@ -160,7 +170,7 @@ def _dev_slopes(sh):
           "<=", -0.25, reference="theory: -1 (the squared prediction gap and its mean cross term are O(1/L)); "
                                  "-1/2 where the cross term's sampling noise leads",
           reason="ours: the gap to the prediction must close with L_eval at a resolved rate; -0.25 allows the "
-                 "L^-1/2 sampling floor of the cross term and curvature at small L_eval", quick=_TINY)
+                 "L^-1/2 sampling floor of the cross term and curvature at small L_eval", quick=_TINY, fails_as=_SLOW)
 def _falls(sh):
     return measure_unless(too_few(sh.ds.sizes["L_eval"], MIN_LINE_POINTS, "evaluation lengths", "a slope in L_eval"),
                           lambda: _dev_slopes(sh))

@@ -89,7 +89,7 @@ EXPERIMENT = C3.variant(
     values=dict(d=3, settings=list(SETTINGS), Sigma_isotropic="isotropic", Sigma_anisotropic="diagonal:2/1/0.5",
                 n_seeds=Profiles(quick=2, paper=6), n_pairs=Profiles(quick=2, paper=48), n_queries=2,
                 L=Profiles(quick=[8, 16], paper=[16, 64, 256, 1024]), lr=0.01, n_steps=Profiles(quick=40, paper=2500),
-                L_eval=Profiles(quick=[8, 16, 32], paper=[16, 64, 256, 1024, 4096]),
+                L_eval=Profiles(quick=[8, 16, 32], paper=[16, 64, 256, 1024, 4096, 16384, 65536]),
                 heldout_pairs=Profiles(quick=4, paper=256), heldout_queries=Profiles(quick=2, paper=4), ridge_lam=0.0,
                 root_seed=20261202),
     changes={"d": {"low": 2}, "settings": {"choices": SETTINGS}, "L": {"min_len": 1, "why": ""},
