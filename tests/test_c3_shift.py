@@ -52,6 +52,15 @@ def test_linear_inf_risk_matches_monte_carlo(singular, noise, query_noise):
     assert np.all(np.abs(mc - exact) < 4.5 * se), (mc, exact, se)
 
 
+def _block_theta(rng, v_y):
+    """Block-structured ``(U, v)`` (a random ``A = U[:3, :3]``, ``v = (0, 0, 0, v_y)``), ``Sigma = kms(3, 0.5)`` and
+    the plug-in error matrix ``B = v_y Sigma A - I``."""
+    U = np.zeros((4, 4))
+    U[:3, :3] = rng.standard_normal((3, 3))
+    S = covariance.kms(3, 0.5)
+    return U, np.array([0.0, 0.0, 0.0, v_y]), S, v_y * S @ U[:3, :3] - np.eye(3)
+
+
 def test_linear_inf_risk_block_structured_is_the_plug_in_error():
     """Block-structured (U, v): 1/2 tr(B Sigma B^T), B = v_y Sigma A - I; 0 at the Bayes optimum of the
     same Sigma (rounding), c Sigma shifts it to 1/2 (c - 1)^2 tr(c Sigma)... at U* of Sigma: B = (c - 1) I."""
@@ -59,13 +68,7 @@ def test_linear_inf_risk_block_structured_is_the_plug_in_error():
     assert icl.linear_inf_risk(U, v, SIGMA) == pytest.approx(0.0, abs=1e-28)
     for c in (0.5, 2.0):
         assert icl.linear_inf_risk(U, v, c * SIGMA) == pytest.approx(0.5 * (c - 1) ** 2 * c * np.trace(SIGMA), rel=1e-12)
-    rng = np.random.default_rng(3)
-    A = rng.standard_normal((3, 3))
-    Ub = np.zeros((4, 4))
-    Ub[:3, :3] = A
-    vb = np.array([0.0, 0.0, 0.0, 0.8])
-    S = covariance.kms(3, 0.5)
-    B = 0.8 * S @ A - np.eye(3)
+    Ub, vb, S, B = _block_theta(np.random.default_rng(3), 0.8)
     assert icl.linear_inf_risk(Ub, vb, S) == pytest.approx(0.5 * np.trace(B @ S @ B.T), rel=1e-12)
 
 
@@ -192,13 +195,7 @@ def test_pair_variance_matches_monte_carlo(noise, query_noise):
 def test_pair_variance_block_structured_closed_form():
     """Block-structured (U, v), noiseless: ((tr K)^2 + 2 tr K^2) / (2 q) + tr K^2 / 2, K = B Sigma B^T, B =
     v_y Sigma A - I (the pair's error w^T B^T x_q is one Gaussian given w)."""
-    rng = np.random.default_rng(4)
-    A = rng.standard_normal((3, 3))
-    U = np.zeros((4, 4))
-    U[:3, :3] = A
-    v = np.array([0.0, 0.0, 0.0, 0.6])
-    S = covariance.kms(3, 0.5)
-    B = 0.6 * S @ A - np.eye(3)
+    U, v, S, B = _block_theta(np.random.default_rng(4), 0.6)
     K = B @ S @ B.T
     for q in (1, 4):
         expect = (np.trace(K) ** 2 + 2 * np.trace(K @ K)) / (2 * q) + np.trace(K @ K) / 2
