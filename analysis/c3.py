@@ -22,9 +22,9 @@ and both models (nested prompts), so the points of a curve along ``L``, and the 
 ``L``, share draws; different seeds (and settings) are independent. Slopes are OLS log-log slopes
 in ``L`` of the seed-mean curves (:func:`fits.loglog_slope`) with an SE cluster-robust over the
 setting's seeds in the protocol (``cov_type="nonrobust"``: the plain OLS SE of the mean curve, by
-name); a setting with one seed (the Rademacher control of the protocol) has no SE. Each verdict's
+name); a setting with one seed (the Rademacher control of the quick profile) has no SE. Each verdict's
 robustness resamples the seeds; a criterion read on settings with one seed in the protocol (the
-control's) has none (``robustness_note`` says why). "increases" counts the ``L`` steps at which a
+quick control's) has none (``robustness_note`` says why). "increases" counts the ``L`` steps at which a
 seed-mean curve goes up.
 
 A criterion whose figure this file cannot give is INCONCLUSIVE with the reason: slopes and counts
@@ -226,7 +226,7 @@ def _control(sh: Shared, reason, compute):
 
 class _C3Criteria(Criteria):
     """C3's criteria with the core's robustness, except where it cannot be computed: a criterion
-    read on settings with fewer than 2 seeds in the protocol (the Rademacher control runs one) has
+    read on settings with fewer than 2 seeds in the protocol (the quick profile's Rademacher control runs one) has
     one run to resample, whose resample is that run; its row says so (``robustness_note``) instead
     of a robustness."""
 
@@ -275,7 +275,7 @@ _QUICK_T = "T = 200 steps: theta_inf has not converged (risk ~0.04, 0.6 .. 1.4 f
 
 @CRITERIA("C3a-monotone", "increases of seed-mean D(L) = max_t ||theta_L^softmax(t) - theta_inf(t)|| along L, "
           "per Gaussian setting", "<=", 1, reference="non-monotone bump at L = 128..256", fmt="g",
-          reason="reference's: D should fall with L; one increase is tolerated for seed noise (2 seeds)",
+          reason="reference's: D should fall with L; one increase is tolerated for seed noise (a mean of 8 seeds)",
           quick=_QUICK_COUNT, fails_as=_COLLOQUIAL)
 def _a_monotone(sh):
     return _per_setting(sh, _no_count(sh.ds), lambda ds, s: increases(sh(seed_summaries).D_inf.sel(setting=s)))

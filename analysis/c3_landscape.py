@@ -16,8 +16,8 @@ Independent units: a ``seed`` of a setting is one training run, its tasks shared
 both models (nested prompts). The tasks of a run are trained jointly (one model fits them all) and the
 file stores their means, so they are not independent units of the results; nor are the settings,
 which are different questions, not replicates. With ``n_seeds >= 2`` the slopes have SEs
-cluster-robust over the seeds and each verdict a robustness over resampled seeds; with one seed (the
-paper and quick profiles) neither can be computed: the SEs are NaN (``n/a (1 seed)`` in the table)
+cluster-robust over the seeds and each verdict a robustness over resampled seeds (the paper profile: 4
+seeds); with one seed (the quick profile) neither can be computed: the SEs are NaN (``n/a (1 seed)`` in the table)
 and the verdict rows say why (``robustness_note``).
 """
 from __future__ import annotations

@@ -137,7 +137,11 @@ def _heldout_limit(sh):
           reason="theta_sinf is trained on the real limit's risk, theta_linf on the Gaussian theory's: on held-out "
                  "tasks the real limit must prefer its own parameters, unless the two limits coincide",
           # quick: 4 held-out pairs, replicate range 0.55 .. 1.87 (SD 0.21)
-          quick=3.0)
+          quick=3.0,
+          fails_as=("finding", "theta_sinf overfits the real limit's risk on its 64 training tasks where the set is "
+                               "near-Gaussian (diabetes d = 5: training risk 0.035 at T against 0.171 held out), and "
+                               "theta_linf, trained to the Bayes optimum of the simpler Gaussian model, transfers "
+                               "better there (docs/real_data.md)"))
 def _right_limit(sh):
     m = sh(_means)
     return m.risk_heldout_sinf / m.risk_heldout_linf_as_sinf

@@ -12,10 +12,16 @@ Per ``(setting, shift, theta)`` (``theta``: a trained softmax(L), or theta_inf; 
   ``|paired - 1|`` is the finite-L gap itself, which the closed-form ratio hides below its Monte Carlo
   noise at large L_eval); its log-log slope in ``L_eval`` with an SE cluster-robust over the seeds
   (the tasks are shared along L_eval: nested prompts);
-* ``z = (risk_linf_mc - risk_exact) / risk_linf_mc_se``: the closed form against its Monte Carlo.
+* ``exact_z``, per ``(setting, shift, theta)``: the closed form against its Monte Carlo over every seed's
+  held-out pairs, ``sum_seeds (risk_linf_mc - risk_exact) / sqrt(sum_seeds risk_linf_exact_se^2)``, the exact
+  SE (the closed-form variance of a held-out pair's risk), not the file's sample SE: a pair's risk is a
+  squared product of Gaussians, heavy-tailed, and its sample SD is low where the mean is low, which skews
+  a studentised z to the left (SD 1.04 .. 1.12 over replicates, tests/test_c3_shift.py).
 
-Independent units: seeds (training tasks and held-out tasks drawn per seed). Shifts, settings and the
-thetas of one seed are not independent (one held-out draw, one training run).
+Independent units: seeds (training tasks and held-out tasks drawn per seed) and, within a seed, its
+held-out pairs (a pair's two tasks share covariates and queries). Shifts, settings' thetas and the
+``L_eval`` of one seed are not independent (one held-out draw, one training run): a seed's ``(shift,
+theta)`` comparisons are one draw, not 30.
 """
 from __future__ import annotations
 
@@ -29,18 +35,25 @@ from .fits import MIN_LINE_POINTS, too_few
 from .tables import column, make_table
 from .verdicts import RESAMPLE, Criteria, Inconclusive, NotJudged, Shared, judged_where, measure_unless
 
-__all__ = ["CRITERIA", "ratios", "summaries", "slopes", "shift_table", "measures", "verdicts", "fit_tables",
+__all__ = ["CRITERIA", "ratios", "exact_z", "summaries", "slopes", "shift_table", "measures", "verdicts", "fit_tables",
            "figure"]
 
 _ROW = ("setting", "shift", "theta")
 
 
 def ratios(ds: xr.Dataset) -> xr.Dataset:
-    """Per seed: ``ratio`` (measured / exact), ``paired`` (measured / Monte Carlo on the same tasks),
-    ``dev = |paired - 1|`` over ``L_eval``, and ``z`` (closed form against its Monte Carlo)."""
+    """Per seed: ``ratio`` (measured / exact), ``paired`` (measured / Monte Carlo on the same tasks) and
+    ``dev = |paired - 1|`` over ``L_eval``."""
     paired = ds.risk_softmax / ds.risk_linf_mc
-    return xr.Dataset({"ratio": ds.risk_softmax / ds.risk_exact, "paired": paired, "dev": abs(paired - 1.0),
-                       "z": (ds.risk_linf_mc - ds.risk_exact) / ds.risk_linf_mc_se})
+    return xr.Dataset({"ratio": ds.risk_softmax / ds.risk_exact, "paired": paired, "dev": abs(paired - 1.0)})
+
+
+def exact_z(ds: xr.Dataset) -> xr.DataArray:
+    """Per ``(setting, shift, theta)``: the linear(inf) Monte Carlo on the shifted held-out tasks against its
+    closed form, pooled over the seeds (independent draws), in units of its exact SE:
+    ``sum_seeds (risk_linf_mc - risk_exact) / sqrt(sum_seeds risk_linf_exact_se^2)``; mean 0 and SD 1 where the
+    closed form is the Monte Carlo's expectation."""
+    return (ds.risk_linf_mc - ds.risk_exact).sum("seed") / np.sqrt((ds.risk_linf_exact_se**2).sum("seed"))
 
 
 def summaries(ds: xr.Dataset) -> xr.Dataset:
@@ -73,15 +86,31 @@ _TINY = NotJudged("4 held-out pairs x 2 queries and L_eval <= 32 after 40 traini
                   "of one seed's held-out risk is tens of percent, the large-L regime not reached")
 
 
-@CRITERIA("C3S-exact", "max over (setting, seed, shift, theta) of |linear(inf) Monte Carlo on the shifted held-out "
-          "tasks - its closed form| / the Monte Carlo's SE", "<", 5.0,
-          reference="tests/test_c3_shift.py: the closed form against 2e5 draws",
-          reason="ours: the closed form is the Monte Carlo's expectation; 5 SE over ~360 comparisons leaves a "
-                 "family-wise false FAIL below 1e-3 for Gaussian z (the risks are heavy-tailed: a margin)",
-          quick=_TINY)
+@CRITERIA("C3S-exact", "max over (setting, shift, theta) of |linear(inf) Monte Carlo on the shifted held-out tasks - "
+          "its closed form|, pooled over the seeds, / its exact SE (the closed-form variance of a held-out pair's "
+          "risk)",
+          "<", 5.0, reference="tests/test_c3_shift.py: the closed form against 2e5 draws; 1000 replicates of a seed's "
+          "z: SD 0.95 .. 1.00",
+          reason="ours: the closed form is the Monte Carlo's expectation; with the exact SE a z has mean 0 and SD 1 "
+                 "under the claim; pooled over the seeds' 1536 pairs its skewness is ~0.1, so a z beyond 5 has "
+                 "probability ~1e-6 (Edgeworth) and the 60 (setting, shift, theta) z's, correlated (a setting's "
+                 "share its held-out tasks), a false FAIL below 1e-4", quick=_TINY)
 def _exact(sh):
-    return abs(sh(ratios).z).max(["setting", "seed", "shift", "theta"])
+    old = None if "risk_linf_exact_se" in sh.ds else "no risk_linf_exact_se in the file (written before the exact SE " \
+        "was stored; the sample SE risk_linf_mc_se is low where the risk is low)"
+    return measure_unless(old, lambda: abs(sh(exact_z)).max(["setting", "shift", "theta"]))
 
+
+#: the class of a C3S-ratio / gap / falls FAIL, with the evidence at L_eval = 65536
+_SLOW = ("finding", "on the shifts that enlarge the logits (scale:2; rotate:1 of the anisotropic Sigma; power_law:2.0 "
+                    "of the isotropic one) softmax has not reached the large-L prediction by L_eval = 65536, nor does "
+                    "its gap close at a resolved rate: in a 2-seed paper run to 65536, scale:2's seed-mean gap is "
+                    "-0.96 .. 0.001 of tr(Sigma') / 2 and its |paired - 1| 0.03 .. 0.37, slopes -0.04 .. -0.25, "
+                    "against -0.57 .. -0.94 on none, scale:0.5 and subspace:2. The limit is Lemma 2.1's; the rate is "
+                    "what fails, on the rows whose logits' quadratic form a^T Sigma' a (a = A x_q, A = U[:d, :d]) is "
+                    "large: 2 lambda_max(Sigma'^1/2 A^T Sigma' A Sigma'^1/2) is 3.4 .. 9.2 there and 0.2 .. 2.3 on "
+                    "every other row (one paper-sized training per setting); its tail over the queries is "
+                    "C2-threshold's mechanism, not derived here for this rate")
 
 #: a row's prediction counts as "not near 0" (judged by C3S-ratio) when its exact risk is at least this
 #: fraction of the test target's scale tr(Sigma') / 2
@@ -110,7 +139,7 @@ def _end(ds) -> xr.Dataset:
           reason="ours: the large-prompt prediction carries to shifted prompts; the band is ~3 Monte Carlo SEs of a "
                  "seed mean of held-out risks (256 pairs x 4 queries x 6 seeds) plus the O(1/L) finite-L gap; a "
                  "prediction near 0 (a near-optimal theta on a shift it absorbs) makes the ratio the O(1/L) gap over "
-                 "~0, so those rows are judged by C3S-gap", quick=_TINY)
+                 "~0, so those rows are judged by C3S-gap", quick=_TINY, fails_as=_SLOW)
 def _ratio(sh):
     e = sh(_end)
     return judged_where(e.ratio, e.judged, _ROW, "no row with a prediction above the floor")
@@ -119,9 +148,10 @@ def _ratio(sh):
 @CRITERIA("C3S-gap", "seed-mean gap (measured softmax(L_eval) risk - exact prediction) / (tr(Sigma') / 2) at the "
           "largest L_eval, every (setting, shift, theta)", "in", (-0.05, 0.05),
           reference="0 in the limit; tr(Sigma') / 2 is the risk of predicting 0 on the shifted task",
-          reason="ours: the finite-L gap in units of the task's scale must be small at L_eval = 4096 on every shift, "
-                 "near-zero predictions included (5% of the scale: well above the Monte Carlo noise of a seed mean)",
-          quick=_TINY)
+          reason="ours: the finite-L gap in units of the task's scale must be small at the largest L_eval on every "
+                 "shift, near-zero predictions included (5% of the scale: well above the Monte Carlo noise of a seed "
+                 "mean)",
+          quick=_TINY, fails_as=_SLOW)
 def _gap(sh):
     return sh(_end).gap
 
@@ -142,7 +172,7 @@ def _dev_slopes(sh):
           "<=", -0.25, reference="theory: -1 (the squared prediction gap and its mean cross term are O(1/L)); "
                                  "-1/2 where the cross term's sampling noise leads",
           reason="ours: the gap to the prediction must close with L_eval at a resolved rate; -0.25 allows the "
-                 "L^-1/2 sampling floor of the cross term and curvature at small L_eval", quick=_TINY)
+                 "L^-1/2 sampling floor of the cross term and curvature at small L_eval", quick=_TINY, fails_as=_SLOW)
 def _falls(sh):
     return measure_unless(too_few(sh.ds.sizes["L_eval"], MIN_LINE_POINTS, "evaluation lengths", "a slope in L_eval"),
                           lambda: _dev_slopes(sh))

@@ -90,7 +90,8 @@ SUMMARY = tuple(Variable(f"Sigma_{key}", (), long_name, "sfxlin.covariance.summa
 
 EXPERIMENT = C3.variant(
     NAME, short="c3l", analysis="sfxlin.analysis.c3_landscape", sweep=("d",),
-    values=dict(d=Profiles(quick=[2], paper=[3, 8]), n_seeds=1, n_pairs=Profiles(quick=3, paper=32), n_queries=2,
+    values=dict(d=Profiles(quick=[2], paper=[3, 8]), n_seeds=Profiles(quick=1, paper=4),
+                n_pairs=Profiles(quick=3, paper=32), n_queries=2,
                 L=Profiles(quick=[8, 16, 32, 64], paper=[8 * 2**k for k in range(9)]), lr=0.01,
                 n_steps=Profiles(quick=100, paper=1000), ckpt_every=Profiles(quick=20, paper=50),
                 heldout_pairs=Profiles(quick=8, paper=128), heldout_queries=Profiles(quick=2, paper=4),

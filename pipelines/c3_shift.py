@@ -39,12 +39,15 @@ def kernel(cell, rng, config):
 
 
 def counts(config, part, cell):
-    """The training, then per shift every trained theta (``len(L) + 1``) evaluated on the shifted held-out items
-    at every ``L_eval``, with the shift's fixed cost (its prompts, the ridge and PGD baselines)."""
+    """The training, then per shift every trained theta (``len(L) + 1``) evaluated on the shifted held-out pairs at
+    every ``L_eval`` in one pass over the longest prompts (the partners of the block-structured trained parameters
+    sharing it), the shifted tokens and their prefix sums (the ridge and PGD baselines) and the shift's fixed cost;
+    the held-out tokens drawn once more."""
     Ls, Le, n_shifts = config["L"], config["L_eval"], len(config["shifts"])
-    evals = n_shifts * (len(Ls) + 1) * 2 * config["heldout_pairs"] * config["heldout_queries"] * sum(Le)
+    pairs = config["heldout_pairs"]
+    evals = n_shifts * (len(Ls) + 1) * pairs * config["heldout_queries"] * Le[-1]
     return {**train_counts(config["n_steps"], config["n_pairs"], config["n_queries"], Ls), "eval_visit": evals,
-            "shift": n_shifts}
+            "shift_token": (n_shifts + 1) * pairs * Le[-1], "shift": n_shifts}
 
 
 _GS = ("shift",)
@@ -62,7 +65,11 @@ OWN = (
     Variable("risk_linf_mc", _GST, "risk of theta under linear(inf) with the test covariance, Monte Carlo",
            "mean over the held-out tasks and queries" + _ON + " of 1/2 (v^T Gamma_w U z_q - y_q)^2, Gamma_w from "
            "Sigma_test and each task's w: the closed form's Monte Carlo on the same tasks as risk_softmax."),
-    Variable("risk_linf_mc_se", _GST, "SE of risk_linf_mc over held-out pairs", "as risk_softmax_se."),
+    Variable("risk_linf_mc_se", _GST, "SE of risk_linf_mc over held-out pairs, estimated", "as risk_softmax_se (the "
+             "sample standard deviation: noisy for these heavy-tailed risks, and low where the mean is low)."),
+    Variable("risk_linf_exact_se", _GST, "exact SE of risk_linf_mc", "sqrt(sfxlin.icl.linear_inf_pair_variance(U, v, "
+             "Sigma_test, heldout_queries) / heldout_pairs): the closed-form variance of a held-out pair's risk under "
+             "linear(inf) (the population value of risk_linf_mc_se).", units="1"),
     Variable("diff_se", _GST + ("L_eval",), "SE of risk_softmax - risk_linf_mc over held-out pairs",
              "the paired difference per held-out pair (same tasks), its standard deviation over sqrt(pairs)."),
     Variable("risk_ridge", _GS + ("L_eval",), "held-out risk of ridge on the shifted prompt", "per held-out task, "
@@ -85,7 +92,7 @@ EXPERIMENT = C3.variant(
     values=dict(d=3, settings=list(SETTINGS), Sigma_isotropic="isotropic", Sigma_anisotropic="diagonal:2/1/0.5",
                 n_seeds=Profiles(quick=2, paper=6), n_pairs=Profiles(quick=2, paper=48), n_queries=2,
                 L=Profiles(quick=[8, 16], paper=[16, 64, 256, 1024]), lr=0.01, n_steps=Profiles(quick=40, paper=2500),
-                L_eval=Profiles(quick=[8, 16, 32], paper=[16, 64, 256, 1024, 4096]),
+                L_eval=Profiles(quick=[8, 16, 32], paper=[16, 64, 256, 1024, 4096, 16384, 65536]),
                 heldout_pairs=Profiles(quick=4, paper=256), heldout_queries=Profiles(quick=2, paper=4), ridge_lam=0.0,
                 root_seed=20261202),
     changes={"d": {"low": 2}, "settings": {"choices": SETTINGS}, "L": {"min_len": 1, "why": ""},

@@ -207,7 +207,7 @@ FLAG = Variable("in_protocol", (), "cell is part of the protocol", "1 if the cel
 EXPERIMENT = C3.variant(
     NAME, short="c3", analysis="sfxlin.analysis.c3",
     values=dict(d=3, settings=["isotropic", "anisotropic", "rademacher"], Sigma_isotropic="isotropic",
-                Sigma_anisotropic="diagonal:2/1/0.5", Sigma_rademacher="isotropic", n_seeds=2,
+                Sigma_anisotropic="diagonal:2/1/0.5", Sigma_rademacher="isotropic", n_seeds=Profiles(quick=2, paper=8),
                 n_pairs=Profiles(quick=4, paper=48), n_queries=2,
                 L=Profiles(quick=[8, 16, 32, 64], paper=[8 * 2**k for k in range(10)]), lr=0.01,
                 n_steps=Profiles(quick=200, paper=2500), ckpt_every=20, heldout_pairs=Profiles(quick=8, paper=256),
@@ -218,7 +218,7 @@ EXPERIMENT = C3.variant(
               "dimension d per row), whose empirical law joins the settings as 'empirical' (rows as given, drawn "
               "with replacement); '' for none", "", suffixes=TOKEN_SUFFIXES, optional=True),
         Param("n_seeds_control", "int", "seeds of the Rademacher control (the grid runs max of both; extra cells "
-              "are NaN, in_protocol = 0)", 1, low=1, grid=True),
+              "are NaN, in_protocol = 0)", Profiles(quick=1, paper=4), low=1, grid=True),
         Param("perturbation", "float", "norm of the off-block perturbation of (U0, v0) in the diagnostic run", 1e-12,
               low=0, low_open=True),
         Param("perturbed_run", "bool", "also train every model from the perturbed init (the direct diagnostic; else "

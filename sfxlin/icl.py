@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import quadforms as qf
 from . import softmax_core
 from .laws import Empirical
 from .validation import as_sigma, as_spd, finite_array, noise_std, numeric_array, positive_int, token_weights
@@ -57,7 +58,8 @@ __all__ = [
     "Tasks", "PairTokens", "make_tasks", "check_L", "check_model", "Ghat", "Gamma_w", "init_alpha", "init_theta",
     "bayes_optimum", "off_block_mass", "theta_distance", "ridge_risk",
     "softmax_predict", "linear_predict", "softmax_risk_grad", "linear_risk_grad",
-    "model_matrix", "risk", "risk_grad", "pair_index", "support_tasks", "linear_inf_risk", "MODELS", "LAW_MODELS",
+    "model_matrix", "risk", "risk_grad", "pair_index", "support_tasks", "linear_inf_risk", "linear_inf_pair_variance",
+    "MODELS", "LAW_MODELS",
 ]
 
 MODELS = ("softmax", "linear", "linear_inf")
@@ -686,6 +688,22 @@ def risk(model, U, v, tasks, L=None, x_law=None):
     return 0.5 * np.mean((pred - tasks.y_q) ** 2, axis=(-2, -1))
 
 
+def _linear_inf_terms(U, v, Sigma, noise):
+    """``(S, a, b, vy, N, m1)`` of :func:`linear_inf_risk`'s error ``c(w)^T x_q - eps_q``, ``c(w) = a + v_y (w^T S w
+    + noise^2) b + N w``, ``m1 = tr S + noise^2``."""
+    U, v = _params(U, v)
+    d = U.shape[-1] - 1
+    S = as_sigma(Sigma, d)
+    if np.linalg.eigvalsh(S)[0] < -1e-12 * max(np.abs(S).max(), 1e-300):
+        raise ValueError(f"Sigma must be positive semi-definite, smallest eigenvalue {np.linalg.eigvalsh(S)[0]:.3g}")
+    s2 = noise_std(noise, "noise") ** 2
+    A, b = U[..., :d, :d], U[..., d, :d]
+    vx, vy = v[..., :d], v[..., d]
+    a = np.einsum("...ji,jk,...k->...i", A, S, vx)
+    N = vy[..., None, None] * np.einsum("...ji,jk->...ik", A, S) + b[..., :, None] * (vx @ S)[..., None, :] - np.eye(d)
+    return S, a, b, vy, N, np.trace(S) + s2
+
+
 def linear_inf_risk(U, v, Sigma, noise=0.0, query_noise=0.0):
     """Exact risk of ``linear(inf)`` with the covariance ``Sigma``: the expectation over the prior
     ``w ~ N(0, I_d)``, the query ``x_q`` (centred, covariance ``Sigma``, any law: the error is linear
@@ -701,20 +719,43 @@ def linear_inf_risk(U, v, Sigma, noise=0.0, query_noise=0.0):
     ``2 risk = a^T Sigma a + 2 v_y m1 a^T Sigma b + v_y^2 (m1^2 + 2 tr Sigma^2) b^T Sigma b
     + tr(N^T Sigma N) + query_noise^2``. Block-structured parameters (``b = 0``, ``v_x = 0``):
     ``1/2 [tr(B Sigma B^T) + query_noise^2]``, ``B = v_y Sigma A - I`` (the plug-in error)."""
-    U, v = _params(U, v)
-    D = U.shape[-1]
-    d = D - 1
-    S = as_sigma(Sigma, d)
-    if np.linalg.eigvalsh(S)[0] < -1e-12 * max(np.abs(S).max(), 1e-300):
-        raise ValueError(f"Sigma must be positive semi-definite, smallest eigenvalue {np.linalg.eigvalsh(S)[0]:.3g}")
-    s2 = noise_std(noise, "noise") ** 2
+    S, a, b, vy, N, m1 = _linear_inf_terms(U, v, Sigma, noise)
     q2 = noise_std(query_noise, "query_noise") ** 2
-    A, b = U[..., :d, :d], U[..., d, :d]
-    vx, vy = v[..., :d], v[..., d]
-    a = np.einsum("...ji,jk,...k->...i", A, S, vx)
-    N = vy[..., None, None] * np.einsum("...ji,jk->...ik", A, S) + b[..., :, None] * (vx @ S)[..., None, :] - np.eye(d)
-    m1 = np.trace(S) + s2
     quad = lambda x, y: np.einsum("...i,ij,...j->...", x, S, y)   # noqa: E731
     even = quad(a, a) + 2 * vy * m1 * quad(a, b) + vy**2 * (m1**2 + 2 * np.trace(S @ S)) * quad(b, b)
     odd = np.einsum("...ji,jk,...ki->...", N, S, N)
     return 0.5 * (even + odd + q2)
+
+
+def linear_inf_pair_variance(U, v, Sigma, n_queries, noise=0.0, query_noise=0.0):
+    """Exact variance of one antithetic pair's held-out risk under ``linear(inf)`` (the mean over the pair's
+    two tasks ``(w, eps)``, ``(-w, -eps)`` and their ``n_queries`` shared Gaussian queries ``x_q ~ N(0, Sigma)``
+    of ``1/2 (v^T Gamma_w U z_q - y_q)^2``, :func:`make_tasks`' pairs): the Monte Carlo of
+    :func:`linear_inf_risk` over ``n`` independent pairs has the standard error ``sqrt(variance / n)``.
+    Shapes as :func:`linear_inf_risk`.
+
+    With the error ``c(+-w)^T x_q -+ eps_q``, ``c(w) = e(w) + N w`` (:func:`linear_inf_risk`), the two
+    partners' losses of a query add to ``1/2 (alpha^2 + beta^2)``, ``alpha = e^T x_q``, ``beta = (N w)^T x_q -
+    eps_q``: given ``w``, jointly Gaussian with variances ``P = e^T Sigma e``, ``B = w^T N^T Sigma N w +
+    query_noise^2`` and covariance ``C = e^T Sigma N w``. So ``E[r | w] = (P + B) / 2`` and ``Var[r | w] = (P^2
+    + B^2 + 2 C^2) / (2 n_queries)``, and ``Var r = E[P^2 + B^2 + 2 C^2] / (2 n_queries) + Var(P + B) / 4``:
+    polynomials in quadratic forms of ``w ~ N(0, I)``, whose expectations are exact
+    (:func:`sfxlin.quadforms.expect`). Block-structured parameters: ``((tr K)^2 + 2 tr K^2) / (2 n_queries) +
+    tr K^2 / 2`` with ``K = N^T Sigma N`` (noiseless)."""
+    S, a, b, vy, N, _ = _linear_inf_terms(U, v, Sigma, noise)
+    q = positive_int(n_queries, "n_queries")
+    s2 = noise_std(noise, "noise") ** 2
+    q2 = noise_std(query_noise, "query_noise") ** 2
+    quad = lambda x, y: np.einsum("...i,ij,...j->...", x, S, y)   # noqa: E731
+    g1, g2 = np.einsum("...ji,jk,...k->...i", N, S, a), np.einsum("...ji,jk,...k->...i", N, S, b)
+    outer = lambda x, y: 0.5 * (x[..., :, None] * y[..., None, :] + y[..., :, None] * x[..., None, :])  # noqa: E731
+    atoms = [S, np.einsum("...ji,jk,...kl->...il", N, S, N), outer(g1, g1), outer(g1, g2), outer(g2, g2)]
+    h = qf.add(qf.constant(vy * s2), qf.form(0, vy))                         # v_y (w^T S w + noise^2)
+    P = qf.add(qf.constant(quad(a, a)), qf.mul(qf.constant(2 * quad(a, b)), h),
+               qf.mul(qf.constant(quad(b, b)), qf.mul(h, h)))               # e^T S e
+    B = qf.add(qf.form(1), qf.constant(q2))
+    C2 = qf.add(qf.form(2), qf.mul(qf.constant(2.0), qf.mul(h, qf.form(3))), qf.mul(qf.mul(h, h), qf.form(4)))
+    PB = qf.add(P, B)
+    within = qf.expect(qf.add(qf.mul(P, P), qf.mul(B, B), qf.mul(qf.constant(2.0), C2)), atoms) / (2 * q)
+    between = (qf.expect(qf.mul(PB, PB), atoms) - qf.expect(PB, atoms) ** 2) / 4
+    return within + between

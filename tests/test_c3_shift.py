@@ -52,6 +52,15 @@ def test_linear_inf_risk_matches_monte_carlo(singular, noise, query_noise):
     assert np.all(np.abs(mc - exact) < 4.5 * se), (mc, exact, se)
 
 
+def _block_theta(rng, v_y):
+    """Block-structured ``(U, v)`` (a random ``A = U[:3, :3]``, ``v = (0, 0, 0, v_y)``), ``Sigma = kms(3, 0.5)`` and
+    the plug-in error matrix ``B = v_y Sigma A - I``."""
+    U = np.zeros((4, 4))
+    U[:3, :3] = rng.standard_normal((3, 3))
+    S = covariance.kms(3, 0.5)
+    return U, np.array([0.0, 0.0, 0.0, v_y]), S, v_y * S @ U[:3, :3] - np.eye(3)
+
+
 def test_linear_inf_risk_block_structured_is_the_plug_in_error():
     """Block-structured (U, v): 1/2 tr(B Sigma B^T), B = v_y Sigma A - I; 0 at the Bayes optimum of the
     same Sigma (rounding), c Sigma shifts it to 1/2 (c - 1)^2 tr(c Sigma)... at U* of Sigma: B = (c - 1) I."""
@@ -59,13 +68,7 @@ def test_linear_inf_risk_block_structured_is_the_plug_in_error():
     assert icl.linear_inf_risk(U, v, SIGMA) == pytest.approx(0.0, abs=1e-28)
     for c in (0.5, 2.0):
         assert icl.linear_inf_risk(U, v, c * SIGMA) == pytest.approx(0.5 * (c - 1) ** 2 * c * np.trace(SIGMA), rel=1e-12)
-    rng = np.random.default_rng(3)
-    A = rng.standard_normal((3, 3))
-    Ub = np.zeros((4, 4))
-    Ub[:3, :3] = A
-    vb = np.array([0.0, 0.0, 0.0, 0.8])
-    S = covariance.kms(3, 0.5)
-    B = 0.8 * S @ A - np.eye(3)
+    Ub, vb, S, B = _block_theta(np.random.default_rng(3), 0.8)
     assert icl.linear_inf_risk(Ub, vb, S) == pytest.approx(0.5 * np.trace(B @ S @ B.T), rel=1e-12)
 
 
@@ -111,51 +114,131 @@ def _held(rng, n_pairs=5, q=3, L=40, Sigma=SIGMA):
     return icl.make_tasks(rng, 3, n_pairs, q, L, laws.covariate_law("gaussian", Sigma))
 
 
-def test_shifted_prompts_map_every_covariate_and_relabel():
+def test_shifted_pairs_map_every_covariate_and_relabel():
     held = _held(np.random.default_rng(0))
     A = shift.shift_map("rotate:2", SIGMA)
-    P = shift.shifted_prompts(held, A)
-    for n in range(held.n_tasks):   # a naive loop
+    P = shift.shifted_pairs(held, A)
+    assert P.Z.shape == (held.n_tasks // 2, 4, held.L_max)
+    for p in range(held.n_tasks // 2):   # a naive loop over the pairs' first tasks
+        n = 2 * p
         for k in range(held.L_max):
             x = A @ held.Z[n, k, :3]
-            np.testing.assert_allclose(P.Z[n, k], np.append(x, held.w[n] @ x), rtol=1e-12, atol=1e-14)
+            np.testing.assert_allclose(P.Z[p, :, k], np.append(x, held.w[n] @ x), rtol=1e-12, atol=1e-14)
         for j in range(held.n_queries):
-            np.testing.assert_allclose(P.z_q[n, j], np.append(A @ held.x_q[n, j], 0.0), rtol=1e-12, atol=1e-14)
-            assert P.y_q[n, j] == pytest.approx(held.w[n] @ (A @ held.x_q[n, j]), rel=1e-12, abs=1e-14)
+            np.testing.assert_allclose(P.z_q[p, j], np.append(A @ held.x_q[n, j], 0.0), rtol=1e-12, atol=1e-14)
+            assert P.y_q[p, j] == pytest.approx(held.w[n] @ (A @ held.x_q[n, j]), rel=1e-12, abs=1e-14)
     np.testing.assert_allclose(P.Sigma, shift.shifted_covariance("rotate:2", SIGMA), rtol=1e-12, atol=1e-14)
     noisy = icl.make_tasks(np.random.default_rng(0), 3, 2, 2, 8, laws.covariate_law("gaussian", SIGMA), noise=0.1)
     with pytest.raises(ValueError, match="noiseless"):
-        shift.shifted_prompts(noisy, A)
+        shift.shifted_pairs(noisy, A)
 
 
-def test_risks_on_unshifted_prompts_equal_the_icl_and_baselines_risks():
-    """Shift ``none``: the pair risks average to icl.risk (softmax, linear(inf)), icl.ridge_risk and
-    baselines.pgd's held-out risk on the same Tasks."""
+@pytest.mark.parametrize("block", [False, True])
+def test_risks_on_unshifted_prompts_equal_the_icl_and_baselines_risks(block):
+    """Shift ``none``: the pair risks average to icl.risk (softmax at every L of one pass, linear(inf)),
+    icl.ridge_risk and baselines.pgd's held-out risk on the same Tasks; block-structured parameters (the
+    partners share the softmax pass) and others (each partner its own)."""
     rng = np.random.default_rng(5)
     held = _held(rng)
-    P = shift.shifted_prompts(held, np.eye(3))
+    P = shift.shifted_pairs(held, np.eye(3))
     U, v = _random_theta(rng, 2, 4)
-    for L in (8, 40):
-        np.testing.assert_allclose(shift.softmax_pair_risks(U, v, P, L).mean(-1), icl.risk("softmax", U, v, held, L),
-                                   rtol=1e-10)
+    if block:
+        U[:, 3, :] = U[:, :, 3] = v[:, :3] = 0.0
+    Ls = [4, 8, 16, 40]
+    sm = shift.softmax_pair_risks(U, v, P, Ls)
+    assert sm.shape == (2, 4, 5)
+    for i, L in enumerate(Ls):
+        np.testing.assert_allclose(sm[:, i].mean(-1), icl.risk("softmax", U, v, held, L), rtol=1e-10)
     np.testing.assert_allclose(shift.linear_inf_pair_risks(U, v, P).mean(-1), icl.risk("linear_inf", U, v, held),
                                rtol=1e-10)
-    Ls = [4, 16, 40]
     np.testing.assert_allclose(shift.ridge_pair_risks(P, Ls).mean(-1), [icl.ridge_risk(held, L) for L in Ls],
                                rtol=1e-6, atol=1e-24)
     np.testing.assert_allclose(shift.ridge_pair_risks(P, Ls, 0.3).mean(-1), [icl.ridge_risk(held, L, 0.3) for L in Ls],
                                rtol=1e-10)
     np.testing.assert_allclose(shift.pgd_pair_risks(P, Ls, SIGMA).mean(-1),
                                baselines.heldout_risk(held, baselines.pgd(held, Ls)), rtol=1e-10)
+    with pytest.raises(ValueError, match="strictly increasing"):
+        shift.softmax_pair_risks(U, v, P, [8, 4])
 
 
 def test_min_norm_recovers_the_task_on_a_subspace():
     """Covariates confined to 2 of 3 dims: pinv(X) y predicts every query in the subspace exactly
     (rounding) once L >= 2; the x_3 direction carries no information."""
     held = _held(np.random.default_rng(2))
-    P = shift.shifted_prompts(held, shift.shift_map("subspace:2", SIGMA))
+    P = shift.shifted_pairs(held, shift.shift_map("subspace:2", SIGMA))
     r = shift.ridge_pair_risks(P, [1, 2, 10])
     assert np.all(r[1:] < 1e-24) and np.all(r[0] > 1e-6)
+
+
+@pytest.mark.parametrize("noise,query_noise", [(0.0, 0.0), (0.7, 0.3)])
+def test_pair_variance_matches_monte_carlo(noise, query_noise):
+    """The exact variance of a pair's risk (any (U, v), label noise) within 4 SE of its sample variance over
+    2e5 independent pairs of 3 queries, the partners (w, eps), (-w, -eps) sharing the queries."""
+    rng = np.random.default_rng(21)
+    d, q, n = 3, 3, 200_000
+    G = rng.standard_normal((d, d))
+    S = G @ G.T / d
+    U, v = _random_theta(rng, 2, d + 1)
+    w = rng.standard_normal((n, d))
+    x = rng.standard_normal((n, q, d)) @ np.linalg.cholesky(S).T
+    eps = query_noise * rng.standard_normal((n, q))
+    z_q = np.concatenate([x, np.zeros((n, q, 1))], axis=-1)
+    r = sum(0.25 * np.mean((icl.linear_predict(U, v, icl.Gamma_w(S, s * w, None, noise), z_q)
+                            - s * (np.einsum("nqi,ni->nq", x, w) + eps)) ** 2, axis=-1) for s in (1.0, -1.0))
+    dev = r - r.mean(axis=-1, keepdims=True)
+    se_var = np.sqrt(np.mean((dev**2 - r.var(axis=-1, keepdims=True)) ** 2, axis=-1) / n)
+    exact = icl.linear_inf_pair_variance(U, v, S, q, noise, query_noise)
+    assert exact.shape == (2,)
+    assert np.all(np.abs(r.var(axis=-1) - exact) < 4 * se_var), (r.var(axis=-1), exact, se_var)
+
+
+def test_pair_variance_block_structured_closed_form():
+    """Block-structured (U, v), noiseless: ((tr K)^2 + 2 tr K^2) / (2 q) + tr K^2 / 2, K = B Sigma B^T, B =
+    v_y Sigma A - I (the pair's error w^T B^T x_q is one Gaussian given w)."""
+    U, v, S, B = _block_theta(np.random.default_rng(4), 0.6)
+    K = B @ S @ B.T
+    for q in (1, 4):
+        expect = (np.trace(K) ** 2 + 2 * np.trace(K @ K)) / (2 * q) + np.trace(K @ K) / 2
+        assert icl.linear_inf_pair_variance(U, v, S, q) == pytest.approx(expect, rel=1e-12)
+
+
+#: z-spread replicates: the sample SD of 1000 z-scores of unit variance (kurtosis about 3.3) has an SE of about
+#: 0.024, so a right SE lands in 0.9 .. 1.1 with probability above 1 - 1e-4 (4 SEs each side)
+REPLICATES = 1000
+
+
+def _z_spread(z):
+    """Mean and SD of z-scores over their replicates (axis 0), every statistic at once."""
+    return z.mean(axis=0), z.std(axis=0, ddof=1)
+
+
+def test_c3_shift_linear_inf_monte_carlo_z_spread():
+    """The c3_shift estimator (shift.shift_risks at the paper's 256 held-out pairs x 4 queries: risk_linf_mc with
+    risk_linf_exact_se) against its exact value over independent replicates: every (shift, theta) z has SD in 0.9 ..
+    1.1 and |mean| < 0.15 (about 5 SEs of a right mean). Trained block-structured thetas and one that is not; the
+    shifts none, scale:2 and the singular subspace:2. The sample SE (risk_linf_mc_se) is the design's too, but
+    from these heavy-tailed risks it is low where the mean is low: that z has SD above 1 and a long left tail."""
+    d = 3
+    law = laws.covariate_law("gaussian", SIGMA)
+    tasks = icl.make_tasks(np.random.default_rng(8), d, 8, 2, 64, law)
+    res = training.train_all_arrays(tasks, [16, 64], models=("softmax", "linear_inf"), lr=0.01, n_steps=300,
+                                    ckpt_every=300)
+    U = np.concatenate([res["softmax"]["U"][:, -1], res["linear_inf"]["U"][-1][None]])
+    v = np.concatenate([res["softmax"]["v"][:, -1], res["linear_inf"]["v"][-1][None]])
+    U_any, v_any = _random_theta(np.random.default_rng(9), 1, d + 1)
+    U, v = np.concatenate([U, 0.5 * U_any]), np.concatenate([v, v_any])
+    specs = ("none", "scale:2", "subspace:2")
+    z, t = [], []
+    for r in range(REPLICATES):
+        held = icl.make_tasks(np.random.default_rng([r, 38]), d, 256, 4, 1, law)
+        out = [shift.shift_risks(U, v, held, spec, SIGMA, [1]) for spec in specs]
+        z.append([(o["risk_linf_mc"] - o["risk_exact"]) / o["risk_linf_exact_se"] for o in out])
+        t.append([(o["risk_linf_mc"] - o["risk_exact"]) / o["risk_linf_mc_se"] for o in out])
+    mean, sd = _z_spread(np.array(z))
+    assert np.all((sd > 0.9) & (sd < 1.1)), sd
+    assert np.all(np.abs(mean) < 0.15), mean
+    t_mean, _ = _z_spread(np.array(t))
+    assert np.all(t_mean < -0.1), t_mean   # the studentised z: biased low (the SE is low where the mean is)
 
 
 # --------------------------------------------------------------------------- the pipeline
@@ -234,7 +317,11 @@ def test_measures_read_the_declared_quantities():
     last = 1.01 * (1 + 0.5 / 64)          # (L_eval = 1024) / 16 = 64
     np.testing.assert_allclose(m["C3S-ratio"], last, rtol=1e-12)
     np.testing.assert_allclose(m["C3S-gap"], 0.4 * (last - 1) / 1.0, rtol=1e-12)   # tr(I_2) / 2 = 1
-    assert m["C3S-exact"] == pytest.approx(0.4 * 0.01 / 0.01, rel=1e-12)
+    # both seeds' Monte Carlo 0.004 above the closed form, exact SE 0.01 each: 0.008 / sqrt(2 * 0.01^2)
+    assert m["C3S-exact"] == pytest.approx(0.008 / np.sqrt(2e-4), rel=1e-12)
+    np.testing.assert_allclose(analysis.exact_z(ds), 0.008 / np.sqrt(2e-4), rtol=1e-12)
+    older = analysis.measures(ds.drop_vars("risk_linf_exact_se"))["C3S-exact"]   # a file written before it
+    assert "risk_linf_exact_se" in older.reason
     # seeds falling at different rates: a cluster-robust SE > 0
     assert float(analysis.slopes(_synthetic((-1.0, -0.5))).slope_se.min()) > 0
 

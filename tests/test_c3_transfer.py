@@ -294,7 +294,7 @@ def test_cells_outside_the_protocol_cost_nothing():
     import time
 
     start = time.perf_counter()
-    out = run_cell(EXPERIMENT, EXPERIMENT.configure("paper"), {"setting": "rademacher", "seed": 1})  # not in the protocol
+    out = run_cell(EXPERIMENT, EXPERIMENT.configure("paper"), {"setting": "rademacher", "seed": 4})  # not in the protocol
     assert time.perf_counter() - start < 1.0
     assert out["in_protocol"] == 0 and np.isnan(out["U"]).all()
     assert out["U"].shape == (2, 10, 126, 4, 4)

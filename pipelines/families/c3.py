@@ -185,9 +185,10 @@ def heldout_counts(n_evals, n_pairs, n_queries, Ls, L_eval):
 
 #: the family's cost model: seconds per unit on the reference machine (docs/performance.md, "Cost models"): a
 #: training token visit, a (pair, query, L) block, a step, a held-out token visit, an evaluated token visit of a
-#: shifted prompt, a shift's fixed cost, a cell's
-RATES = {"visit": 4.7e-9, "block": 6.5e-7, "step": 3.9e-4, "heldout_visit": 1.03e-8, "eval_visit": 1.5e-8,
-         "shift": 0.0025, "cell": 0.007}
+#: shifted prompt (a column of the one pass), a shifted held-out token (drawn, mapped, summed), a shift's fixed
+#: cost, a cell's
+RATES = {"visit": 4.7e-9, "block": 6.5e-7, "step": 3.9e-4, "heldout_visit": 1.03e-8, "eval_visit": 3.3e-9,
+         "shift_token": 5e-8, "shift": 0.0025, "cell": 0.007}
 
 _SPEC = "a covariance spec of sfxlin.covariance.from_spec (a diagonal may be given as its entries, 2,1,0.5)"
 PARAMS = (
