@@ -237,7 +237,7 @@ def test_each_part_receives_only_its_own_parameters():
     exp = c2.EXPERIMENT
     traj = exp.cell_inputs(TINY, {"setting": "isotropic", "traj_seed": 0}, "trajectory")
     assert set(traj) == {"L", "root_seed", "traj_d", "traj_pairs", "traj_queries", "traj_replicates", "traj_lr",
-                         "traj_steps", "traj_ckpt_every"}
+                         "traj_steps", "traj_ckpt_every", "amplification_eps"}
     main = set(exp.cell_inputs(TINY, CELL0))
     assert main == {"L", "root_seed", "sigma", "tail_queries", "tail_prompts", "tail_levels", "prompt_chunk",
                     "clt_draws", "tail_log_c1_per_d", "tail_c2", "grad_scales", "grad_pairs", "grad_queries",

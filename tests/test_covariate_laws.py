@@ -201,7 +201,7 @@ def test_a_new_law_serves_c2_with_no_pipeline_touched(coin):
     exp = c2_threshold.EXPERIMENT
     new = run_cell(exp, exp.configure("quick", values={**values, "x_law": "coin"}), cell)
     old = run_cell(exp, exp.configure("quick", values={**values, "x_law": "rademacher"}), cell)
-    assert new.keys() == old.keys() and all(np.array_equal(new[k], old[k]) for k in new)
+    assert new.keys() == old.keys() and all(np.array_equal(new[k], old[k], equal_nan=True) for k in new)
 
 
 # --------------------------------------------------------------------------- C3 on empirical covariates
@@ -224,7 +224,8 @@ def test_c3_runs_on_empirical_covariates_and_trains_on_them(rows):
     config = c3_transfer.EXPERIMENT.configure("quick", values={**C3, "covariates": path})
     assert c3_transfer.EXPERIMENT.part("").grid(config)["setting"] == ["isotropic", "empirical"]
     out = run_cell(c3_transfer.EXPERIMENT, config, EMPIRICAL_CELL)
-    assert out["in_protocol"] == 1 and all(np.all(np.isfinite(v)) for v in out.values())
+    assert out["in_protocol"] == 1   # every output measured (amplifications are not at the quick profile: NaN)
+    assert all(np.all(np.isfinite(v)) == (not k.endswith("_amplification")) for k, v in out.items())
 
     # the cell's tasks, in the documented draw order: their covariates are rows of the file
     rng = cell_rng(c3_transfer.NAME, EMPIRICAL_CELL, config["root_seed"])
