@@ -632,6 +632,7 @@ def cmd_verify(args):
     """``sfxlin verify FILE...``: one line per recomputed cell, exit status 1 when a cell is beyond
     ``--rtol`` times its outputs' recorded amplification (:mod:`sfxlin.engine.verify`)."""
     from .engine.sweep import cell_label
+    from .engine.storage import digested
     from .engine.verify import DEFAULT_RTOL, iter_verify, kernel_note
 
     rtol = DEFAULT_RTOL if args.rtol is None else args.rtol
@@ -641,7 +642,11 @@ def cmd_verify(args):
     for name in args.files:
         path = results_path(name)
 
-        def say_kernel(attrs, stem=path.stem):
+        def say_kernel(attrs, stem=path.stem, path=path):
+            stored = digested(path)   # read: its digests held (a changed value is a ResultsError)
+            print(f"{stem}: " + (f"the values of its {len(stored)} variables (coordinates included) are those "
+                                 "written (sha256 checked on read)" if stored else "no sha256 of its values (written "
+                                 "before they were recorded): only the recomputed cells check them"), flush=True)
             note = kernel_note(attrs)
             if note:
                 print(f"{stem}: {note}", flush=True)

@@ -35,7 +35,11 @@ def _perturbed(src, dst, variable, rel):
 
 def test_a_fresh_file_is_bit_identical(quick_file, capsys):
     assert main(["verify", str(quick_file)]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    digest, *lines = capsys.readouterr().out.splitlines()
+    with load(quick_file) as ds:
+        n = len(ds.variables)
+    assert digest == (f"c1_kernels: the values of its {n} variables (coordinates included) are those written "
+                      "(sha256 checked on read)")
     assert lines and all("bit-identical" in line for line in lines)
     assert {line.split("[")[0] for line in lines} == {"c1_kernels", "c1_kernels/stein", "c1_kernels/rf"}
 
@@ -267,3 +271,20 @@ def test_cells_all_and_most_amplified_are_checked_on_the_command_line(unstable_f
     with pytest.raises(SystemExit):
         main(["verify", str(unstable_file), "--cells", "some"])
     assert "expected a positive integer or 'all'" in capsys.readouterr().err
+
+
+def test_a_stored_value_changed_since_it_was_written_fails_before_any_cell(quick_file, tmp_path, capsys):
+    """The whole-file check first: one flipped bit in a stored value is refused on read (its array's
+    Fletcher-32 checksum, the file's sha256 of it), whichever cells the recomputation would pick."""
+    from pathlib import Path
+
+    raw = bytearray(Path(quick_file).read_bytes())
+    with load(quick_file) as ds:
+        needle = np.ascontiguousarray(ds["mse"].values.ravel(), dtype="<f8").tobytes()[:16]
+    at = raw.find(needle)
+    assert at >= 0
+    raw[at + 5] ^= 0x10
+    (tmp_path / "bad.nc").write_bytes(bytes(raw))
+    assert main(["verify", str(tmp_path / "bad.nc")]) != 0
+    out, err = capsys.readouterr()
+    assert "bad.nc" in err and "recomputed" not in out

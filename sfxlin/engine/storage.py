@@ -13,7 +13,7 @@ import numpy as np
 from .._version import __version__
 from .schema import READS, SCHEMA_VERSION, upgrade, version_of
 
-__all__ = ["save", "load", "content_digests", "RECORDS", "RECORDS_GROUP", "ensure_writable", "blas_kernel", "record_cell_kernels", "open_results", "results_path", "provenance", "input_files",
+__all__ = ["save", "load", "content_digests", "digested", "RECORDS", "RECORDS_GROUP", "ensure_writable", "blas_kernel", "record_cell_kernels", "open_results", "results_path", "provenance", "input_files",
            "changed_input_files", "default_results_dir", "FOLDER_RULE", "RESULTS_ENV", "ResultsError"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]   # sfxlin/engine/storage.py -> the source tree
@@ -274,6 +274,12 @@ def _text_as_unicode(ds):
     coords = {name: ds[name].astype(str) for name in text if name in ds.coords}
     out = ds.assign_coords(coords) if coords else ds
     return out.assign({name: ds[name].astype(str) for name in text if name not in ds.coords})
+
+
+def digested(path) -> list:
+    """The variables of the results file ``path`` whose values it records a sha256 of (``content_sha256``,
+    checked by :func:`load`): every variable of a file :func:`save` wrote, none of an earlier file."""
+    return sorted(json.loads(_records(path).get("content_sha256", "{}")))
 
 
 def _records(path) -> dict:
