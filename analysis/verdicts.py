@@ -858,6 +858,10 @@ def calibration_note(ds) -> str:
     if profile == "quick" and not overrides:
         return ("note: quick profile, a smoke test of the install: judged by thresholds calibrated for the quick grid "
                 "(NOT JUDGED where it is too small to judge); the claims are judged at the paper profile")
+    if profile == "quick":   # judged as a quick run (Criterion.for_profile), on a grid the calibration did not see
+        return (f"note: custom run: quick profile with --set {' '.join(overrides)}: judged by thresholds calibrated for "
+                "the quick grid, which these overrides change, so its verdicts are indicative, not findings; the claims "
+                "are judged at the paper profile")
     if not profiles or (profiles == [profile] and not overrides):
         return ""
     run = f"profile {profile!r}" + (f" with --set {' '.join(overrides)}" if overrides else "")

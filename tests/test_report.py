@@ -1,5 +1,6 @@
 """The offline report: every claim's verdicts, fits, figures (embedded) and provenance."""
 import base64
+import json
 import os
 import re
 import shutil
@@ -216,6 +217,11 @@ def test_a_quick_file_carries_a_visible_banner_and_a_paper_file_none(results, tm
     assert "<i>" not in page and ".banner{" in STYLE
     assert f"> **{note}**" in md
     assert "<div class='banner'>The file is a quick or custom run" in page  # and at the top
+    ds.attrs["overrides"] = json.dumps(["n_prompts=16"])   # a custom quick run is judged by the quick thresholds
+    assert calibration_note(ds) == ("note: custom run: quick profile with --set n_prompts=16: judged by thresholds "
+                                    "calibrated for the quick grid, which these overrides change, so its verdicts are "
+                                    "indicative, not findings; the claims are judged at the paper profile")
+    ds.attrs["overrides"] = "[]"
     ds.attrs["profile"] = "paper"  # the same file as a paper run: judged as calibrated, no banner
     folder = tmp_path / "paper"
     folder.mkdir()
