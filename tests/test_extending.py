@@ -48,3 +48,20 @@ def test_the_variant_of_extending_md_runs_on_a_tiny_profile(variant, tmp_path, c
     assert main(["run", "c3_step", "--plan", "--out", str(tmp_path / "other")]) == 0
     assert "to compute: 2" in capsys.readouterr().out and experiment.cost(                # the family's model
         experiment.configure("quick"), "", {"lr": 0.01, "seed": 0}) > 0
+
+
+def test_the_law_sections_quick_run_prints_the_table_the_page_shows(tmp_path, capsys):
+    """The page's 'Use in C1' output is the command's: each criterion's threshold and verdict, and the note."""
+    text = DOCS.read_text()
+    block = text.split("The quick run above prints:\n\n```\n")[1].split("```")[0].splitlines()
+    assert main(["run", "c1", "--set", "laws=gaussian,gaussian_mixture", "--no-figure", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    printed = out[next(i for i, line in enumerate(out) if line.startswith("criterion")):]
+
+    def rows(lines):   # criterion -> (threshold, verdict), by the columns of the table's rule line
+        cuts = [i for i, ch in enumerate(lines[1]) if ch == " " and lines[1][i - 1] == "-"]
+        fields = lambda line: [line[a:b].strip() for a, b in zip([0, *cuts], [*cuts, None])]  # noqa: E731
+        return {f[0]: (f[2], f[4]) for f in map(fields, lines[2:]) if f[0].startswith("C1")}
+
+    assert rows(block) == rows(printed) and len(rows(block)) == 10
+    assert block[-1] == next(line for line in printed if line.startswith("note:"))
