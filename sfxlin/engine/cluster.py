@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import sys
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -65,12 +66,12 @@ def origin(experiment) -> dict:
     from .storage import blas_kernel
 
     where = f"{socket.gethostname()} pid {os.getpid()}"
-    try:
-        from distributed import get_worker
-
-        where = get_worker().address
-    except (ImportError, ValueError):
-        pass
+    worker = sys.modules.get("distributed.worker")   # a dask worker has imported it; a local run need not (~1 s)
+    if worker is not None:
+        try:
+            where = worker.get_worker().address
+        except ValueError:   # distributed imported, but this is no worker's task
+            pass
     return {"code": experiment_code(experiment), "sfxlin": __version__,
             **{name: np.__version__ if name == "numpy" else _version(name) for name in PINNED},
             "blas": blas_kernel(), "where": where}

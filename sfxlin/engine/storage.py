@@ -213,7 +213,7 @@ def save(ds, path) -> Path:
     path = Path(path)
     ensure_writable(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    root = ds.copy()
+    root = ds.compute()   # computed once (a lazy ds), for its digests and its writing
     root.attrs = {k: v for k, v in ds.attrs.items() if k not in RECORDS}
     kept = {k: ds.attrs[k] for k in RECORDS if k in ds.attrs}
     kept["content_sha256"] = json.dumps(content_digests(root), sort_keys=True)
