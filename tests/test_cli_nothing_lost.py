@@ -436,3 +436,37 @@ def test_merge_through_the_real_module(tmp_path, capsys):
     with xr.open_dataset(out) as ds:
         assert ds.sizes["d"] == 2 and int(ds.attrs["n_cells"]) == 3  # two main cells and the quadrature check
     assert capsys.readouterr().out == f"wrote {out} (3 cells)\n"
+
+
+def _pool_workers(pid):
+    """The process-pool workers of the process ``pid`` (its children running multiprocessing's spawn)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [c for c in children if "spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes().decode(errors="replace")]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads a process's children from /proc (Linux)")
+def test_a_signal_to_the_run_alone_ends_its_process_pool_at_once(tmp_path):
+    """SIGINT sent to the run's process only (kill PID, a job runner), not to its process group as a
+    terminal's Ctrl-C is: the pool's workers are in cells of minutes (c3 quick at 400000 steps: 6 cells,
+    about 14 CPU-minutes by the cost model), whose results the interrupted run would throw away; the
+    run ends in seconds, says what it kept, and leaves no worker behind (dask's own pool waited for
+    every running cell)."""
+    out = tmp_path / "out"
+    args = ["run", "c3", "--set", "n_steps=400000", "--local-scheduler", "processes", "--quiet", "--out", str(out)]
+    proc = subprocess.Popen(sfxlin_cli(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None and not _pool_workers(proc.pid):
+        time.sleep(0.1)
+    workers = _pool_workers(proc.pid)
+    assert workers, "the pool never started"
+    time.sleep(3)                                       # the workers are inside their first cells
+    proc.send_signal(signal.SIGINT)
+    try:
+        stdout, stderr = proc.communicate(timeout=60)   # dask's pool: minutes, until the running cells end
+    finally:
+        for pid in [proc.pid, *workers] if proc.poll() is None else []:   # no run of minutes left behind
+            os.kill(int(pid), signal.SIGKILL)
+    assert proc.returncode == 130, stderr
+    assert re.match(r"sfxlin: interrupted; [01] of 6 cells kept in ", stderr), stderr   # 1: the control's NaN cell
+    time.sleep(1)
+    assert not [w for w in workers if Path(f"/proc/{w}").exists()], "a pool worker outlived its run"

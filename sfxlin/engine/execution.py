@@ -264,16 +264,45 @@ def compute(ds: xr.Dataset, scheduler=None, workers=None, address=None, progress
             timeline = CellTimeline(name)
             # chunksize 1: dask's process pool otherwise hands up to 6 ready tasks to one process at a
             # time, which ran a sweep of <= 6 cells (C3's paper profile) on one core
-            # the pool's workers exit with this process (follow_parent); the initializer is read by
-            # dask.multiprocessing.get from this config key when it starts the pool
-            with bar, timeline, dask.config.set({"scheduler": scheduler or "threads", "chunksize": 1,
-                                                 "multiprocessing.initializer":
-                                                     functools.partial(follow_parent, os.getpid())}):
+            # the processes scheduler runs on this run's own pool (_process_pool), ended with the run
+            with bar, timeline, _process_pool(scheduler) as pool, \
+                    dask.config.set({"scheduler": scheduler or "threads", "chunksize": 1, "pool": pool}):
                 result = ds.compute()
             result.attrs["cell_timeline"] = json.dumps(sorted(timeline.rows, key=lambda row: row[2]))
     wall = time.perf_counter() - start
     result.attrs.update(wall_seconds=float(wall), scheduler=label)
     return result, wall, label
+
+
+@contextlib.contextmanager
+def _process_pool(scheduler):
+    """The pool of the ``processes`` scheduler (None for another), as dask's own but with workers that
+    follow this process (:func:`follow_parent`), and ended at once when the run is: on an exception
+    (Ctrl-C, SIGTERM, a failed cell) its workers are terminated, not awaited, since a worker's cell
+    can run for an hour and its result would be thrown away (the cells kept so far are in the store).
+    dask's pool would wait for every running cell on the way out."""
+    if scheduler != "processes":
+        yield None
+        return
+    from concurrent.futures import ProcessPoolExecutor
+
+    from dask.multiprocessing import get_context, initialize_worker_process
+    from dask.system import CPU_COUNT
+
+    if os.environ.get("PYTHONHASHSEED") in (None, "0"):   # as dask.multiprocessing.get: one hash seed for all
+        os.environ["PYTHONHASHSEED"] = "6640"
+    initializer = functools.partial(initialize_worker_process,
+                                    user_initializer=functools.partial(follow_parent, os.getpid()))
+    pool = ProcessPoolExecutor(dask.config.get("num_workers", None) or CPU_COUNT, mp_context=get_context(),
+                               initializer=initializer)
+    try:
+        yield pool
+    except BaseException:
+        for worker in list((getattr(pool, "_processes", None) or {}).values()):
+            worker.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
 
 
 def _follow(persisted, lines):
