@@ -165,8 +165,10 @@ def test_a_shipped_file_comes_from_this_code(name):
     with load(path) as ds:
         where = STABLE[name](ds) if name in STABLE else None
         made_before = PROTOCOL_CHANGED.get(name, lambda config: None)(json.loads(ds.attrs["config"]))
-    if made_before:
-        pytest.skip(made_before)
+    if made_before:   # the file cannot be recomputed by this code: verify says so, naming the old parameters
+        with pytest.raises(ValueError, match=r"unknown parameter\(s\) \['T_max', 'check_every', 'lr'\] of c3_dim"):
+            verify_file(path, where=where)
+        return
     for check in verify_file(path, where=where):
         assert check.within(1e-10), (check.part, check.cell, check.worst)
 
