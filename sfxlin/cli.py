@@ -642,7 +642,7 @@ def cmd_verify(args):
     for name in args.files:
         path = results_path(name)
 
-        def say_kernel(attrs, stem=path.stem, path=path):
+        def say_file(attrs, stem=path.stem, path=path):
             stored = digested(path)   # read: its digests held (a changed value is a ResultsError)
             print(f"{stem}: " + (f"the values of its {len(stored)} variables (coordinates included) are those "
                                  "written (sha256 checked on read)" if stored else "no sha256 of its values (written "
@@ -651,7 +651,7 @@ def cmd_verify(args):
             if note:
                 print(f"{stem}: {note}", flush=True)
 
-        for check in iter_verify(path, cells=args.cells, on_open=say_kernel, most_amplified=args.most_amplified):
+        for check in iter_verify(path, cells=args.cells, on_open=say_file, most_amplified=args.most_amplified):
             where = cell_label(path.stem + (f"/{check.part}" if check.part else ""), check.cell)
             verdict, ok = _verify_verdict(check, rtol)
             if not ok:
