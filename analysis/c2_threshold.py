@@ -39,8 +39,7 @@ import numpy as np
 import xarray as xr
 from scipy.stats import rankdata
 
-from .c2_family import se_note
-from .fits import loglog_slope, not_fitted, slope_shortfall, too_few, unit_slopes
+from .fits import loglog_slope, not_fitted, se_line, slope_shortfall, too_few, unit_slopes
 from .tables import column, make_table, to_text
 from .threshold import MIN_HINGE_POINTS, break_search, threshold_lr_pvalue, threshold_regression
 from .verdicts import RESAMPLE, Criteria, Shared, measure_unless, resample_indices, resampled
@@ -415,7 +414,8 @@ def _break_covers_4(sh):
           quick=0.4)
 def _families_agree(sh):
     why, ex, _ = sh(_fits, True)
-    return measure_unless(why["families"], lambda: abs(family_exponents(sh.ds, ex).difference.mean("tau")).max("family"))
+    return measure_unless(why["families"],
+                          lambda: abs(family_exponents(sh.ds, ex).difference.mean("tau")).max("family"))
 
 
 @CRITERIA("C2T-constant-ratio", "L g_L(T)^2 / K at the largest L and the largest tau (isotropic; K the "
@@ -506,7 +506,7 @@ def _exponent_table(ds, fits):
     cols |= {k: column(heuristic if k == "heuristic" else ex[k], head, fmt) for k, head, fmt in spec
              if ex is not None or k == "heuristic"}
     notes = "" if ex is None else (
-        se_note(ds.sizes["seed"], "seeds", _SHARED, line="seed-mean line") + "\n"
+        se_line(ds.sizes["seed"], "seeds", _SHARED, line="seed-mean line") + "\n"
         "fixed: slope in L of the seed-mean gap at t = 0; uniform: of the seed-mean sup_t gap; sd_seed: SD "
         "over seeds of per-seed slopes; heur.: -min(sqrt(tau)/4, 1/2); unif(R): uniform exponent of the training-risk "
         "gap g_risk; argmax t: checkpoint of the sup at the largest L")
@@ -610,7 +610,7 @@ def family_tables(ds: xr.Dataset, ex: xr.Dataset | None = None) -> dict:
             {"growth": column(gf.slope, "growth", "+.3f"), "growth_se": column(gf.slope_se, "SE", ".3f"),
              "growth_se_ols": column(gf_ols.slope_se, "SE OLS", ".3f")},
             formats={"tau": ".3g"}, title="growth slope of L g_L(T)^2 in L (isotropic)",
-            notes=se_note(ds.sizes["seed"], "seeds", _SHARED, line="seed-mean line"))
+            notes=se_line(ds.sizes["seed"], "seeds", _SHARED, line="seed-mean line"))
     if why["families"]:
         return {**tables, "families": make_table({}, title=f"covariance families: not compared, {why['families']}")}
     fe = family_exponents(ds, ex)
@@ -662,7 +662,7 @@ def _family_by_tau(ds, fam, f):
          "dist_T": column(ds.dist_bayes_family.sel(family=fam).isel(t_family=-1).max("family_seed"), "dist_T",
                           ".2g")},
         formats={"tau": ".3f"}, title=f"family {fam} by tau",
-        notes=se_note(ds.sizes["family_seed"], "family seeds", _SHARED, ols=False)
+        notes=se_line(ds.sizes["family_seed"], "family seeds", _SHARED, ols=False)
               + "; SE_seed: SD of the per-seed slopes / sqrt(seeds)\n"
               "uniform: slope in L of the seed-mean sup_t g_family; diff: minus the isotropic uniform exponent; "
               "Lg2/K at the largest L; dist_T: largest distance to the Bayes optimum at the end of training")
