@@ -41,11 +41,10 @@ __all__ = ["CRITERIA", "UNITS", "tail_tests", "tail_summary", "clt_ratio", "grad
 
 ALPHA = 0.05
 CLT_MIN_LEVEL = 1e-3
+#: the band of C2-grad-slopes (the tables and the figure show it)
+GRAD_BAND = (-1.15, -0.85)
 
-#: the independent units of a ``c2_concentration`` file: the main cells ``(d, U_norm, seed)`` draw
-#: from generators keyed by their coordinates (so seeds are independent), and so do the trajectory
-#: cells ``(setting, traj_seed)``; a seed's draws are shared along L (nested prompts) and along t
-#: (one run), so every fit along L clusters over its seeds.
+#: the independent units of a ``c2_concentration`` file (module doc, "Design and SEs")
 UNITS = ("seed", "traj_seed")
 
 #: the dims of a tail test: one (d, U_norm, seed, query, L, level)
@@ -273,7 +272,7 @@ def _grad_violations(sh):
 # quick: over 7 quick files the per-file max slope is -0.53 +- 0.095 and the min -1.21 +- 0.08 (SD over
 # files), so (-1.6, -0.2) is >= 3.4 SD inside each end; a gap that does not decay (0) or decays as 1/L^2 (-2) fails
 @CRITERIA("C2-grad-slopes", "log-log slope in L of the seed-mean E||grad R_L - grad R_inf||^2, every (d, U_norm, "
-          "setting, scale)", "in", (-1.15, -0.85), reference="-0.899 .. -1.043",
+          "setting, scale)", "in", GRAD_BAND, reference="-0.899 .. -1.043",
           reason="the squared gap is an SNIS variance, O(1/L); wider than C1's band (tilted covariance, 32 prompt "
                  "sets, L <= 4096), it contains the reference range",
           quick=(-1.6, -0.2),
@@ -412,7 +411,7 @@ def _gradient_table(sh):
 
 
 def _in_band(slopes: np.ndarray) -> int:
-    return int(np.sum((slopes >= -1.15) & (slopes <= -0.85)))
+    return int(np.sum((slopes >= GRAD_BAND[0]) & (slopes <= GRAD_BAND[1])))
 
 
 def _gradient_summary_table(sh):
@@ -436,7 +435,7 @@ def _gradient_summary_table(sh):
                 looseness_median=column(10 ** med, "=", "{:.3g}x"),
                 log10_looseness_min=column(loose10.min(), "min", "10^{:.2f}"),
                 log10_looseness_max=column(loose10.max(), "max", "10^{:.2f}"))
-    main = f"slopes not fitted, {no_fit}" if no_fit else "slopes in L (band of the criterion [-1.15, -0.85])"
+    main = f"slopes not fitted, {no_fit}" if no_fit else f"slopes in L (band of the criterion {list(GRAD_BAND)})"
     hi = f"secondary, L >= {L_hi}: not fitted, {no_hi}" if no_hi else f"secondary, L >= {L_hi}"
     return make_table(cols, title=f"(b) over every gradient cell: {main} ({hi}); cells violated and vacuous; "
                                   "looseness (depends on grad_c) over seeds, L and cells")
@@ -550,7 +549,7 @@ def _slope_panel(ax, ds, no_slope):
         slopes = fit.slope.stack(cell=_CELL)
         se = fit.slope_se.stack(cell=_CELL)
         ax.errorbar(np.arange(slopes.size), slopes.values, yerr=1.96 * se.values, fmt="o", ms=3)
-        ax.axhspan(-1.15, -0.85, color="g", alpha=0.1, label="criterion [-1.15, -0.85]")
+        ax.axhspan(*GRAD_BAND, color="g", alpha=0.1, label=f"criterion {list(GRAD_BAND)}")
         ax.axhline(-1, color="k", lw=0.8)
         ax.legend(fontsize=7)
     ax.set(xlabel="cell (d, U_norm, setting, scale), row-major", ylabel="slope of E||grad gap||^2 in L",

@@ -52,9 +52,7 @@ __all__ = ["CRITERIA", "BREAK_CRITERIA", "exponents", "threshold", "shortfalls",
 X_CHOICES = ("tau", "log_tau")
 #: the SEs that weight the threshold regression (:func:`threshold`).
 SE_CHOICES = ("cluster", "nonrobust", "seed")
-#: the independent units of a ``c2_threshold`` file: every cell ``(tau, seed)`` and ``(family, tau,
-#: family_seed)`` draws from a generator keyed by its coordinates, so the seeds are independent of
-#: each other and across tau; a seed's draws are shared along L (nested prompts) and t (one run).
+#: the independent units of a ``c2_threshold`` file (module doc)
 UNITS = ("seed", "family_seed")
 TAU_STAR = 4.0
 _SE_FLOOR = 1e-12   # an exact log-log line has SE 0: floor it so that 1/SE^2 stays finite
@@ -321,6 +319,9 @@ CRITERIA = Criteria("C2", prepare=Shared, inconclusive=_break_flags, units=UNITS
 # default, measured with this module) and says so; where that spread covers the paper band, the
 # criterion is NOT JUDGED at the quick profile with the reason.
 _QUICK_ONE_SEED = "one seed of 4 task pairs and 200 training steps"
+_BREAK_QUICK = f"6 tau values and {_QUICK_ONE_SEED}: over 7 quick files the break ranged from 1.25 to 9.37"
+_BREAK_FAILS = ("pre-asymptotic", "the kink at tau = 4 is an L -> infinity statement; just above 4 the constant is "
+                                  "huge (K = 2.3e6 at tau = 4.7), so L <= 4096 does not resolve it")
 
 
 # quick: over 7 quick files the per-file max is -0.32 +- 0.045 and the min -0.60 +- 0.032 (SD over files), so
@@ -384,9 +385,7 @@ def _separation_low_tau(sh):
           (2.0, 8.0), reference="near 4",
           reason="theory puts the kink at tau = 4; a factor 2 either side allows for the smooth finite-L transition "
                  "on a log-spaced grid",
-          quick=f"6 tau values and {_QUICK_ONE_SEED}: over 7 quick files the break ranged from 1.25 to 9.37",
-          fails_as=("pre-asymptotic", "the kink at tau = 4 is an L -> infinity statement; just above 4 the constant is "
-                                      "huge (K = 2.3e6 at tau = 4.7), so L <= 4096 does not resolve it"))
+          quick=_BREAK_QUICK, fails_as=_BREAK_FAILS)
 def _break_location(sh):
     why, _, br = sh(_fits, True)
     return measure_unless(why["threshold"], lambda: br.break_tau)
@@ -394,9 +393,7 @@ def _break_location(sh):
 
 @CRITERIA("C2T-break-covers-4", "1 if the 95% LR confidence set of the break contains tau = 4, else 0", ">=", 1.0,
           reference="(expected: tau = 4)", reason="the direct test of the predicted location",
-          quick=f"6 tau values and {_QUICK_ONE_SEED}: over 7 quick files the break ranged from 1.25 to 9.37",
-          fails_as=("pre-asymptotic", "the kink at tau = 4 is an L -> infinity statement; just above 4 the constant is "
-                                      "huge (K = 2.3e6 at tau = 4.7), so L <= 4096 does not resolve it"),
+          quick=_BREAK_QUICK, fails_as=_BREAK_FAILS,
           level=0.05, pvalue=lambda sh: covers_4_pvalue(threshold(sh.ds, ex=sh(_fits, True).ex)))
 def _break_covers_4(sh):
     why, _, br = sh(_fits, True)
