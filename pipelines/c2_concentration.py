@@ -21,6 +21,8 @@ _MAIN, _TRAJ = ("",), ("trajectory",)   # parts reached: the main part (tails, g
 #: the family's gap-run parameters as the trajectory part names them
 TRAJ_RUN = {"n_pairs": "traj_pairs", "n_queries": "traj_queries", "n_replicates": "traj_replicates", "lr": "traj_lr",
             "n_steps": "traj_steps", "ckpt_every": "traj_ckpt_every"}
+#: the family's gap-run outputs the trajectory part keeps, each as ``traj_<name>``
+TRAJ_OUT = ("g", "g_risk", "risk_inf", "dist_bayes", "logit_factor")
 
 
 def _enough_clt_draws(config):
@@ -59,9 +61,7 @@ def trajectory_kernel(cell, rng, config):
     setting, traj_seed = cell["setting"], cell["traj_seed"]
     res = gap_run(rng, setting_covariance(setting, config["traj_d"]), config["L"],
                   f"{NAME}[{setting}, seed {traj_seed}]", **run_of(config, **TRAJ_RUN))
-    return {"traj_g": res["g"], "traj_g_risk": res["g_risk"], "traj_risk_inf": res["risk_inf"],
-            "traj_dist_bayes": res["dist_bayes"], "traj_logit_factor": res["logit_factor"],
-            "traj_U_norm": np.linalg.norm(res["U_inf"], axis=(-2, -1))}
+    return {**{f"traj_{k}": res[k] for k in TRAJ_OUT}, "traj_U_norm": np.linalg.norm(res["U_inf"], axis=(-2, -1))}
 
 
 def constants_kernel(cell, rng, config):
@@ -131,7 +131,7 @@ OUTPUTS = (
 )
 #: the trajectory part's outputs: the family's gap run's, named ``traj_<name>``, and ``||U_inf(t)||_F``
 TRAJECTORY = (*(dataclasses.replace(C2.output(name), name=f"traj_{name}")
-                for name in ("g", "g_risk", "risk_inf", "dist_bayes", "logit_factor")),
+                for name in TRAJ_OUT),
               Variable("traj_U_norm", ("t",), "Frobenius norm of U along the trajectory", "||U_inf(t)||_F."))
 CONSTANTS = (
     Variable("traj_trace_inv_sq", (), "tr(Sigma^-2) of the trajectory setting", "the query-averaged concentration "
