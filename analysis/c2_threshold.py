@@ -464,10 +464,9 @@ def inconclusive(ds: xr.Dataset, br: xr.Dataset | None = None) -> dict:
     grid (then the data do not locate a break: "covers 4" would be vacuous and the point estimate is
     not identified); on resampled data, a boolean over the resamples. Empty when the threshold
     regression cannot be done at all (:func:`measures` gives the reason)."""
+    br = _fits(ds, True).th if br is None else br
     if br is None:
-        if shortfalls(ds)["threshold"]:
-            return {}
-        br = breaks(exponents(ds))
+        return {}
     if RESAMPLE in br.dims:
         return {cid: br.ci_truncated for cid in BREAK_CRITERIA}
     if not bool(br.ci_truncated):
