@@ -1,48 +1,29 @@
 """C2 analysis: tail tests, gradient slopes, trajectory exponents, verdicts and the figure, from a
-``c2_concentration`` results file alone.
+``c2_concentration`` results file alone (its documented schema, datasets/README.md: the ``tail_*``,
+``grad_*`` and ``traj_*`` variables and the ``criteria`` attr as stored when the file was made).
 
-Reads only the documented schema (datasets/README.md):
+Definitions (every figure that depends on the assumed bound constants says so):
 
-* tails: ``tail_count``, ``tail_threshold``, ``tail_clt``, ``tail_bound`` over
-  ``(d, U_norm, seed, query, L, level)``, ``tail_n``, ``tail_c2_eff`` over ``(d, U_norm, seed)``;
-* gradients: ``grad_gap_sq``, ``grad_gap_sq_se``, ``grad_log_bound`` over
-  ``(d, U_norm, seed, setting, scale, L)``, ``grad_inf_sq``, ``grad_log_K``, ``grad_log_K_sharp``,
-  ``grad_max_quad``;
-* trajectory: ``traj_g``, ``traj_g_risk`` over ``(setting, traj_seed, L, t)``, ``traj_risk_inf``,
-  ``traj_dist_bayes`` over ``(setting, traj_seed, t)``, ``traj_trace_inv_sq (setting)``;
-* the ``criteria`` attr (JSON): the criteria declared below (:data:`CRITERIA`), as stored when the
-  file was made.
-
-Definitions used here (all figures that depend on the assumed bound constants say so):
-
-* a tail test is one ``(d, U_norm, seed, query, L, level)``; its empirical tail is
-  ``count / n`` with the Clopper-Pearson interval (statsmodels ``proportion_confint``,
-  ``method="beta"``, level 95%); it is *violated* when the bound lies below the interval's lower
+* a tail test is one ``(d, U_norm, seed, query, L, level)``; its empirical tail is ``count / n`` with
+  the Clopper-Pearson 95% interval; it is *violated* when the bound lies below the interval's lower
   end, *vacuous* when the bound is >= 1; looseness = bound / empirical tail (tests with count > 0);
 * CLT ratio = empirical / CLT tail at the largest L, pooled over seeds and queries:
   ``sum count / sum (n * clt)`` per ``(d, U_norm, level)``;
 * a gradient cell is one ``(d, U_norm, setting, scale)``: *violated* when the bound is below the
-  measured mean squared gap at some ``(seed, L)``; *vacuous* when the seed-mean bound at the
-  largest L is >= the seed-mean ``||grad R_inf||^2`` (the bound cannot certify even the direction
-  of the gradient at the longest prompt); slopes are log-log OLS fits of the seed-mean gap over
-  all stored L;
-* trajectory: ``g`` pooled over trajectory seeds as ``sqrt(mean g^2)`` (``g`` is itself an RMS
-  over tasks and replicates); fixed-parameter exponent = slope in L of ``g_L(t = 0)``, uniform
-  exponent = slope in L of ``sup_t g_L(t)``, both OLS over all stored L.
+  measured mean squared gap at some ``(seed, L)``; *vacuous* when the seed-mean bound at the largest L
+  is >= the seed-mean ``||grad R_inf||^2`` (it cannot certify even the gradient's direction there);
+  its slope is the log-log fit of the seed-mean gap over every stored L;
+* trajectory: ``g`` pooled over trajectory seeds as ``sqrt(mean g^2)`` (``g`` is itself an RMS over
+  tasks and replicates); fixed-parameter exponent = slope in L of ``g_L(t = 0)``, uniform exponent =
+  slope in L of ``sup_t g_L(t)``.
 
 Design and SEs (:data:`UNITS`): the main cells ``(d, U_norm, seed)`` and the trajectory cells
 ``(setting, traj_seed)`` draw from generators keyed by their coordinates, so seeds are independent;
-a seed's prompt sets are shared along L and a trajectory seed is one run along t. Every fit along L
-reports an SE cluster-robust over its seeds (``seed`` for the gradients, ``traj_seed`` for the
-trajectory; :func:`~.fits.unit_slopes`, statsmodels' CR1 of the linearised log seed-mean); the
-plain OLS SE stays available by name
-(``cov_type="nonrobust"``, the tables' ``SE OLS`` columns). With one unit (the quick profile's one
-trajectory seed) the SE is the plain OLS SE of that unit's line, and the table says so. The
-verdicts' robustness resamples ``seed`` and ``traj_seed``.
-
-With fewer than 3 prompt lengths no slope can be fitted: the slope criteria are INCONCLUSIVE with
-the reason, and the tables and the figure say so and show the rest (likewise the secondary
-upper-half fit when the upper half holds fewer than 3 prompt lengths).
+a seed's prompt sets are shared along L and a trajectory seed is one run along t, so every fit along L
+has an SE cluster-robust over its seeds (:func:`~.fits.unit_slopes`), the plain OLS SE by name
+(``cov_type="nonrobust"``, the tables' ``SE OLS``); with one unit, the plain OLS SE of its line, and
+the table says so. With fewer than 3 prompt lengths no slope is fitted: the slope criteria are
+INCONCLUSIVE with the reason, and the tables and the figure say so and show the rest.
 """
 from __future__ import annotations
 
@@ -50,8 +31,7 @@ import numpy as np
 import xarray as xr
 from statsmodels.stats.proportion import proportion_confint
 
-from .c2_family import se_note
-from .fits import MIN_LINE_POINTS, loglog_slope, not_fitted, too_few, unit_slopes
+from .fits import MIN_LINE_POINTS, loglog_slope, not_fitted, se_line, too_few, unit_slopes
 from .tables import column, make_table
 from .verdicts import RESAMPLE, Criteria, Shared, measure_unless
 
@@ -61,11 +41,10 @@ __all__ = ["CRITERIA", "UNITS", "tail_tests", "tail_summary", "clt_ratio", "grad
 
 ALPHA = 0.05
 CLT_MIN_LEVEL = 1e-3
+#: the band of C2-grad-slopes (the tables and the figure show it)
+GRAD_BAND = (-1.15, -0.85)
 
-#: the independent units of a ``c2_concentration`` file: the main cells ``(d, U_norm, seed)`` draw
-#: from generators keyed by their coordinates (so seeds are independent), and so do the trajectory
-#: cells ``(setting, traj_seed)``; a seed's draws are shared along L (nested prompts) and along t
-#: (one run), so every fit along L clusters over its seeds.
+#: the independent units of a ``c2_concentration`` file (module doc, "Design and SEs")
 UNITS = ("seed", "traj_seed")
 
 #: the dims of a tail test: one (d, U_norm, seed, query, L, level)
@@ -94,12 +73,8 @@ def tail_tests(ds: xr.Dataset, alpha: float = ALPHA) -> xr.Dataset:
     n = ds.tail_n.broadcast_like(count)
     lo, hi = clopper_pearson(count.values, n.values, alpha)
     p_hat = count / n
-    out = xr.Dataset({
-        "count": count, "n": n, "p_hat": p_hat,
-        "ci_low": (count.dims, np.asarray(lo, dtype=float)),
-        "ci_high": (count.dims, np.asarray(hi, dtype=float)),
-        "bound": ds.tail_bound, "clt": ds.tail_clt,
-    })
+    out = xr.Dataset({"count": count, "n": n, "p_hat": p_hat, "ci_low": (count.dims, np.asarray(lo, dtype=float)),
+                      "ci_high": (count.dims, np.asarray(hi, dtype=float)), "bound": ds.tail_bound, "clt": ds.tail_clt})
     out["violated"] = out.bound < out.ci_low
     out["vacuous"] = out.bound >= 1.0
     out["looseness"] = (out.bound / p_hat).where(count > 0)
@@ -108,31 +83,31 @@ def tail_tests(ds: xr.Dataset, alpha: float = ALPHA) -> xr.Dataset:
     c1 = ds.tail_c1_eff.broadcast_like(count)
     c2x = -np.log(out.bound / c1)
     out["c2_multiple_max"] = (np.log(c1 / out.ci_low) / c2x).where(count > 0)
-    out = out.assign_coords(ci_method="Clopper-Pearson (statsmodels proportion_confint, beta)", ci_alpha=alpha)
-    return out
+    return out.assign_coords(ci_method="Clopper-Pearson (statsmodels proportion_confint, beta)", ci_alpha=alpha)
 
 
 def tail_summary(ds: xr.Dataset) -> dict:
     """Totals of the tail tests (looseness and c2 multiples depend on the assumed constants)."""
     tt = tail_tests(ds)
-    loose = tt.looseness.values[np.isfinite(tt.looseness.values)]
-    loose_nv = tt.looseness.where(~tt.vacuous).values
-    loose_nv = loose_nv[np.isfinite(loose_nv)]
-    c2m = tt.c2_multiple_max.values[np.isfinite(tt.c2_multiple_max.values)]
+    loose, loose_nv, c2m = (_finite(v.values) for v in (tt.looseness, tt.looseness.where(~tt.vacuous),
+                                                         tt.c2_multiple_max))
     prompts = float(ds.tail_n.broadcast_like(ds.tail_count.isel(L=0, level=0)).sum())
-    return {
-        "n_tests": int(tt["count"].size),
-        "n_prompts": int(prompts),
-        "n_violations": int(tt.violated.sum()),
-        "n_vacuous": int(tt.vacuous.sum()),
-        "n_zero_count": int((tt["count"] == 0).sum()),
-        "looseness_median": float(np.median(loose)) if loose.size else np.nan,
-        "looseness_min": float(loose.min()) if loose.size else np.nan,
-        "looseness_max": float(loose.max()) if loose.size else np.nan,
-        "looseness_nonvacuous_median": float(np.median(loose_nv)) if loose_nv.size else np.nan,
-        "n_nonvacuous_with_count": int(loose_nv.size),
-        "c2_multiple_max": float(c2m.min()) if c2m.size else np.inf,
-    }
+    return {"n_tests": int(tt["count"].size), "n_prompts": int(prompts), "n_violations": int(tt.violated.sum()),
+            "n_vacuous": int(tt.vacuous.sum()), "n_zero_count": int((tt["count"] == 0).sum()),
+            "looseness_median": _finite_median(loose),
+            "looseness_min": float(loose.min()) if loose.size else np.nan,
+            "looseness_max": float(loose.max()) if loose.size else np.nan,
+            "looseness_nonvacuous_median": _finite_median(loose_nv), "n_nonvacuous_with_count": int(loose_nv.size),
+            "c2_multiple_max": float(c2m.min()) if c2m.size else np.inf}
+
+
+def _finite(a: np.ndarray) -> np.ndarray:
+    return a[np.isfinite(a)]
+
+
+def _finite_median(a: np.ndarray) -> float:
+    a = _finite(a)
+    return float(np.median(a)) if a.size else np.nan
 
 
 def clt_ratio(ds: xr.Dataset, alpha: float = ALPHA, L=None) -> xr.Dataset:
@@ -155,13 +130,9 @@ def clt_ratio(ds: xr.Dataset, alpha: float = ALPHA, L=None) -> xr.Dataset:
 
 
 def gradient_slopes(ds: xr.Dataset, L_min=None, cov_type: str | None = None) -> xr.Dataset:
-    """Log-log slope (OLS, SE, 95% CI, test of -1) of the seed-mean squared gradient gap in L,
-    per (d, U_norm, setting, scale); over every stored L (the criterion's fit) unless ``L_min``.
-
-    A seed's prompt sets are shared along L, so the SE is cluster-robust over the seeds
-    (``cov_type="cluster"``, the default with >= 2 seeds; :func:`~.fits.unit_slopes`); ``cov_type=
-    "nonrobust"`` gives the plain OLS SE of the seed-mean line by name. With one seed: its own
-    line, plain OLS."""
+    """Log-log slope (OLS, SE, 95% CI, test of -1) of the seed-mean squared gradient gap in L, per
+    (d, U_norm, setting, scale), over every stored L (the criterion's fit) unless ``L_min``; the SE
+    cluster-robust over the seeds (a seed's prompt sets are shared along L; :func:`~.fits.unit_slopes`)."""
     gap = ds.grad_gap_sq
     if L_min is not None:
         gap = gap.sel(L=gap.L[gap.L >= L_min])
@@ -181,23 +152,19 @@ def upper_half_L(ds: xr.Dataset) -> int:
 
 
 def gradient_summary(ds: xr.Dataset) -> xr.Dataset:
-    """Per gradient cell: violated, vacuous, log10 looseness (bound / measured) median / min / max.
-
-    Comparisons are made in log space (the bound is stored as its natural log: it can exceed the
-    float64 range)."""
+    """Per gradient cell: violated, vacuous, log10 looseness (bound / measured) median / min / max; in
+    log space (the bound is stored as its natural log: it can exceed the float64 range)."""
     log_gap = np.log(ds.grad_gap_sq)
     violated = (ds.grad_log_bound < log_gap).any(("seed", "L"))
     log_bound_end = _log_mean(ds.grad_log_bound.isel(L=-1), "seed")
     log_inf = np.log(ds.grad_inf_sq.mean("seed"))
     vacuous = log_bound_end >= log_inf
     loose10 = (ds.grad_log_bound - log_gap) / np.log(10.0)
-    return xr.Dataset({
-        "violated": violated, "vacuous": vacuous,
-        "log10_looseness_median": loose10.median(("seed", "L")),
-        "log10_looseness_min": loose10.min(("seed", "L")), "log10_looseness_max": loose10.max(("seed", "L")),
-        "log10_bound_over_grad_sq": (log_bound_end - log_inf) / np.log(10.0),
-        "gap_over_grad_sq": ds.grad_gap_sq.isel(L=-1).mean("seed") / ds.grad_inf_sq.mean("seed"),
-    })
+    every = ("seed", "L")
+    return xr.Dataset({"violated": violated, "vacuous": vacuous, "log10_looseness_median": loose10.median(every),
+                       "log10_looseness_min": loose10.min(every), "log10_looseness_max": loose10.max(every),
+                       "log10_bound_over_grad_sq": (log_bound_end - log_inf) / np.log(10.0),
+                       "gap_over_grad_sq": ds.grad_gap_sq.isel(L=-1).mean("seed") / ds.grad_inf_sq.mean("seed")})
 
 
 def _log_mean(log_x: xr.DataArray, dim: str) -> xr.DataArray:
@@ -230,32 +197,22 @@ def _sup_squared(g: xr.DataArray) -> xr.DataArray:
 
 def trajectory_exponents(ds: xr.Dataset, cov_type: str | None = None) -> xr.Dataset:
     """Fixed-parameter (t = 0) and uniform (sup over t) exponents of the gradient gap in L, per
-    setting (seed-pooled: ``sqrt(mean g^2)`` over the trajectory seeds) and per (setting, traj_seed).
-
-    ``fixed_se``, ``uniform_se``: cluster-robust over the trajectory seeds (each seed is one run
-    along t with nested prompts along L: its values share draws along L), with ``n_units``; the
-    uniform SE linearises the sup at its checkpoint (:func:`_sup_squared`). ``cov_type="nonrobust"``
-    gives the plain OLS SEs of the pooled lines by name; with one trajectory seed they are the
-    only ones."""
-    g2 = ds.traj_g**2
-    fixed = _rms_exponent(g2.isel(t=0), cov_type)
-    uniform = _rms_exponent(_sup_squared(ds.traj_g), cov_type)
-    pooled = np.sqrt(g2.mean("traj_seed"))
-    sup = pooled.max("t")
-    fixed_seed = loglog_slope(ds.traj_g.isel(t=0), "L")
-    uniform_seed = loglog_slope(ds.traj_g.max("t"), "L")
-    risk2 = ds.traj_g_risk**2
-    fixed_risk = _rms_exponent(risk2.isel(t=0), cov_type)
-    uniform_risk = _rms_exponent(_sup_squared(ds.traj_g_risk), cov_type)
-    parts = {
-        "fixed_risk": fixed_risk.slope, "uniform_risk": uniform_risk.slope,
-        "fixed": fixed.slope, "fixed_se": fixed.slope_se,
-        "uniform": uniform.slope, "uniform_se": uniform.slope_se,
-        "fixed_seed": fixed_seed.slope, "uniform_seed": uniform_seed.slope,
-        "uniform_increases": (sup.diff("L") > 0).sum("L"),
-        "argmax_t": xr.DataArray(pooled.t.values[pooled.argmax("t").values], dims=pooled.isel(t=0).dims,
-                                 coords={k: v for k, v in pooled.isel(t=0).coords.items() if k != "t"}),
-    }
+    setting (seed-pooled: ``sqrt(mean g^2)`` over the trajectory seeds; ``fixed_se``, ``uniform_se``
+    cluster-robust over them, the uniform one linearising the sup at its checkpoint, :func:`_sup_squared`),
+    per (setting, traj_seed) (``*_seed``) and for the risk gap ``g_risk`` (``*_risk``); the number of
+    increases of the pooled sup along L and the checkpoint of the sup."""
+    fixed, uniform, fixed_risk, uniform_risk = (
+        _rms_exponent(g2, cov_type) for g2 in (ds.traj_g.isel(t=0) ** 2, _sup_squared(ds.traj_g),
+                                               ds.traj_g_risk.isel(t=0) ** 2, _sup_squared(ds.traj_g_risk)))
+    pooled = np.sqrt((ds.traj_g**2).mean("traj_seed"))
+    first = pooled.isel(t=0)
+    parts = {"fixed_risk": fixed_risk.slope, "uniform_risk": uniform_risk.slope, "fixed": fixed.slope,
+             "fixed_se": fixed.slope_se, "uniform": uniform.slope, "uniform_se": uniform.slope_se,
+             "fixed_seed": loglog_slope(ds.traj_g.isel(t=0), "L").slope,
+             "uniform_seed": loglog_slope(ds.traj_g.max("t"), "L").slope,
+             "uniform_increases": (pooled.max("t").diff("L") > 0).sum("L"),
+             "argmax_t": xr.DataArray(pooled.t.values[pooled.argmax("t").values], dims=first.dims,
+                                      coords={k: v for k, v in first.coords.items() if k != "t"})}
     keep = ("setting", "traj_seed", RESAMPLE)
     out = xr.Dataset({k: v.drop_vars([c for c in v.coords if c not in keep]) for k, v in parts.items()})
     return out.assign_coords(cov_type=str(fixed.cov_type.values), n_units=int(ds.sizes["traj_seed"]))
@@ -315,7 +272,7 @@ def _grad_violations(sh):
 # quick: over 7 quick files the per-file max slope is -0.53 +- 0.095 and the min -1.21 +- 0.08 (SD over
 # files), so (-1.6, -0.2) is >= 3.4 SD inside each end; a gap that does not decay (0) or decays as 1/L^2 (-2) fails
 @CRITERIA("C2-grad-slopes", "log-log slope in L of the seed-mean E||grad R_L - grad R_inf||^2, every (d, U_norm, "
-          "setting, scale)", "in", (-1.15, -0.85), reference="-0.899 .. -1.043",
+          "setting, scale)", "in", GRAD_BAND, reference="-0.899 .. -1.043",
           reason="the squared gap is an SNIS variance, O(1/L); wider than C1's band (tilted covariance, 32 prompt "
                  "sets, L <= 4096), it contains the reference range",
           quick=(-1.6, -0.2),
@@ -392,11 +349,6 @@ def _tail_summary_table(ds):
                             "multiple of the assumed c2 compatible with every test (at the assumed c1)")
 
 
-def _finite_median(a: np.ndarray) -> float:
-    a = a[np.isfinite(a)]
-    return float(np.median(a)) if a.size else np.nan
-
-
 def _tail_table(sh):
     ds = sh.ds
     tt = sh(tail_tests)
@@ -453,13 +405,13 @@ def _gradient_table(sh):
         title="(b) gradient gap E||grad R_L - grad R_inf||^2 at fixed parameters (seed mean): slope in L over every L "
               f"(the criterion) and, secondary, over L >= {L_hi} ('hi'); bound with the ASSUMED constant grad_c"
               + "".join(f"; {n}" for n in not_done),
-        notes=se_note(ds.sizes["seed"], "seeds", "a seed's prompt sets are shared along L")
+        notes=se_line(ds.sizes["seed"], "seeds", "a seed's prompt sets are shared along L")
               + "\nloose = median bound/measured over seeds and L; bnd/g2 = bound(L_max) / ||grad R_inf||^2; both as "
               "powers of ten; K: seed-mean of the item-mean exponential factors; max aGa: largest a' Gamma_w a")
 
 
 def _in_band(slopes: np.ndarray) -> int:
-    return int(np.sum((slopes >= -1.15) & (slopes <= -0.85)))
+    return int(np.sum((slopes >= GRAD_BAND[0]) & (slopes <= GRAD_BAND[1])))
 
 
 def _gradient_summary_table(sh):
@@ -483,7 +435,7 @@ def _gradient_summary_table(sh):
                 looseness_median=column(10 ** med, "=", "{:.3g}x"),
                 log10_looseness_min=column(loose10.min(), "min", "10^{:.2f}"),
                 log10_looseness_max=column(loose10.max(), "max", "10^{:.2f}"))
-    main = f"slopes not fitted, {no_fit}" if no_fit else "slopes in L (band of the criterion [-1.15, -0.85])"
+    main = f"slopes not fitted, {no_fit}" if no_fit else f"slopes in L (band of the criterion {list(GRAD_BAND)})"
     hi = f"secondary, L >= {L_hi}: not fitted, {no_hi}" if no_hi else f"secondary, L >= {L_hi}"
     return make_table(cols, title=f"(b) over every gradient cell: {main} ({hi}); cells violated and vacuous; "
                                   "looseness (depends on grad_c) over seeds, L and cells")
@@ -505,7 +457,7 @@ def _trajectory_table(sh):
             "uniform_increases": column(tr.uniform_increases, "incr.", "d"),
             "fixed_risk": column(tr.fixed_risk, "g_risk fixed", ".3f"),
             "uniform_risk": column(tr.uniform_risk, "g_risk uniform", ".3f")}
-    notes = (se_note(ds.sizes["traj_seed"], "trajectory seeds", "a seed is one run along t with nested prompts "
+    notes = (se_line(ds.sizes["traj_seed"], "trajectory seeds", "a seed is one run along t with nested prompts "
                                                                     "along L; the uniform SE linearises the sup at "
                                                                     "its checkpoint")
              + "\nfixed: slope of g_L(0); uniform: of sup_t g_L(t); incr.: increases of the sup along L; g_risk: the "
@@ -597,7 +549,7 @@ def _slope_panel(ax, ds, no_slope):
         slopes = fit.slope.stack(cell=_CELL)
         se = fit.slope_se.stack(cell=_CELL)
         ax.errorbar(np.arange(slopes.size), slopes.values, yerr=1.96 * se.values, fmt="o", ms=3)
-        ax.axhspan(-1.15, -0.85, color="g", alpha=0.1, label="criterion [-1.15, -0.85]")
+        ax.axhspan(*GRAD_BAND, color="g", alpha=0.1, label=f"criterion {list(GRAD_BAND)}")
         ax.axhline(-1, color="k", lw=0.8)
         ax.legend(fontsize=7)
     ax.set(xlabel="cell (d, U_norm, setting, scale), row-major", ylabel="slope of E||grad gap||^2 in L",

@@ -1,66 +1,34 @@
 """C2 threshold analysis: exponents of the gradient gap vs tau = tr(Sigma^-2), the threshold
-regression, verdicts and the figure, from a ``c2_threshold`` results file alone.
+regression, verdicts and the figure, from a ``c2_threshold`` results file alone (its documented schema:
+``g``, ``g_risk`` over ``(tau, seed, L, t)``, ``concentration_constant``, ``logit_factor``, ``dist_bayes``,
+the families' and the constants' parts, and the ``criteria`` attr as stored when the file was made).
 
-Reads only the documented schema: ``g(tau, seed, L, t)`` (the per-task gradient gap along the
-``linear(inf)`` trajectory), ``g_risk`` (same, training-risk gradient), ``concentration_constant
-(tau, seed)`` (+inf for tau <= 4), ``logit_factor``, ``dist_bayes`` and the ``criteria`` attr (the
-criteria declared below, :data:`CRITERIA`, as stored when the file was made).
+Exponents, per tau: the log-log OLS slope in L of a seed mean (:func:`~.fits.unit_slopes`) of the gap at
+``t = 0`` (fixed-parameter) and of ``sup_t g_L(t)`` (uniform). Every cell ``(tau, seed)`` and ``(family,
+tau, family_seed)`` draws from a generator keyed by its coordinates, so the seeds are independent
+(:data:`UNITS`); a seed's prompts are nested along L and its run shared along t, so every fit along L
+has an SE cluster-robust over the seeds (Student-t with ``seeds - 1`` dof), the plain OLS SE by name
+(``cov_type="nonrobust"``, the tables' ``SE OLS``); with one seed, the plain OLS SE of its line.
 
-Exponents, per tau (log-log OLS slope in L of a seed mean: :func:`~.fits.unit_slopes`):
+Threshold regression (:func:`threshold`): the hinge ``y = b0 + b1 x + b2 max(0, x - c)``
+(:func:`~.threshold.threshold_regression`) of the uniform exponent on ``x = tau`` or ``log tau``, weighted
+by ``1 / SE^2`` (the tau cells are independent: each SE is the whole uncertainty of one exponent;
+cluster-robust, the primary; plain OLS and between-seed as sensitivity lines). Theory does not choose the
+coordinate (the heuristic's kink at tau = 4 and its left branch's curvature are the same in both), so
+``x="auto"`` takes the one whose fit has the smaller weighted SSR and prints the other (the paper run's
+figures: docs/claims.md). The break and its 95% LR confidence set (Hansen 2000, grid hull) are in tau units;
+slope SEs at the break ignore its uncertainty, which :func:`threshold_bootstrap` measures by rerunning
+every step on bootstraps of the seeds. When the confidence set reaches an end of the trimmed grid the
+data do not locate a break, and the two break criteria are INCONCLUSIVE (:func:`inconclusive`). A fit that
+cannot be done (exponents: >= 3 prompt lengths; the regression: >= 6 tau; the rank correlation: >= 3)
+makes its criteria INCONCLUSIVE with the reason, and the tables and the figure say so.
 
-* fixed-parameter exponent: slope of the seed-mean gap at ``t = 0``;
-* uniform exponent: slope of the seed-mean of ``sup_t g_L(t)`` (max over the checkpoints).
-
-Design and SEs (:data:`UNITS`): every cell ``(tau, seed)`` and ``(family, tau, family_seed)`` draws
-from a generator keyed by its coordinates, so the seeds are independent, within a tau and across
-tau; a seed's prompts are nested along L and its training run is shared along t, so the points of
-one seed's curve share draws. Every fit along L therefore reports an SE cluster-robust over the
-seeds (statsmodels' CR1 of the linearised log seed-mean, Student-t with ``seeds - 1`` dof); the
-plain OLS SE, which only measures the scatter about the log-log line, stays available by name
-(``cov_type="nonrobust"``, the tables' ``SE OLS`` columns). With one seed (the quick profile) the
-SE is the plain OLS SE of that seed's line, and the tables say so. The verdicts' robustness
-resamples ``seed`` and ``family_seed``.
-
-Threshold regression (:func:`threshold.threshold_regression`): hinge ``y = b0 + b1 x + b2 max(0, x - c)``
-of the uniform exponent ``y`` on ``x``, weighted by ``1 / SE^2``. ``x`` is ``tau`` or ``log tau``.
-Which one: the heavy-tail argument below predicts a kink at tau = 4 in either coordinate (the
-exponent ``-min(sqrt(tau) / 4, 1/2)`` saturates there), and its left branch is equally curved in
-both (its slope changes by the same factor 2.3 over [0.75, 4] in tau and in log tau), so theory
-does not choose. The sweep is log-spaced, so log tau spreads the points evenly while tau crowds
-them below 4. The rule, neutral about where the break lands: both hinges have three coefficients
-and one break on the same ``y`` and weights, so we take the coordinate whose fit has the smaller
-weighted SSR (``x="auto"``), and print the other as a sensitivity line. (Paper run: tau, weighted
-SSR 18.3 against 19.0 for log tau with the clustered weights; 55.8 against 56.8 with the plain OLS
-ones.) The break and its 95% LR confidence set (Hansen 2000 inversion, grid hull) are
-reported in tau units (``exp`` of the log-tau ones); slope SEs at the break ignore its uncertainty.
-Weights: the tau cells are independent, so the exponents' errors are independent across tau and
-each weight is ``1 / SE^2`` of one exponent with the SE that follows its design: cluster-robust over
-the seeds (``se="cluster"``, the primary); the plain OLS SE (``se="nonrobust"``, the former
-primary: it understates the uncertainty: weighted SSR 55.8 against 18.3 with the clustered SEs,
-where about 10 is expected of 14 points and 4 fitted parameters if the weights are inverse variances
-and the hinge holds) and the between-seed SE of the mean per-seed slope (``se="seed"``) are printed as
-sensitivity lines. :func:`threshold_bootstrap` reruns the whole regression (exponents, weights,
-choice of x, break search) on bootstraps of the seeds: the break's own uncertainty, which the SEs at
-the break ignore. When the break's confidence set reaches an
-end of the trimmed grid, the data do not locate a break and the two break criteria are reported
-INCONCLUSIVE (:func:`inconclusive`), whatever the point estimate.
-
-A fit that cannot be done at all makes its criteria INCONCLUSIVE with the reason, and the tables
-and the figure say so and show the rest: the exponents need >= 3 prompt lengths, the threshold
-regression >= 6 tau values, the rank correlation >= 3.
-
-Why no sharp break is expected at these L (and none is found in the paper run): the kink at
-tau = 4 of the heuristic below is an L -> infinity statement; just above 4 the constant
-``(1 - 2 tau^{-1/2})^{-d/2}`` is huge, so L <= 4096 is far from its asymptotic regime there and
-the measured exponent moves smoothly with tau.
-
-Heavy-tail heuristic (shown beside the measurements, not a criterion): at the Bayes optimum a
-query's finite-L constant carries ``C_q = exp(x_q^T Sigma^-1 x_q / c^2)``, whose tail is
-``P(C_q > c) ~ c^{-sqrt(tau)/2}`` (chi-square with ``d`` dof in the exponent). Averaging
-``min(C_q / L, 1)`` over queries gives a mean squared gap ``~ L^{-min(sqrt(tau)/2, 1)}``, hence a
-gap exponent ``-min(sqrt(tau) / 4, 1/2)`` as L -> infinity (the change at tau = 4 is exactly where
-the query-averaged constant becomes finite). It is an asymptotic statement; the range
-L = 8..4096 and a finite number of queries make the measured exponents shallower.
+Heavy-tail heuristic (beside the measurements, not a criterion): at the Bayes optimum a query's
+finite-L constant carries ``C_q = exp(x_q^T Sigma^-1 x_q / c^2)``, whose tail is ``P(C_q > c) ~
+c^{-sqrt(tau)/2}``; averaging ``min(C_q / L, 1)`` over queries gives a gap exponent ``-min(sqrt(tau) / 4,
+1/2)`` as L -> infinity, changing at tau = 4 exactly where the query-averaged constant becomes finite.
+Just above 4 that constant ``(1 - 2 tau^{-1/2})^{-d/2}`` is huge, so L <= 4096 is far from the asymptotic
+regime and no sharp break is expected at these L: the measured exponent moves smoothly with tau.
 """
 from __future__ import annotations
 
@@ -71,8 +39,7 @@ import numpy as np
 import xarray as xr
 from scipy.stats import rankdata
 
-from .c2_family import se_note
-from .fits import loglog_slope, not_fitted, slope_shortfall, too_few, unit_slopes
+from .fits import loglog_slope, not_fitted, se_line, slope_shortfall, too_few, unit_slopes
 from .tables import column, make_table, to_text
 from .threshold import MIN_HINGE_POINTS, break_search, threshold_lr_pvalue, threshold_regression
 from .verdicts import RESAMPLE, Criteria, Shared, measure_unless, resample_indices, resampled
@@ -85,9 +52,7 @@ __all__ = ["CRITERIA", "BREAK_CRITERIA", "exponents", "threshold", "shortfalls",
 X_CHOICES = ("tau", "log_tau")
 #: the SEs that weight the threshold regression (:func:`threshold`).
 SE_CHOICES = ("cluster", "nonrobust", "seed")
-#: the independent units of a ``c2_threshold`` file: every cell ``(tau, seed)`` and ``(family, tau,
-#: family_seed)`` draws from a generator keyed by its coordinates, so the seeds are independent of
-#: each other and across tau; a seed's draws are shared along L (nested prompts) and t (one run).
+#: the independent units of a ``c2_threshold`` file (module doc)
 UNITS = ("seed", "family_seed")
 TAU_STAR = 4.0
 _SE_FLOOR = 1e-12   # an exact log-log line has SE 0: floor it so that 1/SE^2 stays finite
@@ -117,30 +82,23 @@ def _check_cov(cov_type):
 
 
 def exponents(ds: xr.Dataset, cov_type: str | None = None) -> xr.Dataset:
-    """Per tau: ``fixed``, ``fixed_se`` (seed-mean gap at t = 0), ``uniform``, ``uniform_se``
-    (seed-mean of sup_t g_L(t)), their seed spreads (``*_seed_sd``: SD over seeds of the per-seed
-    slopes; NaN with one seed), ``uniform_seed_mean`` and ``uniform_seed_se`` (mean of the per-seed
-    uniform slopes and its standard error ``sd / sqrt(n_seeds)``), ``uniform_risk`` (same for the
-    training-risk gap ``g_risk``), ``argmax_t`` (checkpoint of the sup at the largest L, seed-mean
-    gap) and ``heuristic``; over every other dim too (a resample dim).
-
-    A seed's draws are shared along L (nested prompts) and along t (one run), and the seeds are
-    independent: ``fixed_se`` and ``uniform_se`` are cluster-robust over the seeds (the default with
-    >= 2 seeds, :func:`~.fits.unit_slopes`; ``cov_type="nonrobust"`` by name gives the plain OLS SE of
-    the seed-mean line), ``fixed_se_ols`` and ``uniform_se_ols`` always that plain SE (the former
-    weights of the threshold regression); the scalar coordinates ``cov_type`` and ``n_units`` say
-    which. With one seed every SE is the plain OLS SE of its line."""
+    """Per tau (and every other dim but the seeds: a resample dim): ``fixed`` (slope of the seed-mean gap
+    at t = 0), ``uniform`` (of the seed-mean of sup_t g_L(t)) with their SEs (``*_se``: cluster-robust over
+    the seeds by default, :func:`~.fits.unit_slopes`; ``*_se_ols``: always the plain OLS SE), the SD over
+    seeds of the per-seed slopes (``*_seed_sd``; NaN with one seed), ``uniform_seed_mean`` and
+    ``uniform_seed_se`` (the mean of the per-seed uniform slopes and its SE ``sd / sqrt(n_seeds)``),
+    ``uniform_risk`` (the same for ``g_risk``), ``argmax_t`` (the checkpoint of the sup at the largest L,
+    seed-mean gap) and ``heuristic``; the scalar coordinates ``cov_type`` and ``n_units`` say which SE."""
     _check_cov(cov_type)
     t0, sup = ds.g.isel(t=0), ds.g.max("t")
     fixed, uniform = (unit_slopes(g, "seed", cov_type=cov_type) for g in (t0, sup))
     fixed_ols, uniform_ols = (unit_slopes(g, "seed", cov_type="nonrobust") for g in (t0, sup))
     per_fixed, per_uniform = loglog_slope(t0, "L").slope, loglog_slope(sup, "L").slope
     n_seeds = ds.sizes["seed"]
-    sd = (lambda a: a.std("seed", ddof=1)) if n_seeds > 1 else (lambda a: a.isel(seed=0, drop=True) * np.nan)
     at_max = ds.g.mean("seed").isel(L=-1).argmax("t")
     parts = {"fixed": fixed.slope, "fixed_se": fixed.slope_se, "fixed_se_ols": fixed_ols.slope_se,
              "uniform": uniform.slope, "uniform_se": uniform.slope_se, "uniform_se_ols": uniform_ols.slope_se,
-             "fixed_seed_sd": sd(per_fixed), "uniform_seed_sd": sd(per_uniform),
+             "fixed_seed_sd": _seed_sd(per_fixed, "seed"), "uniform_seed_sd": _seed_sd(per_uniform, "seed"),
              "uniform_seed_mean": per_uniform.mean("seed"),
              "heuristic": xr.DataArray(heuristic_exponent(ds.tau.values), dims="tau"),
              "argmax_t": ds.t[at_max].drop_vars("t"),
@@ -148,6 +106,11 @@ def exponents(ds: xr.Dataset, cov_type: str | None = None) -> xr.Dataset:
     out = xr.Dataset({k: v.reset_coords(drop=True).drop_attrs() for k, v in parts.items()}).assign_coords(tau=ds.tau)
     out["uniform_seed_se"] = out.uniform_seed_sd / math.sqrt(n_seeds)
     return out.assign_coords(cov_type=str(fixed.cov_type.values), n_units=n_seeds)
+
+
+def _seed_sd(per_seed: xr.DataArray, dim: str) -> xr.DataArray:
+    """The SD over ``dim`` (the seeds) of the per-seed slopes ``per_seed``; NaN with one seed."""
+    return per_seed.std(dim, ddof=1) if per_seed.sizes[dim] > 1 else per_seed.isel({dim: 0}, drop=True) * np.nan
 
 
 def _threshold_data(ex: xr.Dataset, se_kind: str) -> tuple[xr.DataArray, xr.DataArray]:
@@ -170,24 +133,14 @@ def _x_values(tau, x):
 
 
 def threshold(ds: xr.Dataset, x: str = "auto", ex: xr.Dataset | None = None, se: str = "cluster") -> dict:
-    """Threshold regression of the uniform exponent on ``x`` (``"tau"``, ``"log_tau"`` or
-    ``"auto"``: the smaller weighted SSR, module doc).
-
-    The tau values are independent cells (their generators are keyed by tau and seed), so the
-    exponents' errors are independent across tau and the regression is a WLS with weights
-    ``1/SE^2``, each SE the uncertainty of one exponent, which must follow the design of its fit
-    along L. ``se="cluster"`` (the primary analysis): ``y`` = slope of the seed-mean sup-gap, SE
-    cluster-robust over the seeds (:func:`exponents`; a seed's prompts are nested along L and its
-    run shared along t). ``se="nonrobust"`` (the former primary, by name): the same ``y``, weights
-    from the plain OLS SE of that slope, which measures the scatter about the log-log line only.
-    ``se="seed"`` (sensitivity): ``y`` = mean of the per-seed slopes, weights ``1/SE^2`` with the
-    between-seed SE ``sd / sqrt(n_seeds)``. With one seed ``"cluster"`` is the plain OLS SE.
-    :func:`breaks` is the same break search for many regressions at once (the resamples of the seeds).
-
-    Returns a dict: ``x`` (chosen coordinate), ``se``,
-    ``fit`` (its :class:`~threshold.ThresholdFit`), ``data`` (its ``(y, x values, weights)``),
-    ``break_tau``, ``ci_tau`` (low, high), ``covers_4``, ``ci_truncated``, and ``alternative`` (the
-    same for the other coordinate, without recursion)."""
+    """Threshold regression of the uniform exponent on ``x`` (``"tau"``, ``"log_tau"`` or ``"auto"``: the
+    smaller weighted SSR), weights ``1/SE^2`` of the SEs ``se``: ``"cluster"`` (the primary: cluster-robust
+    over the seeds, :func:`exponents`; the plain OLS SE with one seed), ``"nonrobust"`` (the plain OLS SE of
+    the same slope: the scatter about its log-log line only), ``"seed"`` (sensitivity: ``y`` the mean of
+    the per-seed slopes, SE ``sd / sqrt(n_seeds)``). :func:`breaks` is the same search for many regressions
+    at once. Returns a dict: ``x``, ``se``, ``fit`` (the :class:`~threshold.ThresholdFit`), ``data`` (its
+    ``(y, x values, weights)``), ``break_tau``, ``ci_tau`` (low, high), ``covers_4``, ``ci_truncated``, and
+    ``alternative`` (the same for the other coordinate)."""
     ex = exponents(ds) if ex is None else ex
     _check_choices(x, se)
     y, w = (np.asarray(v.values, dtype=np.float64) for v in _threshold_data(ex, se))
@@ -247,17 +200,13 @@ def covers_4_pvalue(th: dict) -> float:
 
 
 def threshold_bootstrap(ds: xr.Dataset, resamples: int = 100, x: str = "auto", se: str = "cluster") -> dict | None:
-    """The threshold regression rerun on ``resamples`` bootstraps of the seeds (drawn with
-    replacement, the same draw at every tau: :func:`~.verdicts.resample_indices` keyed by "C2T
-    threshold bootstrap", every resample when there are at most ``resamples``; the tau cells are
-    independent, so this resamples each tau's seeds), every
-    step redone for all of them at once: exponents, their SEs (the weights), the choice of ``x``, the
-    break search and its LR set (:func:`breaks`). The spread of the break and of the slopes over the
-    resamples includes the break's own uncertainty, which the slopes' SEs at the break ignore. None
-    with fewer than 2 seeds. Returns ``resamples``, ``break_tau`` (the values), ``break_se``,
-    ``break_ci`` (2.5 and 97.5 percentiles), ``slope_left_se``, ``slope_right_se``, ``truncated`` and
-    ``covers_4`` (fractions of the resamples); a resample whose fit cannot be done is left out
-    (``done`` counts the others)."""
+    """The threshold regression rerun on ``resamples`` bootstraps of the seeds (the same draw at every
+    tau, :func:`~.verdicts.resample_indices` keyed by "C2T threshold bootstrap"), every step redone for
+    all of them at once (:func:`breaks` of the resampled :func:`exponents`): the spread of the break and of
+    the slopes includes the break's own uncertainty, which the SEs at the break ignore. None with fewer
+    than 2 seeds (or 2 resamples whose fit can be done). Returns ``resamples``, ``done`` (the resamples
+    kept), ``break_tau`` (their breaks), ``break_se``, ``break_ci`` (2.5 and 97.5 percentiles),
+    ``slope_left_se``, ``slope_right_se``, ``truncated`` and ``covers_4`` (fractions of the resamples)."""
     G = ds.sizes["seed"]
     if G < 2:
         return None
@@ -275,9 +224,9 @@ def threshold_bootstrap(ds: xr.Dataset, resamples: int = 100, x: str = "auto", s
 
 
 def shortfalls(ds: xr.Dataset) -> dict:
-    """Why each fit cannot be done (None when it can): ``exponents`` (slopes in L: >= 3 prompt
-    lengths), ``threshold`` (the hinge regression: those exponents at >= 6 tau values), ``trend``
-    (the rank correlation: >= 3 tau values)."""
+    """Why each fit cannot be done (None when it can): ``exponents`` (>= 3 prompt lengths), ``threshold``
+    (>= 6 tau), ``trend`` (>= 3 tau), ``families``, ``constant`` (a tau > 4), ``constant_families``,
+    ``growth`` (a tau < 4)."""
     n_tau = ds.sizes["tau"]
     no_ex = slope_shortfall(ds)
     tau = ds.tau.values
@@ -286,11 +235,8 @@ def shortfalls(ds: xr.Dataset) -> dict:
     below = "needs a tau < 4" if not np.any(tau < TAU_STAR) else None
     return {"exponents": no_ex,
             "threshold": no_ex or too_few(n_tau, MIN_HINGE_POINTS, "tau values", "the threshold regression"),
-            "trend": no_ex or too_few(n_tau, 3, "tau values", "a rank correlation"),
-            "families": no_ex or no_fam,
-            "constant": above,
-            "constant_families": no_fam or above,
-            "growth": no_ex or below}
+            "trend": no_ex or too_few(n_tau, 3, "tau values", "a rank correlation"), "families": no_ex or no_fam,
+            "constant": above, "constant_families": no_fam or above, "growth": no_ex or below}
 
 
 def family_exponents(ds: xr.Dataset, ex: xr.Dataset | None = None, cov_type: str | None = None) -> xr.Dataset:
@@ -304,7 +250,7 @@ def family_exponents(ds: xr.Dataset, ex: xr.Dataset | None = None, cov_type: str
     fit = unit_slopes(sup, "family_seed", cov_type=cov_type)
     per_seed = loglog_slope(sup, "L").slope
     n = ds.sizes["family_seed"]
-    seed_se = per_seed.std("family_seed", ddof=1) / math.sqrt(n) if n > 1 else per_seed.isel(family_seed=0) * np.nan
+    seed_se = _seed_sd(per_seed, "family_seed") / math.sqrt(n)
     iso = (exponents(ds) if ex is None else ex).uniform
     parts = {"uniform": fit.slope, "uniform_se": fit.slope_se, "uniform_seed_se": seed_se,
              "difference": fit.slope - iso}
@@ -348,31 +294,21 @@ class _Fits(NamedTuple):
     th: dict | xr.Dataset | None  # threshold(ds) (tables) or breaks(ex) (measures), when it can be done
 
 
-def _fits(ds: xr.Dataset) -> _Fits:
-    """``(shortfalls, exponents or None, threshold or None)``: each fit done once, when it can be."""
+def _fits(ds: xr.Dataset, measured: bool = False) -> _Fits:
+    """``(shortfalls, exponents or None, the break or None)``, each fit done once, when it can be: the
+    break by :func:`threshold` (the tables) or, ``measured``, by :func:`breaks` (the measures: every
+    resample of the seeds at once when ``ds`` holds them)."""
     why = shortfalls(ds)
     ex = None if why["exponents"] else exponents(ds)
-    th = None if why["threshold"] else threshold(ds, ex=ex)
-    return _Fits(why, ex, th)
-
-
-def _measured(ds: xr.Dataset) -> _Fits:
-    """What the measures read: ``(shortfalls, exponents or None, breaks or None)``, every resample of
-    the seeds at once when ``ds`` holds them (:func:`breaks`: the break search of :func:`threshold`)."""
-    why = shortfalls(ds)
-    ex = None if why["exponents"] else exponents(ds)
-    return _Fits(why, ex, None if why["threshold"] else breaks(ex))
+    return _Fits(why, ex, None if why["threshold"] else (breaks(ex) if measured else threshold(ds, ex=ex)))
 
 
 # --------------------------------------------------------------------------- criteria
-# "fixed" exponent: log-log slope in L of the seed-mean gap at t = 0; "uniform" exponent: slope of
-# the seed-mean of sup_t g_L(t). The break is the threshold (hinge) regression of the uniform
-# exponent on tau (or log tau), weighted by 1/SE^2.
 
 
 def _break_flags(sh: Shared) -> dict:
     """The break criteria flagged by :func:`inconclusive` (none without a threshold regression)."""
-    br = sh(_measured).th
+    br = sh(_fits, True).th
     return {} if br is None else inconclusive(sh.ds, br)
 
 
@@ -383,6 +319,9 @@ CRITERIA = Criteria("C2", prepare=Shared, inconclusive=_break_flags, units=UNITS
 # default, measured with this module) and says so; where that spread covers the paper band, the
 # criterion is NOT JUDGED at the quick profile with the reason.
 _QUICK_ONE_SEED = "one seed of 4 task pairs and 200 training steps"
+_BREAK_QUICK = f"6 tau values and {_QUICK_ONE_SEED}: over 7 quick files the break ranged from 1.25 to 9.37"
+_BREAK_FAILS = ("pre-asymptotic", "the kink at tau = 4 is an L -> infinity statement; just above 4 the constant is "
+                                  "huge (K = 2.3e6 at tau = 4.7), so L <= 4096 does not resolve it")
 
 
 # quick: over 7 quick files the per-file max is -0.32 +- 0.045 and the min -0.60 +- 0.032 (SD over files), so
@@ -393,7 +332,7 @@ _QUICK_ONE_SEED = "one seed of 4 task pairs and 200 training steps"
                  "(large logits, pre-asymptotic)",
           quick=(-0.8, -0.15))
 def _fixed_exponent(sh):
-    why, ex, _ = sh(_measured)
+    why, ex, _ = sh(_fits, True)
     return measure_unless(why["exponents"], lambda: ex.fixed)
 
 
@@ -406,7 +345,7 @@ def _fixed_exponent(sh):
                                "decreases with L (heavy-tail heuristic -0.217 at tau = 0.75): an infinite "
                                "query-averaged constant slows convergence but does not stop it"))
 def _uniform_low_tau(sh):
-    why, ex, _ = sh(_measured)
+    why, ex, _ = sh(_fits, True)
     return measure_unless(why["exponents"], lambda: ex.uniform.isel(tau=0))
 
 
@@ -418,7 +357,7 @@ def _uniform_low_tau(sh):
                  "and the fixed rate (-1/2)",
           quick=0.0)
 def _uniform_high_tau(sh):
-    why, ex, _ = sh(_measured)
+    why, ex, _ = sh(_fits, True)
     return measure_unless(why["exponents"], lambda: ex.uniform.isel(tau=-1))
 
 
@@ -429,7 +368,7 @@ def _uniform_high_tau(sh):
           quick=f"6 tau values and {_QUICK_ONE_SEED}: over 7 quick files the rank correlation ranged from -0.83 to "
                 "-0.26")
 def _uniform_trend(sh):
-    why, ex, _ = sh(_measured)
+    why, ex, _ = sh(_fits, True)
     return measure_unless(why["trend"], lambda: spearman(ex.tau, ex.uniform, "tau"))
 
 
@@ -438,7 +377,7 @@ def _uniform_trend(sh):
           reason="40% of the reference's separation, several SEs (0.01-0.03) of either exponent",
           quick=f"{_QUICK_ONE_SEED}: over 7 quick files the separation ranged from -0.13 to +0.66 (SD 0.24)")
 def _separation_low_tau(sh):
-    why, ex, _ = sh(_measured)
+    why, ex, _ = sh(_fits, True)
     return measure_unless(why["exponents"], lambda: (ex.uniform - ex.fixed).isel(tau=0))
 
 
@@ -446,22 +385,18 @@ def _separation_low_tau(sh):
           (2.0, 8.0), reference="near 4",
           reason="theory puts the kink at tau = 4; a factor 2 either side allows for the smooth finite-L transition "
                  "on a log-spaced grid",
-          quick=f"6 tau values and {_QUICK_ONE_SEED}: over 7 quick files the break ranged from 1.25 to 9.37",
-          fails_as=("pre-asymptotic", "the kink at tau = 4 is an L -> infinity statement; just above 4 the constant is "
-                                      "huge (K = 2.3e6 at tau = 4.7), so L <= 4096 does not resolve it"))
+          quick=_BREAK_QUICK, fails_as=_BREAK_FAILS)
 def _break_location(sh):
-    why, _, br = sh(_measured)
+    why, _, br = sh(_fits, True)
     return measure_unless(why["threshold"], lambda: br.break_tau)
 
 
 @CRITERIA("C2T-break-covers-4", "1 if the 95% LR confidence set of the break contains tau = 4, else 0", ">=", 1.0,
           reference="(expected: tau = 4)", reason="the direct test of the predicted location",
-          quick=f"6 tau values and {_QUICK_ONE_SEED}: over 7 quick files the break ranged from 1.25 to 9.37",
-          fails_as=("pre-asymptotic", "the kink at tau = 4 is an L -> infinity statement; just above 4 the constant is "
-                                      "huge (K = 2.3e6 at tau = 4.7), so L <= 4096 does not resolve it"),
-          level=0.05, pvalue=lambda sh: covers_4_pvalue(threshold(sh.ds, ex=sh(_measured).ex)))
+          quick=_BREAK_QUICK, fails_as=_BREAK_FAILS,
+          level=0.05, pvalue=lambda sh: covers_4_pvalue(threshold(sh.ds, ex=sh(_fits, True).ex)))
 def _break_covers_4(sh):
-    why, _, br = sh(_measured)
+    why, _, br = sh(_fits, True)
     return measure_unless(why["threshold"], lambda: br.covers_4.astype(float).where(br.done))
 
 
@@ -475,8 +410,9 @@ def _break_covers_4(sh):
                  "0.1 is 4 of those, a fifth of the way from no convergence (0) to the fixed rate (-1/2)",
           quick=0.4)
 def _families_agree(sh):
-    why, ex, _ = sh(_measured)
-    return measure_unless(why["families"], lambda: abs(family_exponents(sh.ds, ex).difference.mean("tau")).max("family"))
+    why, ex, _ = sh(_fits, True)
+    return measure_unless(why["families"],
+                          lambda: abs(family_exponents(sh.ds, ex).difference.mean("tau")).max("family"))
 
 
 @CRITERIA("C2T-constant-ratio", "L g_L(T)^2 / K at the largest L and the largest tau (isotropic; K the "
@@ -487,7 +423,7 @@ def _families_agree(sh):
           quick="200 training steps end far from the Bayes optimum, where K is defined, and L <= 512: over 7 quick "
                 "files the ratio ranged from 0.005 to 0.53")
 def _constant_ratio(sh):
-    why = sh(_measured).why
+    why = sh(_fits, True).why
     return measure_unless(why["constant"], lambda: sh(constant_ratio).iso.isel(tau=-1, L=-1))
 
 
@@ -499,7 +435,7 @@ def _constant_ratio(sh):
           fails_as=("pre-asymptotic", "K is not a function of tau alone (1.39e3 isotropic, 5.5e3 power law, 1.68e4 "
                                       "KMS at tau = 14.8), and L g_L(T)^2 still grows at L = 4096"))
 def _constant_ratio_families(sh):
-    why = sh(_measured).why
+    why = sh(_fits, True).why
     def worst():
         r = sh(constant_ratio).families.isel(tau=-1, L=-1)   # the family farthest from 1 on a log scale
         return r.isel(family=abs(np.log(r)).argmax("family"))
@@ -511,7 +447,7 @@ def _constant_ratio_families(sh):
           reason="below 4 the constant is infinite, so L g^2 must grow with L at every such tau",
           quick=f"{_QUICK_ONE_SEED}: over 7 quick files the smallest growth slope ranged from -0.21 to +0.76")
 def _growth_below_4(sh):
-    why = sh(_measured).why
+    why = sh(_fits, True).why
     return measure_unless(why["growth"], lambda: growth_fit(sh.ds).slope.isel(
         tau=sh.ds.tau.values < TAU_STAR).min("tau", skipna=False))
 
@@ -528,10 +464,9 @@ def inconclusive(ds: xr.Dataset, br: xr.Dataset | None = None) -> dict:
     grid (then the data do not locate a break: "covers 4" would be vacuous and the point estimate is
     not identified); on resampled data, a boolean over the resamples. Empty when the threshold
     regression cannot be done at all (:func:`measures` gives the reason)."""
+    br = _fits(ds, True).th if br is None else br
     if br is None:
-        if shortfalls(ds)["threshold"]:
-            return {}
-        br = breaks(exponents(ds))
+        return {}
     if RESAMPLE in br.dims:
         return {cid: br.ci_truncated for cid in BREAK_CRITERIA}
     if not bool(br.ci_truncated):
@@ -559,20 +494,15 @@ def _exponent_table(ds, fits):
     why, ex, _ = fits
     cols = {"s": column(ds.s.isel(seed=0), "s", ".3f"),
             "concentration_constant": column(ds.concentration_constant.isel(seed=0), "C(tau)", ".3g")}
-    if ex is not None:
-        for key, head, fmt in (("fixed", "fixed", "+.3f"), ("fixed_se", "SE", ".3f"), ("fixed_se_ols", "SE OLS", ".3f"),
-                               ("fixed_seed_sd", "sd_seed", ".3f"), ("uniform", "uniform", "+.3f"),
-                               ("uniform_se", "SE", ".3f"), ("uniform_se_ols", "SE OLS", ".3f"),
-                               ("uniform_seed_sd", "sd_seed", ".3f")):
-            cols[key] = column(ex[key], head, fmt)
-    cols["heuristic"] = column(xr.DataArray(heuristic_exponent(ds.tau.values), dims="tau", coords={"tau": ds.tau}),
-                               "heur.", "+.3f")
-    if ex is not None and "uniform_risk" in ex:
-        cols["uniform_risk"] = column(ex.uniform_risk, "unif(R)", "+.3f")
-    if ex is not None:
-        cols["argmax_t"] = column(ex.argmax_t, "argmax t", "d")
+    spec = (("fixed", "fixed", "+.3f"), ("fixed_se", "SE", ".3f"), ("fixed_se_ols", "SE OLS", ".3f"),
+            ("fixed_seed_sd", "sd_seed", ".3f"), ("uniform", "uniform", "+.3f"), ("uniform_se", "SE", ".3f"),
+            ("uniform_se_ols", "SE OLS", ".3f"), ("uniform_seed_sd", "sd_seed", ".3f"), ("heuristic", "heur.", "+.3f"),
+            ("uniform_risk", "unif(R)", "+.3f"), ("argmax_t", "argmax t", "d"))
+    heuristic = xr.DataArray(heuristic_exponent(ds.tau.values), dims="tau", coords={"tau": ds.tau})
+    cols |= {k: column(heuristic if k == "heuristic" else ex[k], head, fmt) for k, head, fmt in spec
+             if ex is not None or k == "heuristic"}
     notes = "" if ex is None else (
-        se_note(ds.sizes["seed"], "seeds", _SHARED, line="seed-mean line") + "\n"
+        se_line(ds.sizes["seed"], "seeds", _SHARED, line="seed-mean line") + "\n"
         "fixed: slope in L of the seed-mean gap at t = 0; uniform: of the seed-mean sup_t gap; sd_seed: SD "
         "over seeds of per-seed slopes; heur.: -min(sqrt(tau)/4, 1/2); unif(R): uniform exponent of the training-risk "
         "gap g_risk; argmax t: checkpoint of the sup at the largest L")
@@ -609,20 +539,16 @@ def _threshold_table(ds, fits):
     if th is None:
         return make_table({}, title=f"threshold regression: not fitted, {why['threshold']}")
     G = ds.sizes["seed"]
-    w = "1/SE_cluster^2" if G > 1 else "1/SE_OLS^2"
-    rows = {"threshold regression": _threshold_row(th, "uniform", w, True)}
-    if th["alternative"] is not None:
-        rows["sensitivity: other x"] = _threshold_row(th["alternative"], "uniform", w, False)
+    runs = [("", th, "uniform", "1/SE_cluster^2" if G > 1 else "1/SE_OLS^2")]
     if G > 1:
-        tho = threshold(ds, ex=ex, se="nonrobust")
-        rows["sensitivity: OLS SE"] = _threshold_row(tho, "uniform", "1/SE_OLS^2", True)
-        if tho["alternative"] is not None:
-            rows["sensitivity: OLS SE, other x"] = _threshold_row(tho["alternative"], "uniform", "1/SE_OLS^2", False)
-        ths = threshold(ds, ex=ex, se="seed")
-        rows["sensitivity: seed SE"] = _threshold_row(ths, "mean per-seed slope", "1/SE_seed^2", True)
-        if ths["alternative"] is not None:
-            rows["sensitivity: seed SE, other x"] = _threshold_row(ths["alternative"], "mean per-seed slope",
-                                                                   "1/SE_seed^2", False)
+        runs += [(": OLS SE", threshold(ds, ex=ex, se="nonrobust"), "uniform", "1/SE_OLS^2"),
+                 (": seed SE", threshold(ds, ex=ex, se="seed"), "mean per-seed slope", "1/SE_seed^2")]
+    rows = {}
+    for name, fit, y, w in runs:
+        rows[f"sensitivity{name}" if name else "threshold regression"] = _threshold_row(fit, y, w, True)
+        if fit["alternative"] is not None:
+            rows[f"sensitivity{name}, other x" if name else "sensitivity: other x"] = _threshold_row(
+                fit["alternative"], y, w, False)
     fit = {"fit": list(rows)}
     cols = {key: column(xr.DataArray([r[key] for r in rows.values()], dims="fit", coords=fit), head, fmt)
             for key, head, fmt in _THRESHOLD_COLUMNS}
@@ -680,7 +606,7 @@ def family_tables(ds: xr.Dataset, ex: xr.Dataset | None = None) -> dict:
             {"growth": column(gf.slope, "growth", "+.3f"), "growth_se": column(gf.slope_se, "SE", ".3f"),
              "growth_se_ols": column(gf_ols.slope_se, "SE OLS", ".3f")},
             formats={"tau": ".3g"}, title="growth slope of L g_L(T)^2 in L (isotropic)",
-            notes=se_note(ds.sizes["seed"], "seeds", _SHARED, line="seed-mean line"))
+            notes=se_line(ds.sizes["seed"], "seeds", _SHARED, line="seed-mean line"))
     if why["families"]:
         return {**tables, "families": make_table({}, title=f"covariance families: not compared, {why['families']}")}
     fe = family_exponents(ds, ex)
@@ -732,7 +658,7 @@ def _family_by_tau(ds, fam, f):
          "dist_T": column(ds.dist_bayes_family.sel(family=fam).isel(t_family=-1).max("family_seed"), "dist_T",
                           ".2g")},
         formats={"tau": ".3f"}, title=f"family {fam} by tau",
-        notes=se_note(ds.sizes["family_seed"], "family seeds", _SHARED, ols=False)
+        notes=se_line(ds.sizes["family_seed"], "family seeds", _SHARED, ols=False)
               + "; SE_seed: SD of the per-seed slopes / sqrt(seeds)\n"
               "uniform: slope in L of the seed-mean sup_t g_family; diff: minus the isotropic uniform exponent; "
               "Lg2/K at the largest L; dist_T: largest distance to the Bayes optimum at the end of training")

@@ -22,7 +22,8 @@ import xarray as xr
 from scipy.special import stdtr, stdtrit   # Student t: what scipy.stats.t calls, without its import
 
 __all__ = ["COV_TYPES", "LINE_FIELDS", "MIN_LINE_POINTS", "check_alpha", "check_cov_type", "loglog_slope",
-           "not_fitted", "ols_line", "paper_form_fit", "power_law_fit", "se_note", "slope_shortfall", "too_few", "unit_slopes"]
+           "not_fitted", "ols_line", "paper_form_fit", "power_law_fit", "se_line", "se_note", "slope_shortfall",
+           "too_few", "unit_slopes"]
 
 #: covariance estimators of the fits (statsmodels' names). ``"cluster"`` is cluster-robust over the
 #: independent units of a fit (``units=``): the default wherever a fit has them.
@@ -401,6 +402,17 @@ def se_note(fit: xr.Dataset) -> str:
     kind = "cluster-robust over" if fit.cov_type.item() == "cluster" else f"{fit.cov_type.item()} OLS,"
     return f"SE {kind} {n} unit{'s' if n != 1 else ''} ({units})"
 
+
+
+def se_line(G: int, what: str, why: str, *, line: str = "pooled line", ols: bool = True) -> str:
+    """The line of a table's notes that says what its SEs are over ``G`` units ``what`` (``"seeds"``)
+    and ``why`` they are clustered; ``ols``: and what its ``SE OLS`` column is (the plain OLS SE of the
+    ``line``)."""
+    if G >= 2:
+        return (f"SE: cluster-robust over the {G} {what} ({why}), Student-t with {G - 1} dof"
+                + (f"; SE OLS: the plain OLS SE of the {line}, which ignores that sharing" if ols else ""))
+    return (f"SE: plain OLS of the one {what[:-1]}'s line (one unit: no cluster-robust SE; {why})"
+            + ("; SE OLS: the same" if ols else ""))
 
 def power_law_fit(da: xr.DataArray, dim: str = "L", *, units=None, cov_type: str | None = None,
                   alpha: float = 0.05) -> xr.Dataset:

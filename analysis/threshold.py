@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import statsmodels.api as sm
@@ -24,6 +24,8 @@ __all__ = ["MIN_HINGE_POINTS", "ThresholdFit", "break_search", "threshold_regres
 
 #: fewest points (with positive weight) of :func:`threshold_regression`: three coefficients and a breakpoint.
 MIN_HINGE_POINTS = 6
+#: the array fields of a :class:`ThresholdFit`
+_PROFILES = ("grid", "ssr_profile", "lr_profile")
 
 
 def hinge_design_np(x: np.ndarray, c: float) -> np.ndarray:
@@ -70,9 +72,6 @@ def threshold_lr_pvalue(fit: "ThresholdFit", y, x, c: float, weights=None) -> fl
     return hansen_lr_pvalue(fit.n * (ssr_c - fit.ssr) / fit.ssr)
 
 
-# ---------------------------------------------------------------------------------------------
-# threshold (hinge) regression
-# ---------------------------------------------------------------------------------------------
 _THRESHOLD_NOTE = (
     "slope SEs (b0, b1, b2, slope_left, slope_right) are computed at the chosen breakpoint c_hat "
     "as if it were known: they ignore its uncertainty. The CI of c is the grid set "
@@ -84,23 +83,13 @@ _THRESHOLD_NOTE = (
 
 @dataclass(frozen=True, eq=False, repr=False)
 class ThresholdFit:
-    """Result of :func:`threshold_regression` (hinge model ``y = b0 + b1 x + b2 max(0, x - c)``).
-
-    Attributes
-    ----------
-    c_hat : the breakpoint minimising the (weighted) SSR over the grid.
-    c_ci_low, c_ci_high : hull of ``{c in grid : LR(c) <= lr_crit}`` (LR inversion, Hansen 2000).
-    ci_truncated : True when that set reaches an end of the trimmed grid (the true CI may be wider).
-    alpha, lr_crit : the level and the LR critical value used.
-    b0, b1, b2 and ``*_se`` : coefficients at ``c_hat`` with their SEs.
-    slope_left, slope_left_se : ``b1`` (slope below ``c_hat``).
-    slope_right, slope_right_se : ``b1 + b2`` (slope above), SE ``sqrt(V11 + V22 + 2 V12)``.
-    ssr, r2, n : fit at ``c_hat`` (weighted SSR and R^2 when weighted; n = points with w > 0).
-    cov_type, weighted, trim : settings.
-    grid, ssr_profile, lr_profile : the profiled candidate breakpoints, SSR(c) and LR(c)
-        (``inf`` where the hinge design is singular).
-    note : caveat on the SEs and the CI.
-    """
+    """Result of :func:`threshold_regression` (hinge ``y = b0 + b1 x + b2 max(0, x - c)``): the breakpoint
+    ``c_hat`` (argmin of the weighted SSR over the grid), the hull ``[c_ci_low, c_ci_high]`` of ``{c in grid :
+    LR(c) <= lr_crit}`` (LR inversion, Hansen 2000; ``ci_truncated`` when it reaches an end of the trimmed grid,
+    the true CI may be wider), the coefficients at ``c_hat`` with their SEs, ``slope_left = b1`` and
+    ``slope_right = b1 + b2`` (SE ``sqrt(V11 + V22 + 2 V12)``), the fit at ``c_hat`` (``ssr``, ``r2``: weighted
+    when weighted; ``n``: the points with w > 0), the settings, the profiles over ``grid`` (``inf`` where the
+    hinge design is singular) and the ``note`` on the SEs and the CI."""
 
     c_hat: float
     c_ci_low: float
@@ -129,13 +118,6 @@ class ThresholdFit:
     lr_profile: np.ndarray
     note: str = _THRESHOLD_NOTE
 
-    _SCALARS = (
-        "c_hat", "c_ci_low", "c_ci_high", "ci_truncated", "alpha", "lr_crit",
-        "b0", "b0_se", "b1", "b1_se", "b2", "b2_se",
-        "slope_left", "slope_left_se", "slope_right", "slope_right_se",
-        "ssr", "r2", "n", "cov_type", "weighted", "trim", "note",
-    )  # fmt: skip
-
     def __repr__(self) -> str:
         level = f"{100 * (1 - self.alpha):g}%"
         trunc = " (truncated at the grid's end)" if self.ci_truncated else ""
@@ -153,137 +135,65 @@ class ThresholdFit:
         )
 
     def to_dict(self, include_profile: bool = False) -> dict:
-        """Scalars (and, with ``include_profile``, the grid and profiles as lists) in a plain dict."""
-        out = {k: getattr(self, k) for k in self._SCALARS}
-        if include_profile:
-            out.update(
-                grid=self.grid.tolist(), ssr_profile=self.ssr_profile.tolist(), lr_profile=self.lr_profile.tolist()
-            )
-        return out
+        """The scalars (and, with ``include_profile``, the grid and the profiles as lists) in a plain dict."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _PROFILES}
+        return out | ({k: getattr(self, k).tolist() for k in _PROFILES} if include_profile else {})
 
     def to_dataset(self) -> xr.Dataset:
-        """xr.Dataset: scalars as 0-d variables, ``ssr_profile`` and ``lr_profile`` over dim ``c_grid``.
-
-        Settings (``alpha``, ``lr_crit``, ``cov_type``, ``trim``, ``weighted``) are scalar
-        coordinates; ``note`` is an attribute.
-        """
+        """The scalars as 0-d variables, ``ssr_profile`` and ``lr_profile`` over dim ``c_grid``; the settings
+        (``alpha``, ``lr_crit``, ``cov_type``, ``trim``, ``weighted``) as scalar coordinates, ``note`` an attribute."""
         settings = {"alpha", "lr_crit", "cov_type", "trim", "weighted", "note"}
-        data = {
-            k: xr.DataArray(int(v) if isinstance(v, bool) else v)
-            for k, v in self.to_dict().items()
-            if k not in settings
-        }
-        data["ssr_profile"] = xr.DataArray(
-            self.ssr_profile, dims="c_grid", attrs={"long_name": "SSR(c)", "description": "profiled (weighted) SSR"}
-        )
-        data["lr_profile"] = xr.DataArray(
-            self.lr_profile,
-            dims="c_grid",
-            attrs={"long_name": "LR(c)", "description": "n (SSR(c) - SSR(c_hat)) / SSR(c_hat)"},
-        )
-        ds = xr.Dataset(data, coords={"c_grid": self.grid})
-        ds = ds.assign_coords(
-            method="hinge threshold regression",
-            alpha=self.alpha,
-            lr_crit=self.lr_crit,
-            cov_type=self.cov_type,
-            trim=self.trim,
-            weighted=int(self.weighted),
-        )
+        data = {k: xr.DataArray(int(v) if isinstance(v, bool) else v) for k, v in self.to_dict().items()
+                if k not in settings}
+        data["ssr_profile"] = xr.DataArray(self.ssr_profile, dims="c_grid",
+                                           attrs={"long_name": "SSR(c)", "description": "profiled (weighted) SSR"})
+        data["lr_profile"] = xr.DataArray(self.lr_profile, dims="c_grid", attrs={
+            "long_name": "LR(c)", "description": "n (SSR(c) - SSR(c_hat)) / SSR(c_hat)"})
+        ds = xr.Dataset(data, coords={"c_grid": self.grid}).assign_coords(
+            method="hinge threshold regression", alpha=self.alpha, lr_crit=self.lr_crit, cov_type=self.cov_type,
+            trim=self.trim, weighted=int(self.weighted))
         ds.attrs = {"note": self.note, "model": "y = b0 + b1 x + b2 max(0, x - c)"}
         return ds
 
 
-def threshold_regression(
-    y,
-    x,
-    weights=None,
-    *,
-    trim: float = 0.15,
-    n_grid: int = 200,
-    alpha: float = 0.05,
-    cov_type: str = "nonrobust",
-    lr_crit: float | None = None,
-) -> ThresholdFit:
+def threshold_regression(y, x, weights=None, *, trim: float = 0.15, n_grid: int = 200, alpha: float = 0.05,
+                         cov_type: str = "nonrobust", lr_crit: float | None = None) -> ThresholdFit:
     """Continuous threshold (hinge) regression with an unknown breakpoint.
 
-    Model: ``y_i = b0 + b1 x_i + b2 max(0, x_i - c) + e_i``: slope ``b1`` left of ``c``,
-    ``b1 + b2`` right of it, continuous at ``c``. statsmodels has no threshold regression, so
-    ``c`` is found by profiling: for each candidate ``c`` on a grid, the hinge basis
-    ``[1, x, max(0, x - c)]`` is fitted by statsmodels WLS (OLS when ``weights`` is None) and
-    its (weighted) SSR recorded; ``c_hat = argmin SSR(c)``. The grid is ``n_grid`` equally
-    spaced points between the ``trim`` and ``1 - trim`` quantiles of ``x``, together with the
-    observed ``x`` values inside that range.
+    Model: ``y_i = b0 + b1 x_i + b2 max(0, x_i - c) + e_i``: slope ``b1`` left of ``c``, ``b1 + b2``
+    right of it, continuous at ``c``. ``c`` is profiled: the (weighted) SSR of the hinge fit (WLS with
+    ``weights``, OLS without) at each candidate of a grid of ``n_grid`` equally spaced points between the
+    ``trim`` and ``1 - trim`` quantiles of ``x`` together with the observed ``x`` inside that range;
+    ``c_hat = argmin SSR(c)``. Its confidence set is the LR inversion of Hansen (2000): ``LR(c) = n (SSR(c)
+    - SSR(c_hat)) / SSR(c_hat)``, ``CI = {c : LR(c) <= crit}`` with :func:`hansen_lr_crit` unless
+    ``lr_crit`` is given (e.g. 3.84 = chi2_1 for a continuous kink). The coefficients and their SEs
+    (statsmodels, ``cov_type``) are those of the fit at ``c_hat``: they ignore its uncertainty.
 
-    Confidence set for ``c`` by likelihood-ratio inversion (Hansen 2000):
-    ``LR(c) = n (SSR(c) - SSR(c_hat)) / SSR(c_hat)`` and ``CI = {c : LR(c) <= crit}`` with
-    ``crit = -2 log(1 - sqrt(1 - alpha))`` (7.35 for alpha = 0.05; :func:`hansen_lr_crit`),
-    unless ``lr_crit`` is given. The coefficients and their SEs are those of the fit at
-    ``c_hat`` (``cov_type`` as in statsmodels); they ignore the uncertainty of ``c_hat``.
+    Numerics: the fits run on ``x' = (x - m_x) / s_x`` and ``y' = (y - m_y) / s_y`` (midrange of x, median
+    of y, half-range scales) and are mapped back exactly (the model is affine-equivariant: ``max(0, x - c)
+    = s_x max(0, x' - c')``): the rank test and the solves are scale-relative, so ``x ~ 1e-20`` or ``x =
+    1e11 + O(1)`` would otherwise be declared singular, and a tiny ``y`` would underflow its SSR to 0.
 
-    Numerics: the fits run on ``x' = (x - m_x) / s_x`` and ``y' = (y - m_y) / s_y`` (midrange of
-    x, median of y, half-range scales), then the coefficients, their covariance and the SSR are
-    mapped back exactly (the model is affine-equivariant: ``max(0, x - c) = s_x max(0, x' - c')``).
-    The rank test and the least-squares solves are scale-relative, so unstandardised
-    ``x ~ 1e-20`` or ``x = 1e11 + O(1)`` would otherwise be declared singular, and a tiny ``y``
-    would underflow its SSR to 0.
-
-    Parameters
-    ----------
-    y, x : 1-D arrays of the same length (>= 6), finite.
-    weights : optional 1-D non-negative finite weights (e.g. 1 / se^2); at least 6 positive.
-        Zero-weight points are dropped before fitting.
-    trim : fraction of x trimmed at each end of the breakpoint grid, in (0, 0.5).
-    n_grid : number of equally spaced grid points (>= 2).
-    alpha : level of the CI of c.
-    cov_type : covariance estimator of the coefficient SEs at ``c_hat``.
-    lr_crit : override of the LR critical value (e.g. 3.84 = chi2_1 for a continuous kink).
-
-    Returns
-    -------
-    ThresholdFit: ``c_hat``, ``c_ci_low``, ``c_ci_high``, coefficients and SEs, ``slope_left``,
-    ``slope_right`` (SE from the covariance of b1 + b2), profiles and a ``note``.
+    ``y``, ``x``: 1-D, one length, finite; ``weights``: optional, non-negative and finite (e.g. 1 / se^2),
+    zero-weight points dropped; at least 6 points of positive weight; ``trim`` in (0, 0.5); ``n_grid`` >= 2.
     """
     check_cov_type(cov_type)
     y, x, w = _checked_data(y, x, weights)
     found = break_search(y, x, weights=None if weights is None else w, trim=trim, n_grid=n_grid, alpha=alpha,
                          lr_crit=lr_crit)
     if found["singular"]:
-        raise ValueError(
-            "threshold_regression: the hinge design is singular at every candidate breakpoint "
-            "(too few distinct x values on one side of the trimmed grid)"
-        )
+        raise ValueError("threshold_regression: the hinge design is singular at every candidate breakpoint "
+                         "(too few distinct x values on one side of the trimmed grid)")
     xs, ys, grid_s, wts, scales = found["standardised"]
     j = int(found["index"])
     params, bse, right, right_se, r2 = _fit_at_break(ys, xs, grid_s[j], wts, cov_type, scales)
+    coefficients = {f"b{i}": float(params[i]) for i in range(3)} | {f"b{i}_se": float(bse[i]) for i in range(3)}
     return ThresholdFit(
-        c_hat=float(found["c_hat"]),
-        c_ci_low=float(found["c_ci_low"]),
-        c_ci_high=float(found["c_ci_high"]),
-        ci_truncated=bool(found["ci_truncated"]),
-        alpha=check_alpha(alpha),
-        lr_crit=found["lr_crit"],
-        b0=float(params[0]),
-        b0_se=float(bse[0]),
-        b1=float(params[1]),
-        b1_se=float(bse[1]),
-        b2=float(params[2]),
-        b2_se=float(bse[2]),
-        slope_left=float(params[1]),
-        slope_left_se=float(bse[1]),
-        slope_right=right,
-        slope_right_se=right_se,
-        ssr=float(found["ssr"]),
-        r2=r2,
-        n=int(found["n"]),
-        cov_type=cov_type,
-        weighted=weights is not None,
-        trim=float(trim),
-        grid=found["grid"],
-        ssr_profile=found["ssr_profile"],
-        lr_profile=found["lr_profile"],
-    )
-
+        c_hat=float(found["c_hat"]), c_ci_low=float(found["c_ci_low"]), c_ci_high=float(found["c_ci_high"]),
+        ci_truncated=bool(found["ci_truncated"]), alpha=check_alpha(alpha), lr_crit=found["lr_crit"], **coefficients,
+        slope_left=float(params[1]), slope_left_se=float(bse[1]), slope_right=right, slope_right_se=right_se,
+        ssr=float(found["ssr"]), r2=r2, n=int(found["n"]), cov_type=cov_type, weighted=weights is not None,
+        trim=float(trim), grid=found["grid"], ssr_profile=found["ssr_profile"], lr_profile=found["lr_profile"])
 
 def break_search(y, x, weights=None, *, trim: float = 0.15, n_grid: int = 200, alpha: float = 0.05,
                  lr_crit: float | None = None) -> dict:
@@ -352,34 +262,23 @@ def _checked_data(y, x, weights) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         raise ValueError(f"threshold_regression: y and x must be 1-D, got shapes {y.shape} and {x.shape}")
     if y.shape != x.shape:
         raise ValueError(f"threshold_regression: y and x must have the same shape, got {y.shape} and {x.shape}")
-    for name, arr in (("y", y), ("x", x)):
-        bad = ~np.isfinite(arr)
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise ValueError(f"threshold_regression: {name} must be finite; found {arr[i]:g} at index {i}")
-    if weights is None:
-        return y, x, np.ones_like(y)
-    w = np.asarray(weights, dtype=np.float64)
+    w = np.ones_like(y) if weights is None else np.asarray(weights, dtype=np.float64)
     if w.shape != y.shape:
         raise ValueError(f"threshold_regression: weights must have the shape of y {y.shape}, got {w.shape}")
-    bad = ~np.isfinite(w)
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise ValueError(f"threshold_regression: weights must be finite; found {w[i]:g} at index {i}")
-    if (w < 0).any():
-        i = int(np.argmax(w < 0))
-        raise ValueError(f"threshold_regression: weights must be non-negative; found {w[i]:g} at index {i}")
+    for name, arr, bad in (("y", y, "finite"), ("x", x, "finite"), ("weights", w, "finite"),
+                           ("weights", w, "non-negative")):
+        wrong = ~np.isfinite(arr) if bad == "finite" else arr < 0
+        if wrong.any():
+            i = int(np.argmax(wrong))
+            raise ValueError(f"threshold_regression: {name} must be {bad}; found {arr[i]:g} at index {i}")
     return y, x, w
-
 
 def _checked_settings(n: int, trim: float, n_grid: int, alpha: float, lr_crit) -> float:
     """The LR critical value (Hansen's at ``alpha`` unless ``lr_crit``); ValueError when there are
     fewer than :data:`MIN_HINGE_POINTS` points of positive weight or a setting is out of range."""
     if n < MIN_HINGE_POINTS:
-        raise ValueError(
-            f"threshold_regression needs at least {MIN_HINGE_POINTS} points (with positive weight) for a 3-parameter hinge "
-            f"and a breakpoint, got {n}"
-        )
+        raise ValueError(f"threshold_regression needs at least {MIN_HINGE_POINTS} points (with positive weight) for "
+                         f"a 3-parameter hinge and a breakpoint, got {n}")
     if not (0.0 < trim < 0.5):
         raise ValueError(f"threshold_regression: trim must be in (0, 0.5), got {trim!r}")
     if int(n_grid) < 2:
@@ -463,11 +362,8 @@ def _fit_at_break(ys, xs, c_s, wts, cov_type: str, scales) -> tuple:
         k = sy / sx
         params = np.array([my + sy * p_s[0] - k * p_s[1] * mx, k * p_s[1], k * p_s[2]])
         r = mx / sx
-        bse = np.array([
-            sy * math.sqrt(max(V[0, 0] - 2.0 * r * V[0, 1] + r * r * V[1, 1], 0.0)),
-            k * math.sqrt(max(V[1, 1], 0.0)),
-            k * math.sqrt(max(V[2, 2], 0.0)),
-        ])
+        bse = np.array([sy * math.sqrt(max(V[0, 0] - 2.0 * r * V[0, 1] + r * r * V[1, 1], 0.0)),
+                        k * math.sqrt(max(V[1, 1], 0.0)), k * math.sqrt(max(V[2, 2], 0.0))])
         right = float(params[1] + params[2])
         right_se = k * math.sqrt(max(V[1, 1] + V[2, 2] + 2.0 * V[1, 2], 0.0))
     return params, bse, right, right_se, r2

@@ -14,10 +14,15 @@ from sfxlin.engine import Cells, Param, Profiles, Variable, substream
 from sfxlin.engine.sensitivity import DEFAULT_EPS, param as amplification_param
 from sfxlin.gradient_gap import concentration_constant
 
-from .families.c2 import C2, SETTINGS, gap_run, run_counts, setting_covariance
+from .families.c2 import C2, SETTINGS, gap_run, run_counts, run_of, setting_covariance
 
 NAME = "c2_concentration"
 _MAIN, _TRAJ = ("",), ("trajectory",)   # parts reached: the main part (tails, gradients), the trajectory part
+#: the family's gap-run parameters as the trajectory part names them
+TRAJ_RUN = {"n_pairs": "traj_pairs", "n_queries": "traj_queries", "n_replicates": "traj_replicates", "lr": "traj_lr",
+            "n_steps": "traj_steps", "ckpt_every": "traj_ckpt_every"}
+#: the family's gap-run outputs the trajectory part keeps, each as ``traj_<name>``
+TRAJ_OUT = ("g", "g_risk", "risk_inf", "dist_bayes", "logit_factor")
 
 
 def _enough_clt_draws(config):
@@ -55,12 +60,8 @@ def trajectory_kernel(cell, rng, config):
     """(c) the gap run of one ``(setting, traj_seed)``, from the cell's own generator."""
     setting, traj_seed = cell["setting"], cell["traj_seed"]
     res = gap_run(rng, setting_covariance(setting, config["traj_d"]), config["L"],
-                  f"{NAME}[{setting}, seed {traj_seed}]", n_pairs=config["traj_pairs"],
-                  n_queries=config["traj_queries"], n_replicates=config["traj_replicates"], lr=config["traj_lr"],
-                  n_steps=config["traj_steps"], ckpt_every=config["traj_ckpt_every"], x_law="gaussian")
-    return {"traj_g": res["g"], "traj_g_risk": res["g_risk"], "traj_risk_inf": res["risk_inf"],
-            "traj_dist_bayes": res["dist_bayes"], "traj_logit_factor": res["logit_factor"],
-            "traj_U_norm": np.linalg.norm(res["U_inf"], axis=(-2, -1))}
+                  f"{NAME}[{setting}, seed {traj_seed}]", **run_of(config, **TRAJ_RUN))
+    return {**{f"traj_{k}": res[k] for k in TRAJ_OUT}, "traj_U_norm": np.linalg.norm(res["U_inf"], axis=(-2, -1))}
 
 
 def constants_kernel(cell, rng, config):
@@ -74,8 +75,7 @@ def counts(config, part, cell):
     """Main part: the tails' token visits (times ``d``), the CLT draws, the gradients' token visits and
     gradients; trajectory part: one gap run; constants part: one cell."""
     if part == "trajectory":
-        return run_counts(config["L"], config["traj_pairs"], config["traj_queries"], config["traj_replicates"],
-                          config["traj_steps"], config["traj_ckpt_every"])
+        return run_counts(config["L"], **run_of(config, **TRAJ_RUN))
     if part:
         return {"cell": 1}
     Ls, Q = config["L"], config["tail_queries"]
@@ -131,7 +131,7 @@ OUTPUTS = (
 )
 #: the trajectory part's outputs: the family's gap run's, named ``traj_<name>``, and ``||U_inf(t)||_F``
 TRAJECTORY = (*(dataclasses.replace(C2.output(name), name=f"traj_{name}")
-                for name in ("g", "g_risk", "risk_inf", "dist_bayes", "logit_factor")),
+                for name in TRAJ_OUT),
               Variable("traj_U_norm", ("t",), "Frobenius norm of U along the trajectory", "||U_inf(t)||_F."))
 CONSTANTS = (
     Variable("traj_trace_inv_sq", (), "tr(Sigma^-2) of the trajectory setting", "the query-averaged concentration "

@@ -14,7 +14,7 @@ from sfxlin.engine.sensitivity import DEFAULT_EPS, param as amplification_param
 from sfxlin.gradient_gap import concentration_constant, gap_constant
 from sfxlin.training import checkpoint_steps
 
-from .families.c2 import C2, gap_run, run_counts
+from .families.c2 import C2, gap_run, run_counts, run_of
 
 NAME = "c2_threshold"
 TAU_MAX = 3.0 / 0.45**2   # 14.8148: s = 0.45 (and tau = 0.75 is s = 2), as in the reference sweep
@@ -42,9 +42,8 @@ def family_sigma(family, tau, d):
     return covariance.scaled(covariance.from_spec(family, d), float(tau))
 
 
-def _run(config, steps, every):
-    return {k: config[k] for k in ("n_pairs", "n_queries", "n_replicates", "lr", "x_law", "trainer")} | {
-        "n_steps": config[steps], "ckpt_every": config[every]}
+#: the family's gap-run parameters the families part names its own
+FAMILY_RUN = {"n_steps": "family_steps", "ckpt_every": "family_ckpt_every"}
 
 
 def kernel(cell, rng, config):
@@ -52,7 +51,7 @@ def kernel(cell, rng, config):
     s = sigma_scale(tau, d)
     Sigma = s * np.eye(d)
     out = gap_run(rng, Sigma, config["L"], f"{NAME}[tau={tau:g}, seed={cell['seed']}]",
-                  **_run(config, "n_steps", "ckpt_every"))
+                  **run_of(config))
     return {**out, "s": np.float64(s), "concentration_constant": np.float64(concentration_constant(Sigma))}
 
 
@@ -60,7 +59,7 @@ def family_kernel(cell, rng, config):
     """The main kernel's run at ``Sigma = family_sigma(family, tau, d)`` for ``family_steps`` steps."""
     out = gap_run(rng, family_sigma(cell["family"], cell["tau"], config["d"]), config["L"],
                   f"{NAME}[family={cell['family']}, tau={cell['tau']:g}, family_seed={cell['family_seed']}]",
-                  **_run(config, "family_steps", "family_ckpt_every"))
+                  **run_of(config, **FAMILY_RUN))
     return {"g_family": out["g"], "dist_bayes_family": out["dist_bayes"], "off_block_family": out["off_block"]}
 
 
@@ -91,9 +90,7 @@ def counts(config, part, cell):
     """A gap run per main and families cell (:func:`~sfxlin.pipelines.families.c2.run_counts`), a cell
     for a constants cell."""
     if part in ("", "families"):
-        steps, every = ("n_steps", "ckpt_every") if part == "" else ("family_steps", "family_ckpt_every")
-        return run_counts(config["L"], config["n_pairs"], config["n_queries"], config["n_replicates"], config[steps],
-                          config[every])
+        return run_counts(config["L"], **run_of(config, **(FAMILY_RUN if part else {})))
     return {"cell": 1}
 
 

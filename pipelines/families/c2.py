@@ -29,9 +29,21 @@ def gap_run(rng, Sigma, Ls, label, **run):
     return {**{k: out[k] for k in keep}, "off_block": icl.off_block_mass(out["U_inf"], out["v_inf"])}
 
 
-def run_counts(Ls, n_pairs, n_queries, n_replicates, n_steps, ckpt_every):
-    """The work of one :func:`gap_run` in the family's units: at each checkpoint and prompt set, a prefix
-    pass over the ``L_max`` tokens of every pair and query; a linear(inf) step per step; one call."""
+#: the keywords of a :func:`gap_run` that are the family's parameters (``x_law``, ``trainer``: where a variant
+#: declares them, else the run's defaults)
+RUN = ("n_pairs", "n_queries", "n_replicates", "lr", "n_steps", "ckpt_every")
+
+
+def run_of(config, **names):
+    """The keywords of a :func:`gap_run` from ``config``: each of :data:`RUN` under its own name or under
+    the variant's name for it in ``names`` (``n_pairs="traj_pairs"``), ``x_law`` and ``trainer`` where declared."""
+    return {k: config[names.get(k, k)] for k in RUN} | {k: config[k] for k in ("x_law", "trainer") if k in config}
+
+
+def run_counts(Ls, n_pairs, n_queries, n_replicates, n_steps, ckpt_every, **rest):
+    """The work of one :func:`gap_run` (``rest``: its keywords that do not change it) in the family's units:
+    at each checkpoint and prompt set, a prefix pass over the ``L_max`` tokens of every pair and query; a
+    linear(inf) step per step; one call."""
     visits = n_replicates * (n_steps // ckpt_every + 1) * n_pairs * n_queries * max(Ls)
     return {"gap_visit": visits, "step": n_steps, "cell": 1}
 
