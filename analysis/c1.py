@@ -26,7 +26,8 @@ from .verdicts import Criteria, Inconclusive, NotJudged, Shared, judged_where, m
 
 __all__ = ["CRITERIA", "UNITS", "PAPER_FORM_UNITS", "slopes", "slope_shortfall", "measures", "verdicts",
            "fit_tables", "figure", "paper_form", "sharp_ratio", "own_limit_laws", "no_limit_laws", "dependent_laws",
-           "ar1_fits", "DEPENDENT_PREFIX", "IID_REJECT_FROM"]
+           "ar1_fits", "DEPENDENT_PREFIX", "IID_REJECT_FROM", "SLOPE_COLUMNS", "slope_columns", "fitted_slopes",
+           "panels", "saved", "dots_and_lines"]
 
 #: the law labels of the dependent (Gaussian AR(1)) token laws: ``"ar1:RHO"``
 DEPENDENT_PREFIX = "ar1:"
@@ -100,8 +101,7 @@ CRITERIA = Criteria("C1", prepare=Shared, units=UNITS)
           reference="2.9e-15", profile="any",
           reason="both sides are deterministic and smooth: rounding level (~1e-15); a wrong formula errs at O(1)")
 def _quadrature(sh):
-    ds = sh.ds
-    return float(ds.quadrature_error.max())
+    return float(sh.ds.quadrature_error.max())
 
 
 @CRITERIA("C1-slopes", "log-log slope of E||f_L - f_inf||^2 in L, Gaussian tokens, every (d, U_norm)", "in",
@@ -111,8 +111,7 @@ def _quadrature(sh):
           # query of large ||Uq||, above): +-0.5 is 9 SD of the widest setting and 0.09 beyond the tail's worst
           quick=(-1.5, -0.5))
 def _slopes(sh):
-    ds = sh.ds
-    return measure_unless(slope_shortfall(ds), lambda: sh(slopes).slope)
+    return measure_unless(slope_shortfall(sh.ds), lambda: sh(slopes).slope)
 
 
 @CRITERIA("C1-monotone", "settings whose seed-mean error decreases at every L step (fraction)", ">=", 1.0,
@@ -133,8 +132,7 @@ def _monotone(sh):
                           "moves it 2-4x, above 2 in 2 of 160 replicate quick runs; the constant is judged at the "
                           "paper profile"))
 def _sharp_constant(sh):
-    ds = sh.ds
-    return sharp_ratio(ds)
+    return sharp_ratio(sh.ds)
 
 
 @CRITERIA("C1-student-t-grows", "Student-t3 error growth mse(L_max)/mse(L_min), largest U_norm (every law "
@@ -154,8 +152,7 @@ def _no_limit_grows(sh):
           reason="a'Sigma a grows like L, so the effective sample size L exp(-a'Sigma a) collapses",
           quick=1.0)  # quick: replicate minimum 3.4 (160 runs): same bound
 def _sqrtL_grows(sh):
-    ds = sh.ds
-    return measure_unless(_no_step(ds), lambda: _growth(ds.mse_scaled_U))
+    return measure_unless(_no_step(sh.ds), lambda: _growth(sh.ds.mse_scaled_U))
 
 
 @CRITERIA("C1-plateau", "bounded laws: mse(L_max) / (bias_exact + own SNIS constant / L_max), largest U_norm",
@@ -187,8 +184,7 @@ def _no_dependent(ds):
           # C1-slopes' quick band moved by that offset, for the same heavy-tailed query (+0.4 at worst)
           quick=(-1.5, -0.45))
 def _ar1_slopes(sh):
-    ds = sh.ds
-    return measure_unless(_no_dependent(ds) or slope_shortfall(ds), lambda: sh(ar1_fits).slope)
+    return measure_unless(_no_dependent(sh.ds) or slope_shortfall(sh.ds), lambda: sh(ar1_fits).slope)
 
 
 @CRITERIA("C1-ar1-constant", "Gaussian AR(1) tokens: mse / (dependent constant / L) at the largest L, every "
@@ -200,8 +196,7 @@ def _ar1_slopes(sh):
           quick=NotJudged("a mean over 6 queries at L = 1024: as C1-sharp-constant, one query of large ||Uq|| moves "
                           "it 2-4x; the constant is judged at the paper profile"))
 def _ar1_constant(sh):
-    ds = sh.ds
-    return measure_unless(_no_dependent(ds), lambda: sh(ar1_fits).ratio_dependent)
+    return measure_unless(_no_dependent(sh.ds), lambda: sh(ar1_fits).ratio_dependent)
 
 
 @CRITERIA("C1-ar1-iid-rejected", f"Gaussian AR(1) tokens whose dependent constant is >= {IID_REJECT_FROM:g}x the "
@@ -213,13 +208,12 @@ def _ar1_constant(sh):
           # per setting; a heavy-tailed query only raises it: the same bound
           quick=1.1)
 def _ar1_iid_rejected(sh):
-    ds = sh.ds
     def measure():
         fit = sh(ar1_fits)
         strong = fit.const_dependent >= IID_REJECT_FROM * fit.const_iid  # the settings where the two differ
         return judged_where(fit.ratio_iid, strong, ["law", "d", "U_norm"],
                             f"no ar1 law with a dependent constant >= {IID_REJECT_FROM:g}x the i.i.d. one (rho too small)")
-    return measure_unless(_no_dependent(ds), measure)
+    return measure_unless(_no_dependent(sh.ds), measure)
 
 
 measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
@@ -288,10 +282,8 @@ def _ar1_table(ds):
     if not dependent_laws(ds):
         return make_table({}, title="dependent tokens (ar1): none in this file")
     fit = ar1_fits(ds)
-    cols = {"rho": column(fit.rho, "rho", ".2f")}
     reason = slope_shortfall(ds)
-    if reason is None:
-        cols |= {"slope": column(fit.slope, "slope", ".3f"), "slope_se": column(fit.slope_se, "SE", ".3f")}
+    cols = {"rho": column(fit.rho, "rho", ".2f"), **(slope_columns(fit) if reason is None else {})}
     cols |= {"L_mse": column(fit.L_mse, "L*mse", ".4g"), "const_dependent": column(fit.const_dependent, "dependent", ".4g"),
              "const_iid": column(fit.const_iid, "i.i.d.", ".4g"),
              "ratio_dependent": column(fit.ratio_dependent, "mse/dependent", ".3f"),
@@ -314,14 +306,7 @@ def fit_tables(ds: xr.Dataset) -> dict:
 
 
 def _slope_table(ds):
-    reason = slope_shortfall(ds)
-    cols, how = {}, ""
-    if reason is None:
-        fit = slopes(ds)
-        how = f"; {se_note(fit)}"
-        cols = {"slope": column(fit.slope, "slope", ".3f"), "slope_se": column(fit.slope_se, "SE", ".3f"),
-                "slope_ci_low": column(fit.slope_ci_low, "95% CI low", ".3f"),
-                "slope_ci_high": column(fit.slope_ci_high, "95% CI high", ".3f"), "r2": column(fit.r2, "r2", ".4f")}
+    cols, how, reason = fitted_slopes(ds, slopes, tuple(SLOPE_COLUMNS))
     cols["sharp_ratio"] = column(sharp_ratio(ds), "mse/asympt(L_max)", ".3f")
     return make_table(cols, formats={"U_norm": ".2f"},
                       title=f"Gaussian tokens, seed means: log-log slope of the error in L (OLS, SE, 95% CI, r2{how})"
@@ -341,28 +326,71 @@ def _paper_form_table(ds):
                       title=f"paper form L*mse = c1 exp(c2 sigma^2 ||Uq||^2) at L = {int(ds.L.values[-1])} ({how})")
 
 
-def figure(ds: xr.Dataset, path):
-    """Two panels: Gaussian error vs L per (d, U_norm) with the sharp asymptotic line;
-    negative controls (Student-t, U ~ sqrt(L), bounded laws with their exact bias); a third when
-    the file has dependent laws: ``L mse`` of the AR(1) tokens against their dependent constant and
-    the i.i.d. one, at the first d and the largest U_norm."""
+# ------------------------------------------------------------------------------------ the family's tables and figures
+#: the slope columns of the C1 fit tables: their header and format
+SLOPE_COLUMNS = {"slope": ("slope", ".3f"), "slope_se": ("SE", ".3f"), "slope_ci_low": ("95% CI low", ".3f"),
+                 "slope_ci_high": ("95% CI high", ".3f"), "r2": ("r2", ".4f")}
+
+
+def slope_columns(fit: xr.Dataset, names=("slope", "slope_se")) -> dict:
+    """The table columns ``names`` (:data:`SLOPE_COLUMNS`) of a slope fit."""
+    return {name: column(fit[name], *SLOPE_COLUMNS[name]) for name in names}
+
+
+def fitted_slopes(ds, slopes, names=("slope", "slope_se"), *, short=False) -> tuple:
+    """A table's slope in L: ``(columns, how, reason)``, the :func:`slope_columns` of ``slopes(ds)`` and
+    ``"; "`` + its :func:`~.fits.se_note` (``short``: without the note's leading ``"SE "``), or ``({}, "",
+    reason)`` when it cannot be fitted (:func:`~.fits.slope_shortfall`)."""
+    reason = slope_shortfall(ds)
+    if reason is not None:
+        return {}, "", reason
+    fit = slopes(ds)
+    return slope_columns(fit, names), "; " + se_note(fit)[3 if short else 0:], None
+
+
+def panels(n: int, width: float) -> tuple:
+    """``(plt, fig, axes)``: a figure of ``n`` panels in a row, ``width`` x 4.8 inches, on the Agg backend."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig, axes = plt.subplots(1, n, figsize=(width, 4.8))
+    return plt, fig, axes
+
+
+def saved(fig, path):
+    """``fig`` laid out, written to ``path`` at 120 dpi and closed; returns ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def dots_and_lines(ax, L, curves) -> None:
+    """Per ``(label, colour, measured, predicted)`` of ``curves``, log-log against ``L``: the measured error
+    (dots, labelled) and its prediction (a thin line of the same colour, drawn where finite at every L)."""
+    for label, c, y, t in curves:
+        ax.loglog(L, y, "o", ms=3, color=c, label=label)
+        if np.isfinite(t).all():
+            ax.loglog(L, t, "-", lw=0.8, color=c)
+
+
+def figure(ds: xr.Dataset, path):
+    """Two panels: Gaussian error vs L per (d, U_norm) with the sharp asymptotic line;
+    negative controls (Student-t, U ~ sqrt(L), bounded laws with their exact bias); a third when
+    the file has dependent laws: ``L mse`` of the AR(1) tokens against their dependent constant and
+    the i.i.d. one, at the first d and the largest U_norm."""
     dependent = dependent_laws(ds)
-    fig, axes = plt.subplots(1, 3 if dependent else 2, figsize=(18 if dependent else 12, 4.8))
+    plt, fig, axes = panels(3 if dependent else 2, 18 if dependent else 12)
     ax1, ax2 = axes[:2]
     L = ds.L.values
     colors = plt.cm.viridis(np.linspace(0, 0.9, ds.sizes["d"] * ds.sizes["U_norm"]))
-    k = 0
-    for d in ds.d.values:
-        for u in ds.U_norm.values:
-            y = ds.mse.sel(law="gaussian", d=d, U_norm=u).mean("seed")
-            ax1.loglog(L, y, "o", ms=3, color=colors[k], label=f"d={d}, |U|={u:g}")
-            ax1.loglog(L, ds.mse_asymptotic.sel(d=d, U_norm=u).mean("seed"), "-", lw=0.8, color=colors[k])
-            k += 1
+    settings = [dict(d=d, U_norm=u) for d in ds.d.values for u in ds.U_norm.values]
+    dots_and_lines(ax1, L, ((f"d={at['d']}, |U|={at['U_norm']:g}", c, ds.mse.sel(law="gaussian", **at).mean("seed"),
+                             ds.mse_asymptotic.sel(at).mean("seed")) for at, c in zip(settings, colors)))
     ax1.set(xlabel="prompt length L", ylabel=r"$E\|f_L(q) - f_\infty(q)\|^2$",
             title="C1: Gaussian tokens (dots) vs sharp asymptotics (lines)")
     ax1.legend(fontsize=6, ncol=2)
@@ -384,26 +412,14 @@ def figure(ds: xr.Dataset, path):
     ax2.loglog(L, ds.mse_scaled_U.sel(**sel).mean("seed"), "m--", label=r"Gaussian, $U \propto \sqrt{L}$")
     ax2.set(xlabel="prompt length L", title=f"controls (d={sel['d']}, |U|={sel['U_norm']:g}), error to the Gaussian limit")
     ax2.legend(fontsize=7)
-    if dependent:
-        _ar1_panel(axes[2], ds, dependent)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def _ar1_panel(ax, ds, dependent):
-    """``L mse`` of every AR(1) law (dots) with its dependent constant (line) and the i.i.d. constant
-    (dashed), at the first d and the largest U_norm, seed means."""
-    import matplotlib.pyplot as plt
-
-    sel = dict(d=ds.d.values[0], U_norm=ds.U_norm.values[-1])
-    L = ds.L.values
-    colors = plt.cm.plasma(np.linspace(0, 0.8, len(dependent)))
-    for (law, rho), c in zip(dependent.items(), colors):
-        ax.semilogx(L, L * ds.mse.sel(law=law, **sel).mean("seed"), "o", ms=3, color=c, label=f"rho = {rho:g}")
-        ax.semilogx(L, L * ds.mse_predicted.sel(law=law, **sel).mean("seed"), "-", lw=0.8, color=c)
-    ax.semilogx(L, L * ds.mse_asymptotic.sel(**sel).mean("seed"), "k--", lw=0.8, label="i.i.d. constant")
-    ax.set(xlabel="prompt length L", ylabel=r"$L\, E\|f_L - f_\infty\|^2$", yscale="log",
-           title=f"AR(1) tokens (d={sel['d']}, |U|={sel['U_norm']:g}): L mse, dependent constant (lines)")
-    ax.legend(fontsize=7)
+    if dependent:  # L mse of every AR(1) law (dots) with its dependent constant (line), the i.i.d. one dashed
+        ax, at = axes[2], dict(d=ds.d.values[0], U_norm=ds.U_norm.values[-1])
+        colors = plt.cm.plasma(np.linspace(0, 0.8, len(dependent)))
+        dots_and_lines(ax, L, ((f"rho = {rho:g}", c, L * ds.mse.sel(law=law, **at).mean("seed"),
+                                L * ds.mse_predicted.sel(law=law, **at).mean("seed"))
+                               for (law, rho), c in zip(dependent.items(), colors)))
+        ax.loglog(L, L * ds.mse_asymptotic.sel(at).mean("seed"), "k--", lw=0.8, label="i.i.d. constant")
+        ax.set(xlabel="prompt length L", ylabel=r"$L\, E\|f_L - f_\infty\|^2$",
+               title=f"AR(1) tokens (d={at['d']}, |U|={at['U_norm']:g}): L mse, dependent constant (lines)")
+        ax.legend(fontsize=7)
+    return saved(fig, path)

@@ -18,12 +18,13 @@ import math
 import numpy as np
 import xarray as xr
 
-from .fits import loglog_slope, se_note, slope_shortfall, unit_slopes
+from .c1 import dots_and_lines, fitted_slopes, panels, saved
+from .fits import loglog_slope, slope_shortfall, unit_slopes
 from .tables import column, make_table
 from .verdicts import Criteria, Inconclusive, measure_unless
 
 __all__ = ["CRITERIA", "UNITS", "slopes", "tail_slopes", "rf_slopes", "gain_z", "measures", "verdicts", "fit_tables",
-           "figure", "kernels_of_class", "LIGHT_TAIL", "HEAVY_TAIL"]
+           "figure", "kernels_of_class", "gain_se", "LIGHT_TAIL", "HEAVY_TAIL"]
 
 #: the dims of a c1_kernels file's independent units (module docstring)
 UNITS = ("seed", "query", "rf_draw")
@@ -70,11 +71,14 @@ def rf_slopes(ds: xr.Dataset, *, units: str | None = None, cov_type: str | None 
     return loglog_slope(ds.rf_sq_error, "rf_m", units=units, cov_type=cov_type, test_exponent=-1.0)
 
 
+def gain_se(ds: xr.Dataset) -> xr.DataArray:
+    """The SE of the seed-mean measured gain, per (kernel, r): the seeds' SEs pooled."""
+    return np.sqrt((ds.gain_se**2).sum("seed")) / ds.sizes["seed"]
+
+
 def gain_z(ds: xr.Dataset) -> xr.DataArray:
     """``(measured gain - gain of the exact limit) / SE``, seeds pooled, per (kernel, r)."""
-    n = ds.sizes["seed"]
-    se = np.sqrt((ds.gain_se**2).sum("seed")) / n
-    return (ds.gain_measured.mean("seed") - ds.gain_limit.mean("seed")) / se
+    return (ds.gain_measured.mean("seed") - ds.gain_limit.mean("seed")) / gain_se(ds)
 
 
 def _has_theory(ds):
@@ -83,9 +87,14 @@ def _has_theory(ds):
     return [k for k, ok in zip(ds.kernel.values.tolist(), finite) if ok]
 
 
-def _rf(ds, light):
+def _rf(ds, light, measure):
+    """``measure(s2)`` at the light-tailed (``light``) or infinite-variance rf_sigma2 values ``s2`` of the file,
+    Inconclusive when it has none."""
     s2 = ds.rf_sigma2.values
-    return s2[s2 < LIGHT_TAIL] if light else s2[s2 >= HEAVY_TAIL]
+    s2 = s2[s2 < LIGHT_TAIL] if light else s2[s2 >= HEAVY_TAIL]
+    if not s2.size:
+        return Inconclusive(f"no rf_sigma2 {'< 1/3' if light else '>= 1'} in this file")
+    return measure(s2)
 
 
 def _few_m(ds):
@@ -191,10 +200,7 @@ def _gain(ds):
           # same band is 4.3 SD above the mean
           quick=(-1.15, -0.85))
 def _rf_rate(ds):
-    s2 = _rf(ds, light=True)
-    if not s2.size:
-        return Inconclusive("no rf_sigma2 < 1/3 in this file")
-    return measure_unless(_few_m(ds), lambda: rf_slopes(ds).slope.sel(rf_sigma2=s2))
+    return _rf(ds, True, lambda s2: measure_unless(_few_m(ds), lambda: rf_slopes(ds).slope.sel(rf_sigma2=s2)))
 
 
 @CRITERIA("C1K-rf-constant", "m E||rf limit - Sigma a||^2 at the largest m / its delta-method constant "
@@ -204,21 +210,17 @@ def _rf_rate(ds):
           # quick (200 draws): replicate mean 0.991, SD 0.059, range 0.846 .. 1.159: +-25% is 4.1 SD
           quick=(0.75, 1.25))
 def _rf_constant(ds):
-    s2 = _rf(ds, light=True)
-    if not s2.size:
-        return Inconclusive("no rf_sigma2 < 1/3 in this file")
-    last = ds.sel(rf_sigma2=s2).isel(rf_m=-1)
-    return float(last.rf_m) * last.rf_sq_error.mean("rf_draw") / last.rf_constant
+    def ratio(s2):
+        last = ds.sel(rf_sigma2=s2).isel(rf_m=-1)
+        return float(last.rf_m) * last.rf_sq_error.mean("rf_draw") / last.rf_constant
+    return _rf(ds, True, ratio)
 
 
 @CRITERIA("C1K-rf-slow", "log-log slope in m, infinite-variance feature weights (rf_sigma2 >= 1)", ">", -0.85,
           reason="E rho^2 = inf: slower than 1/m (heuristically m^(-1/rf_sigma2) up to logarithms)",
           quick=-0.85)  # quick: replicate range -0.34 .. -0.22, SD 0.026: the same bound, 22 SD away
 def _rf_slow(ds):
-    s2 = _rf(ds, light=False)
-    if not s2.size:
-        return Inconclusive("no rf_sigma2 >= 1 in this file")
-    return measure_unless(_few_m(ds), lambda: rf_slopes(ds).slope.sel(rf_sigma2=s2))
+    return _rf(ds, False, lambda s2: measure_unless(_few_m(ds), lambda: rf_slopes(ds).slope.sel(rf_sigma2=s2)))
 
 
 measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
@@ -234,11 +236,7 @@ def fit_tables(ds: xr.Dataset) -> dict:
 
 
 def _kernel_table(ds):
-    no_fit, cols, how = slope_shortfall(ds), {}, ""
-    if no_fit is None:
-        fit = slopes(ds)
-        how = f"; {se_note(fit)[3:]}"
-        cols = {"slope": column(fit.slope, "slope", ".3f"), "slope_se": column(fit.slope_se, "SE", ".3f")}
+    cols, how, no_fit = fitted_slopes(ds, slopes, short=True)
     if ds.sizes["L"] >= 5:
         cols["tail5"] = column(tail_slopes(ds).slope, "tail5", ".3f")
     last = ds.isel(L=-1)
@@ -246,7 +244,7 @@ def _kernel_table(ds):
     cols.update(
         mse_pred=column(seed(last.mse) / seed(last.mse_theory), "mse/pred", ".3f"),
         gain=column(seed(ds.gain_measured), "gain MC", ".4f"),
-        gain_se=column(np.sqrt((ds.gain_se**2).sum("seed")) / ds.sizes["seed"], "+-SE", ".4f"),
+        gain_se=column(gain_se(ds), "+-SE", ".4f"),
         gain_exact=column(seed(ds.gain_limit), "gain exact", ".4f"), z2=column(seed(ds.z2), "z2", ".2f"),
         orth=column(seed(ds.orth_share), "orth", ".4f"), gain_z=column(gain_z(ds), "gain z", "+.2f"))
     why = [] if no_fit is None else [f"slopes in L not fitted, {no_fit}"]
@@ -284,30 +282,20 @@ def _stein_table(ds):
 def figure(ds: xr.Dataset, path):
     """Three panels: error to the own limit vs L with the predictions (largest r); the gain vs
     ||a||_Sigma, Stein curves against Monte Carlo points; random features vs m."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.8))
+    plt, fig, (ax1, ax2, ax3) = panels(3, 16)
     kernels = ds.kernel.values.tolist()
     colors = dict(zip(kernels, plt.cm.tab10(np.linspace(0, 1, 10))))
     r_top = ds.r.values[-1]
-    L = ds.L.values
-    for k in kernels:
-        y = ds.mse.sel(kernel=k, r=r_top).mean("seed")
-        ax1.loglog(L, y, "o", ms=3, color=colors[k], label=k)
-        t = ds.mse_theory.sel(kernel=k, r=r_top).mean("seed")
-        if np.isfinite(t).all():
-            ax1.loglog(L, t, "-", lw=0.8, color=colors[k])
+    dots_and_lines(ax1, ds.L.values, ((k, colors[k], ds.mse.sel(kernel=k, r=r_top).mean("seed"),
+                                       ds.mse_theory.sel(kernel=k, r=r_top).mean("seed")) for k in kernels))
     ax1.set(xlabel="prompt length L", ylabel=r"$E\|f_L - f_\infty\|^2$ (own limit)",
             title=f"error to own limit, r = {r_top:g}\n(lines: exact / delta-method prediction)")
     ax1.legend(fontsize=6, ncol=2)
+    se = gain_se(ds)
     for k in kernels:   # the exact gains are stored per r: the lines join them (the file is all we read)
         ax2.plot(ds.r.values, ds.gain_limit.sel(kernel=k).mean("seed"), "-", lw=0.8, color=colors[k])
-        se = np.sqrt((ds.gain_se.sel(kernel=k)**2).sum("seed")) / ds.sizes["seed"]
-        ax2.errorbar(ds.r.values, ds.gain_measured.sel(kernel=k).mean("seed"), yerr=2 * se, fmt="o", ms=3,
-                     color=colors[k], label=k)
+        ax2.errorbar(ds.r.values, ds.gain_measured.sel(kernel=k).mean("seed"), yerr=2 * se.sel(kernel=k), fmt="o",
+                     ms=3, color=colors[k], label=k)
     ax2.axhline(1.0, color="k", lw=0.5, ls=":")
     ax2.set(xlabel=r"$r = \|a\|_\Sigma$", ylabel="gain (f = gain * Sigma a)", yscale="log",
             title="gain: exact (lines through the r grid) vs Monte Carlo\nat L_max (points, 2 SE)")
@@ -322,7 +310,4 @@ def figure(ds: xr.Dataset, path):
     ax3.set(xlabel="random features m", ylabel=r"$E_W\|$RF limit$ - \Sigma a\|^2$",
             title="random-feature limit vs softmax's\n(dashed: delta-method constant / m)")
     ax3.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return saved(fig, path)

@@ -41,12 +41,13 @@ import numpy as np
 import xarray as xr
 from scipy.special import stdtrit
 
+from .c1 import panels, saved
 from .fits import MIN_LINE_POINTS, loglog_slope, ols_line, too_few
 from .tables import column, make_table
 from .verdicts import Criteria, Inconclusive, judged_where
 
 __all__ = ["CRITERIA", "UNITS", "REGIME", "EXTRAPOLATION", "FILE_SHARE", "eps_list", "predicted_constant", "reach",
-           "regime", "last_regime_L", "window_errors", "unit_lines", "lstar_of", "window_crossing", "slopes",
+           "regime", "last_regime_L", "unit_lines", "lstar_of", "window_crossing", "slopes",
            "constants", "lstar", "measures", "verdicts", "fit_tables", "figure"]
 
 #: the dims of the independent units: every prompt of every seed (the head and the query set are
@@ -77,12 +78,6 @@ def _tau_used(ds) -> xr.DataArray:
 def predicted_constant(ds) -> xr.DataArray:
     """``const_sharp`` (i.i.d.) or ``tau * const_sharp`` (windows), per sampling."""
     return ds.const_sharp * _tau_used(ds)
-
-
-def window_errors(ds) -> xr.DataArray:
-    """The file's exact window errors ``window_mse(L)``; NaN in a file made before they were stored (its
-    windows, if any, were not read circularly: nothing exact to show)."""
-    return ds.window_mse if "window_mse" in ds else xr.full_like(ds.L, np.nan, dtype=float)
 
 
 def reach(ds) -> xr.DataArray:
@@ -254,7 +249,7 @@ def constants(ds) -> xr.Dataset:
     last = _at_last(ds, ds.L * ds.mse)
     mean, se = last.mean(UNITS), last.std(UNITS, ddof=1) / np.sqrt(np.prod([ds.sizes[u] for u in UNITS]))
     pred = predicted_constant(ds)
-    file = _at_last(ds, ds.L * window_errors(ds)).where(ds.sampling == "window")
+    file = _at_last(ds, ds.L * ds.window_mse).where(ds.sampling == "window")
     return xr.Dataset({"constant": mean, "constant_se": se, "predicted": pred, "ratio": mean / pred,
                        "file": file})
 
@@ -319,7 +314,7 @@ def lstar(ds, alpha: float = 0.05) -> xr.Dataset:
     out = line.assign(L_star_sharp=_lstar_sharp(ds), L_star_gauss=ds.const_gauss / (eps**2 * ds.limit_sq_gauss),
                       L_star_surrogate=surrogate).drop_vars("G")
     out = out.map(lambda v: v.where(np.isinf(v) | ~(v > far)))  # inf: never (the surrogate's bias), shown
-    file = xr.DataArray(window_crossing(window_errors(ds).values, ds.L.values, target.values), dims="eps",
+    file = xr.DataArray(window_crossing(ds.window_mse.values, ds.L.values, target.values), dims="eps",
                         coords={"eps": eps.values})
     return out.assign(L_star_file=file.where(ds.sampling == "window")).transpose("sampling", "eps", ...)
 
@@ -377,12 +372,7 @@ def figure(ds, path):
     (crosses) and the reach ``FILE_SHARE * n`` (a vertical line); the relative error ``sqrt(mse /
     limit_sq)`` and the error to the surrogate against the eps levels, with L*(eps) marked (triangles:
     on the line; crosses: of the file's exact window error)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    _, fig, axes = panels(2, 12)
     L = ds.L.values.astype(float)
     Lx = np.geomspace(L[0], L[-1] * 4, 50)
     colors = dict(zip(ds.sampling.values.tolist(), ["C0", "C3"]))
@@ -399,7 +389,7 @@ def figure(ds, path):
         if np.isfinite(s0):
             ax.loglog(Ls, np.exp(c0) * Ls**s0, ":", color=c, lw=1.5, label=f"{s}: fit {s0:.2f}")
         if s == "window":
-            ax.loglog(L, window_errors(ds), "x-", ms=5, lw=0.6, color=c, label="window: this file, exact")
+            ax.loglog(L, ds.window_mse, "x-", ms=5, lw=0.6, color=c, label="window: this file, exact")
             if float(far.sel(sampling=s)) <= Lx[-1]:
                 ax.axvline(float(far.sel(sampling=s)), color=c, lw=0.6, ls="-.",
                            label=f"window: reach {FILE_SHARE:g} n")
@@ -429,7 +419,4 @@ def figure(ds, path):
     ax.set(xlabel="prompt length L", ylabel=r"relative error $\sqrt{mse / limit\_sq}$",
            title="relative error; L*(eps): on the fitted line (v), of the file's windows (x)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return saved(fig, path)

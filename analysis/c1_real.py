@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from .fits import se_note, slope_shortfall, too_few, unit_slopes
+from .c1 import dots_and_lines, fitted_slopes, panels, saved
+from .fits import slope_shortfall, too_few, unit_slopes
 from .tables import column, make_table
 from .verdicts import Criteria, judged_where, measure_unless
 
@@ -164,14 +165,9 @@ def fit_tables(ds: xr.Dataset) -> dict:
 
 
 def _settings_table(ds):
-    reason = slope_shortfall(ds)
+    fitted, how, reason = fitted_slopes(ds, slopes, short=True)
     cols = {"weight_ratio": column(ds.weight_ratio.mean("seed"), "w_ratio", ".3g"),
-            "judged": column(in_regime(ds), "judged", "")}
-    how = ""
-    if reason is None:
-        fit = slopes(ds)
-        how = f"; {se_note(fit)[3:]}"
-        cols.update(slope=column(fit.slope, "slope", ".3f"), slope_se=column(fit.slope_se, "SE", ".3f"))
+            "judged": column(in_regime(ds), "judged", ""), **fitted}
     cols.update(sharp_ratio=column(sharp_ratio(ds), "mse/asym", ".3f"),
                 bias_gauss=column(ds.bias_gauss.mean("seed"), "bias_gauss", ".3e"),
                 relative_bias=column(relative_bias(ds), "rel.bias", ".3f"),
@@ -197,22 +193,17 @@ def figure(ds: xr.Dataset, path):
     """Three panels: error to the exact empirical limit vs L (dots) with tr C / L (lines), at the
     largest U_norm and middle D; the Gaussian surrogate's squared bias vs ||U|| for every (dataset, D),
     with a slope-4 guide; the error to the Gaussian surrogate vs L, levelling at the bias."""
-    import matplotlib
-    import matplotlib.ticker
+    from matplotlib.ticker import NullFormatter
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    plt, fig, axes = panels(3, 16)
     L = ds.L.values
     D_mid = ds.D.values[len(ds.D) // 2]
     top = ds.U_norm.max().item()
     colors = dict(zip(ds.dataset.values.tolist(), plt.cm.tab10(np.arange(ds.sizes["dataset"]))))
+    shown = ds.sel(D=D_mid, U_norm=top)
     ax = axes[0]
-    for name, c in colors.items():
-        at = dict(dataset=name, D=D_mid, U_norm=top)
-        ax.loglog(L, ds.mse.sel(at).mean("seed"), "o", ms=3, color=c, label=name)
-        ax.loglog(L, ds.mse_asymptotic.sel(at).mean("seed"), "-", lw=0.8, color=c)
+    dots_and_lines(ax, L, ((name, c, shown.mse.sel(dataset=name).mean("seed"),
+                            shown.mse_asymptotic.sel(dataset=name).mean("seed")) for name, c in colors.items()))
     ax.set(xlabel="prompt length L", ylabel=r"$E\|f_L(q) - \nabla K_\mu(Uq)\|^2$",
            title=f"exact empirical limit (D={D_mid}, |U|={top:g}): dots MC, lines tr C/L")
     ax.legend(fontsize=7)
@@ -225,18 +216,15 @@ def figure(ds: xr.Dataset, path):
                       label=f"{name}, D={D}" if D == ds.D.values[0] else None)
     b0 = float(ds.bias_gauss.isel(U_norm=0).mean("seed").max())
     ax.loglog(U, 3 * b0 * (U / U[0]) ** 4, "k-", lw=1.5, label=r"slope 4 (third cumulant)")
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set(xlabel=r"$\|U\|_F$", ylabel=r"$\|\nabla K_\mu(Uq) - (m + \Sigma U q)\|^2$",
            title="Gaussian surrogate's squared bias (line styles: D)")
     ax.legend(fontsize=7)
     ax = axes[2]
     for name, c in colors.items():
-        at = dict(dataset=name, D=D_mid, U_norm=top)
-        ax.loglog(L, ds.mse_gauss.sel(at).mean("seed"), "-s", ms=3, color=c, label=f"{name}: to Gaussian surrogate")
-        ax.axhline(float(ds.bias_gauss.sel(at).mean("seed")), color=c, ls=":", lw=1)
+        ax.loglog(L, shown.mse_gauss.sel(dataset=name).mean("seed"), "-s", ms=3, color=c,
+                  label=f"{name}: to Gaussian surrogate")
+        ax.axhline(float(shown.bias_gauss.sel(dataset=name).mean("seed")), color=c, ls=":", lw=1)
     ax.set(xlabel="prompt length L", title=f"error to m + Sigma U q (dotted: exact bias), D={D_mid}, |U|={top:g}")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return saved(fig, path)
