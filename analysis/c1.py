@@ -87,15 +87,6 @@ def _growth(y: xr.DataArray) -> xr.DataArray:
 
 CRITERIA = Criteria("C1", prepare=Shared, units=UNITS)
 
-#: The quick profile (d in {2, 3}, U_norm in {0.1, 0.5}, 2 seeds x 6 queries x 8 prompts, L = 16 .. 1024)
-#: is a smoke test. Its thresholds come from 160 replicate quick runs of a correct install (root_seed
-#: 1000 .. 1099 and 2000 .. 2059, this machine), beyond the replicate range, so that a correct install
-#: FAILs none, while a broken kernel (a wrong limit or weight) moves the figures by O(1)
-#: (tests/test_c1_pipeline.py plants one). The queries are N(0, sigma^2 I): at U_norm 0.5 a query with
-#: ||Uq||^2 of 1.4-1.8 (log-normal tilted weights exp(a.z) of log-variance ||Uq||^2) had, in the two
-#: outlying runs of the 160, a mean over its 8 prompts 5x and 13x its asymptotic constant at L = 1024:
-#: a heavy tail that alone moves the mean over 6 queries by 2-4x.
-
 
 @CRITERIA("C1-quadrature", "max |closed form - Gauss-Hermite| of the Gaussian tilted mean", "<", 1e-8,
           reference="2.9e-15", profile="any",
@@ -107,8 +98,6 @@ def _quadrature(sh):
 @CRITERIA("C1-slopes", "log-log slope of E||f_L - f_inf||^2 in L, Gaussian tokens, every (d, U_norm)", "in",
           (-1.1, -0.9), reference="-0.982 .. -1.027",
           reason="the error is O(1/L) (delta method); +-0.1 covers pre-asymptotic curvature and Monte Carlo noise",
-          # quick: replicate SD 0.027 .. 0.052 per setting, range -1.080 .. -0.586 (640 values; the right tail is a
-          # query of large ||Uq||, above): +-0.5 is 9 SD of the widest setting and 0.09 beyond the tail's worst
           quick=(-1.5, -0.5))
 def _slopes(sh):
     return measure_unless(slope_shortfall(sh.ds), lambda: sh(slopes).slope)
@@ -116,8 +105,6 @@ def _slopes(sh):
 
 @CRITERIA("C1-monotone", "settings whose seed-mean error decreases at every L step (fraction)", ">=", 1.0,
           reference="9/9", reason="each doubling of L halves the error; at paper sizes any increase is non-convergence",
-          # quick: 4 of 160 replicates have one of the 4 settings with a non-decreasing step (0.75), none two
-          # (about p^2 = 1.5e-4 for the two U_norm 0.5 settings, p = 0.0125 each): at most one setting
           quick=0.75)
 def _monotone(sh):
     ds = sh.ds
@@ -138,7 +125,6 @@ def _sharp_constant(sh):
 @CRITERIA("C1-student-t-grows", "Student-t3 error growth mse(L_max)/mse(L_min), largest U_norm (every law "
           "without a limit)", ">", 1.0, reference="6.3e3x",
           reason="no exponential moments, no limit: growth, against a 1/1000 fall for a convergent law",
-          # quick: replicate minimum 4.9 over 160 runs (a convergent law falls 64x over L = 16 .. 1024): same bound
           quick=1.0)
 def _no_limit_grows(sh):
     ds = sh.ds
@@ -150,7 +136,7 @@ def _no_limit_grows(sh):
 
 @CRITERIA("C1-sqrtL-grows", "error growth with U_norm ~ sqrt(L), largest U_norm", ">", 1.0, reference="27.6x",
           reason="a'Sigma a grows like L, so the effective sample size L exp(-a'Sigma a) collapses",
-          quick=1.0)  # quick: replicate minimum 3.4 (160 runs): same bound
+          quick=1.0)
 def _sqrtL_grows(sh):
     return measure_unless(_no_step(sh.ds), lambda: _growth(sh.ds.mse_scaled_U))
 
@@ -158,8 +144,6 @@ def _sqrtL_grows(sh):
 @CRITERIA("C1-plateau", "bounded laws: mse(L_max) / (bias_exact + own SNIS constant / L_max), largest U_norm",
           "in", (0.9, 1.1), reference="2.177e-2 vs 2.158e-2 (1.009)",
           reason="laws with their own limit: the error to the Gaussian limit is predicted exactly; +-10% as above",
-          # quick: bounded tokens, no heavy tail: replicate SD 0.06 .. 0.094, range 0.755 .. 1.285 (640 values):
-          # [0.6, 1.5] is 4 SD below and 5 SD above 1
           quick=(0.6, 1.5))
 def _plateau(sh):
     ds = sh.ds
@@ -179,9 +163,6 @@ def _no_dependent(ds):
           reason="the error is (sum over lags of the influence autocovariance) / L + O(1/L^2); +-0.1 covers "
                  "pre-asymptotic curvature (effective sample L (1 - rho) / (1 + rho)) and Monte Carlo noise, as "
                  "for C1-slopes",
-          # quick (rho 0.8): 100 replicate quick runs (root_seed 1000 .. 1099): mean -0.905 .. -0.939 per setting
-          # (pre-asymptotic: L_eff = L / 9 from 16), SD 0.028 .. 0.042, range -1.028 .. -0.806; the band is
-          # C1-slopes' quick band moved by that offset, for the same heavy-tailed query (+0.4 at worst)
           quick=(-1.5, -0.45))
 def _ar1_slopes(sh):
     return measure_unless(_no_dependent(sh.ds) or slope_shortfall(sh.ds), lambda: sh(ar1_fits).slope)
@@ -191,8 +172,6 @@ def _ar1_slopes(sh):
           "(rho, d, U_norm)", "in", (0.9, 1.1), reference="1 (docs/models.md: the series over lags)",
           reason="1 + O(1/L_eff); the ratio's SE clustered over the 4 seeds was 0.2-2.6% per setting in the paper "
                  "run (27 settings, 2048 squared errors each): +-10% is >= 3.8 SE at the worst one",
-          # quick (rho 0.8): 100 replicate runs gave 0.72 .. 1.29 (SD 0.08 .. 0.11), the Gaussian's sharp ratio in
-          # the same runs 0.68 .. 1.81: the queries are shared by the laws, so its heavy tail is this one's too
           quick=NotJudged("a mean over 6 queries at L = 1024: as C1-sharp-constant, one query of large ||Uq|| moves "
                           "it 2-4x; the constant is judged at the paper profile"))
 def _ar1_constant(sh):
@@ -204,8 +183,6 @@ def _ar1_constant(sh):
           reference="(1 + rho) / (1 - rho) at small ||Uq|| (9 at rho 0.8)",
           reason="the i.i.d. constant must fall outside the +-10% band the dependent one is judged by: with "
                  "the prediction >= 2x it, a pass of C1-ar1-constant puts the measured ratio >= 1.8",
-          # quick (rho 0.8): 100 replicate quick runs (root_seed 1000 .. 1099): range 4.05 .. 11.6, SD 0.70 .. 1.16
-          # per setting; a heavy-tailed query only raises it: the same bound
           quick=1.1)
 def _ar1_iid_rejected(sh):
     def measure():

@@ -103,12 +103,6 @@ def _few_m(ds):
 
 CRITERIA = Criteria("C1", units=UNITS)
 
-#: The quick profile (1 seed x 3 queries x 8 prompts per (kernel, r), r in {0.5, 1}, L = 16 .. 1024; 200
-#: feature draws at m = 4 .. 256) is a smoke test. Its thresholds come from 160 replicate quick runs of a
-#: correct install (root_seed 1000 .. 1099 and 2000 .. 2059, this machine), each set several replicate SDs
-#: beyond the replicate range, so that a correct install FAILs none while a wrong limit or weight moves the
-#: figures by O(1).
-
 
 @CRITERIA("C1K-stein-smooth", "max relative |E[kappa(s) z] (tensor Gauss-Hermite) - Sigma a E kappa'(s)|, smooth "
           "kernels (softmax, sigmoid, sigmoid_logL)", "<", 1e-8, profile="any",
@@ -129,9 +123,6 @@ def _stein_kinked(ds):
           reason="an i.i.d. mean or a self-normalised ratio: variance 1/L, squared bias 1/L^2; +-0.15 covers "
           "Monte Carlo noise of 2 seeds x 8 queries x 16 prompts (the paper profile before its seeds were bought: 16 "
           "x 64 x 16 since) and pre-asymptotic curvature",
-          # quick: replicate SD 0.061 .. 0.109 per cell, means -1.006 .. -0.797 (sigmoid_logL at r = 1: the
-          # pre-asymptotic start of the paper run's FAIL), range -1.30 .. -0.55 (2880 values): the band is
-          # 4.7 SD of the widest cell below its mean and 5 SD of sigmoid_logL above its mean
           quick=(-1.5, -0.4),
           fails_as=("pre-asymptotic", "softmax and sigmoid_logL at r = 1.5, error constants e^(r^2) = 9.5 and "
                     "e^(2 r^2) = 90: below the 1/L line at small L; their slopes over the 5 largest L are -0.915 "
@@ -145,8 +136,6 @@ def _slopes(ds):
           reason="exact for unnormalised kernels, 1 + O(1/L) for normalised ones; the Monte Carlo SE of a mean of "
           "256 squared errors is 3-7%, so +-15% is 2-5 SE (set for 2 seeds x 8 queries; 16 x 64 since the seeds "
           "were bought)",
-          # quick: a mean of 24 squared errors, replicate SD 0.16 .. 0.27, range 0.41 .. 2.33 (2560 values);
-          # as a chi-square mean with >= 27 effective dof, P(< 0.25) < 1e-6, and 3 is 7 SD above 1
           quick=(0.25, 3.0))
 def _sharp(ds):
     k = _has_theory(ds)
@@ -161,10 +150,6 @@ def _sharp(ds):
           reason="a t statistic with P - 1 = 15 dof has E t^2 = 15/13 = 1.15; the mean of 48 of them (2 seeds x 8 "
           "queries x 3 components, the profile the band was set for; 16 x 64 x 3 since the seeds were bought) has "
           "SD about 0.3, and 36 (kernel, r) are tested: a wrong limit gives z^2 >> 1",
-          # quick: the mean of 9 squared t_7 (3 queries x 3 components, correlated): E = 1.4, replicate range
-          # 0.069 .. 10.4 (2880 values). Simulated P(mean > 25) per cell: 1e-5 for independent components, 1.9e-4
-          # for perfectly correlated ones (a mean of 3), so at most 0.34% over the 18 cells; the lower end is
-          # not judged (correlated components: P(mean < 0.05) up to 1.3% per cell); a wrong limit gives >> 25
           quick=(0.0, 25.0))
 def _limit_mc(ds):
     return ds.z2.mean("seed")
@@ -179,8 +164,6 @@ def _gain_pvalue(ds):
 
 @CRITERIA("C1K-gain", "|measured gain - gain of the exact limit| / SE, every (kernel, r)", "<", 4.0,
           reason="a z-score; 36 of them: P(max |z| > 4) < 0.3% if every gain is right",
-          # quick: each query's SE from 8 prompts (7 dof): heavier tails (5 of 160 replicate runs have a
-          # max |z| > 4, the largest 4.99); |t_20| > 6 has probability 7e-6 per cell, 1.3e-4 over 18
           quick=6.0,
           # level: 1 - (1 - P(|N(0,1)| > 4))^36 = 0.0023 at the paper grid (36 cells)
           level=0.0023, pvalue=_gain_pvalue,
@@ -196,8 +179,6 @@ def _gain(ds):
           "(rf_sigma2 < 1/3)", "in", (-1.15, -0.85),
           reason="self-normalised importance sampling over features: 1/m once the weights have a finite 4th moment; "
           "+-0.15 for pre-asymptotics and noise",
-          # quick (m = 4 .. 256, 200 draws): replicate mean -0.931, SD 0.019, range -0.98 .. -0.882 (160 runs): the
-          # same band is 4.3 SD above the mean
           quick=(-1.15, -0.85))
 def _rf_rate(ds):
     return _rf(ds, True, lambda s2: measure_unless(_few_m(ds), lambda: rf_slopes(ds).slope.sel(rf_sigma2=s2)))
@@ -207,7 +188,6 @@ def _rf_rate(ds):
           "(rf_sigma2 < 1/3)", "in", (0.8, 1.2),
           reason="the sharp constant of the feature average; +-20% for the heavy-ish tail of the squared error over "
           "2000 feature draws (the profile the band was set for; 16000 since the seeds were bought)",
-          # quick (200 draws): replicate mean 0.991, SD 0.059, range 0.846 .. 1.159: +-25% is 4.1 SD
           quick=(0.75, 1.25))
 def _rf_constant(ds):
     def ratio(s2):
@@ -218,7 +198,7 @@ def _rf_constant(ds):
 
 @CRITERIA("C1K-rf-slow", "log-log slope in m, infinite-variance feature weights (rf_sigma2 >= 1)", ">", -0.85,
           reason="E rho^2 = inf: slower than 1/m (heuristically m^(-1/rf_sigma2) up to logarithms)",
-          quick=-0.85)  # quick: replicate range -0.34 .. -0.22, SD 0.026: the same bound, 22 SD away
+          quick=-0.85)
 def _rf_slow(ds):
     return _rf(ds, False, lambda s2: measure_unless(_few_m(ds), lambda: rf_slopes(ds).slope.sel(rf_sigma2=s2)))
 

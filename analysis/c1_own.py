@@ -166,10 +166,6 @@ def _slope_gap(ds, alpha=0.05):
 
 CRITERIA = Criteria("C1", units=UNITS)
 
-#: The quick profile (the built-in digits set, D = 4, default head U_norm 0.5, 8 queries, 2 seeds x 12
-#: prompts, L = 16 .. 256) is a smoke test: a mean of 24 units' squared errors has a relative SE near
-#: 20-30%, the window factor tau ~2 of digits' file order an SE of 15%; its bands are wide accordingly.
-
 
 @CRITERIA("C1O-slope", "log-log slope in L of the error to the tokens' exact limit over the regime "
           "(L >= 10 x weight_ratio, x tau for windows; windows at L <= n / 20), every sampling", "in", (-1.15, -0.85),

@@ -97,19 +97,12 @@ def _judged(ds, values):
 SETTING = ("dataset", "D", "U_norm")
 CRITERIA = Criteria("C1", units=UNITS)
 
-#: The quick profile (4 data sets x D in {2, 5} x U_norm in {0.05, 0.1, 0.8}, 1 seed x 6 queries x 8
-#: prompts, L = 16 .. 1024) is a smoke test. Its thresholds come from 160 replicate quick runs of a
-#: correct install (root_seed 1000 .. 1099 and 2000 .. 2059, this machine), set several replicate SDs
-#: beyond the replicate range: a correct install FAILs none, a wrong limit or surrogate moves the figures by O(1).
-
 
 @CRITERIA("C1R-slopes", "log-log slope in L of the error to the exact empirical limit, every (dataset, D, U_norm) "
           "with weight_ratio <= 1.25", "in", (-1.1, -0.9), reference="-1 (law of large numbers)",
           reason="tokens i.i.d. from the empirical law: the error is tr C / L + O(1/L^2) (delta method) once the "
                  "effective sample L / weight_ratio is large; +-0.1 covers pre-asymptotic curvature and Monte Carlo "
                  "noise, as for C1-slopes",
-          # quick: replicate SD 0.03 .. 0.06 per judged setting (0.09 at U_norm 0.8, judged in 1-11% of the runs),
-          # range -1.19 .. -0.80 (2601 values): +-0.35 is 6 SD of the first, 3.8 SD of the rare one
           quick=(-1.35, -0.65))
 def _slopes(ds):
     return measure_unless(slope_shortfall(ds), lambda: _judged(ds, slopes(ds).slope))
@@ -120,8 +113,6 @@ def _slopes(ds):
           reason="1 + O(1/L); the mean of n_queries * n_prompts * n_seeds = 512 squared errors has a relative SE "
                  "of 3-6% (real data: heavier weights than Gaussian tokens), over ~50 settings: +-20% is 3-4 SE "
                  "at the worst one",
-          # quick: a mean of 48 squared errors, replicate SD 0.09 .. 0.16 per judged setting (0.2-0.3 at the rarely
-          # judged U_norm 0.8), range 0.61 .. 1.51: [0.4, 2] is 3.75 SD below 1 and 6 SD above
           quick=(0.4, 2.0))
 def _sharp_constant(ds):
     return _judged(ds, sharp_ratio(ds))
@@ -131,8 +122,6 @@ def _sharp_constant(ds):
           "largest L, every (dataset, D, U_norm) with weight_ratio <= 1.25", "in", (0.85, 1.15), reference="1",
           reason="E||f_L - f_g||^2 = E||f_L - f_inf||^2 + ||f_inf - f_g||^2 + 2 E<f_L - f_inf, f_inf - f_g>; the "
                  "cross term's mean is O(1/L) and its noise at most 1/sqrt(512) = 4.4% of the sum: +-15% is 3 SE",
-          # quick: the same bound with 48 squared errors, 1/sqrt(48) = 14.4% of the sum: +-45% is 3.1 of it
-          # (replicate range 0.75 .. 1.20)
           quick=(0.55, 1.45))
 def _decomposition(ds):
     return _judged(ds, decomposition(ds))
@@ -144,10 +133,6 @@ def _decomposition(ds):
                  "||kappa_3[a, a]||^2 / 4 (1 + O(|a| |z|_max)): order 4 when the third cumulant is not 0 (real data "
                  "are skewed); U's direction and the queries are shared across U_norm, so the ratio has no Monte "
                  "Carlo noise; +-0.5 covers the correction at U_norm <= 0.05",
-          # quick: one seed's U direction and 6 queries, U_norm 0.05 and 0.1: the 5th-order correction is twice the
-          # paper's and along some directions the third cumulant nearly cancels (order -> 6); replicate range
-          # 3.25 .. 5.75 (1280 values, 26 of 160 runs outside [3.5, 4.5]): [2.5, 6.5] still FAILs a bias of order 2
-          # (a wrong mean or covariance of the surrogate)
           quick=(2.5, 6.5))
 def _bias_order(ds):
     return measure_unless(_no_order(ds), lambda: bias_order(ds))
