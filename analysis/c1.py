@@ -1,8 +1,6 @@
-"""C1 analysis: fits, verdicts and the figure, from a ``c1_limit`` results file alone.
-
-Reads only the documented schema (datasets/README.md): ``mse(law, d, U_norm, L, seed)``,
-``mse_asymptotic``, ``mse_predicted``, ``bias_exact``, ``mse_query``, ``Uq_sq``, ``mse_scaled_U``,
-``quadrature_error`` and the ``criteria`` / ``config`` attrs.
+"""C1 analysis: fits, verdicts and the figure, from a ``c1_limit`` results file alone (its documented
+schema: datasets/README.md); and the helpers of the C1 family's tables and figures (:func:`fitted_slopes`,
+:func:`panels`, :func:`dots_and_lines`).
 
 Dependent tokens: the laws labelled ``"ar1:RHO"`` (Gaussian AR(1) tokens, stationary law the
 Gaussian's) are judged apart (:func:`dependent_laws`, :func:`ar1_fits`): their error's slope in L,
@@ -27,7 +25,7 @@ from .verdicts import Criteria, Inconclusive, NotJudged, Shared, judged_where, m
 __all__ = ["CRITERIA", "UNITS", "PAPER_FORM_UNITS", "slopes", "slope_shortfall", "measures", "verdicts",
            "fit_tables", "figure", "paper_form", "sharp_ratio", "own_limit_laws", "no_limit_laws", "dependent_laws",
            "ar1_fits", "DEPENDENT_PREFIX", "IID_REJECT_FROM", "SLOPE_COLUMNS", "slope_columns", "fitted_slopes",
-           "panels", "saved", "dots_and_lines"]
+           "panels", "saved", "dots_and_lines", "labels_where"]
 
 #: the law labels of the dependent (Gaussian AR(1)) token laws: ``"ar1:RHO"``
 DEPENDENT_PREFIX = "ar1:"
@@ -56,23 +54,22 @@ def dependent_laws(ds: xr.Dataset) -> dict:
             if law.startswith(DEPENDENT_PREFIX)}
 
 
-def _laws_where(ds, test) -> list:
-    """The laws whose exact bias satisfies ``test`` (elementwise) at every cell."""
-    b = ds.bias_exact
-    ok = test(b).all([d for d in b.dims if d != "law"]).values
-    return [law for law, keep in zip(ds.law.values.tolist(), ok) if keep]
+def labels_where(da: xr.DataArray, dim: str, test=np.isfinite) -> list:
+    """The labels of ``dim`` at which ``test(da)`` (elementwise) holds at every other coordinate."""
+    ok = test(da).all([d for d in da.dims if d != dim]).values
+    return [label for label, keep in zip(da[dim].values.tolist(), ok) if keep]
 
 
 def own_limit_laws(ds: xr.Dataset) -> list:
     """The non-Gaussian i.i.d. laws with a limit of their own (finite exact bias: Rademacher,
     uniform, ...); the dependent laws (:func:`dependent_laws`) are judged apart."""
     dependent = dependent_laws(ds)
-    return [law for law in _laws_where(ds, np.isfinite) if law != "gaussian" and law not in dependent]
+    return [law for law in labels_where(ds.bias_exact, "law") if law != "gaussian" and law not in dependent]
 
 
 def no_limit_laws(ds: xr.Dataset) -> list:
     """The laws without a limit (exact bias NaN by design: Student-t)."""
-    return _laws_where(ds, np.isnan)
+    return labels_where(ds.bias_exact, "law", np.isnan)
 
 
 def _no_step(ds):
@@ -226,14 +223,11 @@ def _seed_ratio(num, den):
 
 
 def ar1_fits(ds: xr.Dataset) -> xr.Dataset:
-    """The dependent laws (:func:`dependent_laws`), per (law, d, U_norm): ``rho``; the log-log slope
-    of the seed-mean error in L with its SE clustered over the seeds (the prompts are nested along L;
-    :func:`~.fits.loglog_slope` ``units="seed"``, plain OLS with one seed), when it can be fitted;
-    at the largest L the measured constant ``L_mse = L mse``, the dependent constant
-    ``const_dependent = L mse_predicted`` and the i.i.d. one ``const_iid = L mse_asymptotic`` (seed
-    means), and the ratios ``ratio_dependent = mse / mse_predicted``, ``ratio_iid = mse /
-    mse_asymptotic`` (seed means of the per-seed ratios) with SEs clustered over the seeds.
-    ``ValueError`` if the file has no dependent law."""
+    """The dependent laws (:func:`dependent_laws`), per (law, d, U_norm): ``rho``; when it can be fitted, the
+    log-log slope of the seed-mean error in L (:func:`~.fits.unit_slopes` over the seeds); at the largest L the
+    seed means of ``L_mse = L mse``, ``const_dependent = L mse_predicted`` and ``const_iid = L mse_asymptotic``,
+    and the ratios ``ratio_dependent = mse / mse_predicted``, ``ratio_iid = mse / mse_asymptotic``
+    (:func:`_seed_ratio`). ``ValueError`` if the file has no dependent law."""
     dep = dependent_laws(ds)
     if not dep:
         raise ValueError("ar1_fits: the file has no dependent (ar1:RHO) law; run c1 with 'ar1' in laws")
@@ -275,10 +269,8 @@ def _ar1_table(ds):
 
 
 def fit_tables(ds: xr.Dataset) -> dict:
-    """``slopes``: per (d, U_norm) the log-log slope in L with SE, 95% CI and R^2 (columns only when
-    it can be fitted; the title says why not) and mse / mse_asymptotic at L_max; ``paper_form``: the
-    pooled paper-form fit at the largest L (when there are >= 3 queries in all); ``ar1``: the
-    dependent laws' slopes and constants (:func:`ar1_fits`; the title alone when there are none)."""
+    """``slopes`` (per (d, U_norm), :func:`slopes` and :func:`sharp_ratio`), ``paper_form``
+    (:func:`paper_form`) and ``ar1`` (:func:`ar1_fits`); what cannot be fitted is left out, the title says why."""
     return {"slopes": _slope_table(ds), "paper_form": _paper_form_table(ds), "ar1": _ar1_table(ds)}
 
 
@@ -356,10 +348,8 @@ def dots_and_lines(ax, L, curves) -> None:
 
 
 def figure(ds: xr.Dataset, path):
-    """Two panels: Gaussian error vs L per (d, U_norm) with the sharp asymptotic line;
-    negative controls (Student-t, U ~ sqrt(L), bounded laws with their exact bias); a third when
-    the file has dependent laws: ``L mse`` of the AR(1) tokens against their dependent constant and
-    the i.i.d. one, at the first d and the largest U_norm."""
+    """Gaussian error vs L per (d, U_norm) with the sharp asymptotic line; the negative controls (Student-t,
+    U ~ sqrt(L), bounded laws with their exact bias); with dependent laws, ``L mse`` of the AR(1) tokens."""
     dependent = dependent_laws(ds)
     plt, fig, axes = panels(3 if dependent else 2, 18 if dependent else 12)
     ax1, ax2 = axes[:2]

@@ -1,9 +1,5 @@
-"""C1 kernels analysis: fits, verdicts and the figure, from a ``c1_kernels`` results file alone.
-
-Reads ``mse(kernel, r, L, seed)``, ``mse_query(kernel, r, L, seed, query)``,
-``mse_theory``, ``gain_measured``, ``gain_se``, ``gain_limit``, ``orth_share``, ``z2``,
-``stein_error(stein_kernel)``, ``rf_sq_error(rf_sigma2, rf_m, rf_draw)``, ``rf_constant`` and the
-``config`` attr (docs/kernels.md).
+"""C1 kernels analysis: fits, verdicts and the figure, from a ``c1_kernels`` results file alone (its
+variables: docs/kernels.md).
 
 Independent units (:data:`UNITS`): the seeds; within a seed its queries (each its own direction
 and its own prompts; the prompts are nested along L, so the errors of one query at different L
@@ -18,7 +14,7 @@ import math
 import numpy as np
 import xarray as xr
 
-from .c1 import dots_and_lines, fitted_slopes, panels, saved
+from .c1 import dots_and_lines, fitted_slopes, labels_where, panels, saved
 from .fits import loglog_slope, slope_shortfall, unit_slopes
 from .tables import column, make_table
 from .verdicts import Criteria, Inconclusive, measure_unless
@@ -81,12 +77,6 @@ def gain_z(ds: xr.Dataset) -> xr.DataArray:
     return (ds.gain_measured.mean("seed") - ds.gain_limit.mean("seed")) / gain_se(ds)
 
 
-def _has_theory(ds):
-    """The kernels with a predicted error (``mse_theory`` finite everywhere)."""
-    finite = np.isfinite(ds.mse_theory).all([d for d in ds.mse_theory.dims if d != "kernel"]).values
-    return [k for k, ok in zip(ds.kernel.values.tolist(), finite) if ok]
-
-
 def _rf(ds, light, measure):
     """``measure(s2)`` at the light-tailed (``light``) or infinite-variance rf_sigma2 values ``s2`` of the file,
     Inconclusive when it has none."""
@@ -138,7 +128,7 @@ def _slopes(ds):
           "were bought)",
           quick=(0.25, 3.0))
 def _sharp(ds):
-    k = _has_theory(ds)
+    k = labels_where(ds.mse_theory, "kernel")  # the kernels with a predicted error
     if not k:
         return Inconclusive("no kernel with a predicted error in this file")
     last = ds.sel(kernel=k).isel(L=-1)
@@ -207,11 +197,8 @@ measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
 
 
 def fit_tables(ds: xr.Dataset) -> dict:
-    """``kernels``: per (kernel, r) the slope in L with SE, the slope over the 5 largest L
-    (diagnostic), mse / predicted at L_max, measured and exact gain with the gain's SE, z-score,
-    z^2 and orthogonal share; ``random_features``: per rf_sigma2 the slope in m with SE and
-    m mse / constant at the largest m; ``stein``: the Stein identity's errors. A slope that cannot
-    be fitted is left out, the title says why."""
+    """``kernels`` (per (kernel, r): slopes in L, mse / predicted, gains), ``random_features`` (per rf_sigma2:
+    the slope in m, m mse / constant) and ``stein``; a slope that cannot be fitted is left out, the title says why."""
     return {"kernels": _kernel_table(ds), "random_features": _rf_table(ds), "stein": _stein_table(ds)}
 
 

@@ -1,37 +1,11 @@
 """C1 for your own head: fits, L*(eps), verdicts and the figure, from a ``c1_own`` results file alone.
 
-Reads ``mse(sampling, seed, prompt, L)`` (error to the tokens' exact limit), ``mse_gauss`` (to the
-Gaussian surrogate), the exact part's scalars (``limit_sq``, ``bias_gauss``, ``const_sharp``,
-``const_gauss``, ``limit_sq_gauss``, ``weight_ratio``, ``tau``, ``tau_se``, ``n_tokens``), the exact
-window errors ``window_mse(L)`` and the ``config`` attr (``eps``). Per sampling mode (``iid``, ``window``):
-
-* the regime: the prompt lengths with ``L >= REGIME * weight_ratio`` (times ``max(tau, 1)`` for
-  windows): a prompt of L tokens weighs like ``L / weight_ratio`` equal-weight tokens (``L /
-  (weight_ratio tau)`` for dependent ones), and the delta method's ``1/L`` term dominates once
-  that effective sample is large; for windows also ``L <= FILE_SHARE * n`` (:func:`regime`: the
-  finite file);
-* the log-log line of the error over the regime: slope (-1 expected) with its SE clustered over
-  the independent units (seed x prompt: every prompt is nested along L and shared by the queries);
-* the constant ``L * mse`` at the regime's largest L against the predicted one: the sharp i.i.d. constant
-  ``const_sharp = mean_q tr V C_mu V^T`` for i.i.d. prompts, ``tau * const_sharp`` for windows;
-* ``L*(eps)``: the relative error is ``r(L) = sqrt(mse(L) / limit_sq)``, ``limit_sq = mean_q
-  ||V (f_inf(q) - m)||^2`` (the size of the head's query-dependent signal); ``L*(eps)`` solves
-  ``r(L) = eps`` on the fitted line, ``L* = (eps^2 limit_sq / e^c)^(1/s)``, with a delta-method
-  interval from the unit lines' covariance; beside it the sharp prediction
-  ``const / (eps^2 limit_sq)``, the Gaussian picture's ``const_gauss / (eps^2 limit_sq_gauss)``,
-  and the length at which the error *to the surrogate* falls below eps (on the fitted line plus
-  its exact bias: none when the bias alone exceeds it); every one of them reported only up to the
-  sampling's reach (:func:`reach`: ``n`` for i.i.d. prompts, ``FILE_SHARE * n`` for windows), and for
-  windows the length at which the file's exact window error (``window_mse``) meets eps, within the
-  measured L.
-
-The finite file. Prompts drawn i.i.d. (with replacement) from the tokens are i.i.d. draws of their
-empirical law at every L, longer than the file included: no finite-population effect. A window is ``L``
-distinct tokens of the ``n``: its error carries the finite-population correction of sampling without
-replacement, about ``1 - L/n`` (exactly ``(n - L) / (n - 1)`` for the first-order error of an
-exchangeable file), and is 0 at ``L = n``, where the window is the whole file. On a log-log line that
-factor bends the local slope by ``-(L/n) / (1 - L/n)``: the rule ``L <= FILE_SHARE * n`` keeps it
-within 0.053 at the fit's last point (a third of C1O-slope's band) and the constant within 5%.
+Per sampling mode (``iid``, ``window``): the regime of the 1/L law (:func:`regime`), the log-log line of
+the error to the tokens' exact limit over it with its SE clustered over the seed x prompt units, the constant
+``L * mse`` against the predicted one (``const_sharp``; ``tau * const_sharp`` for windows), and ``L*(eps)``,
+where the relative error ``sqrt(mse / limit_sq)`` is eps, with its predictions; none beyond the sampling's
+:func:`reach`, where the finite file bends the error (windows: the finite-population correction ``1 - L/n``).
+The definitions and why: docs/own_head.md, "A finite file" and "How to read it".
 """
 from __future__ import annotations
 
@@ -61,7 +35,7 @@ REGIME = 10.0
 EXTRAPOLATION = 4.0
 
 #: windows are fitted (slope, constant, the line's L*) only at ``L <= FILE_SHARE * n``: the finite-population
-#: correction ``1 - L/n`` stays >= 0.95 there (module doc)
+#: correction ``1 - L/n`` stays >= 0.95 there, and bends the local slope by at most 0.053
 FILE_SHARE = 0.05
 
 
@@ -82,10 +56,7 @@ def predicted_constant(ds) -> xr.DataArray:
 
 def reach(ds) -> xr.DataArray:
     """Per sampling, the longest prompt a fit or an ``L*`` may speak for: ``n`` (``n_tokens``) for i.i.d.
-    prompts (an ``L*`` beyond it asks for an eps finer than the file's own resolution of its limit: the
-    file's tilted mean is itself off its population's by about ``const_sharp / n`` in squared error, so
-    ``L*_sharp(eps) > n`` exactly when ``eps`` is below it), ``FILE_SHARE * n`` for windows (beyond it the
-    finite file bends the error below the line: module doc)."""
+    prompts (beyond, an eps finer than the file resolves its own limit), ``FILE_SHARE * n`` for windows."""
     return xr.where(ds.sampling == "window", FILE_SHARE, 1.0) * ds.n_tokens
 
 
@@ -207,7 +178,7 @@ def _constant(ds):
           quick=(0.3, 3.0))
 def _lstar(ds):
     def ratio():
-        ls = _lstar_line(ds)
+        ls = lstar_of(unit_lines(ds), _target(ds))  # at every eps, whatever the reach
         sharp = _lstar_sharp(ds)
         near = (sharp <= EXTRAPOLATION * last_regime_L(ds)) & (sharp <= reach(ds))
         return judged_where(ls.L_star / sharp, near, ["sampling", "eps"],
@@ -258,11 +229,6 @@ def _eps(ds) -> xr.DataArray:
 def _target(ds) -> xr.DataArray:
     """``eps^2 limit_sq`` per eps: the squared error at which the relative error is eps."""
     return _eps(ds) ** 2 * ds.limit_sq
-
-
-def _lstar_line(ds, alpha: float = 0.05) -> xr.Dataset:
-    """:func:`lstar_of` the unit lines at every eps, whatever the reach."""
-    return lstar_of(unit_lines(ds), _target(ds), alpha)
 
 
 def _lstar_sharp(ds) -> xr.DataArray:
@@ -362,12 +328,9 @@ def fit_tables(ds) -> dict:
 
 
 def figure(ds, path):
-    """Two panels per file: the error to the exact limit vs L (dots, SE bars over the units) per
-    sampling, with the predicted ``const / L`` (lines, up to the sampling's reach), the Gaussian
-    picture (dashed), the fitted line over the regime, and for windows the file's exact window error
-    (crosses) and the reach ``FILE_SHARE * n`` (a vertical line); the relative error ``sqrt(mse /
-    limit_sq)`` and the error to the surrogate against the eps levels, with L*(eps) marked (triangles:
-    on the line; crosses: of the file's exact window error)."""
+    """Two panels: the error to the exact limit vs L per sampling with its predictions, fitted line and (windows)
+    the file's exact window error; the relative errors against the eps levels with L*(eps) marked
+    (docs/own_head.md, "How to read it")."""
     _, fig, axes = panels(2, 12)
     L = ds.L.values.astype(float)
     Lx = np.geomspace(L[0], L[-1] * 4, 50)

@@ -1,7 +1,6 @@
 """C1 on real data: fits, verdicts and the figure, from a ``c1_real`` results file alone.
 
-Reads ``mse(dataset, D, U_norm, L, seed)``, ``mse_asymptotic``, ``mse_gauss``, ``bias_gauss``,
-``limit_sq`` and the ``criteria`` attr. Two questions per data set:
+Two questions per data set (docs/real_data.md):
 
 * the law of large numbers against the exact empirical limit: log-log slope of the error in L
   (-1 expected) and its constant against the empirical law's SNIS constant;
@@ -142,10 +141,8 @@ measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
 
 
 def fit_tables(ds: xr.Dataset) -> dict:
-    """``settings``: per (dataset, D, U_norm) the weight ratio and whether the 1/L criteria judge
-    the setting, the slope in L (SE; left out with the reason when it cannot be fitted),
-    mse / (tr C / L) at the largest L, the Gaussian surrogate's squared bias, relative bias and
-    crossover length; ``bias_order``: per (dataset, D) the order of that bias in ||U||."""
+    """``settings`` (per (dataset, D, U_norm): weight ratio, judged, slope in L, :func:`sharp_ratio`, the
+    surrogate's bias, :func:`relative_bias`, :func:`crossover_L`) and ``bias_order`` (:func:`bias_order`)."""
     return {"settings": _settings_table(ds), "bias_order": _order_table(ds)}
 
 
@@ -175,9 +172,8 @@ def _order_table(ds):
 
 
 def figure(ds: xr.Dataset, path):
-    """Three panels: error to the exact empirical limit vs L (dots) with tr C / L (lines), at the
-    largest U_norm and middle D; the Gaussian surrogate's squared bias vs ||U|| for every (dataset, D),
-    with a slope-4 guide; the error to the Gaussian surrogate vs L, levelling at the bias."""
+    """Error to the exact empirical limit vs L with tr C / L (largest U_norm, middle D); the surrogate's squared
+    bias vs ||U|| with a slope-4 guide; the error to the surrogate vs L, levelling at the bias."""
     from matplotlib.ticker import NullFormatter
 
     plt, fig, axes = panels(3, 16)
