@@ -199,7 +199,9 @@ measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
 def fit_tables(ds: xr.Dataset) -> dict:
     """``kernels`` (per (kernel, r): slopes in L, mse / predicted, gains), ``random_features`` (per rf_sigma2:
     the slope in m, m mse / constant) and ``stein``; a slope that cannot be fitted is left out, the title says why."""
-    return {"kernels": _kernel_table(ds), "random_features": _rf_table(ds), "stein": _stein_table(ds)}
+    stein = make_table({"error": column(ds.stein_error, "max relative error", ".1e")}, column_dim="stein_kernel",
+                       title="Stein identity vs tensor quadrature, per kernel")
+    return {"kernels": _kernel_table(ds), "random_features": _rf_table(ds), "stein": stein}
 
 
 def _kernel_table(ds):
@@ -239,11 +241,6 @@ def _rf_table(ds):
                             f"{ds.sizes['rf_m']} values of m drawn independently; MC SE: cluster-robust over the "
                             f"{ds.sizes['rf_draw']} feature draws), m mse / delta-method constant at the largest m"
                             + (f"; slopes not fitted, {no_fit}" if no_fit else ""))
-
-
-def _stein_table(ds):
-    return make_table({"error": column(ds.stein_error, "max relative error", ".1e")}, column_dim="stein_kernel",
-                      title="Stein identity vs tensor quadrature, per kernel")
 
 
 def figure(ds: xr.Dataset, path):
