@@ -35,7 +35,6 @@ DEPENDENT_PREFIX = "ar1:"
 #: are those on which C1-ar1-iid-rejected judges the i.i.d. constant
 IID_REJECT_FROM = 2.0
 
-
 #: the dims of a c1_limit file's independent units: the seeds (each draws its own U, queries and
 #: prompts; the queries of a seed share its U, and every L of a prompt shares its first tokens)
 UNITS = ("seed",)

@@ -29,11 +29,9 @@ UNITS = ("seed",)
 
 
 def slopes(ds: xr.Dataset, *, cov_type: str | None = None) -> xr.Dataset:
-    """Log-log slope (OLS, SE, 95% CI) in L of the seed-mean error to the exact empirical limit,
-    per (dataset, D, U_norm). The prompts are nested along L: the SE is cluster-robust over the seeds
-    by default (Student-t with seeds - 1 dof: 7 at the paper's 8 seeds),
-    ``cov_type="nonrobust"`` the plain OLS SE of the seed-mean line by name; one seed: plain OLS
-    (:func:`~.fits.unit_slopes`)."""
+    """Log-log slope (OLS, SE, 95% CI) in L of the seed-mean error to the exact empirical limit, per (dataset,
+    D, U_norm). The prompts are nested along L: the SE is cluster-robust over the seeds by default (Student-t,
+    seeds - 1 dof), ``cov_type="nonrobust"`` the plain OLS SE by name; one seed: plain OLS (:func:`unit_slopes`)."""
     return unit_slopes(ds.mse, UNITS, cov_type=cov_type, test_exponent=-1.0)
 
 
