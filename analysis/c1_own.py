@@ -20,7 +20,7 @@ from .fits import MIN_LINE_POINTS, loglog_slope, ols_line, too_few
 from .tables import column, make_table
 from .verdicts import Criteria, Inconclusive, judged_where
 
-__all__ = ["CRITERIA", "UNITS", "REGIME", "EXTRAPOLATION", "FILE_SHARE", "eps_list", "predicted_constant", "reach",
+__all__ = ["CRITERIA", "UNITS", "REGIME", "EXTRAPOLATION", "FILE_SHARE", "predicted_constant", "reach",
            "regime", "last_regime_L", "unit_lines", "lstar_of", "window_crossing", "slopes",
            "constants", "lstar", "measures", "verdicts", "fit_tables", "figure"]
 
@@ -37,11 +37,6 @@ EXTRAPOLATION = 4.0
 #: windows are fitted (slope, constant, the line's L*) only at ``L <= FILE_SHARE * n``: the finite-population
 #: correction ``1 - L/n`` stays >= 0.95 there, and bends the local slope by at most 0.053
 FILE_SHARE = 0.05
-
-
-def eps_list(ds) -> np.ndarray:
-    """The relative errors of ``L*(eps)``: the ``eps`` of the file's configuration."""
-    return np.asarray(json.loads(ds.attrs["config"])["eps"], dtype=float)
 
 
 def _tau_used(ds) -> xr.DataArray:
@@ -222,7 +217,8 @@ def constants(ds) -> xr.Dataset:
 
 
 def _eps(ds) -> xr.DataArray:
-    eps = eps_list(ds)
+    """The relative errors of ``L*(eps)`` (the ``eps`` of the file's configuration), along ``eps``."""
+    eps = np.asarray(json.loads(ds.attrs["config"])["eps"], dtype=float)
     return xr.DataArray(eps, dims="eps", coords={"eps": eps})
 
 
