@@ -339,10 +339,10 @@ def saved(fig, path):
 
 def dots_and_lines(ax, L, curves) -> None:
     """Per ``(label, colour, measured, predicted)`` of ``curves``, log-log against ``L``: the measured error
-    (dots, labelled) and its prediction (a thin line of the same colour, drawn where finite at every L)."""
+    (dots, labelled) and its prediction (a thin line of the same colour; none where it is nowhere finite)."""
     for label, c, y, t in curves:
         ax.loglog(L, y, "o", ms=3, color=c, label=label)
-        if np.isfinite(t).all():
+        if np.isfinite(t).any():
             ax.loglog(L, t, "-", lw=0.8, color=c)
 
 
