@@ -1,8 +1,6 @@
-"""C1 analysis: fits, verdicts and the figure, from a ``c1_limit`` results file alone.
-
-Reads only the documented schema (datasets/README.md): ``mse(law, d, U_norm, L, seed)``,
-``mse_asymptotic``, ``mse_predicted``, ``bias_exact``, ``mse_query``, ``Uq_sq``, ``mse_scaled_U``,
-``quadrature_error`` and the ``criteria`` / ``config`` attrs.
+"""C1 analysis: fits, verdicts and the figure, from a ``c1_limit`` results file alone (its documented
+schema: datasets/README.md); and the helpers of the C1 family's tables and figures (:func:`fitted_slopes`,
+:func:`panels`, :func:`dots_and_lines`).
 
 Dependent tokens: the laws labelled ``"ar1:RHO"`` (Gaussian AR(1) tokens, stationary law the
 Gaussian's) are judged apart (:func:`dependent_laws`, :func:`ar1_fits`): their error's slope in L,
@@ -26,7 +24,8 @@ from .verdicts import Criteria, Inconclusive, NotJudged, Shared, judged_where, m
 
 __all__ = ["CRITERIA", "UNITS", "PAPER_FORM_UNITS", "slopes", "slope_shortfall", "measures", "verdicts",
            "fit_tables", "figure", "paper_form", "sharp_ratio", "own_limit_laws", "no_limit_laws", "dependent_laws",
-           "ar1_fits", "DEPENDENT_PREFIX", "IID_REJECT_FROM"]
+           "ar1_fits", "DEPENDENT_PREFIX", "IID_REJECT_FROM", "SLOPE_COLUMNS", "slope_columns", "fitted_slopes",
+           "panels", "saved", "dots_and_lines", "labels_where"]
 
 #: the law labels of the dependent (Gaussian AR(1)) token laws: ``"ar1:RHO"``
 DEPENDENT_PREFIX = "ar1:"
@@ -35,7 +34,6 @@ DEPENDENT_PREFIX = "ar1:"
 #: ratio the predictions give, a property of the law and the queries, not of the Monte Carlo)
 #: are those on which C1-ar1-iid-rejected judges the i.i.d. constant
 IID_REJECT_FROM = 2.0
-
 
 #: the dims of a c1_limit file's independent units: the seeds (each draws its own U, queries and
 #: prompts; the queries of a seed share its U, and every L of a prompt shares its first tokens)
@@ -55,23 +53,22 @@ def dependent_laws(ds: xr.Dataset) -> dict:
             if law.startswith(DEPENDENT_PREFIX)}
 
 
-def _laws_where(ds, test) -> list:
-    """The laws whose exact bias satisfies ``test`` (elementwise) at every cell."""
-    b = ds.bias_exact
-    ok = test(b).all([d for d in b.dims if d != "law"]).values
-    return [law for law, keep in zip(ds.law.values.tolist(), ok) if keep]
+def labels_where(da: xr.DataArray, dim: str, test=np.isfinite) -> list:
+    """The labels of ``dim`` at which ``test(da)`` (elementwise) holds at every other coordinate."""
+    ok = test(da).all([d for d in da.dims if d != dim]).values
+    return [label for label, keep in zip(da[dim].values.tolist(), ok) if keep]
 
 
 def own_limit_laws(ds: xr.Dataset) -> list:
     """The non-Gaussian i.i.d. laws with a limit of their own (finite exact bias: Rademacher,
     uniform, ...); the dependent laws (:func:`dependent_laws`) are judged apart."""
     dependent = dependent_laws(ds)
-    return [law for law in _laws_where(ds, np.isfinite) if law != "gaussian" and law not in dependent]
+    return [law for law in labels_where(ds.bias_exact, "law") if law != "gaussian" and law not in dependent]
 
 
 def no_limit_laws(ds: xr.Dataset) -> list:
     """The laws without a limit (exact bias NaN by design: Student-t)."""
-    return _laws_where(ds, np.isnan)
+    return labels_where(ds.bias_exact, "law", np.isnan)
 
 
 def _no_step(ds):
@@ -86,39 +83,24 @@ def _growth(y: xr.DataArray) -> xr.DataArray:
 
 CRITERIA = Criteria("C1", prepare=Shared, units=UNITS)
 
-#: The quick profile (d in {2, 3}, U_norm in {0.1, 0.5}, 2 seeds x 6 queries x 8 prompts, L = 16 .. 1024)
-#: is a smoke test. Its thresholds come from 160 replicate quick runs of a correct install (root_seed
-#: 1000 .. 1099 and 2000 .. 2059, this machine), beyond the replicate range, so that a correct install
-#: FAILs none, while a broken kernel (a wrong limit or weight) moves the figures by O(1)
-#: (tests/test_c1_pipeline.py plants one). The queries are N(0, sigma^2 I): at U_norm 0.5 a query with
-#: ||Uq||^2 of 1.4-1.8 (log-normal tilted weights exp(a.z) of log-variance ||Uq||^2) had, in the two
-#: outlying runs of the 160, a mean over its 8 prompts 5x and 13x its asymptotic constant at L = 1024:
-#: a heavy tail that alone moves the mean over 6 queries by 2-4x.
-
 
 @CRITERIA("C1-quadrature", "max |closed form - Gauss-Hermite| of the Gaussian tilted mean", "<", 1e-8,
           reference="2.9e-15", profile="any",
           reason="both sides are deterministic and smooth: rounding level (~1e-15); a wrong formula errs at O(1)")
 def _quadrature(sh):
-    ds = sh.ds
-    return float(ds.quadrature_error.max())
+    return float(sh.ds.quadrature_error.max())
 
 
 @CRITERIA("C1-slopes", "log-log slope of E||f_L - f_inf||^2 in L, Gaussian tokens, every (d, U_norm)", "in",
           (-1.1, -0.9), reference="-0.982 .. -1.027",
           reason="the error is O(1/L) (delta method); +-0.1 covers pre-asymptotic curvature and Monte Carlo noise",
-          # quick: replicate SD 0.027 .. 0.052 per setting, range -1.080 .. -0.586 (640 values; the right tail is a
-          # query of large ||Uq||, above): +-0.5 is 9 SD of the widest setting and 0.09 beyond the tail's worst
           quick=(-1.5, -0.5))
 def _slopes(sh):
-    ds = sh.ds
-    return measure_unless(slope_shortfall(ds), lambda: sh(slopes).slope)
+    return measure_unless(slope_shortfall(sh.ds), lambda: sh(slopes).slope)
 
 
 @CRITERIA("C1-monotone", "settings whose seed-mean error decreases at every L step (fraction)", ">=", 1.0,
           reference="9/9", reason="each doubling of L halves the error; at paper sizes any increase is non-convergence",
-          # quick: 4 of 160 replicates have one of the 4 settings with a non-decreasing step (0.75), none two
-          # (about p^2 = 1.5e-4 for the two U_norm 0.5 settings, p = 0.0125 each): at most one setting
           quick=0.75)
 def _monotone(sh):
     ds = sh.ds
@@ -133,14 +115,12 @@ def _monotone(sh):
                           "moves it 2-4x, above 2 in 2 of 160 replicate quick runs; the constant is judged at the "
                           "paper profile"))
 def _sharp_constant(sh):
-    ds = sh.ds
-    return sharp_ratio(ds)
+    return sharp_ratio(sh.ds)
 
 
 @CRITERIA("C1-student-t-grows", "Student-t3 error growth mse(L_max)/mse(L_min), largest U_norm (every law "
           "without a limit)", ">", 1.0, reference="6.3e3x",
           reason="no exponential moments, no limit: growth, against a 1/1000 fall for a convergent law",
-          # quick: replicate minimum 4.9 over 160 runs (a convergent law falls 64x over L = 16 .. 1024): same bound
           quick=1.0)
 def _no_limit_grows(sh):
     ds = sh.ds
@@ -152,17 +132,14 @@ def _no_limit_grows(sh):
 
 @CRITERIA("C1-sqrtL-grows", "error growth with U_norm ~ sqrt(L), largest U_norm", ">", 1.0, reference="27.6x",
           reason="a'Sigma a grows like L, so the effective sample size L exp(-a'Sigma a) collapses",
-          quick=1.0)  # quick: replicate minimum 3.4 (160 runs): same bound
+          quick=1.0)
 def _sqrtL_grows(sh):
-    ds = sh.ds
-    return measure_unless(_no_step(ds), lambda: _growth(ds.mse_scaled_U))
+    return measure_unless(_no_step(sh.ds), lambda: _growth(sh.ds.mse_scaled_U))
 
 
 @CRITERIA("C1-plateau", "bounded laws: mse(L_max) / (bias_exact + own SNIS constant / L_max), largest U_norm",
           "in", (0.9, 1.1), reference="2.177e-2 vs 2.158e-2 (1.009)",
           reason="laws with their own limit: the error to the Gaussian limit is predicted exactly; +-10% as above",
-          # quick: bounded tokens, no heavy tail: replicate SD 0.06 .. 0.094, range 0.755 .. 1.285 (640 values):
-          # [0.6, 1.5] is 4 SD below and 5 SD above 1
           quick=(0.6, 1.5))
 def _plateau(sh):
     ds = sh.ds
@@ -182,26 +159,19 @@ def _no_dependent(ds):
           reason="the error is (sum over lags of the influence autocovariance) / L + O(1/L^2); +-0.1 covers "
                  "pre-asymptotic curvature (effective sample L (1 - rho) / (1 + rho)) and Monte Carlo noise, as "
                  "for C1-slopes",
-          # quick (rho 0.8): 100 replicate quick runs (root_seed 1000 .. 1099): mean -0.905 .. -0.939 per setting
-          # (pre-asymptotic: L_eff = L / 9 from 16), SD 0.028 .. 0.042, range -1.028 .. -0.806; the band is
-          # C1-slopes' quick band moved by that offset, for the same heavy-tailed query (+0.4 at worst)
           quick=(-1.5, -0.45))
 def _ar1_slopes(sh):
-    ds = sh.ds
-    return measure_unless(_no_dependent(ds) or slope_shortfall(ds), lambda: sh(ar1_fits).slope)
+    return measure_unless(_no_dependent(sh.ds) or slope_shortfall(sh.ds), lambda: sh(ar1_fits).slope)
 
 
 @CRITERIA("C1-ar1-constant", "Gaussian AR(1) tokens: mse / (dependent constant / L) at the largest L, every "
           "(rho, d, U_norm)", "in", (0.9, 1.1), reference="1 (docs/models.md: the series over lags)",
           reason="1 + O(1/L_eff); the ratio's SE clustered over the 4 seeds was 0.2-2.6% per setting in the paper "
                  "run (27 settings, 2048 squared errors each): +-10% is >= 3.8 SE at the worst one",
-          # quick (rho 0.8): 100 replicate runs gave 0.72 .. 1.29 (SD 0.08 .. 0.11), the Gaussian's sharp ratio in
-          # the same runs 0.68 .. 1.81: the queries are shared by the laws, so its heavy tail is this one's too
           quick=NotJudged("a mean over 6 queries at L = 1024: as C1-sharp-constant, one query of large ||Uq|| moves "
                           "it 2-4x; the constant is judged at the paper profile"))
 def _ar1_constant(sh):
-    ds = sh.ds
-    return measure_unless(_no_dependent(ds), lambda: sh(ar1_fits).ratio_dependent)
+    return measure_unless(_no_dependent(sh.ds), lambda: sh(ar1_fits).ratio_dependent)
 
 
 @CRITERIA("C1-ar1-iid-rejected", f"Gaussian AR(1) tokens whose dependent constant is >= {IID_REJECT_FROM:g}x the "
@@ -209,17 +179,14 @@ def _ar1_constant(sh):
           reference="(1 + rho) / (1 - rho) at small ||Uq|| (9 at rho 0.8)",
           reason="the i.i.d. constant must fall outside the +-10% band the dependent one is judged by: with "
                  "the prediction >= 2x it, a pass of C1-ar1-constant puts the measured ratio >= 1.8",
-          # quick (rho 0.8): 100 replicate quick runs (root_seed 1000 .. 1099): range 4.05 .. 11.6, SD 0.70 .. 1.16
-          # per setting; a heavy-tailed query only raises it: the same bound
           quick=1.1)
 def _ar1_iid_rejected(sh):
-    ds = sh.ds
     def measure():
         fit = sh(ar1_fits)
         strong = fit.const_dependent >= IID_REJECT_FROM * fit.const_iid  # the settings where the two differ
         return judged_where(fit.ratio_iid, strong, ["law", "d", "U_norm"],
                             f"no ar1 law with a dependent constant >= {IID_REJECT_FROM:g}x the i.i.d. one (rho too small)")
-    return measure_unless(_no_dependent(ds), measure)
+    return measure_unless(_no_dependent(sh.ds), measure)
 
 
 measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
@@ -255,14 +222,11 @@ def _seed_ratio(num, den):
 
 
 def ar1_fits(ds: xr.Dataset) -> xr.Dataset:
-    """The dependent laws (:func:`dependent_laws`), per (law, d, U_norm): ``rho``; the log-log slope
-    of the seed-mean error in L with its SE clustered over the seeds (the prompts are nested along L;
-    :func:`~.fits.loglog_slope` ``units="seed"``, plain OLS with one seed), when it can be fitted;
-    at the largest L the measured constant ``L_mse = L mse``, the dependent constant
-    ``const_dependent = L mse_predicted`` and the i.i.d. one ``const_iid = L mse_asymptotic`` (seed
-    means), and the ratios ``ratio_dependent = mse / mse_predicted``, ``ratio_iid = mse /
-    mse_asymptotic`` (seed means of the per-seed ratios) with SEs clustered over the seeds.
-    ``ValueError`` if the file has no dependent law."""
+    """The dependent laws (:func:`dependent_laws`), per (law, d, U_norm): ``rho``; when it can be fitted, the
+    log-log slope of the seed-mean error in L (:func:`~.fits.unit_slopes` over the seeds); at the largest L the
+    seed means of ``L_mse = L mse``, ``const_dependent = L mse_predicted`` and ``const_iid = L mse_asymptotic``,
+    and the ratios ``ratio_dependent = mse / mse_predicted``, ``ratio_iid = mse / mse_asymptotic``
+    (:func:`_seed_ratio`). ``ValueError`` if the file has no dependent law."""
     dep = dependent_laws(ds)
     if not dep:
         raise ValueError("ar1_fits: the file has no dependent (ar1:RHO) law; run c1 with 'ar1' in laws")
@@ -288,10 +252,8 @@ def _ar1_table(ds):
     if not dependent_laws(ds):
         return make_table({}, title="dependent tokens (ar1): none in this file")
     fit = ar1_fits(ds)
-    cols = {"rho": column(fit.rho, "rho", ".2f")}
     reason = slope_shortfall(ds)
-    if reason is None:
-        cols |= {"slope": column(fit.slope, "slope", ".3f"), "slope_se": column(fit.slope_se, "SE", ".3f")}
+    cols = {"rho": column(fit.rho, "rho", ".2f"), **(slope_columns(fit) if reason is None else {})}
     cols |= {"L_mse": column(fit.L_mse, "L*mse", ".4g"), "const_dependent": column(fit.const_dependent, "dependent", ".4g"),
              "const_iid": column(fit.const_iid, "i.i.d.", ".4g"),
              "ratio_dependent": column(fit.ratio_dependent, "mse/dependent", ".3f"),
@@ -306,22 +268,13 @@ def _ar1_table(ds):
 
 
 def fit_tables(ds: xr.Dataset) -> dict:
-    """``slopes``: per (d, U_norm) the log-log slope in L with SE, 95% CI and R^2 (columns only when
-    it can be fitted; the title says why not) and mse / mse_asymptotic at L_max; ``paper_form``: the
-    pooled paper-form fit at the largest L (when there are >= 3 queries in all); ``ar1``: the
-    dependent laws' slopes and constants (:func:`ar1_fits`; the title alone when there are none)."""
+    """``slopes`` (per (d, U_norm), :func:`slopes` and :func:`sharp_ratio`), ``paper_form``
+    (:func:`paper_form`) and ``ar1`` (:func:`ar1_fits`); what cannot be fitted is left out, the title says why."""
     return {"slopes": _slope_table(ds), "paper_form": _paper_form_table(ds), "ar1": _ar1_table(ds)}
 
 
 def _slope_table(ds):
-    reason = slope_shortfall(ds)
-    cols, how = {}, ""
-    if reason is None:
-        fit = slopes(ds)
-        how = f"; {se_note(fit)}"
-        cols = {"slope": column(fit.slope, "slope", ".3f"), "slope_se": column(fit.slope_se, "SE", ".3f"),
-                "slope_ci_low": column(fit.slope_ci_low, "95% CI low", ".3f"),
-                "slope_ci_high": column(fit.slope_ci_high, "95% CI high", ".3f"), "r2": column(fit.r2, "r2", ".4f")}
+    cols, how, reason = fitted_slopes(ds, slopes, tuple(SLOPE_COLUMNS))
     cols["sharp_ratio"] = column(sharp_ratio(ds), "mse/asympt(L_max)", ".3f")
     return make_table(cols, formats={"U_norm": ".2f"},
                       title=f"Gaussian tokens, seed means: log-log slope of the error in L (OLS, SE, 95% CI, r2{how})"
@@ -341,28 +294,69 @@ def _paper_form_table(ds):
                       title=f"paper form L*mse = c1 exp(c2 sigma^2 ||Uq||^2) at L = {int(ds.L.values[-1])} ({how})")
 
 
-def figure(ds: xr.Dataset, path):
-    """Two panels: Gaussian error vs L per (d, U_norm) with the sharp asymptotic line;
-    negative controls (Student-t, U ~ sqrt(L), bounded laws with their exact bias); a third when
-    the file has dependent laws: ``L mse`` of the AR(1) tokens against their dependent constant and
-    the i.i.d. one, at the first d and the largest U_norm."""
+# ------------------------------------------------------------------------------------ the family's tables and figures
+#: the slope columns of the C1 fit tables: their header and format
+SLOPE_COLUMNS = {"slope": ("slope", ".3f"), "slope_se": ("SE", ".3f"), "slope_ci_low": ("95% CI low", ".3f"),
+                 "slope_ci_high": ("95% CI high", ".3f"), "r2": ("r2", ".4f")}
+
+
+def slope_columns(fit: xr.Dataset, names=("slope", "slope_se")) -> dict:
+    """The table columns ``names`` (:data:`SLOPE_COLUMNS`) of a slope fit."""
+    return {name: column(fit[name], *SLOPE_COLUMNS[name]) for name in names}
+
+
+def fitted_slopes(ds, slopes, names=("slope", "slope_se"), *, short=False) -> tuple:
+    """A table's slope in L: ``(columns, how, reason)``, the :func:`slope_columns` of ``slopes(ds)`` and
+    ``"; "`` + its :func:`~.fits.se_note` (``short``: without the note's leading ``"SE "``), or ``({}, "",
+    reason)`` when it cannot be fitted (:func:`~.fits.slope_shortfall`)."""
+    reason = slope_shortfall(ds)
+    if reason is not None:
+        return {}, "", reason
+    fit = slopes(ds)
+    return slope_columns(fit, names), "; " + se_note(fit)[3 if short else 0:], None
+
+
+def panels(n: int, width: float) -> tuple:
+    """``(plt, fig, axes)``: a figure of ``n`` panels in a row, ``width`` x 4.8 inches, on the Agg backend."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig, axes = plt.subplots(1, n, figsize=(width, 4.8))
+    return plt, fig, axes
+
+
+def saved(fig, path):
+    """``fig`` laid out, written to ``path`` at 120 dpi and closed; returns ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def dots_and_lines(ax, L, curves) -> None:
+    """Per ``(label, colour, measured, predicted)`` of ``curves``, log-log against ``L``: the measured error
+    (dots, labelled) and its prediction (a thin line of the same colour; none where it is nowhere finite)."""
+    for label, c, y, t in curves:
+        ax.loglog(L, y, "o", ms=3, color=c, label=label)
+        if np.isfinite(t).any():
+            ax.loglog(L, t, "-", lw=0.8, color=c)
+
+
+def figure(ds: xr.Dataset, path):
+    """Gaussian error vs L per (d, U_norm) with the sharp asymptotic line; the negative controls (Student-t,
+    U ~ sqrt(L), bounded laws with their exact bias); with dependent laws, ``L mse`` of the AR(1) tokens."""
     dependent = dependent_laws(ds)
-    fig, axes = plt.subplots(1, 3 if dependent else 2, figsize=(18 if dependent else 12, 4.8))
+    plt, fig, axes = panels(3 if dependent else 2, 18 if dependent else 12)
     ax1, ax2 = axes[:2]
     L = ds.L.values
     colors = plt.cm.viridis(np.linspace(0, 0.9, ds.sizes["d"] * ds.sizes["U_norm"]))
-    k = 0
-    for d in ds.d.values:
-        for u in ds.U_norm.values:
-            y = ds.mse.sel(law="gaussian", d=d, U_norm=u).mean("seed")
-            ax1.loglog(L, y, "o", ms=3, color=colors[k], label=f"d={d}, |U|={u:g}")
-            ax1.loglog(L, ds.mse_asymptotic.sel(d=d, U_norm=u).mean("seed"), "-", lw=0.8, color=colors[k])
-            k += 1
+    settings = [dict(d=d, U_norm=u) for d in ds.d.values for u in ds.U_norm.values]
+    dots_and_lines(ax1, L, ((f"d={at['d']}, |U|={at['U_norm']:g}", c, ds.mse.sel(law="gaussian", **at).mean("seed"),
+                             ds.mse_asymptotic.sel(at).mean("seed")) for at, c in zip(settings, colors)))
     ax1.set(xlabel="prompt length L", ylabel=r"$E\|f_L(q) - f_\infty(q)\|^2$",
             title="C1: Gaussian tokens (dots) vs sharp asymptotics (lines)")
     ax1.legend(fontsize=6, ncol=2)
@@ -384,26 +378,14 @@ def figure(ds: xr.Dataset, path):
     ax2.loglog(L, ds.mse_scaled_U.sel(**sel).mean("seed"), "m--", label=r"Gaussian, $U \propto \sqrt{L}$")
     ax2.set(xlabel="prompt length L", title=f"controls (d={sel['d']}, |U|={sel['U_norm']:g}), error to the Gaussian limit")
     ax2.legend(fontsize=7)
-    if dependent:
-        _ar1_panel(axes[2], ds, dependent)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def _ar1_panel(ax, ds, dependent):
-    """``L mse`` of every AR(1) law (dots) with its dependent constant (line) and the i.i.d. constant
-    (dashed), at the first d and the largest U_norm, seed means."""
-    import matplotlib.pyplot as plt
-
-    sel = dict(d=ds.d.values[0], U_norm=ds.U_norm.values[-1])
-    L = ds.L.values
-    colors = plt.cm.plasma(np.linspace(0, 0.8, len(dependent)))
-    for (law, rho), c in zip(dependent.items(), colors):
-        ax.semilogx(L, L * ds.mse.sel(law=law, **sel).mean("seed"), "o", ms=3, color=c, label=f"rho = {rho:g}")
-        ax.semilogx(L, L * ds.mse_predicted.sel(law=law, **sel).mean("seed"), "-", lw=0.8, color=c)
-    ax.semilogx(L, L * ds.mse_asymptotic.sel(**sel).mean("seed"), "k--", lw=0.8, label="i.i.d. constant")
-    ax.set(xlabel="prompt length L", ylabel=r"$L\, E\|f_L - f_\infty\|^2$", yscale="log",
-           title=f"AR(1) tokens (d={sel['d']}, |U|={sel['U_norm']:g}): L mse, dependent constant (lines)")
-    ax.legend(fontsize=7)
+    if dependent:  # L mse of every AR(1) law (dots) with its dependent constant (line), the i.i.d. one dashed
+        ax, at = axes[2], dict(d=ds.d.values[0], U_norm=ds.U_norm.values[-1])
+        colors = plt.cm.plasma(np.linspace(0, 0.8, len(dependent)))
+        dots_and_lines(ax, L, ((f"rho = {rho:g}", c, L * ds.mse.sel(law=law, **at).mean("seed"),
+                                L * ds.mse_predicted.sel(law=law, **at).mean("seed"))
+                               for (law, rho), c in zip(dependent.items(), colors)))
+        ax.loglog(L, L * ds.mse_asymptotic.sel(at).mean("seed"), "k--", lw=0.8, label="i.i.d. constant")
+        ax.set(xlabel="prompt length L", ylabel=r"$L\, E\|f_L - f_\infty\|^2$",
+               title=f"AR(1) tokens (d={at['d']}, |U|={at['U_norm']:g}): L mse, dependent constant (lines)")
+        ax.legend(fontsize=7)
+    return saved(fig, path)

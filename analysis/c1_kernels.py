@@ -1,9 +1,5 @@
-"""C1 kernels analysis: fits, verdicts and the figure, from a ``c1_kernels`` results file alone.
-
-Reads ``mse(kernel, r, L, seed)``, ``mse_query(kernel, r, L, seed, query)``,
-``mse_theory``, ``gain_measured``, ``gain_se``, ``gain_limit``, ``orth_share``, ``z2``,
-``stein_error(stein_kernel)``, ``rf_sq_error(rf_sigma2, rf_m, rf_draw)``, ``rf_constant`` and the
-``config`` attr (docs/kernels.md).
+"""C1 kernels analysis: fits, verdicts and the figure, from a ``c1_kernels`` results file alone (its
+variables: docs/kernels.md).
 
 Independent units (:data:`UNITS`): the seeds; within a seed its queries (each its own direction
 and its own prompts; the prompts are nested along L, so the errors of one query at different L
@@ -18,12 +14,13 @@ import math
 import numpy as np
 import xarray as xr
 
-from .fits import loglog_slope, se_note, slope_shortfall, unit_slopes
+from .c1 import dots_and_lines, fitted_slopes, labels_where, panels, saved
+from .fits import loglog_slope, slope_shortfall, unit_slopes
 from .tables import column, make_table
 from .verdicts import Criteria, Inconclusive, measure_unless
 
 __all__ = ["CRITERIA", "UNITS", "slopes", "tail_slopes", "rf_slopes", "gain_z", "measures", "verdicts", "fit_tables",
-           "figure", "kernels_of_class", "LIGHT_TAIL", "HEAVY_TAIL"]
+           "figure", "kernels_of_class", "gain_se", "LIGHT_TAIL", "HEAVY_TAIL"]
 
 #: the dims of a c1_kernels file's independent units (module docstring)
 UNITS = ("seed", "query", "rf_draw")
@@ -70,22 +67,24 @@ def rf_slopes(ds: xr.Dataset, *, units: str | None = None, cov_type: str | None 
     return loglog_slope(ds.rf_sq_error, "rf_m", units=units, cov_type=cov_type, test_exponent=-1.0)
 
 
+def gain_se(ds: xr.Dataset) -> xr.DataArray:
+    """The SE of the seed-mean measured gain, per (kernel, r): the seeds' SEs pooled."""
+    return np.sqrt((ds.gain_se**2).sum("seed")) / ds.sizes["seed"]
+
+
 def gain_z(ds: xr.Dataset) -> xr.DataArray:
     """``(measured gain - gain of the exact limit) / SE``, seeds pooled, per (kernel, r)."""
-    n = ds.sizes["seed"]
-    se = np.sqrt((ds.gain_se**2).sum("seed")) / n
-    return (ds.gain_measured.mean("seed") - ds.gain_limit.mean("seed")) / se
+    return (ds.gain_measured.mean("seed") - ds.gain_limit.mean("seed")) / gain_se(ds)
 
 
-def _has_theory(ds):
-    """The kernels with a predicted error (``mse_theory`` finite everywhere)."""
-    finite = np.isfinite(ds.mse_theory).all([d for d in ds.mse_theory.dims if d != "kernel"]).values
-    return [k for k, ok in zip(ds.kernel.values.tolist(), finite) if ok]
-
-
-def _rf(ds, light):
+def _rf(ds, light, measure):
+    """``measure(s2)`` at the light-tailed (``light``) or infinite-variance rf_sigma2 values ``s2`` of the file,
+    Inconclusive when it has none."""
     s2 = ds.rf_sigma2.values
-    return s2[s2 < LIGHT_TAIL] if light else s2[s2 >= HEAVY_TAIL]
+    s2 = s2[s2 < LIGHT_TAIL] if light else s2[s2 >= HEAVY_TAIL]
+    if not s2.size:
+        return Inconclusive(f"no rf_sigma2 {'< 1/3' if light else '>= 1'} in this file")
+    return measure(s2)
 
 
 def _few_m(ds):
@@ -93,12 +92,6 @@ def _few_m(ds):
 
 
 CRITERIA = Criteria("C1", units=UNITS)
-
-#: The quick profile (1 seed x 3 queries x 8 prompts per (kernel, r), r in {0.5, 1}, L = 16 .. 1024; 200
-#: feature draws at m = 4 .. 256) is a smoke test. Its thresholds come from 160 replicate quick runs of a
-#: correct install (root_seed 1000 .. 1099 and 2000 .. 2059, this machine), each set several replicate SDs
-#: beyond the replicate range, so that a correct install FAILs none while a wrong limit or weight moves the
-#: figures by O(1).
 
 
 @CRITERIA("C1K-stein-smooth", "max relative |E[kappa(s) z] (tensor Gauss-Hermite) - Sigma a E kappa'(s)|, smooth "
@@ -120,9 +113,6 @@ def _stein_kinked(ds):
           reason="an i.i.d. mean or a self-normalised ratio: variance 1/L, squared bias 1/L^2; +-0.15 covers "
           "Monte Carlo noise of 2 seeds x 8 queries x 16 prompts (the paper profile before its seeds were bought: 16 "
           "x 64 x 16 since) and pre-asymptotic curvature",
-          # quick: replicate SD 0.061 .. 0.109 per cell, means -1.006 .. -0.797 (sigmoid_logL at r = 1: the
-          # pre-asymptotic start of the paper run's FAIL), range -1.30 .. -0.55 (2880 values): the band is
-          # 4.7 SD of the widest cell below its mean and 5 SD of sigmoid_logL above its mean
           quick=(-1.5, -0.4),
           fails_as=("pre-asymptotic", "softmax and sigmoid_logL at r = 1.5, error constants e^(r^2) = 9.5 and "
                     "e^(2 r^2) = 90: below the 1/L line at small L; their slopes over the 5 largest L are -0.915 "
@@ -136,11 +126,9 @@ def _slopes(ds):
           reason="exact for unnormalised kernels, 1 + O(1/L) for normalised ones; the Monte Carlo SE of a mean of "
           "256 squared errors is 3-7%, so +-15% is 2-5 SE (set for 2 seeds x 8 queries; 16 x 64 since the seeds "
           "were bought)",
-          # quick: a mean of 24 squared errors, replicate SD 0.16 .. 0.27, range 0.41 .. 2.33 (2560 values);
-          # as a chi-square mean with >= 27 effective dof, P(< 0.25) < 1e-6, and 3 is 7 SD above 1
           quick=(0.25, 3.0))
 def _sharp(ds):
-    k = _has_theory(ds)
+    k = labels_where(ds.mse_theory, "kernel")  # the kernels with a predicted error
     if not k:
         return Inconclusive("no kernel with a predicted error in this file")
     last = ds.sel(kernel=k).isel(L=-1)
@@ -152,10 +140,6 @@ def _sharp(ds):
           reason="a t statistic with P - 1 = 15 dof has E t^2 = 15/13 = 1.15; the mean of 48 of them (2 seeds x 8 "
           "queries x 3 components, the profile the band was set for; 16 x 64 x 3 since the seeds were bought) has "
           "SD about 0.3, and 36 (kernel, r) are tested: a wrong limit gives z^2 >> 1",
-          # quick: the mean of 9 squared t_7 (3 queries x 3 components, correlated): E = 1.4, replicate range
-          # 0.069 .. 10.4 (2880 values). Simulated P(mean > 25) per cell: 1e-5 for independent components, 1.9e-4
-          # for perfectly correlated ones (a mean of 3), so at most 0.34% over the 18 cells; the lower end is
-          # not judged (correlated components: P(mean < 0.05) up to 1.3% per cell); a wrong limit gives >> 25
           quick=(0.0, 25.0))
 def _limit_mc(ds):
     return ds.z2.mean("seed")
@@ -170,8 +154,6 @@ def _gain_pvalue(ds):
 
 @CRITERIA("C1K-gain", "|measured gain - gain of the exact limit| / SE, every (kernel, r)", "<", 4.0,
           reason="a z-score; 36 of them: P(max |z| > 4) < 0.3% if every gain is right",
-          # quick: each query's SE from 8 prompts (7 dof): heavier tails (5 of 160 replicate runs have a
-          # max |z| > 4, the largest 4.99); |t_20| > 6 has probability 7e-6 per cell, 1.3e-4 over 18
           quick=6.0,
           # level: 1 - (1 - P(|N(0,1)| > 4))^36 = 0.0023 at the paper grid (36 cells)
           level=0.0023, pvalue=_gain_pvalue,
@@ -187,58 +169,43 @@ def _gain(ds):
           "(rf_sigma2 < 1/3)", "in", (-1.15, -0.85),
           reason="self-normalised importance sampling over features: 1/m once the weights have a finite 4th moment; "
           "+-0.15 for pre-asymptotics and noise",
-          # quick (m = 4 .. 256, 200 draws): replicate mean -0.931, SD 0.019, range -0.98 .. -0.882 (160 runs): the
-          # same band is 4.3 SD above the mean
           quick=(-1.15, -0.85))
 def _rf_rate(ds):
-    s2 = _rf(ds, light=True)
-    if not s2.size:
-        return Inconclusive("no rf_sigma2 < 1/3 in this file")
-    return measure_unless(_few_m(ds), lambda: rf_slopes(ds).slope.sel(rf_sigma2=s2))
+    return _rf(ds, True, lambda s2: measure_unless(_few_m(ds), lambda: rf_slopes(ds).slope.sel(rf_sigma2=s2)))
 
 
 @CRITERIA("C1K-rf-constant", "m E||rf limit - Sigma a||^2 at the largest m / its delta-method constant "
           "(rf_sigma2 < 1/3)", "in", (0.8, 1.2),
           reason="the sharp constant of the feature average; +-20% for the heavy-ish tail of the squared error over "
           "2000 feature draws (the profile the band was set for; 16000 since the seeds were bought)",
-          # quick (200 draws): replicate mean 0.991, SD 0.059, range 0.846 .. 1.159: +-25% is 4.1 SD
           quick=(0.75, 1.25))
 def _rf_constant(ds):
-    s2 = _rf(ds, light=True)
-    if not s2.size:
-        return Inconclusive("no rf_sigma2 < 1/3 in this file")
-    last = ds.sel(rf_sigma2=s2).isel(rf_m=-1)
-    return float(last.rf_m) * last.rf_sq_error.mean("rf_draw") / last.rf_constant
+    def ratio(s2):
+        last = ds.sel(rf_sigma2=s2).isel(rf_m=-1)
+        return float(last.rf_m) * last.rf_sq_error.mean("rf_draw") / last.rf_constant
+    return _rf(ds, True, ratio)
 
 
 @CRITERIA("C1K-rf-slow", "log-log slope in m, infinite-variance feature weights (rf_sigma2 >= 1)", ">", -0.85,
           reason="E rho^2 = inf: slower than 1/m (heuristically m^(-1/rf_sigma2) up to logarithms)",
-          quick=-0.85)  # quick: replicate range -0.34 .. -0.22, SD 0.026: the same bound, 22 SD away
+          quick=-0.85)
 def _rf_slow(ds):
-    s2 = _rf(ds, light=False)
-    if not s2.size:
-        return Inconclusive("no rf_sigma2 >= 1 in this file")
-    return measure_unless(_few_m(ds), lambda: rf_slopes(ds).slope.sel(rf_sigma2=s2))
+    return _rf(ds, False, lambda s2: measure_unless(_few_m(ds), lambda: rf_slopes(ds).slope.sel(rf_sigma2=s2)))
 
 
 measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
 
 
 def fit_tables(ds: xr.Dataset) -> dict:
-    """``kernels``: per (kernel, r) the slope in L with SE, the slope over the 5 largest L
-    (diagnostic), mse / predicted at L_max, measured and exact gain with the gain's SE, z-score,
-    z^2 and orthogonal share; ``random_features``: per rf_sigma2 the slope in m with SE and
-    m mse / constant at the largest m; ``stein``: the Stein identity's errors. A slope that cannot
-    be fitted is left out, the title says why."""
-    return {"kernels": _kernel_table(ds), "random_features": _rf_table(ds), "stein": _stein_table(ds)}
+    """``kernels`` (per (kernel, r): slopes in L, mse / predicted, gains), ``random_features`` (per rf_sigma2:
+    the slope in m, m mse / constant) and ``stein``; a slope that cannot be fitted is left out, the title says why."""
+    stein = make_table({"error": column(ds.stein_error, "max relative error", ".1e")}, column_dim="stein_kernel",
+                       title="Stein identity vs tensor quadrature, per kernel")
+    return {"kernels": _kernel_table(ds), "random_features": _rf_table(ds), "stein": stein}
 
 
 def _kernel_table(ds):
-    no_fit, cols, how = slope_shortfall(ds), {}, ""
-    if no_fit is None:
-        fit = slopes(ds)
-        how = f"; {se_note(fit)[3:]}"
-        cols = {"slope": column(fit.slope, "slope", ".3f"), "slope_se": column(fit.slope_se, "SE", ".3f")}
+    cols, how, no_fit = fitted_slopes(ds, slopes, short=True)
     if ds.sizes["L"] >= 5:
         cols["tail5"] = column(tail_slopes(ds).slope, "tail5", ".3f")
     last = ds.isel(L=-1)
@@ -246,7 +213,7 @@ def _kernel_table(ds):
     cols.update(
         mse_pred=column(seed(last.mse) / seed(last.mse_theory), "mse/pred", ".3f"),
         gain=column(seed(ds.gain_measured), "gain MC", ".4f"),
-        gain_se=column(np.sqrt((ds.gain_se**2).sum("seed")) / ds.sizes["seed"], "+-SE", ".4f"),
+        gain_se=column(gain_se(ds), "+-SE", ".4f"),
         gain_exact=column(seed(ds.gain_limit), "gain exact", ".4f"), z2=column(seed(ds.z2), "z2", ".2f"),
         orth=column(seed(ds.orth_share), "orth", ".4f"), gain_z=column(gain_z(ds), "gain z", "+.2f"))
     why = [] if no_fit is None else [f"slopes in L not fitted, {no_fit}"]
@@ -276,38 +243,23 @@ def _rf_table(ds):
                             + (f"; slopes not fitted, {no_fit}" if no_fit else ""))
 
 
-def _stein_table(ds):
-    return make_table({"error": column(ds.stein_error, "max relative error", ".1e")}, column_dim="stein_kernel",
-                      title="Stein identity vs tensor quadrature, per kernel")
-
-
 def figure(ds: xr.Dataset, path):
     """Three panels: error to the own limit vs L with the predictions (largest r); the gain vs
     ||a||_Sigma, Stein curves against Monte Carlo points; random features vs m."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.8))
+    plt, fig, (ax1, ax2, ax3) = panels(3, 16)
     kernels = ds.kernel.values.tolist()
     colors = dict(zip(kernels, plt.cm.tab10(np.linspace(0, 1, 10))))
     r_top = ds.r.values[-1]
-    L = ds.L.values
-    for k in kernels:
-        y = ds.mse.sel(kernel=k, r=r_top).mean("seed")
-        ax1.loglog(L, y, "o", ms=3, color=colors[k], label=k)
-        t = ds.mse_theory.sel(kernel=k, r=r_top).mean("seed")
-        if np.isfinite(t).all():
-            ax1.loglog(L, t, "-", lw=0.8, color=colors[k])
+    dots_and_lines(ax1, ds.L.values, ((k, colors[k], ds.mse.sel(kernel=k, r=r_top).mean("seed"),
+                                       ds.mse_theory.sel(kernel=k, r=r_top).mean("seed")) for k in kernels))
     ax1.set(xlabel="prompt length L", ylabel=r"$E\|f_L - f_\infty\|^2$ (own limit)",
             title=f"error to own limit, r = {r_top:g}\n(lines: exact / delta-method prediction)")
     ax1.legend(fontsize=6, ncol=2)
+    se = gain_se(ds)
     for k in kernels:   # the exact gains are stored per r: the lines join them (the file is all we read)
         ax2.plot(ds.r.values, ds.gain_limit.sel(kernel=k).mean("seed"), "-", lw=0.8, color=colors[k])
-        se = np.sqrt((ds.gain_se.sel(kernel=k)**2).sum("seed")) / ds.sizes["seed"]
-        ax2.errorbar(ds.r.values, ds.gain_measured.sel(kernel=k).mean("seed"), yerr=2 * se, fmt="o", ms=3,
-                     color=colors[k], label=k)
+        ax2.errorbar(ds.r.values, ds.gain_measured.sel(kernel=k).mean("seed"), yerr=2 * se.sel(kernel=k), fmt="o",
+                     ms=3, color=colors[k], label=k)
     ax2.axhline(1.0, color="k", lw=0.5, ls=":")
     ax2.set(xlabel=r"$r = \|a\|_\Sigma$", ylabel="gain (f = gain * Sigma a)", yscale="log",
             title="gain: exact (lines through the r grid) vs Monte Carlo\nat L_max (points, 2 SE)")
@@ -322,7 +274,4 @@ def figure(ds: xr.Dataset, path):
     ax3.set(xlabel="random features m", ylabel=r"$E_W\|$RF limit$ - \Sigma a\|^2$",
             title="random-feature limit vs softmax's\n(dashed: delta-method constant / m)")
     ax3.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return saved(fig, path)

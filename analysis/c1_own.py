@@ -1,37 +1,11 @@
 """C1 for your own head: fits, L*(eps), verdicts and the figure, from a ``c1_own`` results file alone.
 
-Reads ``mse(sampling, seed, prompt, L)`` (error to the tokens' exact limit), ``mse_gauss`` (to the
-Gaussian surrogate), the exact part's scalars (``limit_sq``, ``bias_gauss``, ``const_sharp``,
-``const_gauss``, ``limit_sq_gauss``, ``weight_ratio``, ``tau``, ``tau_se``, ``n_tokens``), the exact
-window errors ``window_mse(L)`` and the ``config`` attr (``eps``). Per sampling mode (``iid``, ``window``):
-
-* the regime: the prompt lengths with ``L >= REGIME * weight_ratio`` (times ``max(tau, 1)`` for
-  windows): a prompt of L tokens weighs like ``L / weight_ratio`` equal-weight tokens (``L /
-  (weight_ratio tau)`` for dependent ones), and the delta method's ``1/L`` term dominates once
-  that effective sample is large; for windows also ``L <= FILE_SHARE * n`` (:func:`regime`: the
-  finite file);
-* the log-log line of the error over the regime: slope (-1 expected) with its SE clustered over
-  the independent units (seed x prompt: every prompt is nested along L and shared by the queries);
-* the constant ``L * mse`` at the regime's largest L against the predicted one: the sharp i.i.d. constant
-  ``const_sharp = mean_q tr V C_mu V^T`` for i.i.d. prompts, ``tau * const_sharp`` for windows;
-* ``L*(eps)``: the relative error is ``r(L) = sqrt(mse(L) / limit_sq)``, ``limit_sq = mean_q
-  ||V (f_inf(q) - m)||^2`` (the size of the head's query-dependent signal); ``L*(eps)`` solves
-  ``r(L) = eps`` on the fitted line, ``L* = (eps^2 limit_sq / e^c)^(1/s)``, with a delta-method
-  interval from the unit lines' covariance; beside it the sharp prediction
-  ``const / (eps^2 limit_sq)``, the Gaussian picture's ``const_gauss / (eps^2 limit_sq_gauss)``,
-  and the length at which the error *to the surrogate* falls below eps (on the fitted line plus
-  its exact bias: none when the bias alone exceeds it); every one of them reported only up to the
-  sampling's reach (:func:`reach`: ``n`` for i.i.d. prompts, ``FILE_SHARE * n`` for windows), and for
-  windows the length at which the file's exact window error (``window_mse``) meets eps, within the
-  measured L.
-
-The finite file. Prompts drawn i.i.d. (with replacement) from the tokens are i.i.d. draws of their
-empirical law at every L, longer than the file included: no finite-population effect. A window is ``L``
-distinct tokens of the ``n``: its error carries the finite-population correction of sampling without
-replacement, about ``1 - L/n`` (exactly ``(n - L) / (n - 1)`` for the first-order error of an
-exchangeable file), and is 0 at ``L = n``, where the window is the whole file. On a log-log line that
-factor bends the local slope by ``-(L/n) / (1 - L/n)``: the rule ``L <= FILE_SHARE * n`` keeps it
-within 0.053 at the fit's last point (a third of C1O-slope's band) and the constant within 5%.
+Per sampling mode (``iid``, ``window``): the regime of the 1/L law (:func:`regime`), the log-log line of
+the error to the tokens' exact limit over it with its SE clustered over the seed x prompt units, the constant
+``L * mse`` against the predicted one (``const_sharp``; ``tau * const_sharp`` for windows), and ``L*(eps)``,
+where the relative error ``sqrt(mse / limit_sq)`` is eps, with its predictions; none beyond the sampling's
+:func:`reach`, where the finite file bends the error (windows: the finite-population correction ``1 - L/n``).
+The definitions and why: docs/own_head.md, "A finite file" and "How to read it".
 """
 from __future__ import annotations
 
@@ -41,12 +15,13 @@ import numpy as np
 import xarray as xr
 from scipy.special import stdtrit
 
+from .c1 import panels, saved
 from .fits import MIN_LINE_POINTS, loglog_slope, ols_line, too_few
 from .tables import column, make_table
 from .verdicts import Criteria, Inconclusive, judged_where
 
-__all__ = ["CRITERIA", "UNITS", "REGIME", "EXTRAPOLATION", "FILE_SHARE", "eps_list", "predicted_constant", "reach",
-           "regime", "last_regime_L", "window_errors", "unit_lines", "lstar_of", "window_crossing", "slopes",
+__all__ = ["CRITERIA", "UNITS", "REGIME", "EXTRAPOLATION", "FILE_SHARE", "predicted_constant", "reach",
+           "regime", "last_regime_L", "unit_lines", "lstar_of", "window_crossing", "slopes",
            "constants", "lstar", "measures", "verdicts", "fit_tables", "figure"]
 
 #: the dims of the independent units: every prompt of every seed (the head and the query set are
@@ -60,13 +35,8 @@ REGIME = 10.0
 EXTRAPOLATION = 4.0
 
 #: windows are fitted (slope, constant, the line's L*) only at ``L <= FILE_SHARE * n``: the finite-population
-#: correction ``1 - L/n`` stays >= 0.95 there (module doc)
+#: correction ``1 - L/n`` stays >= 0.95 there, and bends the local slope by at most 0.053
 FILE_SHARE = 0.05
-
-
-def eps_list(ds) -> np.ndarray:
-    """The relative errors of ``L*(eps)``: the ``eps`` of the file's configuration."""
-    return np.asarray(json.loads(ds.attrs["config"])["eps"], dtype=float)
 
 
 def _tau_used(ds) -> xr.DataArray:
@@ -79,18 +49,9 @@ def predicted_constant(ds) -> xr.DataArray:
     return ds.const_sharp * _tau_used(ds)
 
 
-def window_errors(ds) -> xr.DataArray:
-    """The file's exact window errors ``window_mse(L)``; NaN in a file made before they were stored (its
-    windows, if any, were not read circularly: nothing exact to show)."""
-    return ds.window_mse if "window_mse" in ds else xr.full_like(ds.L, np.nan, dtype=float)
-
-
 def reach(ds) -> xr.DataArray:
     """Per sampling, the longest prompt a fit or an ``L*`` may speak for: ``n`` (``n_tokens``) for i.i.d.
-    prompts (an ``L*`` beyond it asks for an eps finer than the file's own resolution of its limit: the
-    file's tilted mean is itself off its population's by about ``const_sharp / n`` in squared error, so
-    ``L*_sharp(eps) > n`` exactly when ``eps`` is below it), ``FILE_SHARE * n`` for windows (beyond it the
-    finite file bends the error below the line: module doc)."""
+    prompts (beyond, an eps finer than the file resolves its own limit), ``FILE_SHARE * n`` for windows."""
     return xr.where(ds.sampling == "window", FILE_SHARE, 1.0) * ds.n_tokens
 
 
@@ -171,10 +132,6 @@ def _slope_gap(ds, alpha=0.05):
 
 CRITERIA = Criteria("C1", units=UNITS)
 
-#: The quick profile (the built-in digits set, D = 4, default head U_norm 0.5, 8 queries, 2 seeds x 12
-#: prompts, L = 16 .. 256) is a smoke test: a mean of 24 units' squared errors has a relative SE near
-#: 20-30%, the window factor tau ~2 of digits' file order an SE of 15%; its bands are wide accordingly.
-
 
 @CRITERIA("C1O-slope", "log-log slope in L of the error to the tokens' exact limit over the regime "
           "(L >= 10 x weight_ratio, x tau for windows; windows at L <= n / 20), every sampling", "in", (-1.15, -0.85),
@@ -216,7 +173,7 @@ def _constant(ds):
           quick=(0.3, 3.0))
 def _lstar(ds):
     def ratio():
-        ls = _lstar_line(ds)
+        ls = lstar_of(unit_lines(ds), _target(ds))  # at every eps, whatever the reach
         sharp = _lstar_sharp(ds)
         near = (sharp <= EXTRAPOLATION * last_regime_L(ds)) & (sharp <= reach(ds))
         return judged_where(ls.L_star / sharp, near, ["sampling", "eps"],
@@ -254,24 +211,20 @@ def constants(ds) -> xr.Dataset:
     last = _at_last(ds, ds.L * ds.mse)
     mean, se = last.mean(UNITS), last.std(UNITS, ddof=1) / np.sqrt(np.prod([ds.sizes[u] for u in UNITS]))
     pred = predicted_constant(ds)
-    file = _at_last(ds, ds.L * window_errors(ds)).where(ds.sampling == "window")
+    file = _at_last(ds, ds.L * ds.window_mse).where(ds.sampling == "window")
     return xr.Dataset({"constant": mean, "constant_se": se, "predicted": pred, "ratio": mean / pred,
                        "file": file})
 
 
 def _eps(ds) -> xr.DataArray:
-    eps = eps_list(ds)
+    """The relative errors of ``L*(eps)`` (the ``eps`` of the file's configuration), along ``eps``."""
+    eps = np.asarray(json.loads(ds.attrs["config"])["eps"], dtype=float)
     return xr.DataArray(eps, dims="eps", coords={"eps": eps})
 
 
 def _target(ds) -> xr.DataArray:
     """``eps^2 limit_sq`` per eps: the squared error at which the relative error is eps."""
     return _eps(ds) ** 2 * ds.limit_sq
-
-
-def _lstar_line(ds, alpha: float = 0.05) -> xr.Dataset:
-    """:func:`lstar_of` the unit lines at every eps, whatever the reach."""
-    return lstar_of(unit_lines(ds), _target(ds), alpha)
 
 
 def _lstar_sharp(ds) -> xr.DataArray:
@@ -319,7 +272,7 @@ def lstar(ds, alpha: float = 0.05) -> xr.Dataset:
     out = line.assign(L_star_sharp=_lstar_sharp(ds), L_star_gauss=ds.const_gauss / (eps**2 * ds.limit_sq_gauss),
                       L_star_surrogate=surrogate).drop_vars("G")
     out = out.map(lambda v: v.where(np.isinf(v) | ~(v > far)))  # inf: never (the surrogate's bias), shown
-    file = xr.DataArray(window_crossing(window_errors(ds).values, ds.L.values, target.values), dims="eps",
+    file = xr.DataArray(window_crossing(ds.window_mse.values, ds.L.values, target.values), dims="eps",
                         coords={"eps": eps.values})
     return out.assign(L_star_file=file.where(ds.sampling == "window")).transpose("sampling", "eps", ...)
 
@@ -371,18 +324,10 @@ def fit_tables(ds) -> dict:
 
 
 def figure(ds, path):
-    """Two panels per file: the error to the exact limit vs L (dots, SE bars over the units) per
-    sampling, with the predicted ``const / L`` (lines, up to the sampling's reach), the Gaussian
-    picture (dashed), the fitted line over the regime, and for windows the file's exact window error
-    (crosses) and the reach ``FILE_SHARE * n`` (a vertical line); the relative error ``sqrt(mse /
-    limit_sq)`` and the error to the surrogate against the eps levels, with L*(eps) marked (triangles:
-    on the line; crosses: of the file's exact window error)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    """Two panels: the error to the exact limit vs L per sampling with its predictions, fitted line and (windows)
+    the file's exact window error; the relative errors against the eps levels with L*(eps) marked
+    (docs/own_head.md, "How to read it")."""
+    _, fig, axes = panels(2, 12)
     L = ds.L.values.astype(float)
     Lx = np.geomspace(L[0], L[-1] * 4, 50)
     colors = dict(zip(ds.sampling.values.tolist(), ["C0", "C3"]))
@@ -399,7 +344,7 @@ def figure(ds, path):
         if np.isfinite(s0):
             ax.loglog(Ls, np.exp(c0) * Ls**s0, ":", color=c, lw=1.5, label=f"{s}: fit {s0:.2f}")
         if s == "window":
-            ax.loglog(L, window_errors(ds), "x-", ms=5, lw=0.6, color=c, label="window: this file, exact")
+            ax.loglog(L, ds.window_mse, "x-", ms=5, lw=0.6, color=c, label="window: this file, exact")
             if float(far.sel(sampling=s)) <= Lx[-1]:
                 ax.axvline(float(far.sel(sampling=s)), color=c, lw=0.6, ls="-.",
                            label=f"window: reach {FILE_SHARE:g} n")
@@ -429,7 +374,4 @@ def figure(ds, path):
     ax.set(xlabel="prompt length L", ylabel=r"relative error $\sqrt{mse / limit\_sq}$",
            title="relative error; L*(eps): on the fitted line (v), of the file's windows (x)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return saved(fig, path)

@@ -1,7 +1,6 @@
 """C1 on real data: fits, verdicts and the figure, from a ``c1_real`` results file alone.
 
-Reads ``mse(dataset, D, U_norm, L, seed)``, ``mse_asymptotic``, ``mse_gauss``, ``bias_gauss``,
-``limit_sq`` and the ``criteria`` attr. Two questions per data set:
+Two questions per data set (docs/real_data.md):
 
 * the law of large numbers against the exact empirical limit: log-log slope of the error in L
   (-1 expected) and its constant against the empirical law's SNIS constant;
@@ -14,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from .fits import se_note, slope_shortfall, too_few, unit_slopes
+from .c1 import dots_and_lines, fitted_slopes, panels, saved
+from .fits import slope_shortfall, too_few, unit_slopes
 from .tables import column, make_table
 from .verdicts import Criteria, judged_where, measure_unless
 
@@ -29,11 +29,9 @@ UNITS = ("seed",)
 
 
 def slopes(ds: xr.Dataset, *, cov_type: str | None = None) -> xr.Dataset:
-    """Log-log slope (OLS, SE, 95% CI) in L of the seed-mean error to the exact empirical limit,
-    per (dataset, D, U_norm). The prompts are nested along L: the SE is cluster-robust over the seeds
-    by default (Student-t with seeds - 1 dof: 7 at the paper's 8 seeds),
-    ``cov_type="nonrobust"`` the plain OLS SE of the seed-mean line by name; one seed: plain OLS
-    (:func:`~.fits.unit_slopes`)."""
+    """Log-log slope (OLS, SE, 95% CI) in L of the seed-mean error to the exact empirical limit, per (dataset,
+    D, U_norm). The prompts are nested along L: the SE is cluster-robust over the seeds by default (Student-t,
+    seeds - 1 dof), ``cov_type="nonrobust"`` the plain OLS SE by name; one seed: plain OLS (:func:`unit_slopes`)."""
     return unit_slopes(ds.mse, UNITS, cov_type=cov_type, test_exponent=-1.0)
 
 
@@ -96,19 +94,12 @@ def _judged(ds, values):
 SETTING = ("dataset", "D", "U_norm")
 CRITERIA = Criteria("C1", units=UNITS)
 
-#: The quick profile (4 data sets x D in {2, 5} x U_norm in {0.05, 0.1, 0.8}, 1 seed x 6 queries x 8
-#: prompts, L = 16 .. 1024) is a smoke test. Its thresholds come from 160 replicate quick runs of a
-#: correct install (root_seed 1000 .. 1099 and 2000 .. 2059, this machine), set several replicate SDs
-#: beyond the replicate range: a correct install FAILs none, a wrong limit or surrogate moves the figures by O(1).
-
 
 @CRITERIA("C1R-slopes", "log-log slope in L of the error to the exact empirical limit, every (dataset, D, U_norm) "
           "with weight_ratio <= 1.25", "in", (-1.1, -0.9), reference="-1 (law of large numbers)",
           reason="tokens i.i.d. from the empirical law: the error is tr C / L + O(1/L^2) (delta method) once the "
                  "effective sample L / weight_ratio is large; +-0.1 covers pre-asymptotic curvature and Monte Carlo "
                  "noise, as for C1-slopes",
-          # quick: replicate SD 0.03 .. 0.06 per judged setting (0.09 at U_norm 0.8, judged in 1-11% of the runs),
-          # range -1.19 .. -0.80 (2601 values): +-0.35 is 6 SD of the first, 3.8 SD of the rare one
           quick=(-1.35, -0.65))
 def _slopes(ds):
     return measure_unless(slope_shortfall(ds), lambda: _judged(ds, slopes(ds).slope))
@@ -119,8 +110,6 @@ def _slopes(ds):
           reason="1 + O(1/L); the mean of n_queries * n_prompts * n_seeds = 512 squared errors has a relative SE "
                  "of 3-6% (real data: heavier weights than Gaussian tokens), over ~50 settings: +-20% is 3-4 SE "
                  "at the worst one",
-          # quick: a mean of 48 squared errors, replicate SD 0.09 .. 0.16 per judged setting (0.2-0.3 at the rarely
-          # judged U_norm 0.8), range 0.61 .. 1.51: [0.4, 2] is 3.75 SD below 1 and 6 SD above
           quick=(0.4, 2.0))
 def _sharp_constant(ds):
     return _judged(ds, sharp_ratio(ds))
@@ -130,8 +119,6 @@ def _sharp_constant(ds):
           "largest L, every (dataset, D, U_norm) with weight_ratio <= 1.25", "in", (0.85, 1.15), reference="1",
           reason="E||f_L - f_g||^2 = E||f_L - f_inf||^2 + ||f_inf - f_g||^2 + 2 E<f_L - f_inf, f_inf - f_g>; the "
                  "cross term's mean is O(1/L) and its noise at most 1/sqrt(512) = 4.4% of the sum: +-15% is 3 SE",
-          # quick: the same bound with 48 squared errors, 1/sqrt(48) = 14.4% of the sum: +-45% is 3.1 of it
-          # (replicate range 0.75 .. 1.20)
           quick=(0.55, 1.45))
 def _decomposition(ds):
     return _judged(ds, decomposition(ds))
@@ -143,10 +130,6 @@ def _decomposition(ds):
                  "||kappa_3[a, a]||^2 / 4 (1 + O(|a| |z|_max)): order 4 when the third cumulant is not 0 (real data "
                  "are skewed); U's direction and the queries are shared across U_norm, so the ratio has no Monte "
                  "Carlo noise; +-0.5 covers the correction at U_norm <= 0.05",
-          # quick: one seed's U direction and 6 queries, U_norm 0.05 and 0.1: the 5th-order correction is twice the
-          # paper's and along some directions the third cumulant nearly cancels (order -> 6); replicate range
-          # 3.25 .. 5.75 (1280 values, 26 of 160 runs outside [3.5, 4.5]): [2.5, 6.5] still FAILs a bias of order 2
-          # (a wrong mean or covariance of the surrogate)
           quick=(2.5, 6.5))
 def _bias_order(ds):
     return measure_unless(_no_order(ds), lambda: bias_order(ds))
@@ -156,22 +139,15 @@ measures, verdicts = CRITERIA.measures, CRITERIA.verdicts
 
 
 def fit_tables(ds: xr.Dataset) -> dict:
-    """``settings``: per (dataset, D, U_norm) the weight ratio and whether the 1/L criteria judge
-    the setting, the slope in L (SE; left out with the reason when it cannot be fitted),
-    mse / (tr C / L) at the largest L, the Gaussian surrogate's squared bias, relative bias and
-    crossover length; ``bias_order``: per (dataset, D) the order of that bias in ||U||."""
+    """``settings`` (per (dataset, D, U_norm): weight ratio, judged, slope in L, :func:`sharp_ratio`, the
+    surrogate's bias, :func:`relative_bias`, :func:`crossover_L`) and ``bias_order`` (:func:`bias_order`)."""
     return {"settings": _settings_table(ds), "bias_order": _order_table(ds)}
 
 
 def _settings_table(ds):
-    reason = slope_shortfall(ds)
+    fitted, how, reason = fitted_slopes(ds, slopes, short=True)
     cols = {"weight_ratio": column(ds.weight_ratio.mean("seed"), "w_ratio", ".3g"),
-            "judged": column(in_regime(ds), "judged", "")}
-    how = ""
-    if reason is None:
-        fit = slopes(ds)
-        how = f"; {se_note(fit)[3:]}"
-        cols.update(slope=column(fit.slope, "slope", ".3f"), slope_se=column(fit.slope_se, "SE", ".3f"))
+            "judged": column(in_regime(ds), "judged", ""), **fitted}
     cols.update(sharp_ratio=column(sharp_ratio(ds), "mse/asym", ".3f"),
                 bias_gauss=column(ds.bias_gauss.mean("seed"), "bias_gauss", ".3e"),
                 relative_bias=column(relative_bias(ds), "rel.bias", ".3f"),
@@ -194,25 +170,19 @@ def _order_table(ds):
 
 
 def figure(ds: xr.Dataset, path):
-    """Three panels: error to the exact empirical limit vs L (dots) with tr C / L (lines), at the
-    largest U_norm and middle D; the Gaussian surrogate's squared bias vs ||U|| for every (dataset, D),
-    with a slope-4 guide; the error to the Gaussian surrogate vs L, levelling at the bias."""
-    import matplotlib
-    import matplotlib.ticker
+    """Error to the exact empirical limit vs L with tr C / L (largest U_norm, middle D); the surrogate's squared
+    bias vs ||U|| with a slope-4 guide; the error to the surrogate vs L, levelling at the bias."""
+    from matplotlib.ticker import NullFormatter
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    plt, fig, axes = panels(3, 16)
     L = ds.L.values
     D_mid = ds.D.values[len(ds.D) // 2]
     top = ds.U_norm.max().item()
     colors = dict(zip(ds.dataset.values.tolist(), plt.cm.tab10(np.arange(ds.sizes["dataset"]))))
+    shown = ds.sel(D=D_mid, U_norm=top)
     ax = axes[0]
-    for name, c in colors.items():
-        at = dict(dataset=name, D=D_mid, U_norm=top)
-        ax.loglog(L, ds.mse.sel(at).mean("seed"), "o", ms=3, color=c, label=name)
-        ax.loglog(L, ds.mse_asymptotic.sel(at).mean("seed"), "-", lw=0.8, color=c)
+    dots_and_lines(ax, L, ((name, c, shown.mse.sel(dataset=name).mean("seed"),
+                            shown.mse_asymptotic.sel(dataset=name).mean("seed")) for name, c in colors.items()))
     ax.set(xlabel="prompt length L", ylabel=r"$E\|f_L(q) - \nabla K_\mu(Uq)\|^2$",
            title=f"exact empirical limit (D={D_mid}, |U|={top:g}): dots MC, lines tr C/L")
     ax.legend(fontsize=7)
@@ -225,18 +195,15 @@ def figure(ds: xr.Dataset, path):
                       label=f"{name}, D={D}" if D == ds.D.values[0] else None)
     b0 = float(ds.bias_gauss.isel(U_norm=0).mean("seed").max())
     ax.loglog(U, 3 * b0 * (U / U[0]) ** 4, "k-", lw=1.5, label=r"slope 4 (third cumulant)")
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set(xlabel=r"$\|U\|_F$", ylabel=r"$\|\nabla K_\mu(Uq) - (m + \Sigma U q)\|^2$",
            title="Gaussian surrogate's squared bias (line styles: D)")
     ax.legend(fontsize=7)
     ax = axes[2]
     for name, c in colors.items():
-        at = dict(dataset=name, D=D_mid, U_norm=top)
-        ax.loglog(L, ds.mse_gauss.sel(at).mean("seed"), "-s", ms=3, color=c, label=f"{name}: to Gaussian surrogate")
-        ax.axhline(float(ds.bias_gauss.sel(at).mean("seed")), color=c, ls=":", lw=1)
+        ax.loglog(L, shown.mse_gauss.sel(dataset=name).mean("seed"), "-s", ms=3, color=c,
+                  label=f"{name}: to Gaussian surrogate")
+        ax.axhline(float(shown.bias_gauss.sel(dataset=name).mean("seed")), color=c, ls=":", lw=1)
     ax.set(xlabel="prompt length L", title=f"error to m + Sigma U q (dotted: exact bias), D={D_mid}, |U|={top:g}")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return saved(fig, path)

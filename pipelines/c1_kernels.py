@@ -48,10 +48,12 @@ def kernel(cell, rng, config):
         W = positive_random_features(substream(rng, part="features"), config["rf_m_attention"], D)
         lim = rf_limit(S, I, I, a, W)
         theory = np.full(len(Ls), np.nan)
+        attend = lambda Z, q: rf_attention_prefix(Z, I, I, q, Ls, W)  # noqa: E731
     else:
         k = make_kernel(name, config)
         lim = kernel_limit(k, S, I, I, a)
         theory = kernel_mse(k, S, I, a[:, None, :], Ls).mean(axis=0)
+        attend = lambda Z, q: kernel_attention_prefix(Z, I, I, q, Ls, k)  # noqa: E731
     token_rng = substream(rng, part="tokens")
     sq_err = np.empty((Q, P, len(Ls)))
     final_mean, final_se = np.empty((Q, D)), np.empty((Q, D))
@@ -60,10 +62,7 @@ def kernel(cell, rng, config):
     gain_q_se = np.empty(Q)
     for i in range(Q):
         Z = token_rng.standard_normal((P, Ls[-1], D)) @ chol.T
-        if name == "rf_softmax":
-            f = rf_attention_prefix(Z, I, I, a[i], Ls, W)
-        else:
-            f = kernel_attention_prefix(Z, I, I, a[i], Ls, k)
+        f = attend(Z, a[i])
         sq_err[i] = np.sum((f - lim[i]) ** 2, axis=-1)
         final_mean[i] = f[:, -1].mean(axis=0)
         final_se[i] = f[:, -1].std(axis=0, ddof=1) / math.sqrt(P)

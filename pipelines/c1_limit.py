@@ -41,13 +41,11 @@ def ar1_label(rho):
 
 def _law_specs(config):
     """``(label, name, options)`` of every law of ``config["laws"]``, ``ar1`` expanded over ``ar1_rho``."""
-    specs = []
     for name in config["laws"]:
         if name == GaussianAR1.name:
-            specs += [(ar1_label(rho), name, {"rho": rho}) for rho in config["ar1_rho"]]
+            yield from ((ar1_label(rho), name, {"rho": rho}) for rho in config["ar1_rho"])
         else:
-            specs.append((name, name, {"df": config["student_df"]} if name == "student_t" else {}))
-    return specs
+            yield name, name, ({"df": config["student_df"]} if name == "student_t" else {})
 
 
 def law_names(config):

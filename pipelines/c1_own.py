@@ -85,9 +85,8 @@ def setup(inputs):
 
 
 def _inputs_fit(config):
-    """Every file read and checked before any work: finite 2-D arrays, the head's shapes against the
-    tokens' D, the logit scale, the queries; window sampling needs L_max <= n (a longer window would read
-    a token twice); tau's batches."""
+    """Every file read and checked (:class:`Setup`) before any work; window sampling needs L_max <= n (a longer
+    window would read a token twice); tau's batches."""
     s = setup(config)
     L_max = config["L"][-1]
     if "window" in config["sampling"] and L_max > s.n:
@@ -101,12 +100,9 @@ def _inputs_fit(config):
 
 
 def prompt_indices(rng, sampling, n, P, L_max):
-    """The token rows of ``P`` prompts of ``L_max`` tokens, ``(P, L_max)``: ``"iid"`` draws
-    ``rng.integers(0, n, (P, L_max))`` (with replacement, the empirical law's draw order);
-    ``"window"`` draws the starts ``s = rng.integers(0, n, P)`` and takes ``(s + k) mod n``: the file read
-    circularly, so that at every prompt length every token is equally likely at every place of a window
-    whatever ``L_max`` (a start limited to ``0 .. n - L_max`` would confine the short windows to the file's
-    first ``n - L_max + L`` tokens) and a window of ``n`` tokens is the whole file."""
+    """The token rows of ``P`` prompts of ``L_max`` tokens, ``(P, L_max)``: ``"iid"`` with replacement (the
+    empirical law's draw order); ``"window"`` from uniform starts ``s``, ``(s + k) mod n``: the file read
+    circularly (why: docs/own_head.md, "A finite file")."""
     if sampling == "iid":
         return rng.integers(0, n, (P, L_max))
     return (rng.integers(0, n, P)[:, None] + np.arange(L_max)) % n
@@ -140,8 +136,7 @@ def gaussian_constant(law, U, V, q):
 
 def exact(cell, rng, config):
     """The exact quantities of the tokens' law at the query set (one cell, no draw); with window sampling
-    the exact expected error of a window of the file at every L (:func:`sfxlin.dependence.window_mse`),
-    NaN without."""
+    the exact expected error of a window of the file at every L (:func:`sfxlin.dependence.window_mse`)."""
     s = setup(config)
     a = s.q @ s.U.T
     f_inf = s.law.tilted_mean(a)
@@ -161,16 +156,14 @@ def exact(cell, rng, config):
 
 
 def exact_inputs(config, cell):
-    """What reaches the exact cell: the head, tokens and query set (:data:`HEAD_PARAMS`), tau's batch, the
-    prompt lengths, and ``windows``: whether the run samples windows (the exact window errors are computed
-    only then)."""
+    """What reaches the exact cell: :data:`HEAD_PARAMS`, tau's batch, the prompt lengths, and ``windows``:
+    whether the run samples windows (the exact window errors are computed only then)."""
     return {**{p: config[p] for p in (*HEAD_PARAMS, "batch", "L")}, "windows": "window" in config["sampling"]}
 
 
 def counts(config, part, cell):
     """Main part: every prompt of ``L_max`` tokens read by the whole query set in one prefix pass; exact
-    part: a softmax over the whole file per query (:func:`setup`: the query set, read once per process),
-    and with window sampling the file read once more per query and prompt length (:func:`window_mse`)."""
+    part: a softmax over the whole file per query, and with windows once more per query and prompt length."""
     s = setup(config)
     if part == E:
         windows = len(config["L"]) if "window" in config["sampling"] else 0
