@@ -145,7 +145,7 @@ def _spans(edges, first, C, nw, cache_bytes, merge_tokens):
 
 def prefix_moments(phi, edges, *, A=None, X=None, logits=None, reach=None, shifted=False, at_reach=False,
                    ones=False, col_weights=None, row_weights=None, shift=None, merge_tokens=0, cache_bytes=None,
-                   gemm_mnk=None, work=None):
+                   gemm_mnk=None, hold_tokens=False, work=None):
     """Running max logit and un-normalised softmax sums of every nested prompt (module doc).
 
     ``phi (G, F, T)`` features; logits from ``A (G, C, K)`` and ``X (G, K, T)``, or given as
@@ -165,6 +165,12 @@ def prefix_moments(phi, edges, *, A=None, X=None, logits=None, reach=None, shift
     before the features (the plain one, the ``S`` column-weighted, the ``R`` row-weighted), all with
     the same shift and the same online merge. (``E_p[x (x . v)]`` for a ``v`` per column costs
     ``2 K`` multiply-adds a logit this way, not a feature per product ``x_i x_j``.)
+
+    ``hold_tokens``: a token sub-block is also sized so that its tokens' own rows (``X`` and ``phi``)
+    fit ``cache_bytes`` beside its columns' rows, not the columns' rows alone: a long block with few
+    columns is then not one sub-block of a single column per product, whose products stream the tokens
+    from memory once per column and product, but sub-blocks whose tokens the two products of all its
+    columns read from cache (the sums are merged in another order: other last bits).
 
     ``merge_tokens`` (with ``at_reach``): consecutive short blocks, up to this many tokens together,
     are one range of the products, each column's logits past its own prompt masked out (fewer, larger
@@ -203,7 +209,8 @@ def prefix_moments(phi, edges, *, A=None, X=None, logits=None, reach=None, shift
         c0 = int(first[b])
         Cb = C - c0
         short = [j for j in range(c0, C) if limit[j] < hi]   # (merged blocks) columns whose prompt ends inside
-        step = int(max(1, min(hi - lo, cache_bytes // (8 * Cb * nw))))                       # tokens per sub-block
+        rows = Cb * nw + (K + F if hold_tokens else 0)                                      # rows a token holds
+        step = int(max(1, min(hi - lo, cache_bytes // (8 * rows))))                            # tokens per sub-block
         cc = int(max(1, min(Cb, gemm_mnk // (step * max(F * nw, K * (1 + S), 1)))))           # columns per product
         gc = int(max(1, min(G, CHUNK_BYTES // (8 * step * (cc * nw + F + K)))))                # groups per chunk
         for t0 in range(lo, hi, step):

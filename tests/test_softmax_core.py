@@ -257,3 +257,29 @@ def test_merged_short_blocks_give_each_columns_own_prompt(shifted):
     np.testing.assert_allclose(P1, P0, rtol=1e-13, atol=1e-13 * np.abs(P0).max())
     with pytest.raises(ValueError, match="merge_tokens needs at_reach"):
         core.prefix_moments(phi, edges, A=A, X=X, merge_tokens=20)
+
+
+def test_hold_tokens_sizes_the_sub_blocks_with_the_tokens_rows_and_keeps_the_sums():
+    """``hold_tokens``: a long block of few columns is split so that the tokens' rows (X and phi) fit
+    ``cache_bytes`` beside the columns' rows: 12,800 bytes hold 400 tokens of the 2 columns' 2 rows
+    each alone, 100 with the 6 + 6 rows of the tokens. The sums are those of a plain loop over the
+    prompts, and a group's bits do not depend on the groups around it."""
+    rng = np.random.default_rng(10)
+    G, C, K, F, T = 5, 2, 6, 6, 1000
+    A, X, phi = _problem(rng, G=G, C=C, K=K, F=F, T=T)
+    Rw = rng.standard_normal((G, 1, T))
+    edges, reach = (0, 200, 1000), np.array([1, 1])
+    s = np.einsum("gck,gkt->gct", A, X)
+    omega = np.concatenate([np.ones((G, C, 1, T)), np.broadcast_to(Rw[:, None], (G, C, 1, T))], axis=2)
+    _, ref = _naive_weighted(phi, edges, s, omega)
+    for hold, tokens in ((False, 400), (True, 100)):
+        work = {}
+        M, P = core.prefix_moments(phi, edges, A=A, X=X, row_weights=Rw, reach=reach, at_reach=True,
+                                   cache_bytes=12_800, hold_tokens=hold, work=work)
+        assert max(shape[-1] for tag, shape in work if tag == "rows") == tokens
+        own = ref[-1]
+        np.testing.assert_allclose(P, own, rtol=1e-13, atol=1e-13 * np.abs(own).max())
+        for g in range(G):
+            _, Pg = core.prefix_moments(phi[g:g + 1], edges, A=A[g:g + 1], X=X[g:g + 1], row_weights=Rw[g:g + 1],
+                                        reach=reach, at_reach=True, cache_bytes=12_800, hold_tokens=hold)
+            np.testing.assert_array_equal(Pg[0], P[g])
