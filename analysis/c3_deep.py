@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from .c3_family import ONE_SEED, seed_slopes, softmax
+from .c3_family import ONE_SEED, panels, save, seed_slopes, softmax
 from .fits import MIN_LINE_POINTS, not_fitted, slope_shortfall
 from .tables import column, make_table
 from .verdicts import Criteria, NotJudged, Shared, measure_unless
@@ -45,12 +45,6 @@ def fit_range(L) -> np.ndarray:
     return np.arange(n - min(n, max(MIN_LINE_POINTS, n // 2)), n)
 
 
-def _seed_slopes(da, dim, cov_type, alpha):
-    """``slope``, ``slope_se`` and its interval in ``dim`` of the seed mean of ``da``
-    (:func:`~.c3_family.seed_slopes`)."""
-    return seed_slopes(da, dim, cov_type=cov_type, alpha=alpha)[["slope", "slope_se", "slope_ci_low", "slope_ci_high"]]
-
-
 def rates(ds: xr.Dataset, *, cov_type: str | None = None, alpha: float = 0.05) -> xr.Dataset:
     """Per heads, kernel, layer: ``slope``, ``slope_se`` of the seed-mean error, ``median_slope``,
     ``median_slope_se`` (of the seed-mean of the median over tasks and queries), ``cov_slope``,
@@ -59,9 +53,8 @@ def rates(ds: xr.Dataset, *, cov_type: str | None = None, alpha: float = 0.05) -
     cluster-robust over the seeds (``cov_type="nonrobust"``: plain OLS, by name; NaN with one seed);
     ``n_units`` is the number of seeds."""
     idx = fit_range(ds.L.values)
-    fit = _seed_slopes(ds.err.isel(L=idx), "L", cov_type, alpha)
-    cov = _seed_slopes(ds.cov_err.isel(L=idx), "L", cov_type, alpha)
-    med = _seed_slopes(ds.err_median.isel(L=idx), "L", cov_type, alpha)
+    fit, cov, med = (seed_slopes(ds[v].isel(L=idx), cov_type=cov_type, alpha=alpha)
+                     for v in ("err", "cov_err", "err_median"))
     err = ds.err.mean("seed").isel(L=idx)
     const = np.exp(np.log(err * err.L).mean("L"))
     out = xr.Dataset({"slope": fit.slope, "slope_se": fit.slope_se, "median_slope": med.slope,
@@ -78,7 +71,8 @@ def training_slopes(ds: xr.Dataset, *, cov_type: str | None = None, alpha: float
     over the seeds (``cov_type="nonrobust"``: plain OLS; NaN with one seed); ``n_units`` seeds."""
     curves = xr.concat([softmax(ds.D_inf).max("t"), ds.D_inf.max("t").sel(model="linear", drop=True)]
                        + [ds.D_linL.max("t")], dim=xr.Variable("curve", ["softmax", "linear", "linL"]))
-    fit = _seed_slopes(curves, "L_train", cov_type, alpha)
+    fit = seed_slopes(curves, "L_train", cov_type=cov_type, alpha=alpha)
+    fit = fit[["slope", "slope_se", "slope_ci_low", "slope_ci_high"]]
     fit = fit.drop_vars([c for c in fit.coords if c not in ("depth", "heads", "curve")])
     return fit.assign(n_units=xr.DataArray(ds.sizes["seed"]))
 
@@ -254,12 +248,7 @@ def figure(ds: xr.Dataset, path):
     (b) softmax with the fewest heads, mean vs median squared error; (c) the constant relative to
     the output scale vs depth; (d) max_t D_inf vs L_train per depth (softmax solid, linear
     dashed); (e) held-out risk final / initial vs L_train."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 5, figsize=(25, 4.6))
+    plt, fig, axes = panels((1, 5), (25, 4.6))
     err = ds.err.mean("seed")
     layers = ds.layer.values
     colors = plt.cm.viridis(np.linspace(0, 0.9, layers.size))
@@ -318,6 +307,4 @@ def figure(ds: xr.Dataset, path):
                 title="(e) held-out risk, softmax(L) (dotted: limit model)")
     axes[3].legend(fontsize=7)
     axes[4].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return save(fig, path, 120)

@@ -2,42 +2,32 @@
 distance to the Bayes optimum, verdicts and the figure, from a ``c3_horizon`` results file alone
 (its variables: pipelines/c3_horizon.py; what they show: docs/claims.md, "C3 horizon").
 
-Reads ``D_inf(setting, seed, model, L, t)``, ``norm_inf(setting, seed, t)``, ``dist_star`` (as
-``D_inf``), ``dist_star_inf``, ``norm_star``, ``risk_inf``, ``conservation_inf``, ``off_block_max`` and
-the coordinate ``t`` (the checkpoint steps, log-spaced).
-
 * **Horizon.** ``T*(L, eps)``: the first checkpoint ``t`` at which ``D_inf > eps ||theta_inf(t)||``,
-  per seed, model and ``L`` (:func:`first_exceedance_np`). Between checkpoints ``t_{k-1}`` and
-  ``t_k`` it is known only to lie in ``[t_{k-1} + 1, t_k]`` (``T_lo``, ``T_hi``); the fits use the
-  geometric midpoint ``T_star = sqrt(T_lo T_hi)`` and repeat on both ends (the resolution
-  interval of gamma). The grid's relative resolution ``max t_k / (t_{k-1} + 1)`` is the
-  ``resolution`` attr of :func:`horizons` (:func:`resolution`). A distance that never exceeds
-  the tolerance within the run is flagged ``never`` (``T* > T_max``), not dropped silently.
-* **Growth.** ``gamma(eps)``: the OLS log-log slope in ``L`` of the seed-mean ``T_star`` of
-  softmax(L), over the ``L`` at which ``T*`` is defined in every seed (their number is reported);
-  its SE is cluster-robust over the seeds (:func:`~.c3_family.seed_slopes`). An ``L`` left out
-  has ``T* > T_max`` in some seed, so leaving it out can only lower gamma where it sits at the
-  large-``L`` end; the table also gives gamma with such a horizon set to ``T_max`` (a point at its
-  lower bound).
+  per seed, model and ``L`` (:func:`first_exceedance_np`), known only to lie in ``[t_{k-1} + 1, t_k]``
+  (``T_lo``, ``T_hi``); the fits use the geometric midpoint ``T_star`` and repeat on both ends (the
+  resolution interval of gamma, :func:`resolution`). A distance that never exceeds the tolerance
+  within the run is flagged ``never`` (``T* > T_max``), not dropped silently.
+* **Growth.** ``gamma(eps)``: the log-log slope in ``L`` of the seed-mean ``T_star`` of softmax(L),
+  over the ``L`` at which ``T*`` is defined in every seed (an ``L`` left out has ``T* > T_max`` in
+  some seed, which can only lower gamma; the table also gives gamma with such a horizon set to
+  ``T_max``).
 * **Best horizon.** ``best(L) = min_t ||theta_L(t) - theta_star||`` (softmax) and its argmin
-  ``T_best(L)``; their log-log slopes in ``L`` with SEs clustered over the seeds. ``T_best`` is fitted
-  over the ``L`` whose argmin lies strictly inside the run in every seed (an argmin at ``T_max`` is a
-  lower bound, at ``t = 0`` no approach at all; both are counted, not fitted).
+  ``T_best(L)``, whose slope is fitted over the ``L`` with the argmin strictly inside the run in every
+  seed (at ``T_max`` a lower bound, at ``t = 0`` no approach: counted, not fitted). ``dist_star`` is
+  the c3_transfer ``dist_bayes`` of these runs: the distance to the Bayes optimum of Remark 5.2.
 
 Independent units: a ``seed`` of a setting is one training run whose tasks every ``L`` and both
-models share (nested prompts) and whose checkpoints are one trajectory, so the points of a curve
-along ``L`` (and along ``t``) share draws; seeds and settings are independent. Intervals are
-Student-t with ``seeds - 1`` degrees of freedom; with one seed there is no interval (NaN, and the
-criteria read on it are INCONCLUSIVE). Each verdict's robustness resamples the seeds.
+models share and whose checkpoints are one trajectory; seeds and settings are independent. The
+slopes' SEs are cluster-robust over the seeds (:func:`~.c3_family.seed_line`), Student-t with
+``seeds - 1`` dof; with one seed there is no interval (NaN, and the criteria read on it are
+INCONCLUSIVE). Each verdict's robustness resamples the seeds.
 """
 from __future__ import annotations
-
-import json
 
 import numpy as np
 import xarray as xr
 
-from .c3_family import LINE, seed_line, softmax
+from .c3_family import LINE, config, panels, save, seed_line, softmax
 from .fits import not_fitted, too_few
 from .tables import column, make_table
 from .verdicts import RESAMPLE, Criteria, Inconclusive, NotJudged, Shared, measure_unless
@@ -47,7 +37,6 @@ __all__ = ["CRITERIA", "EPS", "resolution", "first_exceedance_np", "horizons", "
 
 #: the tolerances eps of the horizon T*(L, eps)
 EPS = (0.05, 0.1, 0.2)
-
 
 
 # --------------------------------------------------------------------------- numpy kernels
@@ -320,10 +309,8 @@ def fit_tables(ds: xr.Dataset) -> dict:
         title="Best horizon, softmax(L) (seed means): the smallest distance to theta_star over the run and its step")
     s = best_slopes(ds)
     tables["best_slopes"] = make_table(
-        {**{f"best_{f}": column(s[f"best_{f}"], f"best: {f}", ".3f", missing=one)
-            for f in ("slope", "se", "ci_low", "ci_high")},
-         **{f"T_best_{f}": column(s[f"T_best_{f}"], f"T_best: {f}", ".3f", missing=one)
-            for f in ("slope", "se", "ci_low", "ci_high")},
+        {**{f"{q}_{f}": column(s[f"{q}_{f}"], f"{q}: {f}", ".3f", missing=one)
+            for q in ("best", "T_best") for f in LINE},
          "n": column(s.n_L_T_best, "L fitted (T_best)", "d")},
         title="Slopes in L of the best-horizon distance and of T_best (OLS on seed means; SE cluster-robust over the "
               "seeds; 95% CI; T_best over the L whose argmin lies inside the run in every seed; n/a: fewer than 3 "
@@ -352,16 +339,11 @@ def figure(ds: xr.Dataset, path, shown_L=4):
     ``L^gamma`` lines (never within ``T_max``: open triangles at ``T_max``); (d) the best-horizon
     distance (solid) and ``T_best`` (dashed, right axis) against ``L``. ``path``: a file name or a
     binary file object. Returns ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt, fig, axes = panels((1, 4), (21, 4.8))
     h, g = horizons(ds), gamma(ds)
     L = ds.L.values.astype(float)
     t = ds.t.values.astype(float)
     settings = [str(s) for s in ds.setting.values]
-    fig, axes = plt.subplots(1, 4, figsize=(21, 4.8))
     pick = np.unique(np.linspace(0, len(L) - 1, min(shown_L, len(L))).round().astype(int))
     shades = plt.cm.viridis(np.linspace(0, 0.9, len(pick)))
     eps_style = dict(zip(EPS, ("o", "s", "^")))
@@ -416,10 +398,6 @@ def figure(ds: xr.Dataset, path, shown_L=4):
            title="best horizon: distance (solid), T_best (dashed, right)")
     twin.set_ylabel("T_best (steps)")
     ax.legend(fontsize=7)
-    cfg = json.loads(ds.attrs.get("config", "{}"))
-    fig.suptitle(f"C3 horizon ({ds.attrs.get('profile', '?')} profile; lr {cfg.get('lr', '?')}, T_max = {T_max}, "
-                 f"{ds.sizes['seed']} seeds, checkpoint resolution {h.attrs['resolution']:.3f})", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path, 110, f"C3 horizon ({ds.attrs.get('profile', '?')} profile; lr {config(ds).get('lr', '?')}, "
+                                f"T_max = {T_max}, {ds.sizes['seed']} seeds, checkpoint resolution "
+                                f"{h.attrs['resolution']:.3f})")

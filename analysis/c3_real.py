@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
+from .c3_family import panels, save
 from .fits import se_note, slope_shortfall, unit_slopes
 from .tables import column, make_table
 from .verdicts import Criteria, NotJudged, Shared, measure_unless
@@ -185,13 +186,8 @@ def figure(ds: xr.Dataset, path):
     relative gap ||theta_sinf(t) - theta_linf(t)|| / ||theta_linf(T)|| over t; the held-out risk at T
     of softmax(L) against L with theta_sinf under softmax(inf) (dotted) and theta_linf under
     softmax(inf) (dash-dot)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt, fig, axes = panels((1, 3), (16, 4.8))
     s = summaries(ds).mean("seed")
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     L, t = ds.L.values, ds.t.values
     colors = dict(zip(ds.dataset.values.tolist(), plt.cm.tab10(np.arange(ds.sizes["dataset"]))))
     markers = dict(zip(ds.d.values.tolist(), ["o", "s", "^", "v", "D"]))
@@ -217,7 +213,4 @@ def figure(ds: xr.Dataset, path):
     axes[1].legend(fontsize=6, ncol=2)
     axes[2].set(xlabel="prompt length L", ylabel="held-out risk at T",
                 title="held-out: softmax(L); dotted th_sinf, dash-dot th_linf (softmax(inf))")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, path, 120)
