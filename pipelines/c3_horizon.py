@@ -8,7 +8,7 @@ import numpy as np
 from sfxlin import icl, training
 from sfxlin.engine import Cells, Param, Profiles, Variable
 
-from .families.c3 import C3, STEP_CURVATURE, Run, draw, finite, setting_inputs, setting_law
+from .families.c3 import C3, STEP_CURVATURE, Run, draw, finite, kept, setting_inputs, setting_law
 
 NAME = "c3_horizon"
 SETTINGS = ("isotropic", "anisotropic")
@@ -27,10 +27,9 @@ def kernel(cell, rng, config):
     traj = run.trajectory(Sigma)
     U_star, v_star = icl.bayes_optimum(Sigma)
     return finite({
-        "D_inf": traj["D_inf"], "norm_inf": traj["norm_inf"], "dist_star": traj["dist_bayes"],
-        "dist_star_inf": traj["dist_bayes_inf"], "norm_star": np.sqrt(np.sum(U_star**2) + np.sum(v_star**2)),
-        "risk_train": traj["risk_train"], "risk_inf": traj["risk_inf"], "conservation_inf": traj["conservation_inf"],
-        "off_block_max": traj["off_block"].max(axis=-1), **run.step_curvature(),
+        **kept(traj, t=("D_inf", "norm_inf", "risk_train", "risk_inf", "conservation_inf"), max_t=("off_block",)),
+        "dist_star": traj["dist_bayes"], "dist_star_inf": traj["dist_bayes_inf"],
+        "norm_star": np.sqrt(np.sum(U_star**2) + np.sum(v_star**2)), **run.step_curvature(),
         "n_exact_shift_steps": np.float64(run.res["n_exact_shift_steps"]),
     })
 

@@ -5,7 +5,7 @@ Its shared cell is one training run (:class:`Run`): softmax(L) and linear(L) at 
 linear(inf), trained by gradient descent from the Eq. 9 init on the same tasks
 (:func:`sfxlin.training.train_all_arrays`), with the family's measures along it (:meth:`Run.trajectory`,
 per checkpoint; a variant keeps them per ``t``, their maximum over ``t`` (``_max``) or their value at the
-end ``T`` (``_T``): one meaning per name) and its held-out risks (:meth:`Run.heldout`). A covariate setting
+end ``T`` (``_T``): one meaning per name, :func:`kept`) and its held-out risks (:meth:`Run.heldout`). A covariate setting
 is a named one (``isotropic``, ``anisotropic``, the ``rademacher`` control), whose covariance is the
 ``sfxlin.covariance`` spec ``Sigma_<setting>``, or, where a variant says so, any covariance spec.
 """
@@ -67,7 +67,9 @@ class Run:
         """The family's measures at every checkpoint: ``risk_train``, ``D_inf``, ``off_block``,
         ``conservation`` ``(model, L, t)``; ``D_linL`` ``(L, t)``; ``risk_inf``, ``off_block_inf``,
         ``conservation_inf``, ``norm_inf`` ``(t,)``; with ``Sigma``, the distances to the Bayes optimum
-        ``dist_bayes`` ``(model, L, t)`` and ``dist_bayes_inf`` ``(t,)``."""
+        ``theta_star = (U*, v*)`` of Remark 5.2 (:func:`sfxlin.icl.bayes_optimum`), ``dist_bayes`` ``(model, L,
+        t)`` and ``dist_bayes_inf`` ``(t,)`` (stored by c3_horizon as ``dist_star`` and ``dist_star_inf``, the
+        names of its shipped file: one quantity, theta_star being the Bayes optimum)."""
         U, v, U_inf, v_inf = self.U, self.v, self.U_inf, self.v_inf
         out = {"risk_train": np.stack([self.res[m]["risk"] for m in MODELS]), "risk_inf": self.res["linear_inf"]["risk"],
                "D_inf": icl.theta_distance(U, v, U_inf, v_inf), "D_linL": icl.theta_distance(U[0], v[0], U[1], v[1]),
@@ -95,6 +97,14 @@ class Run:
         return training.heldout_risks(held, Ls, L_eval, {m: self.U[i][:, at] for i, m in enumerate(MODELS)},
                                       {m: self.v[i][:, at] for i, m in enumerate(MODELS)}, self.U_inf[at],
                                       self.v_inf[at])
+
+
+def kept(traj: dict, t=(), max_t=(), T=()) -> dict:
+    """The measures of :meth:`Run.trajectory` a variant stores, one meaning per name: those of ``t`` per
+    checkpoint (their own names), those of ``max_t`` their maximum over the checkpoints (``<name>_max``), those
+    of ``T`` their value at the last checkpoint (``<name>_T``)."""
+    return {**{k: traj[k] for k in t}, **{f"{k}_max": traj[k].max(axis=-1) for k in max_t},
+            **{f"{k}_T": traj[k][..., -1] for k in T}}
 
 
 #: the outputs of :func:`step_curvature`: of linear(inf), and with linear(L)'s
