@@ -1,16 +1,10 @@
 """C3 deep analysis: rates and constants of the error to the deep linear limit, the training
-measures, verdicts and the figure, from a ``c3_deep`` results file alone.
-
-Reads only the documented schema (pipelines/c3_deep.py): part (a) ``err(heads, seed, kernel, layer,
-L)``, ``cov_err`` (same dims), ``out_sq(heads, seed, layer)``, ``lambda_drawn`` and ``lambda_max``
-(same dims); part (b) ``D_inf(depth, heads, seed,
-model, L_train, t)``, ``D_linL``, ``risk``, ``risk_inf``, ``risk_heldout(..., stage)``,
-``risk_heldout_inf``, ``norm_inf``; and the ``criteria`` attr.
+measures, verdicts and the figure, from a ``c3_deep`` results file alone (its variables:
+pipelines/families/deep.py).
 
 (a) Rates: OLS log-log slope in ``L`` of the seed-mean squared error (resp. of its median over
-tasks and queries, and of the token-moment error),
-per heads, kernel and layer, over the largest half of the ``L`` grid (at least 3 values: the
-asymptotic rate, not the pre-asymptotic bend). Constant: ``C = geometric mean of L * err`` over the
+tasks and queries, and of the token-moment error), per heads, kernel and layer, over the largest
+half of the ``L`` grid (at least 3 values: the asymptotic rate, not the pre-asymptotic bend). Constant: ``C = geometric mean of L * err`` over the
 same ``L`` (the constant of ``err ~ C / L``), also relative to the mean squared limit output
 ``out_sq``; its growth with depth is ``C(l) / C(1)``.
 
@@ -104,11 +98,8 @@ def _a_rate(sh, var):
 
 CRITERIA = Criteria("C3", prepare=Shared, units=("seed",))
 
-# Quick profile (one seed, one head, 2 layers; (a) L = 8..32 with 2 task pairs x 2 queries, (b) L_train
-# = 4..16, 10 Adam steps): most figures cannot be judged there, each NotJudged says why. The
-# token-moment slope: a Monte Carlo of the quick's layer-1 tokens (2 independent task draws, nested
-# prompts L = 8, 16, 32; 4000 replicates) gives the slope of the mean relative error SD 0.26 around
-# -0.48, 99% range -1.10 .. +0.17: wider than the band, and it contains 0.
+# Quick profile: most figures are not judged there (each NotJudged says why; the evidence: docs/claims.md,
+# "The quick profile is a smoke test").
 _A_QUICK = "L = 8..32 with 2 task pairs and one seed: too few lengths and tasks for a rate"
 
 _DEPTH = ("finding", "(reason revised after the first L = 16384 run) the seed mean is carried by the seeds with the "
@@ -169,8 +160,6 @@ def _b_heldout(sh):
           "and heads", "<", 0.5, reference="", reason="ours: as C3D-b-heldout, for the limit model it approximates",
           quick=1.0)
 def _b_heldout_inf(sh):
-    # quick: 10 Adam steps on the limit model's own (exact, noiseless-gradient) risk must lower its held-out risk
-    # at all (< 1); halving it needs the paper's 200 steps.
     return sh(training).heldout_ratio_inf
 
 

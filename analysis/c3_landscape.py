@@ -109,8 +109,7 @@ class _LandscapeCriteria(Criteria):
 
 CRITERIA = _LandscapeCriteria("C3L", prepare=Shared, units=("seed",))
 
-# Quick profile (d = 2, L = 8 .. 64, T = 100, 3 task pairs, one seed): the rates are not judged
-# there, the exact symmetry and the closed-form limit gap are (same bounds).
+# Quick profile: the exact symmetry and the closed-form limit gap are judged (same bounds), not the rates.
 _ONE_RUN = NotJudged("one run of 3 task pairs at L = 8 .. 64 and T = 100: one curve per setting, no seed "
                      "average (the quick runs' D slopes spread from -0.84 to -0.03 across settings)")
 
