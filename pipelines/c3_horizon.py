@@ -8,10 +8,9 @@ import numpy as np
 from sfxlin import icl, training
 from sfxlin.engine import Cells, Param, Profiles, Variable
 
-from .families.c3 import C3, STEP_CURVATURE, Run, draw, finite, kept, setting_inputs, setting_law
+from .families.c3 import C3, GAUSSIAN, STEP_CURVATURE, Run, draw, finite, kept, named, setting_inputs, setting_law
 
 NAME = "c3_horizon"
-SETTINGS = ("isotropic", "anisotropic")
 
 
 def checkpoints(config):
@@ -44,11 +43,10 @@ OWN = (
 
 EXPERIMENT = C3.variant(
     NAME, short="c3h", analysis="sfxlin.analysis.c3_horizon",
-    values=dict(d=3, settings=list(SETTINGS), Sigma_isotropic="isotropic", Sigma_anisotropic="diagonal:2/1/0.5",
-                n_seeds=Profiles(quick=2, paper=4), n_pairs=Profiles(quick=3, paper=48), n_queries=2,
-                L=Profiles(quick=[8, 16, 32], paper=[8 * 2**k for k in range(12)]), lr=0.01,
+    values=dict(d=3, **named(*GAUSSIAN), n_seeds=Profiles(quick=2, paper=4), n_pairs=Profiles(quick=3, paper=48),
+                n_queries=2, L=Profiles(quick=[8, 16, 32], paper=[8 * 2**k for k in range(12)]), lr=0.01,
                 n_steps=Profiles(quick=60, paper=8000), root_seed=20261202),
-    changes={"settings": {"choices": SETTINGS}, "n_steps": {"doc": "gradient-descent steps T_max (the last checkpoint)"}},
+    changes={"settings": {"choices": GAUSSIAN}, "n_steps": {"doc": "gradient-descent steps T_max (the last checkpoint)"}},
     params=(Param("per_octave", "int", "checkpoints per doubling of t (log-spaced grid; every step while they are "
                   "closer than one apart)", Profiles(quick=4, paper=16), low=1),),
     cells=(Cells({"setting": "settings", "seed": "n_seeds"}, kernel,

@@ -22,8 +22,16 @@ from sfxlin.realdata import DATASETS
 MODELS = ("softmax", "linear")   # the finite-L models, coordinate ``model``
 #: the named covariate settings: setting -> covariate law; its covariance is the spec ``Sigma_<setting>``
 SETTINGS = {"isotropic": "gaussian", "anisotropic": "gaussian", "rademacher": "rademacher"}
+#: the named settings with Gaussian covariates
+GAUSSIAN = ("isotropic", "anisotropic")
 #: parameters that only say which cells a grid has (they reach no cell)
 GRID = ("settings", "n_seeds", "n_seeds_control")
+
+
+def named(*settings) -> dict:
+    """A variant's values of the named ``settings``: ``settings`` and each ``Sigma_<setting>`` at the family's
+    own spec."""
+    return {"settings": list(settings), **{f"Sigma_{s}": C3.param(f"Sigma_{s}").value for s in settings}}
 
 
 def setting_inputs(config, cell):
