@@ -180,10 +180,7 @@ def _sigmas_are_specs(config):
     """Every ``Sigma_<setting>`` of ``settings`` builds a ``d x d`` covariance."""
     for setting in config.get("settings", ()):
         if f"Sigma_{setting}" in config:
-            try:
-                covariance.from_spec(config[f"Sigma_{setting}"], config["d"])
-            except ValueError as exc:
-                raise ValueError(f"Sigma_{setting}: {exc} (d = {config['d']})") from None
+            covariance.spec_check(f"Sigma_{setting}")(config)
 
 
 def train_counts(n_steps, n_pairs, n_queries, Ls, support=0, runs=1):
@@ -329,6 +326,5 @@ C3 = Family("C3", PARAMS, OUTPUTS,
                     "t": lambda c: training.checkpoint_steps(c["n_steps"], c["ckpt_every"]).tolist(),
                     "t_heldout": lambda c: training.checkpoint_steps(c["n_steps"], c["heldout_every"]).tolist(),
                     "row": lambda c: range(c["d"] + 1), "col": lambda c: range(c["d"] + 1)},
-            checks=(multiples(("n_steps", "ckpt_every"), ("T_max", "check_every")), _heldout_on_checkpoints,
-                    _sigmas_are_specs),
+            checks=(multiples(("n_steps", "ckpt_every")), _heldout_on_checkpoints, _sigmas_are_specs),
             cost=Cost(RATES, _train_counts))
