@@ -33,7 +33,7 @@ from .tables import column, make_table
 from .verdicts import RESAMPLE, Criteria, Inconclusive, NotJudged, Shared, measure_unless
 
 __all__ = ["CRITERIA", "EPS", "resolution", "first_exceedance_np", "horizons", "best_horizon", "gamma",
-           "best_slopes", "measures", "verdicts", "fit_tables", "figure"]
+           "best_slopes", "theta_inf", "measures", "verdicts", "fit_tables", "figure"]
 
 #: the tolerances eps of the horizon T*(L, eps)
 EPS = (0.05, 0.1, 0.2)
@@ -142,6 +142,13 @@ def _T_best_kept(b: xr.Dataset) -> xr.DataArray:
     return b.T_best.where(~(b.at_end | b.at_start))
 
 
+def theta_inf(ds: xr.Dataset) -> dict:
+    """theta_inf at T_max per setting, max over the seeds: ``risk`` its training risk, ``star`` its distance to
+    theta_star over ``||theta_star||``."""
+    return {"risk": ds.risk_inf.isel(t=-1).max("seed"),
+            "star": (ds.dist_star_inf.isel(t=-1) / ds.norm_star).max("seed")}
+
+
 def best_slopes(ds: xr.Dataset) -> xr.Dataset:
     """Per setting: the slopes in ``L`` of the seed-mean best-horizon distance (``best_*``) and of
     ``T_best`` (``T_best_*``, over the ``L`` whose argmin is inside the run in every seed: ``n_L_T_best``),
@@ -238,7 +245,7 @@ def _Tbest_slope(sh):
                  "noiseless labels) by the end of the run, so T_max is not what bounds the horizons",
           quick=_QUICK, fails_as=("finding", "T_max too short for this draw: theta_inf still moving"))
 def _inf_converged(sh):
-    return sh.ds.risk_inf.isel(t=-1).max("seed")
+    return sh(theta_inf)["risk"]
 
 
 @CRITERIA("C3H-inf-star", "||theta_inf(T_max) - theta_star|| / ||theta_star||, max over seeds, per setting "
@@ -248,7 +255,7 @@ def _inf_converged(sh):
                  "best-horizon distance is measured to",
           quick=_QUICK, fails_as=("finding", "theta_inf(T_max) is not at the Remark 5.2 optimum"))
 def _inf_star(sh):
-    return (sh.ds.dist_star_inf.isel(t=-1) / sh.ds.norm_star).max("seed")
+    return sh(theta_inf)["star"]
 
 
 @CRITERIA("C3H-block", "max over seeds, models, L and t of the off-block mass of theta_L(t), per setting", "<", 1e-8,
@@ -318,10 +325,11 @@ def fit_tables(ds: xr.Dataset) -> dict:
     risk = ds.risk_inf.transpose("setting", "seed", "t")
     first = xr.DataArray(np.where((risk <= 1e-6).any("t"), ds.t.values[(risk <= 1e-6).values.argmax(-1)], np.nan),
                          dims=("setting", "seed"), coords={"setting": ds.setting.values}).max("seed", skipna=False)
+    th = theta_inf(ds)
     tables["theta_inf"] = make_table(
-        {"risk": column(ds.risk_inf.isel(t=-1).max("seed"), "risk at T_max", ".3g"),
+        {"risk": column(th["risk"], "risk at T_max", ".3g"),
          "first": column(first, "first t with risk <= 1e-6 (max over seeds)", ".0f", missing="not reached"),
-         "star": column((ds.dist_star_inf.isel(t=-1) / ds.norm_star).max("seed"), "||th_inf - th*|| / ||th*||", ".3g"),
+         "star": column(th["star"], "||th_inf - th*|| / ||th*||", ".3g"),
          "cons": column(abs(ds.conservation_inf).max(["seed", "t"]), "max |cons|", ".3g"),
          "norm": column(ds.norm_star.max("seed"), "||theta_star||", ".4f")},
         title="theta_inf at T_max (max over seeds): training risk, when it reached 1e-6, relative distance to the "
