@@ -229,8 +229,7 @@ def settings_table(ds: xr.Dataset) -> xr.Dataset:
     tail_few = f"n/a (needs {TAIL_POINTS} L)" if n_L < TAIL_POINTS else None
     one = ONE_SEED if ds.sizes["seed"] < 2 else None
     last = s.isel(L=-1)
-    condition = s.condition.broadcast_like(blank) if "condition" in s.coords else blank
-    cols = {"condition": column(condition, "cond", ".3g"),
+    cols = {"condition": column(s.condition.broadcast_like(blank), "cond", ".3g"),
             "excess_slope": column(sl.excess, "excess slope", ".3g", missing=few),
             "excess_slope_se": column(sl.excess_se, "SE", ".2g", missing=few or one),
             "D_slope": column(sl.D_inf, "D slope", ".3g", missing=few),
