@@ -32,7 +32,7 @@ from .verdicts import FAIL, PASS, RESAMPLE, RESAMPLES, Criteria, NotJudged, Shar
 
 __all__ = ["CRITERIA", "CONTROL", "CONTROL_CRITERIA", "gaussian_settings", "seeds_in_protocol", "summaries",
            "seed_summaries", "slopes", "slope_shortfall", "increases", "measures", "verdicts", "fit_tables", "figure",
-           "perturbation_growth", "off_block_stability", "theta_inf"]
+           "perturbation_growth", "off_block_stability", "theta_inf", "at_L_max"]
 
 CONTROL = "rademacher"
 
@@ -159,6 +159,16 @@ def _heldout(ds):
     return _mean(ds, ds.risk_heldout.sel(model="softmax"))
 
 
+def at_L_max(ds: xr.Dataset) -> dict:
+    """At L_max, per setting, seed means in the protocol: ``D_rel`` = D(L_max) / ||theta_inf(T)||, ``risk_rel`` and
+    ``risk_eval_rel`` the final over the initial held-out risk of softmax(L_max) at L_max and at L_eval,
+    ``linL_gap`` = D_linL / D - 1 (a dict: each keeps its own coordinates)."""
+    last = seed_summaries(ds).isel(L=-1)
+    h, he = _heldout(ds).isel(L=-1), _mean(ds, ds.risk_heldout_eval.sel(model="softmax")).isel(L=-1)
+    return {"D_rel": last.D_inf / _norm_T(ds), "risk_rel": h.isel(t_heldout=-1) / h.isel(t_heldout=0),
+            "risk_eval_rel": he.isel(t_heldout=-1) / he.isel(t_heldout=0), "linL_gap": last.D_linL / last.D_inf - 1}
+
+
 # --------------------------------------------------------------------------- criteria
 # Gaussian criteria are measured per Gaussian setting (isotropic, anisotropic), on seed means over the
 # protocol; every value must satisfy the comparison. D(L) = max_t ||theta_L^softmax(t) - theta_inf(t)||_F.
@@ -276,7 +286,7 @@ def _a_slope(sh):
           reason="reference's: at L = 4096 softmax is within 5% of the infinite-prompt trajectory",
           quick=1.0, fails_as=_COLLOQUIAL)
 def _a_final(sh):
-    return _per_setting(sh, None, lambda ds, s: (sh(seed_summaries).D_inf.isel(L=-1) / _norm_T(ds)).sel(setting=s))
+    return _per_setting(sh, None, lambda ds, s: sh(at_L_max)["D_rel"].sel(setting=s))
 
 
 @CRITERIA("C3b-monotone", "increases along L of the seed-mean final held-out risk of softmax(L) at its training L",
@@ -290,10 +300,7 @@ def _b_monotone(sh):
           "<", 0.02, reference="0.95% / 0.64%",
           reason="reference's: the paper's literal claim, training at large L succeeds", quick=1.0)
 def _b_final(sh):
-    def ratio(ds, s):
-        h = sh(_heldout).sel(setting=s).isel(L=-1)
-        return h.isel(t_heldout=-1) / h.isel(t_heldout=0)
-    return _per_setting(sh, None, ratio)
+    return _per_setting(sh, None, lambda ds, s: sh(at_L_max)["risk_rel"].sel(setting=s))
 
 
 @CRITERIA("C3c", "final distance of softmax(L) to the Bayes optimum, L_max over L_min (seed mean), per Gaussian "
@@ -446,17 +453,12 @@ def _per_seed_table(sh):
 
 
 def _end_table(sh):
-    ds, s = sh.ds, sh(seed_summaries)
-    h, norm_T = sh(_heldout), sh(_norm_T)
-    he = _mean(ds, ds.risk_heldout_eval.sel(model="softmax"))
-    last = s.isel(L=-1)
-    cols = {"D_rel": column(100 * (last.D_inf / norm_T), "D/||th_inf||", ".1f", units="%"),
-            "risk_rel": column(100 * (h.isel(L=-1, t_heldout=-1) / h.isel(L=-1, t_heldout=0)), "risk(L)", ".2f",
-                               units="%"),
-            "risk_eval_rel": column(100 * (he.isel(L=-1, t_heldout=-1) / he.isel(L=-1, t_heldout=0)), "risk(Leval)",
-                                    ".2f", units="%"),
-            "linL_gap": column(last.D_linL / last.D_inf - 1, "D_linL/D-1", "+.2e"),
-            "norm_T": column(norm_T, "||th_inf(T)||", ".4f")}
+    ds, e = sh.ds, sh(at_L_max)
+    cols = {"D_rel": column(100 * e["D_rel"], "D/||th_inf||", ".1f", units="%"),
+            "risk_rel": column(100 * e["risk_rel"], "risk(L)", ".2f", units="%"),
+            "risk_eval_rel": column(100 * e["risk_eval_rel"], "risk(Leval)", ".2f", units="%"),
+            "linL_gap": column(e["linL_gap"], "D_linL/D-1", "+.2e"),
+            "norm_T": column(sh(_norm_T), "||th_inf(T)||", ".4f")}
     return make_table(cols, title=f"At L_max = {int(ds.L.values[-1])} (seed means): D / ||theta_inf(T)||, held-out "
                                   "risk final / initial (at L_max; at L_eval), D_linL / D - 1")
 
