@@ -4,9 +4,9 @@ pipelines/families/deep.py).
 
 (a) Rates: OLS log-log slope in ``L`` of the seed-mean squared error (resp. of its median over
 tasks and queries, and of the token-moment error), per heads, kernel and layer, over the largest
-half of the ``L`` grid (at least 3 values: the asymptotic rate, not the pre-asymptotic bend). Constant: ``C = geometric mean of L * err`` over the
-same ``L`` (the constant of ``err ~ C / L``), also relative to the mean squared limit output
-``out_sq``; its growth with depth is ``C(l) / C(1)``.
+half of the ``L`` grid (at least 3 values: the asymptotic rate, not the pre-asymptotic bend).
+Constant: ``C = geometric mean of L * err`` over the same ``L`` (the constant of ``err ~ C / L``),
+also relative to the mean squared limit output ``out_sq``; its growth with depth is ``C(l) / C(1)``.
 
 (b) C3 measures per depth and heads (seed means): ``max_t D_inf`` (softmax, linear), ``max_t
 D_linL``, their slopes in ``L_train``, and held-out risk final / initial at the largest ``L_train``

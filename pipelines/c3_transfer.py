@@ -207,8 +207,7 @@ FLAG = Variable("in_protocol", (), "cell is part of the protocol", "1 if the cel
 EXPERIMENT = C3.variant(
     NAME, short="c3", analysis="sfxlin.analysis.c3",
     values=dict(d=3, **named(*SETTINGS), n_seeds=Profiles(quick=2, paper=8), n_pairs=Profiles(quick=4, paper=48),
-                n_queries=2,
-                L=Profiles(quick=[8, 16, 32, 64], paper=[8 * 2**k for k in range(10)]), lr=0.01,
+                n_queries=2, L=Profiles(quick=[8, 16, 32, 64], paper=[8 * 2**k for k in range(10)]), lr=0.01,
                 n_steps=Profiles(quick=200, paper=2500), ckpt_every=20, heldout_pairs=Profiles(quick=8, paper=256),
                 heldout_queries=Profiles(quick=2, paper=4), L_eval=Profiles(quick=128, paper=4096),
                 heldout_every=Profiles(quick=100, paper=500), ridge_lam=0.0, root_seed=20251211),

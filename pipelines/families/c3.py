@@ -5,9 +5,9 @@ Its shared cell is one training run (:class:`Run`): softmax(L) and linear(L) at 
 linear(inf), trained by gradient descent from the Eq. 9 init on the same tasks
 (:func:`sfxlin.training.train_all_arrays`), with the family's measures along it (:meth:`Run.trajectory`,
 per checkpoint; a variant keeps them per ``t``, their maximum over ``t`` (``_max``) or their value at the
-end ``T`` (``_T``): one meaning per name, :func:`kept`) and its held-out risks (:meth:`Run.heldout`). A covariate setting
-is a named one (``isotropic``, ``anisotropic``, the ``rademacher`` control), whose covariance is the
-``sfxlin.covariance`` spec ``Sigma_<setting>``, or, where a variant says so, any covariance spec.
+end ``T`` (``_T``): one meaning per name, :func:`kept`) and its held-out risks (:meth:`Run.heldout`). A
+covariate setting is a named one (``isotropic``, ``anisotropic``, the ``rademacher`` control), whose covariance is
+the ``sfxlin.covariance`` spec ``Sigma_<setting>``, or, where a variant says so, any covariance spec.
 """
 from __future__ import annotations
 
