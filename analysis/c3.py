@@ -1,54 +1,38 @@
 """C3 analysis: slopes, monotonicity, verdicts and the figure, from a ``c3_transfer`` results file alone.
 
-Reads only the documented schema (datasets/README.md): ``D_inf(setting, seed, model, L, t)``,
-``D_linL(setting, seed, L, t)``, ``dist_bayes``, ``off_block``, ``conservation``, ``risk_heldout
-(setting, seed, model, L, t_heldout)``, ``risk_heldout_eval``, the ``theta_inf`` variables
-(``risk_inf``, ``dist_bayes_inf``, ``off_block_inf``, ``norm_inf``), the baselines ``risk_ridge``
-``risk_plugin``, ``risk_pgd``, ``risk_bayes_ridge``, the perturbation and curvature diagnostics, ``in_protocol`` and the
-``criteria`` attr (the criteria declared below, :data:`CRITERIA`, as stored when the file was made).
-Setting names are part of the schema: ``rademacher`` is the control, every other setting has
-Gaussian covariates. Cells outside the protocol are NaN and ``in_protocol = 0``; seed means skip
-them.
+Reads the documented schema (datasets/README.md) and the ``criteria`` attr. Setting names are part of it:
+``rademacher`` is the control, every other setting has Gaussian covariates. Cells outside the protocol are NaN
+(``in_protocol = 0``); seed means skip them. Summaries (softmax unless said otherwise), per setting, seed means:
+the trajectory distance ``D(L) = max_t ||theta_L(t) - theta_inf(t)||_F``, ``D_linL(L) = max_t
+||theta_L^softmax(t) - theta_L^linear(t)||_F``, the final held-out risk at the training ``L`` and at ``L_eval``,
+the final distance to the Bayes optimum.
 
-Summaries (softmax model unless said otherwise), per setting, seed means:
+Independent units: a ``seed`` of a setting is one training run whose tasks every ``L`` and both models share
+(nested prompts); seeds and settings are independent. Slopes are OLS log-log slopes in ``L`` of the seed-mean
+curves, SE cluster-robust over the setting's seeds in the protocol (:func:`~.c3_family.seed_slopes`); a setting
+with one seed (the quick control) has no SE, and a criterion read on it no robustness (``robustness_note`` says
+why). "increases" counts the ``L`` steps at which a seed-mean curve goes up.
 
-* trajectory distance ``D(L) = max_t ||theta_L(t) - theta_inf(t)||_F``;
-* ``D_linL(L) = max_t ||theta_L^softmax(t) - theta_L^linear(t)||_F``;
-* held-out risk at the final step, at the training ``L`` (``risk_heldout``) and at ``L_eval``;
-* final distance to the Bayes optimum.
-
-Independent units: a ``seed`` of a setting is one training run, its tasks shared by every ``L``
-and both models (nested prompts), so the points of a curve along ``L``, and the models at one
-``L``, share draws; different seeds (and settings) are independent. Slopes are OLS log-log slopes
-in ``L`` of the seed-mean curves (:func:`fits.loglog_slope`) with an SE cluster-robust over the
-setting's seeds in the protocol (``cov_type="nonrobust"``: the plain OLS SE of the mean curve, by
-name); a setting with one seed (the Rademacher control of the quick profile) has no SE. Each verdict's
-robustness resamples the seeds; a criterion read on settings with one seed in the protocol (the
-quick control's) has none (``robustness_note`` says why). "increases" counts the ``L`` steps at which a
-seed-mean curve goes up.
-
-A criterion whose figure this file cannot give is INCONCLUSIVE with the reason: slopes and counts
-of increases need >= 3 prompt lengths (with 2 there is one step, and "<= 1 increase" cannot fail),
-ratios of L_max to L_min need 2, the control's plateau slope (over the last four) needs 4; the
-Gaussian criteria need a Gaussian setting with a seed in the protocol, the control's the control,
-the softmax / linear gap an L >= 1024. The tables show the rest.
+A criterion whose figure the file cannot give is INCONCLUSIVE with the reason: slopes and counts of increases
+need >= 3 prompt lengths (with 2, "<= 1 increase" cannot fail), ratios of L_max to L_min 2, the control's plateau
+slope 4; the Gaussian criteria a Gaussian setting with a seed in the protocol, the control's the control, the
+softmax / linear gap an L >= 1024.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import numpy as np
 import xarray as xr
 
-from .c3_family import ONE_SEED, increases, seed_slopes, softmax
+from .c3_family import ONE_SEED, config, increases, panels, save, seed_slopes, softmax
 from .fits import loglog_slope, slope_shortfall, too_few
 from .tables import column, make_table
 from .verdicts import FAIL, PASS, RESAMPLE, RESAMPLES, Criteria, NotJudged, Shared, measure_unless
 
 __all__ = ["CRITERIA", "CONTROL", "CONTROL_CRITERIA", "gaussian_settings", "seeds_in_protocol", "summaries",
            "seed_summaries", "slopes", "slope_shortfall", "increases", "measures", "verdicts", "fit_tables", "figure",
-           "perturbation_growth", "off_block_stability"]
+           "perturbation_growth", "off_block_stability", "theta_inf", "at_L_max"]
 
 CONTROL = "rademacher"
 
@@ -83,6 +67,11 @@ def _protocol(ds, da):
     return da.where(ds.in_protocol == 1)
 
 
+def _mean(ds, da):
+    """Seed mean of ``da`` over the cells in the protocol."""
+    return _protocol(ds, da).mean("seed", skipna=True)
+
+
 def summaries(ds: xr.Dataset) -> xr.Dataset:
     """Per-seed curves over ``L`` (dims ``setting, seed, L``), NaN outside the protocol."""
     curves = {
@@ -96,10 +85,6 @@ def summaries(ds: xr.Dataset) -> xr.Dataset:
     }
     out = xr.Dataset({k: da.drop_vars(["model", "t", "t_heldout"], errors="ignore") for k, da in curves.items()})
     return _protocol(ds, out)
-
-
-def _seed_mean(da):
-    return da.mean("seed", skipna=True)
 
 
 def slopes(ds: xr.Dataset, *, cov_type: str | None = None, alpha: float = 0.05) -> xr.Dataset:
@@ -161,17 +146,27 @@ def _first(*reasons):
 
 def seed_summaries(ds: xr.Dataset) -> xr.Dataset:
     """Seed means of :func:`summaries` (dims ``setting, L``), skipping the cells outside the protocol."""
-    return _seed_mean(summaries(ds))
+    return summaries(ds).mean("seed", skipna=True)
 
 
 def _norm_T(ds):
     """Seed-mean ``||theta_inf(T)||`` per setting."""
-    return _seed_mean(_protocol(ds, ds.norm_inf.isel(t=-1)))
+    return _mean(ds, ds.norm_inf.isel(t=-1))
 
 
 def _heldout(ds):
     """Seed-mean held-out risk of softmax(L) at its training L, per (setting, L, t_heldout)."""
-    return _seed_mean(_protocol(ds, ds.risk_heldout.sel(model="softmax")))
+    return _mean(ds, ds.risk_heldout.sel(model="softmax"))
+
+
+def at_L_max(ds: xr.Dataset) -> dict:
+    """At L_max, per setting, seed means in the protocol: ``D_rel`` = D(L_max) / ||theta_inf(T)||, ``risk_rel`` and
+    ``risk_eval_rel`` the final over the initial held-out risk of softmax(L_max) at L_max and at L_eval,
+    ``linL_gap`` = D_linL / D - 1 (a dict: each keeps its own coordinates)."""
+    last = seed_summaries(ds).isel(L=-1)
+    h, he = _heldout(ds).isel(L=-1), _mean(ds, ds.risk_heldout_eval.sel(model="softmax")).isel(L=-1)
+    return {"D_rel": last.D_inf / _norm_T(ds), "risk_rel": h.isel(t_heldout=-1) / h.isel(t_heldout=0),
+            "risk_eval_rel": he.isel(t_heldout=-1) / he.isel(t_heldout=0), "linL_gap": last.D_linL / last.D_inf - 1}
 
 
 # --------------------------------------------------------------------------- criteria
@@ -179,9 +174,17 @@ def _heldout(ds):
 # protocol; every value must satisfy the comparison. D(L) = max_t ||theta_L^softmax(t) - theta_inf(t)||_F.
 
 
-def _final(ds, name, at="t"):
-    """``ds[name]`` at its last ``at``, NaN outside the protocol."""
-    return _protocol(ds, ds[name].isel({at: -1}, drop=True))
+def theta_inf(ds: xr.Dataset) -> xr.Dataset:
+    """linear(inf) per setting, max over the seeds in the protocol, each variable named by the one it reads: at T
+    its training risk, its held-out risks (under linear(inf); softmax(L_eval)) and its distance to the Bayes
+    optimum; over t its off-block mass and ``|conservation|``."""
+    def final(name, at="t"):
+        return _protocol(ds, ds[name].isel({at: -1}, drop=True)).max("seed")
+    return xr.Dataset({"risk_inf": final("risk_inf"), "risk_heldout_inf": final("risk_heldout_inf", "t_heldout"),
+                       "risk_heldout_inf_eval": final("risk_heldout_inf_eval", "t_heldout"),
+                       "dist_bayes_inf": final("dist_bayes_inf"),
+                       "off_block_inf": _protocol(ds, ds.off_block_inf.max("t")).max("seed"),
+                       "conservation_inf": abs(_protocol(ds, ds.conservation_inf)).max(["seed", "t"])})
 
 
 def _no_run(ds, settings):
@@ -254,18 +257,8 @@ _COLLOQUIAL = ("colloquial reading", "the paper bounds the distance to theta_inf
 _SLOW_MODE = ("finding", "one anisotropic task draw gives linear(inf) a slow mode (Hessian eigenvalue 0.171): "
               "2500 steps do not converge it; about the protocol's horizon, not transfer")
 
-# Quick profile (L = 8 .. 64, T = 200, 4 training pairs x 2 queries, 8 held-out pairs x 2, 2 seeds; the
-# control 1): a smoke test. The rates and the monotone counts are not judged there: the quick runs'
-# per-seed slopes of D(L) are -0.46 and -0.04 (isotropic; cluster SE of the seed mean 0.21) and their
-# per-seed curves rise at some steps, so a band around -1/2 or a count of increases measures seed noise.
-# Judged: the exact symmetry (C3d, same bounds), and three bounds a working kernel meets at any size
-# while a broken one does not (tests/test_c3_transfer.py plants a wrong-sign softmax gradient):
-# * C3a-final < 1: D(L_max) as large as ||theta_inf(T)|| is no tracking at all; the 4 quick runs give
-#   0.19 .. 0.30, seed to seed within 0.02;
-# * C3b-final < 1: 200 steps of gradient descent below the stability edge lower the training risk, and
-#   the held-out risk of softmax(L_max) must fall with it (the 4 quick runs: 0.35 .. 0.89);
-# * C3e-drop >= 5^(1/3) = 1.71: the paper's bound, a fall by 5 over L = 8 .. 4096 (a factor 512), is a
-#   mean rate L^-0.258; over the quick's factor 8 the same rate gives 8^0.258 = 5^(1/3).
+# Quick profile: a smoke test; the quick bounds and their evidence: docs/claims.md, "The quick profile is a
+# smoke test".
 _QUICK_RATE = NotJudged("L = 8..64 with 4 task pairs and 2 seeds: the per-seed slopes of D(L) are -0.46 and -0.04 "
                         "(isotropic; cluster SE 0.21), a band around -1/2 measures seed noise")
 _QUICK_COUNT = NotJudged("3 steps of L with 4 task pairs: the per-seed curves rise at some steps, the count of "
@@ -293,7 +286,7 @@ def _a_slope(sh):
           reason="reference's: at L = 4096 softmax is within 5% of the infinite-prompt trajectory",
           quick=1.0, fails_as=_COLLOQUIAL)
 def _a_final(sh):
-    return _per_setting(sh, None, lambda ds, s: (sh(seed_summaries).D_inf.isel(L=-1) / _norm_T(ds)).sel(setting=s))
+    return _per_setting(sh, None, lambda ds, s: sh(at_L_max)["D_rel"].sel(setting=s))
 
 
 @CRITERIA("C3b-monotone", "increases along L of the seed-mean final held-out risk of softmax(L) at its training L",
@@ -307,10 +300,7 @@ def _b_monotone(sh):
           "<", 0.02, reference="0.95% / 0.64%",
           reason="reference's: the paper's literal claim, training at large L succeeds", quick=1.0)
 def _b_final(sh):
-    def ratio(ds, s):
-        h = sh(_heldout).sel(setting=s).isel(L=-1)
-        return h.isel(t_heldout=-1) / h.isel(t_heldout=0)
-    return _per_setting(sh, None, ratio)
+    return _per_setting(sh, None, lambda ds, s: sh(at_L_max)["risk_rel"].sel(setting=s))
 
 
 @CRITERIA("C3c", "final distance of softmax(L) to the Bayes optimum, L_max over L_min (seed mean), per Gaussian "
@@ -330,7 +320,7 @@ def _c(sh):
           reason="reference's: the odd symmetry is exact, so only rounding (~1e-16) is allowed, with margin",
           quick=1e-8)   # exact at any size
 def _d_inf(sh):
-    return _per_setting(sh, None, lambda ds, s: _protocol(ds, ds.off_block_inf.max("t")).max("seed").sel(setting=s))
+    return _per_setting(sh, None, lambda ds, s: sh(theta_inf).off_block_inf.sel(setting=s))
 
 
 @CRITERIA("C3d-softmax", "max over t and seeds of the off-block mass of softmax(L_max), per Gaussian setting", "<",
@@ -366,14 +356,14 @@ def _e_plateau(sh):
           reason="ours: linear(inf) gradient descent converges; margin for the slower anisotropic setting "
                  "(condition number 4)", quick=NotJudged(_QUICK_T), fails_as=_SLOW_MODE)
 def _inf_risk(sh):
-    return _per_setting(sh, None, lambda ds, s: _final(ds, "risk_inf").max("seed").sel(setting=s))
+    return _per_setting(sh, None, lambda ds, s: sh(theta_inf).risk_inf.sel(setting=s))
 
 
 @CRITERIA("C3-inf-bayes", "supplementary: final distance of theta_inf to the Bayes optimum, max over seeds, per "
           "Gaussian setting", "<=", 2e-3, reference="~1e-3", reason="ours: twice the reference's figure",
           quick=NotJudged(_QUICK_T), fails_as=_SLOW_MODE)
 def _inf_bayes(sh):
-    return _per_setting(sh, None, lambda ds, s: _final(ds, "dist_bayes_inf").max("seed").sel(setting=s))
+    return _per_setting(sh, None, lambda ds, s: sh(theta_inf).dist_bayes_inf.sel(setting=s))
 
 
 @CRITERIA("C3-linL-gap", "supplementary: |max_t ||theta_L^softmax - theta_L^linear|| / D(L) - 1| for L >= 1024 "
@@ -463,32 +453,22 @@ def _per_seed_table(sh):
 
 
 def _end_table(sh):
-    ds, s = sh.ds, sh(seed_summaries)
-    h, norm_T = sh(_heldout), sh(_norm_T)
-    he = _seed_mean(_protocol(ds, ds.risk_heldout_eval.sel(model="softmax")))
-    last = s.isel(L=-1)
-    cols = {"D_rel": column(100 * (last.D_inf / norm_T), "D/||th_inf||", ".1f", units="%"),
-            "risk_rel": column(100 * (h.isel(L=-1, t_heldout=-1) / h.isel(L=-1, t_heldout=0)), "risk(L)", ".2f",
-                               units="%"),
-            "risk_eval_rel": column(100 * (he.isel(L=-1, t_heldout=-1) / he.isel(L=-1, t_heldout=0)), "risk(Leval)",
-                                    ".2f", units="%"),
-            "linL_gap": column(last.D_linL / last.D_inf - 1, "D_linL/D-1", "+.2e"),
-            "norm_T": column(norm_T, "||th_inf(T)||", ".4f")}
+    ds, e = sh.ds, sh(at_L_max)
+    cols = {"D_rel": column(100 * e["D_rel"], "D/||th_inf||", ".1f", units="%"),
+            "risk_rel": column(100 * e["risk_rel"], "risk(L)", ".2f", units="%"),
+            "risk_eval_rel": column(100 * e["risk_eval_rel"], "risk(Leval)", ".2f", units="%"),
+            "linL_gap": column(e["linL_gap"], "D_linL/D-1", "+.2e"),
+            "norm_T": column(sh(_norm_T), "||th_inf(T)||", ".4f")}
     return make_table(cols, title=f"At L_max = {int(ds.L.values[-1])} (seed means): D / ||theta_inf(T)||, held-out "
                                   "risk final / initial (at L_max; at L_eval), D_linL / D - 1")
 
 
 def _theta_inf_table(ds):
-    def p(da):
-        return _protocol(ds, da)
-
-    cols = {"risk": column(p(ds.risk_inf).isel(t=-1).max("seed"), "risk", ".3g"),
-            "heldout": column(p(ds.risk_heldout_inf).isel(t_heldout=-1).max("seed"), "held-out", ".3g"),
-            "heldout_eval": column(p(ds.risk_heldout_inf_eval).isel(t_heldout=-1).max("seed"), "held-out (L_eval)",
-                                   ".3g"),
-            "bayes": column(p(ds.dist_bayes_inf).isel(t=-1).max("seed"), "Bayes", ".3g"),
-            "off_block": column(p(ds.off_block_inf).max(["seed", "t"]), "off-block", ".3g"),
-            "conservation": column(abs(p(ds.conservation_inf)).max(["seed", "t"]), "|cons|", ".3g")}
+    th = theta_inf(ds)
+    cols = {key: column(th[name], head, ".3g") for key, name, head in (
+        ("risk", "risk_inf", "risk"), ("heldout", "risk_heldout_inf", "held-out"),
+        ("heldout_eval", "risk_heldout_inf_eval", "held-out (L_eval)"), ("bayes", "dist_bayes_inf", "Bayes"),
+        ("off_block", "off_block_inf", "off-block"), ("conservation", "conservation_inf", "|cons|"))}
     return make_table(cols, title="theta_inf at T (max over seeds): training risk, held-out risk (linear(inf); "
                                   "softmax(L_eval)), distance to Bayes, off-block (max over t), max |conservation|")
 
@@ -520,7 +500,7 @@ def _perturbation_table(g):
 
 
 def _curvature_table(ds):
-    lr = json.loads(ds.attrs.get("config", "{}")).get("lr", 0.01)
+    lr = config(ds).get("lr", 0.01)
     value = _by_L(off_block_stability(ds, lr), (("edge", "lr*lmax"), ("rho", "rho"), ("first_t", "first t")), ".3g")
     return make_table({"value": value}, column_dim="L",
                       title=f"Off-block curvature along the main run (lr = {lr:g}; max over seeds and t): lr "
@@ -542,15 +522,15 @@ def _baseline_table(sh):
     ds, s = sh.ds, sh(seed_summaries)
     cols = {"softmax": column(s.risk_heldout, "softmax(L)", ".2g"),
             "linear": column(s.risk_heldout_linear, "linear(L)", ".2g"),
-            "plugin": column(_seed_mean(_protocol(ds, ds.risk_plugin)), "plug-in", ".2g"),
-            "ridge": column(_seed_mean(_protocol(ds, ds.risk_ridge)), "ridge", ".1g")}
+            "plugin": column(_mean(ds, ds.risk_plugin), "plug-in", ".2g"),
+            "ridge": column(_mean(ds, ds.risk_ridge), "ridge", ".1g")}
     return make_table({k: v.transpose("setting", "L") for k, v in cols.items()},
                       title="Held-out baselines per L (seed means): softmax(L) final | linear(L) final | plug-in "
                             "(linear(L) at the Bayes optimum) | ridge/least squares on the prompt")
 
 
 def _more_baseline_table(ds):
-    pgd, bay = (_seed_mean(_protocol(ds, ds[k])) for k in ("risk_pgd", "risk_bayes_ridge"))
+    pgd, bay = (_mean(ds, ds[k]) for k in ("risk_pgd", "risk_bayes_ridge"))
     return make_table({"pgd": column(pgd.transpose("setting", "L"), "preconditioned GD", ".2g"),
                        "bayes": column(bay.transpose("setting", "L"), "posterior mean", ".1g")},
                       title="More baselines per L (seed means): one step of optimally preconditioned GD | posterior "
@@ -570,18 +550,15 @@ def figure(ds: xr.Dataset, path):
     (c) held-out risk at the training L vs L (softmax, linear) with the plug-in and ridge baselines.
     ``path``: a file name or a writable binary file object. Returns ``path``."""
     import matplotlib
+    from matplotlib.lines import Line2D
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt, fig, (ax1, ax2, ax3) = panels((1, 3), (16, 4.8))
     per_seed = summaries(ds)
-    s = _seed_mean(per_seed)
+    s = per_seed.mean("seed", skipna=True)
     L = ds.L.values.astype(float)
     settings = [str(x) for x in ds.setting.values]
     colors = {st: c for st, c in zip(settings, plt.cm.tab10(np.arange(len(settings))))}
     styles = {CONTROL: "s--"}
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
-    ax1, ax2, ax3 = axes
 
     for st in settings:
         y = s.D_inf.sel(setting=st)
@@ -614,16 +591,14 @@ def figure(ds: xr.Dataset, path):
             title="softmax vs linear at the same L")
     ax2.legend(fontsize=7)
 
-    from matplotlib.lines import Line2D
-
     ridge_notes = []
     for st in settings:
         c = colors[st]
         ax3.loglog(L, s.risk_heldout.sel(setting=st), styles.get(st, "o-"), color=c, ms=4)
         ax3.loglog(L, s.risk_heldout_linear.sel(setting=st), "x:", color=c, ms=4)
-        ax3.loglog(L, _seed_mean(_protocol(ds, ds.risk_plugin)).sel(setting=st), "-", color=c, lw=0.8, alpha=0.6)
-        ax3.loglog(L, _seed_mean(_protocol(ds, ds.risk_pgd)).sel(setting=st), "--", color=c, lw=0.8, alpha=0.6)
-        ridge = _seed_mean(_protocol(ds, ds.risk_ridge)).sel(setting=st)
+        ax3.loglog(L, _mean(ds, ds.risk_plugin).sel(setting=st), "-", color=c, lw=0.8, alpha=0.6)
+        ax3.loglog(L, _mean(ds, ds.risk_pgd).sel(setting=st), "--", color=c, lw=0.8, alpha=0.6)
+        ridge = _mean(ds, ds.risk_ridge).sel(setting=st)
         shown = ridge.where(ridge > 1e-12)       # exact (rounding-level) least squares is off the scale
         if shown.notnull().any():
             ax3.loglog(L, shown, "d", color=c, ms=5, mfc="none")
@@ -642,10 +617,6 @@ def figure(ds: xr.Dataset, path):
                  f"at {n_tiny} of {n_all} (setting, L)", transform=ax3.transAxes, fontsize=6)
     ax3.set(xlabel="prompt length L", ylabel="held-out risk at the training L, final step", title="held-out risk vs L")
     ax3.legend(handles=handles, fontsize=6)
-    cfg = json.loads(ds.attrs.get("config", "{}"))
-    fig.suptitle(f"C3 ({ds.attrs.get('profile', '?')} profile; lr {cfg.get('lr', '?')}, T = {cfg.get('n_steps', '?')})",
-                 fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    cfg = config(ds)
+    return save(fig, path, 120, f"C3 ({ds.attrs.get('profile', '?')} profile; lr {cfg.get('lr', '?')}, T = "
+                                f"{cfg.get('n_steps', '?')})")

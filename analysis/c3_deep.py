@@ -1,18 +1,12 @@
 """C3 deep analysis: rates and constants of the error to the deep linear limit, the training
-measures, verdicts and the figure, from a ``c3_deep`` results file alone.
-
-Reads only the documented schema (pipelines/c3_deep.py): part (a) ``err(heads, seed, kernel, layer,
-L)``, ``cov_err`` (same dims), ``out_sq(heads, seed, layer)``, ``lambda_drawn`` and ``lambda_max``
-(same dims); part (b) ``D_inf(depth, heads, seed,
-model, L_train, t)``, ``D_linL``, ``risk``, ``risk_inf``, ``risk_heldout(..., stage)``,
-``risk_heldout_inf``, ``norm_inf``; and the ``criteria`` attr.
+measures, verdicts and the figure, from a ``c3_deep`` results file alone (its variables:
+pipelines/families/deep.py).
 
 (a) Rates: OLS log-log slope in ``L`` of the seed-mean squared error (resp. of its median over
-tasks and queries, and of the token-moment error),
-per heads, kernel and layer, over the largest half of the ``L`` grid (at least 3 values: the
-asymptotic rate, not the pre-asymptotic bend). Constant: ``C = geometric mean of L * err`` over the
-same ``L`` (the constant of ``err ~ C / L``), also relative to the mean squared limit output
-``out_sq``; its growth with depth is ``C(l) / C(1)``.
+tasks and queries, and of the token-moment error), per heads, kernel and layer, over the largest
+half of the ``L`` grid (at least 3 values: the asymptotic rate, not the pre-asymptotic bend).
+Constant: ``C = geometric mean of L * err`` over the same ``L`` (the constant of ``err ~ C / L``),
+also relative to the mean squared limit output ``out_sq``; its growth with depth is ``C(l) / C(1)``.
 
 (b) C3 measures per depth and heads (seed means): ``max_t D_inf`` (softmax, linear), ``max_t
 D_linL``, their slopes in ``L_train``, and held-out risk final / initial at the largest ``L_train``
@@ -30,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from .c3_family import ONE_SEED, seed_slopes, softmax
+from .c3_family import ONE_SEED, panels, save, seed_slopes, softmax
 from .fits import MIN_LINE_POINTS, not_fitted, slope_shortfall
 from .tables import column, make_table
 from .verdicts import Criteria, NotJudged, Shared, measure_unless
@@ -45,12 +39,6 @@ def fit_range(L) -> np.ndarray:
     return np.arange(n - min(n, max(MIN_LINE_POINTS, n // 2)), n)
 
 
-def _seed_slopes(da, dim, cov_type, alpha):
-    """``slope``, ``slope_se`` and its interval in ``dim`` of the seed mean of ``da``
-    (:func:`~.c3_family.seed_slopes`)."""
-    return seed_slopes(da, dim, cov_type=cov_type, alpha=alpha)[["slope", "slope_se", "slope_ci_low", "slope_ci_high"]]
-
-
 def rates(ds: xr.Dataset, *, cov_type: str | None = None, alpha: float = 0.05) -> xr.Dataset:
     """Per heads, kernel, layer: ``slope``, ``slope_se`` of the seed-mean error, ``median_slope``,
     ``median_slope_se`` (of the seed-mean of the median over tasks and queries), ``cov_slope``,
@@ -59,9 +47,8 @@ def rates(ds: xr.Dataset, *, cov_type: str | None = None, alpha: float = 0.05) -
     cluster-robust over the seeds (``cov_type="nonrobust"``: plain OLS, by name; NaN with one seed);
     ``n_units`` is the number of seeds."""
     idx = fit_range(ds.L.values)
-    fit = _seed_slopes(ds.err.isel(L=idx), "L", cov_type, alpha)
-    cov = _seed_slopes(ds.cov_err.isel(L=idx), "L", cov_type, alpha)
-    med = _seed_slopes(ds.err_median.isel(L=idx), "L", cov_type, alpha)
+    fit, cov, med = (seed_slopes(ds[v].isel(L=idx), cov_type=cov_type, alpha=alpha)
+                     for v in ("err", "cov_err", "err_median"))
     err = ds.err.mean("seed").isel(L=idx)
     const = np.exp(np.log(err * err.L).mean("L"))
     out = xr.Dataset({"slope": fit.slope, "slope_se": fit.slope_se, "median_slope": med.slope,
@@ -78,7 +65,8 @@ def training_slopes(ds: xr.Dataset, *, cov_type: str | None = None, alpha: float
     over the seeds (``cov_type="nonrobust"``: plain OLS; NaN with one seed); ``n_units`` seeds."""
     curves = xr.concat([softmax(ds.D_inf).max("t"), ds.D_inf.max("t").sel(model="linear", drop=True)]
                        + [ds.D_linL.max("t")], dim=xr.Variable("curve", ["softmax", "linear", "linL"]))
-    fit = _seed_slopes(curves, "L_train", cov_type, alpha)
+    fit = seed_slopes(curves, "L_train", cov_type=cov_type, alpha=alpha)
+    fit = fit[["slope", "slope_se", "slope_ci_low", "slope_ci_high"]]
     fit = fit.drop_vars([c for c in fit.coords if c not in ("depth", "heads", "curve")])
     return fit.assign(n_units=xr.DataArray(ds.sizes["seed"]))
 
@@ -110,11 +98,8 @@ def _a_rate(sh, var):
 
 CRITERIA = Criteria("C3", prepare=Shared, units=("seed",))
 
-# Quick profile (one seed, one head, 2 layers; (a) L = 8..32 with 2 task pairs x 2 queries, (b) L_train
-# = 4..16, 10 Adam steps): most figures cannot be judged there, each NotJudged says why. The
-# token-moment slope: a Monte Carlo of the quick's layer-1 tokens (2 independent task draws, nested
-# prompts L = 8, 16, 32; 4000 replicates) gives the slope of the mean relative error SD 0.26 around
-# -0.48, 99% range -1.10 .. +0.17: wider than the band, and it contains 0.
+# Quick profile: most figures are not judged there (each NotJudged says why; the evidence: docs/claims.md,
+# "The quick profile is a smoke test").
 _A_QUICK = "L = 8..32 with 2 task pairs and one seed: too few lengths and tasks for a rate"
 
 _DEPTH = ("finding", "(reason revised after the first L = 16384 run) the seed mean is carried by the seeds with the "
@@ -175,8 +160,6 @@ def _b_heldout(sh):
           "and heads", "<", 0.5, reference="", reason="ours: as C3D-b-heldout, for the limit model it approximates",
           quick=1.0)
 def _b_heldout_inf(sh):
-    # quick: 10 Adam steps on the limit model's own (exact, noiseless-gradient) risk must lower its held-out risk
-    # at all (< 1); halving it needs the paper's 200 steps.
     return sh(training).heldout_ratio_inf
 
 
@@ -254,12 +237,7 @@ def figure(ds: xr.Dataset, path):
     (b) softmax with the fewest heads, mean vs median squared error; (c) the constant relative to
     the output scale vs depth; (d) max_t D_inf vs L_train per depth (softmax solid, linear
     dashed); (e) held-out risk final / initial vs L_train."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 5, figsize=(25, 4.6))
+    plt, fig, axes = panels((1, 5), (25, 4.6))
     err = ds.err.mean("seed")
     layers = ds.layer.values
     colors = plt.cm.viridis(np.linspace(0, 0.9, layers.size))
@@ -318,6 +296,4 @@ def figure(ds: xr.Dataset, path):
                 title="(e) held-out risk, softmax(L) (dotted: limit model)")
     axes[3].legend(fontsize=7)
     axes[4].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return save(fig, path, 120)

@@ -1,41 +1,35 @@
 """C3 dimension analysis: per (setting, d) the slopes in L of the trajectory distance and of the held-out
 excess risk, the flow time each run needed and its growth in d, whether each run followed its gradient flow,
-verdicts and the figure, from a
-``c3_dim`` results file alone (its variables: pipelines/c3_dim.py; what they show: docs/claims.md,
-"C3 dimension").
+verdicts and the figure, from a ``c3_dim`` results file alone (its variables: pipelines/c3_dim.py; what they
+show: docs/claims.md, "C3 dimension").
 
-* **Distance slope.** ``max_t D_inf(softmax, L)`` (the largest distance of ``theta_L(t)`` to
-  ``theta_inf(t)`` over the run), log-log slope in ``L`` of its seed mean per ``(setting, d)``, over
-  the ``L`` trained at that ``d`` (finite in every seed).
+* **Distance slope.** ``max_t D_inf(softmax, L)``, log-log slope in ``L`` of its seed mean per
+  ``(setting, d)``, over the ``L`` trained at that ``d`` (finite in every seed).
 * **Risk slope.** The held-out excess risk of softmax(L) over ``theta_inf(T)``:
   ``risk_heldout_T(softmax, L) - risk_heldout_inf_T``, both Monte Carlo on the SAME held-out tasks and
-  queries (so the task-to-task spread cancels; the exact population risk of ``theta_inf(T)`` would
-  leave it in). It is what softmax(L) pays at finite ``L`` over its limit: the transfer says it
-  vanishes as ``L`` grows. (Over linear(L) the difference has no sign: softmax(L) and linear(L)
-  estimate the same plug-in from the same prompt, and either can be ahead.) A seed mean ``<= 0`` at
-  some ``L`` has no logarithm: the slope is then not taken and the criterion says so.
-* **Flow time.** ``flow_time = T_conv x lr`` per ``(setting, d)`` (median, min, max over seeds; how many runs
-  reached ``flow_max`` without the stop) and per setting the OLS line of ``log flow_time`` on ``log d`` over
-  every run (the runs are independent: different ``d`` and seeds draw different tasks), HC1 SE, t interval.
-  The time of the gradient flow, not the steps: cells of different ``d`` run different step sizes. A file
-  of the fixed-step protocol (one ``lr`` for every cell, no ``flow_time``: made before the faithful step) is
-  read with ``flow_time = T_conv x`` its ``lr`` (:func:`flow_times`).
-* **Flow.** ``risk_rises`` per run: checks at which the exact population risk of ``theta_inf`` rose (a faithful
-  discretisation of the gradient flow never raises it here).
+  queries (the task-to-task spread cancels; the exact population risk of ``theta_inf(T)`` would leave it
+  in): what softmax(L) pays at finite ``L`` over its limit, which the transfer says vanishes as ``L``
+  grows. (Over linear(L) the difference has no sign: both estimate the same plug-in from the same
+  prompt.) A seed mean ``<= 0`` at some ``L`` has no logarithm: no slope, and the criterion says so.
+* **Flow time.** ``flow_time = T_conv x lr`` per ``(setting, d)`` (median, min, max over seeds; runs at
+  ``flow_max`` without the stop) and per setting the OLS line of ``log flow_time`` on ``log d`` over
+  every run (independent runs), HC1 SE, t interval: the time of the gradient flow, not the steps (cells
+  of different ``d`` run different step sizes). A file of the fixed-step protocol (one ``lr``, no
+  ``flow_time``: made before the faithful step) is read with ``flow_time = T_conv x`` its ``lr``
+  (:func:`flow_times`).
+* **Flow.** ``risk_rises`` per run: checks at which the exact population risk of ``theta_inf`` rose (a
+  faithful discretisation of the gradient flow never raises it here).
 
 Independent units: a seed of a ``(setting, d)`` is one run whose tasks every ``L`` and both models
-share (nested prompts), so the points of a curve along ``L`` share draws: the slopes' SEs are
-cluster-robust over the seeds (:func:`~.c3_family.seed_line`), Student-t with ``seeds - 1`` dof; one
-seed: no interval.
+share (nested prompts): the slopes' SEs are cluster-robust over the seeds (:func:`~.c3_family.seed_line`),
+Student-t with ``seeds - 1`` dof; one seed: no interval.
 """
 from __future__ import annotations
-
-import json
 
 import numpy as np
 import xarray as xr
 
-from .c3_family import LINE, seed_line, softmax
+from .c3_family import LINE, config, panels, save, seed_line, softmax
 from .fits import ols_line, too_few
 from .tables import column, make_table
 from .verdicts import RESAMPLE, Criteria, Inconclusive, NotJudged, Shared, measure_unless
@@ -77,7 +71,7 @@ def flow_times(ds: xr.Dataset) -> tuple[xr.DataArray, float]:
     the file's one ``lr``."""
     if "flow_time" in ds:
         return ds.flow_time, float(ds.t_flow.values[-1])
-    lr = float(json.loads(ds.attrs["config"])["lr"])
+    lr = float(config(ds)["lr"])
     return (ds.T_conv * lr).rename("flow_time"), float(ds.t.values[-1]) * lr
 
 
@@ -261,15 +255,10 @@ def figure(ds: xr.Dataset, path):
     (b) the excess risk against ``L``, likewise; (c) the slopes of both against ``d`` with their 95%
     intervals; (d) the flow time to the stop rule against ``d`` per setting (every run, with the fitted ``d^b``).
     ``path``: a file name or a binary file object. Returns ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt, fig, axes = panels((1, 4), (21, 4.8))
     c, s, g = curves(ds), slopes(ds), T_growth(ds)
     L = ds.L.values.astype(float)
     settings, dims_d = [str(x) for x in ds.setting.values], [int(d) for d in ds.d.values]
-    fig, axes = plt.subplots(1, 4, figsize=(21, 4.8))
     marks = dict(zip(settings, ("o", "s", "^", "v")))
     shades = dict(zip(dims_d, plt.cm.viridis(np.linspace(0, 0.85, len(dims_d)))))
     short = {"D": "max_t D_inf(softmax, L), seed mean", "excess": "excess held-out risk over theta_inf(T), seed mean"}
@@ -315,13 +304,9 @@ def figure(ds: xr.Dataset, path):
     ax.axhline(flow_max, color="0.5", ls="--", lw=0.8)
     ax.set(xlabel="d", ylabel="flow time T_conv x lr", title="flow time to the stop rule (dashed: flow_max)")
     ax.legend(fontsize=7)
-    cfg = json.loads(ds.attrs.get("config", "{}"))
+    cfg = config(ds)
     step = (f"lr {cfg['lr_rule']}" + (f" (margin {cfg['lr_margin']})" if cfg["lr_rule"] == "faithful" else "")
             if "lr_rule" in cfg else f"lr {cfg.get('lr', '?')}")
-    fig.suptitle(f"C3 dimension ({ds.attrs.get('profile', '?')} profile; {step}, tol "
-                 f"{cfg.get('tol', '?')}, task_ratio {cfg.get('task_ratio', '?')}, L caps {cfg.get('L_caps', '?')}, "
-                 f"{ds.sizes['seed']} seeds)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path, 110, f"C3 dimension ({ds.attrs.get('profile', '?')} profile; {step}, tol "
+                                f"{cfg.get('tol', '?')}, task_ratio {cfg.get('task_ratio', '?')}, L caps "
+                                f"{cfg.get('L_caps', '?')}, {ds.sizes['seed']} seeds)")

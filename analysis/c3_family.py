@@ -11,12 +11,15 @@ points of a curve along L share draws: the slopes' SEs are cluster-robust over t
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import xarray as xr
 
 from .fits import loglog_slope
 
-__all__ = ["LINE", "ONE_SEED", "increases", "seed_line", "seed_slopes", "softmax"]
+__all__ = ["LINE", "ONE_SEED", "config", "increases", "panels", "positive_slopes", "save", "seed_line", "seed_slopes",
+           "softmax"]
 
 #: the variables of :func:`seed_line`'s line
 LINE = ("slope", "se", "ci_low", "ci_high")
@@ -45,6 +48,15 @@ def seed_slopes(da: xr.DataArray, dim: str = "L", *, cov_type: str | None = None
     return fit.assign({v: fit[v] * np.nan for v in ("slope_se", "slope_ci_low", "slope_ci_high")}) if cluster else fit
 
 
+def positive_slopes(da: xr.DataArray, dim: str = "L", **kw) -> xr.Dataset:
+    """:func:`seed_slopes` of ``da`` along ``dim`` (its fields, coordinates dropped), NaN where the seed mean of
+    ``da`` is not positive and finite at every point along ``dim`` (no log there)."""
+    mean = da.mean("seed")
+    positive = (np.isfinite(mean) & (mean > 0)).all(dim)
+    fit = seed_slopes(da.where(positive, 1.0), dim, **kw)
+    return fit[["slope", "slope_se", "slope_ci_low", "slope_ci_high"]].reset_coords(drop=True).where(positive)
+
+
 def increases(da: xr.DataArray, dim: str = "L") -> xr.DataArray:
     """Number of steps along ``dim`` at which ``da`` increases (NaN where a value along it is not finite)."""
     return (da.diff(dim) > 0).sum(dim).where(np.isfinite(da).all(dim))
@@ -59,3 +71,33 @@ def seed_line(T: xr.DataArray, alpha: float = 0.05) -> xr.Dataset:
     fit = seed_slopes(T.where(every), alpha=alpha, skipna=True)
     out = xr.Dataset({k: fit[f] for k, f in zip(LINE, ("slope", "slope_se", "slope_ci_low", "slope_ci_high"))})
     return out.drop_attrs().reset_coords(drop=True).assign(n_L=every.sum("L"))
+
+
+def config(ds: xr.Dataset) -> dict:
+    """The configuration the file was made with (its ``config`` attr; ``{}`` without one)."""
+    return json.loads(ds.attrs.get("config", "{}"))
+
+
+def panels(shape, figsize, **kw):
+    """``(plt, fig, axes)``: a matplotlib figure (Agg backend) of ``shape`` panels, ``(columns,)`` or ``(rows,
+    columns)``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(*shape, figsize=figsize, **kw)
+    return plt, fig, axes
+
+
+def save(fig, path, dpi: int, title: str | None = None):
+    """``fig`` (with the suptitle ``title``) laid out and written to ``path`` (a file name or a writable binary
+    file object), then closed; returns ``path``."""
+    import matplotlib.pyplot as plt
+
+    if title is not None:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path

@@ -2,52 +2,41 @@
 distance to the Bayes optimum, verdicts and the figure, from a ``c3_horizon`` results file alone
 (its variables: pipelines/c3_horizon.py; what they show: docs/claims.md, "C3 horizon").
 
-Reads ``D_inf(setting, seed, model, L, t)``, ``norm_inf(setting, seed, t)``, ``dist_star`` (as
-``D_inf``), ``dist_star_inf``, ``norm_star``, ``risk_inf``, ``conservation_inf``, ``off_block_max`` and
-the coordinate ``t`` (the checkpoint steps, log-spaced).
-
 * **Horizon.** ``T*(L, eps)``: the first checkpoint ``t`` at which ``D_inf > eps ||theta_inf(t)||``,
-  per seed, model and ``L`` (:func:`first_exceedance_np`). Between checkpoints ``t_{k-1}`` and
-  ``t_k`` it is known only to lie in ``[t_{k-1} + 1, t_k]`` (``T_lo``, ``T_hi``); the fits use the
-  geometric midpoint ``T_star = sqrt(T_lo T_hi)`` and repeat on both ends (the resolution
-  interval of gamma). The grid's relative resolution ``max t_k / (t_{k-1} + 1)`` is the
-  ``resolution`` attr of :func:`horizons` (:func:`resolution`). A distance that never exceeds
-  the tolerance within the run is flagged ``never`` (``T* > T_max``), not dropped silently.
-* **Growth.** ``gamma(eps)``: the OLS log-log slope in ``L`` of the seed-mean ``T_star`` of
-  softmax(L), over the ``L`` at which ``T*`` is defined in every seed (their number is reported);
-  its SE is cluster-robust over the seeds (:func:`~.c3_family.seed_slopes`). An ``L`` left out
-  has ``T* > T_max`` in some seed, so leaving it out can only lower gamma where it sits at the
-  large-``L`` end; the table also gives gamma with such a horizon set to ``T_max`` (a point at its
-  lower bound).
+  per seed, model and ``L`` (:func:`first_exceedance_np`), known only to lie in ``[t_{k-1} + 1, t_k]``
+  (``T_lo``, ``T_hi``); the fits use the geometric midpoint ``T_star`` and repeat on both ends (the
+  resolution interval of gamma, :func:`resolution`). A distance that never exceeds the tolerance
+  within the run is flagged ``never`` (``T* > T_max``), not dropped silently.
+* **Growth.** ``gamma(eps)``: the log-log slope in ``L`` of the seed-mean ``T_star`` of softmax(L),
+  over the ``L`` at which ``T*`` is defined in every seed (an ``L`` left out has ``T* > T_max`` in
+  some seed, which can only lower gamma; the table also gives gamma with such a horizon set to
+  ``T_max``).
 * **Best horizon.** ``best(L) = min_t ||theta_L(t) - theta_star||`` (softmax) and its argmin
-  ``T_best(L)``; their log-log slopes in ``L`` with SEs clustered over the seeds. ``T_best`` is fitted
-  over the ``L`` whose argmin lies strictly inside the run in every seed (an argmin at ``T_max`` is a
-  lower bound, at ``t = 0`` no approach at all; both are counted, not fitted).
+  ``T_best(L)``, whose slope is fitted over the ``L`` with the argmin strictly inside the run in every
+  seed (at ``T_max`` a lower bound, at ``t = 0`` no approach: counted, not fitted). ``dist_star`` is
+  the c3_transfer ``dist_bayes`` of these runs: the distance to the Bayes optimum of Remark 5.2.
 
 Independent units: a ``seed`` of a setting is one training run whose tasks every ``L`` and both
-models share (nested prompts) and whose checkpoints are one trajectory, so the points of a curve
-along ``L`` (and along ``t``) share draws; seeds and settings are independent. Intervals are
-Student-t with ``seeds - 1`` degrees of freedom; with one seed there is no interval (NaN, and the
-criteria read on it are INCONCLUSIVE). Each verdict's robustness resamples the seeds.
+models share and whose checkpoints are one trajectory; seeds and settings are independent. The
+slopes' SEs are cluster-robust over the seeds (:func:`~.c3_family.seed_line`), Student-t with
+``seeds - 1`` dof; with one seed there is no interval (NaN, and the criteria read on it are
+INCONCLUSIVE). Each verdict's robustness resamples the seeds.
 """
 from __future__ import annotations
-
-import json
 
 import numpy as np
 import xarray as xr
 
-from .c3_family import LINE, seed_line, softmax
+from .c3_family import LINE, config, panels, save, seed_line, softmax
 from .fits import not_fitted, too_few
 from .tables import column, make_table
 from .verdicts import RESAMPLE, Criteria, Inconclusive, NotJudged, Shared, measure_unless
 
 __all__ = ["CRITERIA", "EPS", "resolution", "first_exceedance_np", "horizons", "best_horizon", "gamma",
-           "best_slopes", "measures", "verdicts", "fit_tables", "figure"]
+           "best_slopes", "theta_inf", "measures", "verdicts", "fit_tables", "figure"]
 
 #: the tolerances eps of the horizon T*(L, eps)
 EPS = (0.05, 0.1, 0.2)
-
 
 
 # --------------------------------------------------------------------------- numpy kernels
@@ -153,6 +142,13 @@ def _T_best_kept(b: xr.Dataset) -> xr.DataArray:
     return b.T_best.where(~(b.at_end | b.at_start))
 
 
+def theta_inf(ds: xr.Dataset) -> dict:
+    """theta_inf at T_max per setting, max over the seeds: ``risk`` its training risk, ``star`` its distance to
+    theta_star over ``||theta_star||``."""
+    return {"risk": ds.risk_inf.isel(t=-1).max("seed"),
+            "star": (ds.dist_star_inf.isel(t=-1) / ds.norm_star).max("seed")}
+
+
 def best_slopes(ds: xr.Dataset) -> xr.Dataset:
     """Per setting: the slopes in ``L`` of the seed-mean best-horizon distance (``best_*``) and of
     ``T_best`` (``T_best_*``, over the ``L`` whose argmin is inside the run in every seed: ``n_L_T_best``),
@@ -249,7 +245,7 @@ def _Tbest_slope(sh):
                  "noiseless labels) by the end of the run, so T_max is not what bounds the horizons",
           quick=_QUICK, fails_as=("finding", "T_max too short for this draw: theta_inf still moving"))
 def _inf_converged(sh):
-    return sh.ds.risk_inf.isel(t=-1).max("seed")
+    return sh(theta_inf)["risk"]
 
 
 @CRITERIA("C3H-inf-star", "||theta_inf(T_max) - theta_star|| / ||theta_star||, max over seeds, per setting "
@@ -259,7 +255,7 @@ def _inf_converged(sh):
                  "best-horizon distance is measured to",
           quick=_QUICK, fails_as=("finding", "theta_inf(T_max) is not at the Remark 5.2 optimum"))
 def _inf_star(sh):
-    return (sh.ds.dist_star_inf.isel(t=-1) / sh.ds.norm_star).max("seed")
+    return sh(theta_inf)["star"]
 
 
 @CRITERIA("C3H-block", "max over seeds, models, L and t of the off-block mass of theta_L(t), per setting", "<", 1e-8,
@@ -320,10 +316,8 @@ def fit_tables(ds: xr.Dataset) -> dict:
         title="Best horizon, softmax(L) (seed means): the smallest distance to theta_star over the run and its step")
     s = best_slopes(ds)
     tables["best_slopes"] = make_table(
-        {**{f"best_{f}": column(s[f"best_{f}"], f"best: {f}", ".3f", missing=one)
-            for f in ("slope", "se", "ci_low", "ci_high")},
-         **{f"T_best_{f}": column(s[f"T_best_{f}"], f"T_best: {f}", ".3f", missing=one)
-            for f in ("slope", "se", "ci_low", "ci_high")},
+        {**{f"{q}_{f}": column(s[f"{q}_{f}"], f"{q}: {f}", ".3f", missing=one)
+            for q in ("best", "T_best") for f in LINE},
          "n": column(s.n_L_T_best, "L fitted (T_best)", "d")},
         title="Slopes in L of the best-horizon distance and of T_best (OLS on seed means; SE cluster-robust over the "
               "seeds; 95% CI; T_best over the L whose argmin lies inside the run in every seed; n/a: fewer than 3 "
@@ -331,10 +325,11 @@ def fit_tables(ds: xr.Dataset) -> dict:
     risk = ds.risk_inf.transpose("setting", "seed", "t")
     first = xr.DataArray(np.where((risk <= 1e-6).any("t"), ds.t.values[(risk <= 1e-6).values.argmax(-1)], np.nan),
                          dims=("setting", "seed"), coords={"setting": ds.setting.values}).max("seed", skipna=False)
+    th = theta_inf(ds)
     tables["theta_inf"] = make_table(
-        {"risk": column(ds.risk_inf.isel(t=-1).max("seed"), "risk at T_max", ".3g"),
+        {"risk": column(th["risk"], "risk at T_max", ".3g"),
          "first": column(first, "first t with risk <= 1e-6 (max over seeds)", ".0f", missing="not reached"),
-         "star": column((ds.dist_star_inf.isel(t=-1) / ds.norm_star).max("seed"), "||th_inf - th*|| / ||th*||", ".3g"),
+         "star": column(th["star"], "||th_inf - th*|| / ||th*||", ".3g"),
          "cons": column(abs(ds.conservation_inf).max(["seed", "t"]), "max |cons|", ".3g"),
          "norm": column(ds.norm_star.max("seed"), "||theta_star||", ".4f")},
         title="theta_inf at T_max (max over seeds): training risk, when it reached 1e-6, relative distance to the "
@@ -352,16 +347,11 @@ def figure(ds: xr.Dataset, path, shown_L=4):
     ``L^gamma`` lines (never within ``T_max``: open triangles at ``T_max``); (d) the best-horizon
     distance (solid) and ``T_best`` (dashed, right axis) against ``L``. ``path``: a file name or a
     binary file object. Returns ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt, fig, axes = panels((1, 4), (21, 4.8))
     h, g = horizons(ds), gamma(ds)
     L = ds.L.values.astype(float)
     t = ds.t.values.astype(float)
     settings = [str(s) for s in ds.setting.values]
-    fig, axes = plt.subplots(1, 4, figsize=(21, 4.8))
     pick = np.unique(np.linspace(0, len(L) - 1, min(shown_L, len(L))).round().astype(int))
     shades = plt.cm.viridis(np.linspace(0, 0.9, len(pick)))
     eps_style = dict(zip(EPS, ("o", "s", "^")))
@@ -416,10 +406,6 @@ def figure(ds: xr.Dataset, path, shown_L=4):
            title="best horizon: distance (solid), T_best (dashed, right)")
     twin.set_ylabel("T_best (steps)")
     ax.legend(fontsize=7)
-    cfg = json.loads(ds.attrs.get("config", "{}"))
-    fig.suptitle(f"C3 horizon ({ds.attrs.get('profile', '?')} profile; lr {cfg.get('lr', '?')}, T_max = {T_max}, "
-                 f"{ds.sizes['seed']} seeds, checkpoint resolution {h.attrs['resolution']:.3f})", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path, 110, f"C3 horizon ({ds.attrs.get('profile', '?')} profile; lr {config(ds).get('lr', '?')}, "
+                                f"T_max = {T_max}, {ds.sizes['seed']} seeds, checkpoint resolution "
+                                f"{h.attrs['resolution']:.3f})")

@@ -8,27 +8,25 @@ A *setting* is one ``(covariance, noise, d, mean_norm)``; seed means throughout.
   Bayes floor of the same held-out tasks (``risk_bayes_ridge``, the posterior mean of ``w``);
 * ``D(L) = max_t ||theta_L^softmax - theta_inf||``, ``D_linL(L)``, their ratio at the largest L.
 
-Slopes are OLS log-log slopes in ``L`` of the seed-mean curves (:func:`fits.loglog_slope`); a
-non-positive seed-mean excess (the trained model on or below the Monte Carlo floor) cannot enter a
-log: that setting's slope is NaN and its criterion INCONCLUSIVE with that reason.
+Slopes are log-log slopes in ``L`` of the seed-mean curves; a non-positive seed-mean excess (the
+trained model on or below the Monte Carlo floor) has no log: that setting's slope is NaN and its
+criterion INCONCLUSIVE with that reason.
 
 Independent units: a ``seed`` of a setting is one training run, its tasks shared by every ``L`` and
-both models (nested prompts). The tasks of a run are trained jointly (one model fits them all) and the
-file stores their means, so they are not independent units of the results; nor are the settings,
-which are different questions, not replicates. With ``n_seeds >= 2`` the slopes have SEs
-cluster-robust over the seeds and each verdict a robustness over resampled seeds (the paper profile: 4
-seeds); with one seed (the quick profile) neither can be computed: the SEs are NaN (``n/a (1 seed)`` in the table)
-and the verdict rows say why (``robustness_note``).
+both models (nested prompts) and trained jointly (the file stores their means, so they are not
+independent units); the settings are different questions, not replicates. With ``n_seeds >= 2`` the
+slopes have SEs cluster-robust over the seeds and each verdict a robustness over resampled seeds; with
+one seed (the quick profile) neither: the SEs are NaN (``n/a (1 seed)``) and the verdict rows say why
+(``robustness_note``).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import numpy as np
 import xarray as xr
 
-from .c3_family import ONE_SEED, seed_slopes, softmax
+from .c3_family import ONE_SEED, config, panels, positive_slopes, save, softmax
 from .fits import MIN_LINE_POINTS, too_few
 from .tables import column, make_table
 from .verdicts import FAIL, PASS, RESAMPLE, RESAMPLES, Criteria, Inconclusive, NotJudged, Shared, measure_unless
@@ -73,10 +71,8 @@ def slopes(ds: xr.Dataset, *, cov_type: str | None = None, alpha: float = 0.05) 
         curves["D_inf_tail"] = curves["D_inf"].isel(L=slice(-TAIL_POINTS, None))
     out = {}
     for name, da in curves.items():
-        mean = da.mean("seed")
-        positive = (np.isfinite(mean) & (mean > 0)).all("L")
-        fit = seed_slopes(da.where(positive, 1.0), cov_type=cov_type, alpha=alpha)
-        out[name], out[f"{name}_se"] = (fit[k].reset_coords(drop=True).where(positive) for k in ("slope", "slope_se"))
+        fit = positive_slopes(da, cov_type=cov_type, alpha=alpha)
+        out[name], out[f"{name}_se"] = fit.slope, fit.slope_se
     if "D_inf_tail" not in out:
         out["D_inf_tail"] = out["D_inf_tail_se"] = xr.full_like(out["D_inf"], np.nan)
     return xr.Dataset(out).assign(n_units=xr.DataArray(ds.sizes["seed"]))
@@ -113,8 +109,7 @@ class _LandscapeCriteria(Criteria):
 
 CRITERIA = _LandscapeCriteria("C3L", prepare=Shared, units=("seed",))
 
-# Quick profile (d = 2, L = 8 .. 64, T = 100, 3 task pairs, one seed): the rates are not judged
-# there, the exact symmetry and the closed-form limit gap are (same bounds).
+# Quick profile: the exact symmetry and the closed-form limit gap are judged (same bounds), not the rates.
 _ONE_RUN = NotJudged("one run of 3 task pairs at L = 8 .. 64 and T = 100: one curve per setting, no seed "
                      "average (the quick runs' D slopes spread from -0.84 to -0.03 across settings)")
 
@@ -234,8 +229,7 @@ def settings_table(ds: xr.Dataset) -> xr.Dataset:
     tail_few = f"n/a (needs {TAIL_POINTS} L)" if n_L < TAIL_POINTS else None
     one = ONE_SEED if ds.sizes["seed"] < 2 else None
     last = s.isel(L=-1)
-    condition = s.condition.broadcast_like(blank) if "condition" in s.coords else blank
-    cols = {"condition": column(condition, "cond", ".3g"),
+    cols = {"condition": column(s.condition.broadcast_like(blank), "cond", ".3g"),
             "excess_slope": column(sl.excess, "excess slope", ".3g", missing=few),
             "excess_slope_se": column(sl.excess_se, "SE", ".2g", missing=few or one),
             "D_slope": column(sl.D_inf, "D slope", ".3g", missing=few),
@@ -268,18 +262,14 @@ def figure(ds: xr.Dataset, path):
     (b) D(L) vs L, centred (solid) and non-centred control (dashed); (c) D_linL / D vs L;
     (d) held-out risks vs L for the noisy centred settings: softmax(L), the posterior mean, one step of
     preconditioned GD measured and its exact risk. ``path``: a file name or a binary file object."""
-    import matplotlib
+    from matplotlib.lines import Line2D
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt, fig, ((ax1, ax2), (ax3, ax4)) = panels((2, 2), (13, 9))
     s = summaries(ds)
     L = ds.L.values.astype(float)
     covs = [str(c) for c in ds.covariance.values]
     colors = dict(zip(covs, plt.cm.tab10(np.arange(len(covs)))))
     markers = dict(zip(ds.d.values.tolist(), "osD^v<>"))
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
-    (ax1, ax2), (ax3, ax4) = axes
     for cov in covs:
         for noise in ds.noise.values:
             for d in ds.d.values:
@@ -309,17 +299,11 @@ def figure(ds: xr.Dataset, path):
             title="(b) distance to linear(inf); dashed, open: non-centred control")
     ax3.axhline(1.0, color="k", lw=0.8)
     ax3.set(xlabel="L", ylabel="D_linL / D", title="(c) softmax-vs-linear(L) gap over the distance to linear(inf)")
-    from matplotlib.lines import Line2D
-
     ax4.legend(handles=[Line2D([], [], color="k", ls="-", label="softmax(L), trained"),
                         Line2D([], [], color="k", ls="--", lw=0.8, label="posterior mean (Bayes floor, MC)"),
                         Line2D([], [], color="k", ls="none", marker="x", label="one-step preconditioned GD"),
                         Line2D([], [], color="k", ls=":", lw=0.8, label="its exact risk")], fontsize=7)
     ax4.set(xlabel="L", ylabel="held-out risk", title="(d) noisy centred settings: trained softmax vs baselines")
-    cfg = json.loads(ds.attrs.get("config", "{}"))
-    fig.suptitle(f"C3 landscape ({ds.attrs.get('profile', '?')} profile; lr {cfg.get('lr', '?')}, "
-                 f"T = {cfg.get('n_steps', '?')})", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    cfg = config(ds)
+    return save(fig, path, 110, f"C3 landscape ({ds.attrs.get('profile', '?')} profile; lr {cfg.get('lr', '?')}, "
+                                f"T = {cfg.get('n_steps', '?')})")

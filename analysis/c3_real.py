@@ -1,9 +1,5 @@
-"""C3 on real covariates: slopes, gaps, verdicts and the figure, from a ``c3_real`` results file alone.
-
-Reads ``D_sinf(dataset, d, seed, L, t)``, ``D_linf``, ``gap(dataset, d, seed, t)``, ``norm_linf``,
-``risk_heldout(dataset, d, seed, L, t_heldout)``, ``risk_heldout_sinf``, ``risk_heldout_linf``,
-``risk_heldout_linf_as_sinf`` and the ``criteria`` attr. A *setting* is one ``(dataset, d)``. Per
-setting, seed means:
+"""C3 on real covariates: slopes, gaps, verdicts and the figure, from a ``c3_real`` results file alone (its
+variables: pipelines/c3_real.py). A *setting* is one ``(dataset, d)``. Per setting, seed means:
 
 * ``D(L) = max_t ||theta_L(t) - theta_sinf(t)||``: softmax(L) against its exact limit under the
   set's empirical law, softmax(inf) (should vanish as L grows), and ``D(L)`` at the last step T;
@@ -25,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
+from .c3_family import panels, save
 from .fits import se_note, slope_shortfall, unit_slopes
 from .tables import column, make_table
 from .verdicts import Criteria, NotJudged, Shared, measure_unless
@@ -82,10 +79,8 @@ def _means(ds) -> xr.Dataset:
 
 CRITERIA = Criteria("C3R", prepare=Shared, units=UNITS)
 
-#: The quick profile (wine and diabetes, d = 3, 2 seeds x 2 pairs x 2 queries, L = 8 .. 64, T = 100)
-#: is a smoke test; its thresholds come from 40 replicate quick runs of a correct install (root_seed
-#: 1000 .. 1039, this machine), set beyond the replicate range; where that range is uninformative the
-#: criterion is NOT JUDGED at quick.
+# The quick profile is a smoke test; its thresholds and their replicate runs: docs/claims.md, "The quick
+# profile is a smoke test".
 
 
 @CRITERIA("C3R-vanish-slope", "log-log slope in L of D(L) = max_t ||theta_L(t) - theta_sinf(t)||, seed mean, every "
@@ -94,7 +89,6 @@ CRITERIA = Criteria("C3R", prepare=Shared, units=UNITS)
                  "O(1/L)); at a fixed horizon T the trajectories then differ by O(L^-1/2) (Gronwall): slope -1/2; "
                  "-0.25 allows for the horizon's amplification (C3a: -0.13 at T = 2500 for Gaussian tokens) "
                  "without accepting a limit that is not softmax(L)'s (slope 0)",
-          # quick: replicate range -0.96 .. -0.001 (80 values, SD 0.18): +0.5 is 4.6 SD above the mean
           quick=0.5)
 def _vanish_slope(sh):
     return measure_unless(slope_shortfall(sh.ds), lambda: sh(slopes).slope.sel(quantity="D"))
@@ -115,7 +109,6 @@ def _vanish_ci(sh):
           reason="softmax(L) follows its own limit, not the Gaussian theory's: below 1 the largest prompts are "
                  "nearer softmax(inf) than linear(inf); a set whose limits nearly coincide (gap << D) fails it "
                  "because the data cannot tell the two apart at L_max",
-          # quick: L_max = 64, replicate range 0.34 .. 1.83 (SD 0.27): the two limits are not resolved at L = 64
           quick=3.0)
 def _own_limit(sh):
     last = sh(_means).isel(L=-1)
@@ -136,7 +129,6 @@ def _heldout_limit(sh):
           "theory's parameters), seed means, every (dataset, d)", "<", 1.0, reference="< 1",
           reason="theta_sinf is trained on the real limit's risk, theta_linf on the Gaussian theory's: on held-out "
                  "tasks the real limit must prefer its own parameters, unless the two limits coincide",
-          # quick: 4 held-out pairs, replicate range 0.55 .. 1.87 (SD 0.21)
           quick=3.0,
           fails_as=("finding", "theta_sinf overfits the real limit's risk on its 64 training tasks where the set is "
                                "near-Gaussian (diabetes d = 5: training risk 0.035 at T against 0.171 held out), and "
@@ -185,13 +177,8 @@ def figure(ds: xr.Dataset, path):
     relative gap ||theta_sinf(t) - theta_linf(t)|| / ||theta_linf(T)|| over t; the held-out risk at T
     of softmax(L) against L with theta_sinf under softmax(inf) (dotted) and theta_linf under
     softmax(inf) (dash-dot)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt, fig, axes = panels((1, 3), (16, 4.8))
     s = summaries(ds).mean("seed")
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     L, t = ds.L.values, ds.t.values
     colors = dict(zip(ds.dataset.values.tolist(), plt.cm.tab10(np.arange(ds.sizes["dataset"]))))
     markers = dict(zip(ds.d.values.tolist(), ["o", "s", "^", "v", "D"]))
@@ -217,7 +204,4 @@ def figure(ds: xr.Dataset, path):
     axes[1].legend(fontsize=6, ncol=2)
     axes[2].set(xlabel="prompt length L", ylabel="held-out risk at T",
                 title="held-out: softmax(L); dotted th_sinf, dash-dot th_linf (softmax(inf))")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, path, 120)

@@ -25,12 +25,10 @@ theta)`` comparisons are one draw, not 30.
 """
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import xarray as xr
 
-from .c3_family import ONE_SEED, seed_slopes
+from .c3_family import ONE_SEED, config, panels, positive_slopes, save
 from .fits import MIN_LINE_POINTS, too_few
 from .tables import column, make_table
 from .verdicts import RESAMPLE, Criteria, Inconclusive, NotJudged, Shared, judged_where, measure_unless
@@ -71,13 +69,9 @@ def summaries(ds: xr.Dataset) -> xr.Dataset:
 def slopes(ds: xr.Dataset, *, alpha: float = 0.05) -> xr.Dataset:
     """Log-log slope in ``L_eval`` of the seed mean of ``|paired - 1|`` per ``(setting, shift, theta)``,
     with its SE cluster-robust over the seeds (NaN with one seed) and its interval
-    (:func:`~.c3_family.seed_slopes`); NaN where that mean is not positive and finite at every
+    (:func:`~.c3_family.positive_slopes`); NaN where that mean is not positive and finite at every
     ``L_eval`` (no log)."""
-    dev = ratios(ds).dev
-    mean = dev.mean("seed")
-    positive = (np.isfinite(mean) & (mean > 0)).all("L_eval")
-    fit = seed_slopes(dev.where(positive, 1.0), "L_eval", alpha=alpha)
-    return fit[["slope", "slope_se", "slope_ci_low", "slope_ci_high"]].reset_coords(drop=True).where(positive)
+    return positive_slopes(ratios(ds).dev, "L_eval", alpha=alpha)
 
 
 CRITERIA = Criteria("C3S", prepare=Shared, units=("seed",))
@@ -222,19 +216,14 @@ def figure(ds: xr.Dataset, path):
     (log-log, ``L^-1`` guide); (c) risks at the largest L_eval per shift: the exact prediction, the
     measured softmax risk, ridge and one-step preconditioned GD (training and test preconditioner).
     ``path``: a file name or a binary file object."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    settings = [str(x) for x in ds.setting.values]
+    plt, fig, axes = panels((len(settings), 3), (15, 4.2 * len(settings)), squeeze=False)
     s = summaries(ds)
     Le = ds.L_eval.values.astype(float)
     shifts = [str(x) for x in ds["shift"].values]
     thetas = [str(t) for t in ds.theta.values]
     sm, inf = thetas[-2], thetas[-1]
     colors = dict(zip(shifts, plt.cm.tab10(np.arange(len(shifts)))))
-    settings = [str(x) for x in ds.setting.values]
-    fig, axes = plt.subplots(len(settings), 3, figsize=(15, 4.2 * len(settings)), squeeze=False)
     x = np.arange(len(shifts))
     for row, setting in zip(axes, settings):
         a1, a2, a3 = row
@@ -265,10 +254,6 @@ def figure(ds: xr.Dataset, path):
         a3.set_xticks(x, shifts, rotation=20, fontsize=8)
         a3.set(ylabel="held-out risk", title=f"(c) risks at L_eval = {int(Le[-1])} (floored at 1e-16)")
         a3.legend(fontsize=7)
-    cfg = json.loads(ds.attrs.get("config", "{}"))
-    fig.suptitle(f"C3 shift ({ds.attrs.get('profile', '?')} profile; training L = {cfg.get('L', '?')}, "
-                 f"T = {cfg.get('n_steps', '?')}, {ds.sizes['seed']} seeds)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    cfg = config(ds)
+    return save(fig, path, 110, f"C3 shift ({ds.attrs.get('profile', '?')} profile; training L = "
+                                f"{cfg.get('L', '?')}, T = {cfg.get('n_steps', '?')}, {ds.sizes['seed']} seeds)")

@@ -8,10 +8,9 @@ import numpy as np
 from sfxlin import icl, training
 from sfxlin.engine import Cells, Param, Profiles, Variable
 
-from .families.c3 import C3, STEP_CURVATURE, Run, draw, finite, setting_inputs, setting_law
+from .families.c3 import C3, GAUSSIAN, STEP_CURVATURE, Run, draw, finite, kept, named, setting_inputs, setting_law
 
 NAME = "c3_horizon"
-SETTINGS = ("isotropic", "anisotropic")
 
 
 def checkpoints(config):
@@ -27,10 +26,9 @@ def kernel(cell, rng, config):
     traj = run.trajectory(Sigma)
     U_star, v_star = icl.bayes_optimum(Sigma)
     return finite({
-        "D_inf": traj["D_inf"], "norm_inf": traj["norm_inf"], "dist_star": traj["dist_bayes"],
-        "dist_star_inf": traj["dist_bayes_inf"], "norm_star": np.sqrt(np.sum(U_star**2) + np.sum(v_star**2)),
-        "risk_train": traj["risk_train"], "risk_inf": traj["risk_inf"], "conservation_inf": traj["conservation_inf"],
-        "off_block_max": traj["off_block"].max(axis=-1), **run.step_curvature(),
+        **kept(traj, t=("D_inf", "norm_inf", "risk_train", "risk_inf", "conservation_inf"), max_t=("off_block",)),
+        "dist_star": traj["dist_bayes"], "dist_star_inf": traj["dist_bayes_inf"],
+        "norm_star": np.sqrt(np.sum(U_star**2) + np.sum(v_star**2)), **run.step_curvature(),
         "n_exact_shift_steps": np.float64(run.res["n_exact_shift_steps"]),
     })
 
@@ -45,11 +43,10 @@ OWN = (
 
 EXPERIMENT = C3.variant(
     NAME, short="c3h", analysis="sfxlin.analysis.c3_horizon",
-    values=dict(d=3, settings=list(SETTINGS), Sigma_isotropic="isotropic", Sigma_anisotropic="diagonal:2/1/0.5",
-                n_seeds=Profiles(quick=2, paper=4), n_pairs=Profiles(quick=3, paper=48), n_queries=2,
-                L=Profiles(quick=[8, 16, 32], paper=[8 * 2**k for k in range(12)]), lr=0.01,
+    values=dict(d=3, **named(*GAUSSIAN), n_seeds=Profiles(quick=2, paper=4), n_pairs=Profiles(quick=3, paper=48),
+                n_queries=2, L=Profiles(quick=[8, 16, 32], paper=[8 * 2**k for k in range(12)]), lr=0.01,
                 n_steps=Profiles(quick=60, paper=8000), root_seed=20261202),
-    changes={"settings": {"choices": SETTINGS}, "n_steps": {"doc": "gradient-descent steps T_max (the last checkpoint)"}},
+    changes={"settings": {"choices": GAUSSIAN}, "n_steps": {"doc": "gradient-descent steps T_max (the last checkpoint)"}},
     params=(Param("per_octave", "int", "checkpoints per doubling of t (log-spaced grid; every step while they are "
                   "closer than one apart)", Profiles(quick=4, paper=16), low=1),),
     cells=(Cells({"setting": "settings", "seed": "n_seeds"}, kernel,

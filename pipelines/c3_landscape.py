@@ -10,7 +10,7 @@ from sfxlin import baselines, bayes, covariance, laws
 from sfxlin.engine import Cells, Param, Profiles, Variable
 from sfxlin.engine.sensitivity import DEFAULT_EPS, param as amplification_param
 
-from .families.c3 import C3, STEP_CURVATURE, Run, draw, finite, heldout_counts, train_counts
+from .families.c3 import C3, STEP_CURVATURE, Run, draw, finite, heldout_counts, kept, train_counts
 
 NAME = "c3_landscape"
 
@@ -29,10 +29,8 @@ def kernel(cell, rng, config):
     gap = (bayes.softmax_limit(run.U_inf[-1], run.v_inf[-1], Sigma, held.w, held.z_q, mean, s)
            - bayes.linear_limit(run.U_inf[-1], run.v_inf[-1], Sigma, held.w, held.z_q, mean, s))
     out = finite({
-        "D_inf_max": traj["D_inf"].max(axis=-1), "D_linL_max": traj["D_linL"].max(axis=-1),
-        "norm_inf_T": run.norm_inf_T(), "off_block_max": traj["off_block"].max(axis=-1),
-        "off_block_inf_max": traj["off_block_inf"].max(), "risk_train_T": traj["risk_train"][..., -1],
-        "risk_inf_T": traj["risk_inf"][-1], "risk_heldout_init": at_L[:, :, 0], "risk_heldout_T": at_L[:, :, 1],
+        **kept(traj, max_t=("D_inf", "D_linL", "off_block", "off_block_inf"), T=("risk_train", "risk_inf")),
+        "norm_inf_T": run.norm_inf_T(), "risk_heldout_init": at_L[:, :, 0], "risk_heldout_T": at_L[:, :, 1],
         "risk_heldout_inf_T": inf_ho[1], "risk_heldout_inf_softmax": inf_sm[1], "limit_gap": 0.5 * np.mean(gap**2),
         "risk_min_norm": base["min_norm"], "risk_bayes_ridge": base["bayes_ridge"], "risk_pgd": base["pgd"],
         **run.step_curvature(),

@@ -9,11 +9,10 @@ from sfxlin import shift, training
 from sfxlin.engine import Cells, Param, Profiles, Variable
 from sfxlin.engine.sensitivity import step_perturbation
 
-from .families.c3 import (C3, STEP_CURVATURE_INF, draw, finite, setting_inputs, setting_law, step_curvature,
-                          train_counts)
+from .families.c3 import (C3, GAUSSIAN, STEP_CURVATURE_INF, draw, finite, named, setting_inputs, setting_law,
+                          step_curvature, train_counts)
 
 NAME = "c3_shift"
-SETTINGS = ("isotropic", "anisotropic")
 INF = "linear(inf)"
 
 
@@ -89,13 +88,13 @@ OWN = (
 
 EXPERIMENT = C3.variant(
     NAME, short="c3s", analysis="sfxlin.analysis.c3_shift",
-    values=dict(d=3, settings=list(SETTINGS), Sigma_isotropic="isotropic", Sigma_anisotropic="diagonal:2/1/0.5",
-                n_seeds=Profiles(quick=2, paper=6), n_pairs=Profiles(quick=2, paper=48), n_queries=2,
-                L=Profiles(quick=[8, 16], paper=[16, 64, 256, 1024]), lr=0.01, n_steps=Profiles(quick=40, paper=2500),
+    values=dict(d=3, **named(*GAUSSIAN), n_seeds=Profiles(quick=2, paper=6), n_pairs=Profiles(quick=2, paper=48),
+                n_queries=2, L=Profiles(quick=[8, 16], paper=[16, 64, 256, 1024]), lr=0.01,
+                n_steps=Profiles(quick=40, paper=2500),
                 L_eval=Profiles(quick=[8, 16, 32], paper=[16, 64, 256, 1024, 4096, 16384, 65536]),
                 heldout_pairs=Profiles(quick=4, paper=256), heldout_queries=Profiles(quick=2, paper=4), ridge_lam=0.0,
                 root_seed=20261202),
-    changes={"d": {"low": 2}, "settings": {"choices": SETTINGS}, "L": {"min_len": 1, "why": ""},
+    changes={"d": {"low": 2}, "settings": {"choices": GAUSSIAN}, "L": {"min_len": 1, "why": ""},
              "L_eval": {"kind": "int_list", "order": "increasing", "min_len": 3,
                         "doc": "nested held-out prompt lengths at which every trained theta is evaluated",
                         "why": "the analysis fits the log-log slope of |ratio - 1| in L_eval"},

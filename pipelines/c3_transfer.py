@@ -17,8 +17,8 @@ from sfxlin.engine.sensitivity import DEFAULT_EPS, step_perturbation
 from sfxlin.engine.sensitivity import param as amplification_param
 from sfxlin.realdata import TOKEN_SUFFIXES, check_unchanged
 
-from .families.c3 import (C3, GRID, MODELS, STEP_CURVATURE, Run, draw, finite, heldout_counts, setting_law,
-                          train_counts)
+from .families.c3 import (C3, GRID, MODELS, SETTINGS, STEP_CURVATURE, Run, draw, finite, heldout_counts, named,
+                          setting_law, train_counts)
 
 NAME = "c3_transfer"
 CONTROL = "rademacher"
@@ -206,10 +206,8 @@ FLAG = Variable("in_protocol", (), "cell is part of the protocol", "1 if the cel
 
 EXPERIMENT = C3.variant(
     NAME, short="c3", analysis="sfxlin.analysis.c3",
-    values=dict(d=3, settings=["isotropic", "anisotropic", "rademacher"], Sigma_isotropic="isotropic",
-                Sigma_anisotropic="diagonal:2/1/0.5", Sigma_rademacher="isotropic", n_seeds=Profiles(quick=2, paper=8),
-                n_pairs=Profiles(quick=4, paper=48), n_queries=2,
-                L=Profiles(quick=[8, 16, 32, 64], paper=[8 * 2**k for k in range(10)]), lr=0.01,
+    values=dict(d=3, **named(*SETTINGS), n_seeds=Profiles(quick=2, paper=8), n_pairs=Profiles(quick=4, paper=48),
+                n_queries=2, L=Profiles(quick=[8, 16, 32, 64], paper=[8 * 2**k for k in range(10)]), lr=0.01,
                 n_steps=Profiles(quick=200, paper=2500), ckpt_every=20, heldout_pairs=Profiles(quick=8, paper=256),
                 heldout_queries=Profiles(quick=2, paper=4), L_eval=Profiles(quick=128, paper=4096),
                 heldout_every=Profiles(quick=100, paper=500), ridge_lam=0.0, root_seed=20251211),

@@ -5,9 +5,9 @@ Its shared cell is one training run (:class:`Run`): softmax(L) and linear(L) at 
 linear(inf), trained by gradient descent from the Eq. 9 init on the same tasks
 (:func:`sfxlin.training.train_all_arrays`), with the family's measures along it (:meth:`Run.trajectory`,
 per checkpoint; a variant keeps them per ``t``, their maximum over ``t`` (``_max``) or their value at the
-end ``T`` (``_T``): one meaning per name) and its held-out risks (:meth:`Run.heldout`). A covariate setting
-is a named one (``isotropic``, ``anisotropic``, the ``rademacher`` control), whose covariance is the
-``sfxlin.covariance`` spec ``Sigma_<setting>``, or, where a variant says so, any covariance spec.
+end ``T`` (``_T``): one meaning per name, :func:`kept`) and its held-out risks (:meth:`Run.heldout`). A
+covariate setting is a named one (``isotropic``, ``anisotropic``, the ``rademacher`` control), whose covariance is
+the ``sfxlin.covariance`` spec ``Sigma_<setting>``, or, where a variant says so, any covariance spec.
 """
 from __future__ import annotations
 
@@ -22,8 +22,16 @@ from sfxlin.realdata import DATASETS
 MODELS = ("softmax", "linear")   # the finite-L models, coordinate ``model``
 #: the named covariate settings: setting -> covariate law; its covariance is the spec ``Sigma_<setting>``
 SETTINGS = {"isotropic": "gaussian", "anisotropic": "gaussian", "rademacher": "rademacher"}
+#: the named settings with Gaussian covariates
+GAUSSIAN = ("isotropic", "anisotropic")
 #: parameters that only say which cells a grid has (they reach no cell)
 GRID = ("settings", "n_seeds", "n_seeds_control")
+
+
+def named(*settings) -> dict:
+    """A variant's values of the named ``settings``: ``settings`` and each ``Sigma_<setting>`` at the family's
+    own spec."""
+    return {"settings": list(settings), **{f"Sigma_{s}": C3.param(f"Sigma_{s}").value for s in settings}}
 
 
 def setting_inputs(config, cell):
@@ -67,7 +75,9 @@ class Run:
         """The family's measures at every checkpoint: ``risk_train``, ``D_inf``, ``off_block``,
         ``conservation`` ``(model, L, t)``; ``D_linL`` ``(L, t)``; ``risk_inf``, ``off_block_inf``,
         ``conservation_inf``, ``norm_inf`` ``(t,)``; with ``Sigma``, the distances to the Bayes optimum
-        ``dist_bayes`` ``(model, L, t)`` and ``dist_bayes_inf`` ``(t,)``."""
+        ``theta_star = (U*, v*)`` of Remark 5.2 (:func:`sfxlin.icl.bayes_optimum`), ``dist_bayes`` ``(model, L,
+        t)`` and ``dist_bayes_inf`` ``(t,)`` (stored by c3_horizon as ``dist_star`` and ``dist_star_inf``, the
+        names of its shipped file: one quantity, theta_star being the Bayes optimum)."""
         U, v, U_inf, v_inf = self.U, self.v, self.U_inf, self.v_inf
         out = {"risk_train": np.stack([self.res[m]["risk"] for m in MODELS]), "risk_inf": self.res["linear_inf"]["risk"],
                "D_inf": icl.theta_distance(U, v, U_inf, v_inf), "D_linL": icl.theta_distance(U[0], v[0], U[1], v[1]),
@@ -95,6 +105,14 @@ class Run:
         return training.heldout_risks(held, Ls, L_eval, {m: self.U[i][:, at] for i, m in enumerate(MODELS)},
                                       {m: self.v[i][:, at] for i, m in enumerate(MODELS)}, self.U_inf[at],
                                       self.v_inf[at])
+
+
+def kept(traj: dict, t=(), max_t=(), T=()) -> dict:
+    """The measures of :meth:`Run.trajectory` a variant stores, one meaning per name: those of ``t`` per
+    checkpoint (their own names), those of ``max_t`` their maximum over the checkpoints (``<name>_max``), those
+    of ``T`` their value at the last checkpoint (``<name>_T``)."""
+    return {**{k: traj[k] for k in t}, **{f"{k}_max": traj[k].max(axis=-1) for k in max_t},
+            **{f"{k}_T": traj[k][..., -1] for k in T}}
 
 
 #: the outputs of :func:`step_curvature`: of linear(inf), and with linear(L)'s
@@ -162,10 +180,7 @@ def _sigmas_are_specs(config):
     """Every ``Sigma_<setting>`` of ``settings`` builds a ``d x d`` covariance."""
     for setting in config.get("settings", ()):
         if f"Sigma_{setting}" in config:
-            try:
-                covariance.from_spec(config[f"Sigma_{setting}"], config["d"])
-            except ValueError as exc:
-                raise ValueError(f"Sigma_{setting}: {exc} (d = {config['d']})") from None
+            covariance.spec_check(f"Sigma_{setting}")(config)
 
 
 def train_counts(n_steps, n_pairs, n_queries, Ls, support=0, runs=1):
@@ -311,6 +326,5 @@ C3 = Family("C3", PARAMS, OUTPUTS,
                     "t": lambda c: training.checkpoint_steps(c["n_steps"], c["ckpt_every"]).tolist(),
                     "t_heldout": lambda c: training.checkpoint_steps(c["n_steps"], c["heldout_every"]).tolist(),
                     "row": lambda c: range(c["d"] + 1), "col": lambda c: range(c["d"] + 1)},
-            checks=(multiples(("n_steps", "ckpt_every"), ("T_max", "check_every")), _heldout_on_checkpoints,
-                    _sigmas_are_specs),
+            checks=(multiples(("n_steps", "ckpt_every")), _heldout_on_checkpoints, _sigmas_are_specs),
             cost=Cost(RATES, _train_counts))
