@@ -162,7 +162,7 @@ def counts(config, part, cell):
     d = cell["d"]
     lr, every = cell_lr(config, d, covariance.from_spec(cell["setting"], d))
     Ls, T, P = cell_L(config, d), n_checks(config) * every, n_pairs(d, config["task_ratio"], config["n_queries"])
-    train = train_counts(T, P, config["n_queries"], Ls)
+    train = train_counts(T, P, config["n_queries"], Ls, d=d)
     return {**train, "step": 2 * T, **heldout_counts(2, config["heldout_pairs"], config["heldout_queries"], Ls, Ls[-1])}
 
 

@@ -56,7 +56,7 @@ def counts(config, part, cell):
     if part:
         return {"cell": 1}
     Ls = config["L"]
-    return {**train_counts(config["n_steps"], config["n_pairs"], config["n_queries"], Ls),
+    return {**train_counts(config["n_steps"], config["n_pairs"], config["n_queries"], Ls, d=cell["d"]),
             **heldout_counts(2, config["heldout_pairs"], config["heldout_queries"], Ls, Ls[-1])}
 
 

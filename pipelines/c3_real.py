@@ -65,7 +65,8 @@ def counts(config, part, cell):
     risks every ``heldout_every`` steps (softmax(L) at its ``L``, two softmax(inf) evaluations over the support)."""
     Ls, support = config["L"], token_set(cell["dataset"], 1).shape[0]
     evals = config["n_steps"] // config["heldout_every"] + 1
-    return {**train_counts(config["n_steps"], config["n_pairs"], config["n_queries"], Ls, support),
+    return {**train_counts(config["n_steps"], config["n_pairs"], config["n_queries"], Ls, d=cell["d"],
+                           support=support),
             "heldout_visit": evals * config["heldout_pairs"] * config["heldout_queries"] * (sum(Ls) + 2 * support)}
 
 

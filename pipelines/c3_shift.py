@@ -45,7 +45,8 @@ def counts(config, part, cell):
     Ls, Le, n_shifts = config["L"], config["L_eval"], len(config["shifts"])
     pairs = config["heldout_pairs"]
     evals = n_shifts * (len(Ls) + 1) * pairs * config["heldout_queries"] * Le[-1]
-    return {**train_counts(config["n_steps"], config["n_pairs"], config["n_queries"], Ls), "eval_visit": evals,
+    return {**train_counts(config["n_steps"], config["n_pairs"], config["n_queries"], Ls, d=config["d"]),
+            "eval_visit": evals,
             "shift_token": (n_shifts + 1) * pairs * Le[-1], "shift": n_shifts}
 
 

@@ -149,7 +149,7 @@ def counts(config, part, cell):
     if not in_protocol(config, cell["setting"], cell["seed"]):
         return {"cell": 1}
     Ls = config["L"]
-    train = train_counts(config["n_steps"], config["n_pairs"], config["n_queries"], Ls,
+    train = train_counts(config["n_steps"], config["n_pairs"], config["n_queries"], Ls, d=config["d"],
                          runs=2 if config["perturbed_run"] else 1)
     return {**train, **heldout_counts(config["n_steps"] // config["heldout_every"] + 1, config["heldout_pairs"],
                                       config["heldout_queries"], Ls, config["L_eval"])}

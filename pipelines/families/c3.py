@@ -183,12 +183,15 @@ def _sigmas_are_specs(config):
             covariance.spec_check(f"Sigma_{setting}")(config)
 
 
-def train_counts(n_steps, n_pairs, n_queries, Ls, support=0, runs=1):
+def train_counts(n_steps, n_pairs, n_queries, Ls, *, d, support=0, runs=1):
     """The work of ``runs`` runs of :func:`sfxlin.training.train_all_arrays` in the family's units: each step
     reads the ``sum L`` tokens (and ``support`` atoms of a softmax(inf) model) of every antithetic pair and
-    query, a block of bookkeeping per pair, query and prompt length, and its own fixed cost."""
+    query, a block of bookkeeping per pair, query and prompt length, and its own fixed cost. A token visit
+    costs the ``3 d + 3`` multiply-adds of a logit and its moments: it counts ``(d + 1) / 4`` visits, one
+    at d = 3, where the rate was measured (the engine's step per logit grows so: docs/performance.md,
+    section 11)."""
     blocks = len(Ls) + (support > 0)
-    return {"visit": runs * n_steps * n_pairs * n_queries * (sum(Ls) + support),
+    return {"visit": runs * n_steps * n_pairs * n_queries * (sum(Ls) + support) * (d + 1) / 4,
             "block": runs * n_steps * n_pairs * n_queries * blocks, "step": runs * n_steps, "cell": 1}
 
 
@@ -318,7 +321,7 @@ OUTPUTS = (
 
 def _train_counts(config, part, cell):
     """The family's counts: one run of ``n_steps`` steps over the cell's training tasks."""
-    return train_counts(config["n_steps"], config["n_pairs"], config["n_queries"], config["L"])
+    return train_counts(config["n_steps"], config["n_pairs"], config["n_queries"], config["L"], d=config["d"])
 
 
 C3 = Family("C3", PARAMS, OUTPUTS,
