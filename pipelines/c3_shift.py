@@ -75,7 +75,7 @@ OWN = (
     Variable("risk_ridge", _GS + ("L_eval",), "held-out risk of ridge on the shifted prompt", "per held-out task, "
              "ridge (ridge_lam; 0: minimum-norm least squares pinv(X) y) on its first L_eval shifted tokens, risk "
              "1/2 (x_q'^T w_hat - y_q')^2 averaged (noiseless: rounding once the prompt spans the test covariates' "
-             "subspace)."),
+             "subspace).", yardstick="risk_pgd_train"),
     Variable("risk_pgd_train", _GS + ("L_eval",), "held-out risk of one-step preconditioned GD, training "
              "preconditioner", "w_hat = Gamma_L(Sigma) (1/L) X'^T y' (sfxlin.baselines.pgd_preconditioner of the "
              "TRAINING Sigma: the shift-unaware optimum of linear(L) attention) on the shifted prompts."),

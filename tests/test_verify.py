@@ -1,5 +1,6 @@
 """``sfxlin verify``: a results file's cheapest cells recomputed by the installed code and compared
 with the file (bit-identical, within --rtol, or not: exit status 1)."""
+import dataclasses
 import json
 
 import numpy as np
@@ -292,3 +293,59 @@ def test_a_stored_value_changed_since_it_was_written_fails_before_any_cell(quick
     assert main(["verify", str(tmp_path / "bad.nc")]) != 0
     out, err = capsys.readouterr()
     assert "bad.nc" in err and "recomputed" not in out
+
+
+# ------------------------------------------------------------------ a variable that is rounding everywhere
+
+
+@pytest.fixture(scope="module")
+def shift_file(tmp_path_factory):
+    out = tmp_path_factory.mktemp("verify_shift")
+    assert main(["run", "c3_shift", "--profile", "quick", "--local-scheduler", "synchronous", "--quiet",
+                 "--out", str(out), "--no-figure"]) == 0
+    return out / "c3_shift.nc"
+
+
+def _ridge_moved(src, dst, cell, by):
+    """c3_shift's ``risk_ridge`` (least squares on noiseless prompts: rounding, ~1e-30, in every cell) moved in
+    ``cell`` by ``by(values)``."""
+    ds = load(src)
+    ridge = ds["risk_ridge"].copy()
+    ridge.loc[cell] = ridge.loc[cell] + by(ridge.loc[cell])
+    ds["risk_ridge"] = ridge
+    ds.to_netcdf(dst)
+    return dst
+
+
+def test_a_variable_rounding_everywhere_is_judged_on_its_yardsticks_scale(shift_file, tmp_path, monkeypatch):
+    """Another BLAS kernel moves ``risk_ridge`` by the size of its own rounding values (seen: 0.51 of its largest
+    value in the shipped file under Haswell): within 1e-10 of the scale of its yardstick ``risk_pgd_train``, a
+    risk of the same prompts; a move of 1e-6 of that scale is not. Judged on its own largest value (the
+    declaration without its yardstick), the rounding move fails."""
+    with load(shift_file) as ds:
+        assert float(np.abs(ds["risk_ridge"]).max()) < 1e-20 < float(np.abs(ds["risk_pgd_train"]).max())
+        scale = float(np.abs(ds["risk_pgd_train"]).max())
+    cell = verify_file(shift_file)[0].cell
+    rounding = _ridge_moved(shift_file, tmp_path / "rounding.nc", cell, lambda v: 0.5 * float(np.abs(v).max()))
+    check = verify_file(rounding)[0]
+    assert check.cell == cell and check.within(1e-10), check.worst
+    real = _ridge_moved(shift_file, tmp_path / "real.nc", cell, lambda v: 1e-6 * scale)
+    assert not verify_file(real)[0].within(1e-10)
+    experiment = get("c3_shift")
+    own = dataclasses.replace(experiment, variables=tuple(
+        dataclasses.replace(v, yardstick=None) if v.name == "risk_ridge" else v for v in experiment.variables))
+    monkeypatch.setattr("sfxlin.engine.experiments.get", lambda name: own)
+    worst = verify_file(rounding)[0].worst
+    assert worst.name == "risk_ridge" and worst.error > 1e-10
+
+
+def test_a_yardstick_must_name_a_float_variable():
+    from sfxlin.engine.sweep import Variable
+
+    with pytest.raises(ValueError, match="not its own yardstick"):
+        Variable("x", (), "x", "x", yardstick="x")
+    experiment = get("c3_shift")
+    bad = tuple(dataclasses.replace(v, yardstick="no_such") if v.name == "risk_ridge" else v
+                for v in experiment.variables)
+    with pytest.raises(ValueError, match="yardstick 'no_such' is not a float variable"):
+        dataclasses.replace(experiment, variables=bad)

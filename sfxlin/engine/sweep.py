@@ -70,7 +70,11 @@ class Variable:
     ``part`` names the :class:`Part` whose cells compute it (``""``: the main part); its dims
     hold every grid dim of that part, in any order, and inner dims of the experiment. ``dtype``
     is the stored type (kernels return floats; a flag is an integer type). ``flag_meanings``
-    makes it a CF flag: value ``k`` means ``flag_meanings[k]`` (one word each)."""
+    makes it a CF flag: value ``k`` means ``flag_meanings[k]`` (one word each). ``yardstick`` names
+    another float variable whose largest value in a file is this one's scale too (``sfxlin verify``
+    judges a recomputation relative to the larger of the two): for a quantity that is zero in exact
+    arithmetic, whose stored values are rounding (the risk of least squares on noiseless labels, 1e-30)
+    and so no scale of their own."""
 
     name: str
     dims: tuple[str, ...]
@@ -81,8 +85,11 @@ class Variable:
     part: str = ""
     dtype: str = "float64"
     flag_meanings: tuple[str, ...] = ()
+    yardstick: str | None = None
 
     def __post_init__(self):
+        if self.yardstick == self.name:
+            raise ValueError(f"{self.name}: a variable is not its own yardstick")
         if self.flag_meanings and np.dtype(self.dtype).kind not in "iu":
             raise ValueError(f"{self.name}: a flag (flag_meanings) is stored as an integer type, got dtype "
                              f"{self.dtype!r}")
@@ -188,9 +195,13 @@ class Experiment:
         if len(set(names)) != len(names):
             raise ValueError(f"{self.name}: part names must be unique, got {names}")
         self._declare_amplification()
+        floats = {v.name for v in self.variables if np.dtype(v.dtype).kind == "f" and not v.flag_meanings}
         for var in self.variables:
             if var.part not in names:
                 raise ValueError(f"{self.name}.{var.name}: no part named {var.part!r} (parts: {names})")
+            if var.yardstick is not None and var.yardstick not in floats:
+                raise ValueError(f"{self.name}.{var.name}: its yardstick {var.yardstick!r} is not a float variable of "
+                                 "the experiment")
 
     def _declare_amplification(self):
         """For the perturbed parts, the engine's parameter ``amplification_eps`` (unless declared, with

@@ -10,8 +10,10 @@ Element by element the test is ``|new - stored| <= rtol * max(1, A) * max |store
 (``<output>_amplification``, :mod:`sfxlin.engine.sensitivity`; 1 where it records none, or less than 1),
 and the max over the variable's finite values in the whole file: relative to the variable's scale (the
 yardstick of the regeneration notes, docs/performance.md), so that a value that is zero up to rounding
-(the risk of least squares on noiseless labels, 1e-30; an off-block mass of 1e-17) is not judged by its
-own size. The amplification is measured against the cell's own largest value, never larger than the
+(an off-block mass of 1e-17 where other cells hold O(1)) is not judged by its own size. A variable that is
+rounding in every cell (the risk of least squares on noiseless labels, 1e-30 throughout) has no scale of
+its own: it declares a ``yardstick`` (:class:`~sfxlin.engine.sweep.Variable`), another variable whose
+largest value is its scale too. The amplification is measured against the cell's own largest value, never larger than the
 file's: a recomputation within its cell's stated bound always passes. NaN must meet NaN (never excused
 by an amplification); integers and flags must be equal. The amplification variables themselves are the
 yardstick, not recomputed (that is a second run of the cell): ``run_cell(..., amplification=False)``.
@@ -240,6 +242,9 @@ def iter_verify(path, cells=1, where=None, on_open=None, most_amplified=0):
     if on_open is not None:
         on_open(dict(ds.attrs))
     scales = {name: _scale(ds[name].values) for name in ds.data_vars}
+    for var in experiment.variables:   # a rounding-level variable judged on its yardstick's scale too
+        if var.yardstick is not None and scales.get(var.name) is not None and scales.get(var.yardstick) is not None:
+            scales[var.name] = max(scales[var.name], scales[var.yardstick])
     for part, cell in choose_cells(experiment, config, ds, cells, where, most_amplified):
         start = time.perf_counter()
         out = run_cell(experiment, config, cell, part, amplification=False)
