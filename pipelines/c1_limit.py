@@ -160,9 +160,11 @@ EXPERIMENT = C1.variant(
               low=2, low_open=True)),
     cells=(Cells({"d": "d", "U_norm": "U_norm", "seed": "n_seeds"}, kernel,
                  (*OWN[:3], C1.output("mse", over=("law",)), "mse_asymptotic", "mse_query", OWN[3])),
+           # the error of tilted means of order one (means N(0, 1), a of size 0.5, covariances A A^T / D): its scale
            Cells({}, quadrature_check, (Variable("quadrature_error", ("D_quad",), "closed form vs quadrature",
                                               "max |Gaussian tilted mean (Lemma 2.1) - tensor Gauss-Hermite quadrature| "
-                                              "over 8 random a, random mean and covariance, token dimension D_quad."),),
+                                              "over 8 random a, random mean and covariance, token dimension D_quad.",
+                                              yardstick=1.0),),
                  name="quadrature", inputs=lambda config, cell: {"root_seed": config["root_seed"]})),
     coords={"law": law_names, "D_quad": lambda c: [1, 2, 3, 4]}, order=("law", "d", "U_norm", "L", "seed", "query"),
     checks=(_needs_gaussian, _tokens_fit), cost=C1.cost.counting(counts),

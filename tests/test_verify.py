@@ -339,11 +339,29 @@ def test_a_variable_rounding_everywhere_is_judged_on_its_yardsticks_scale(shift_
     assert worst.name == "risk_ridge" and worst.error > 1e-10
 
 
-def test_a_yardstick_must_name_a_float_variable():
+def test_a_declared_size_is_the_yardstick_of_an_error_of_quantities_of_that_size(tmp_path):
+    """c1_limit's ``quadrature_error`` (closed form against quadrature of tilted means of order one: ~1e-15,
+    rounding) moved by 0.4 of its own largest value, as Sandybridge moved it, is within 1e-10 of its declared
+    size 1; moved by 1e-6 it is not."""
+    out = tmp_path / "c1"
+    assert main(["run", "c1", "--local-scheduler", "synchronous", "--quiet", "--no-figure", "--out", str(out)]) == 0
+    path = out / "c1_limit.nc"
+    for rel, within in ((0.4, True), (1e-6 / 2.2e-15, False)):
+        ds = load(path)
+        ds["quadrature_error"] = ds["quadrature_error"] * (1 + rel)
+        ds.to_netcdf(tmp_path / "moved.nc")
+        check = [c for c in verify_file(tmp_path / "moved.nc") if c.part == "quadrature"][0]
+        assert check.within(1e-10) == within, (rel, check.worst)
+
+
+def test_a_yardstick_must_name_a_float_variable_or_be_a_positive_size():
     from sfxlin.engine.sweep import Variable
 
     with pytest.raises(ValueError, match="not its own yardstick"):
         Variable("x", (), "x", "x", yardstick="x")
+    for bad in (0.0, -1.0, float("nan"), [1.0]):
+        with pytest.raises(ValueError, match="a variable's name or a positive number"):
+            Variable("x", (), "x", "x", yardstick=bad)
     experiment = get("c3_shift")
     bad = tuple(dataclasses.replace(v, yardstick="no_such") if v.name == "risk_ridge" else v
                 for v in experiment.variables)

@@ -70,11 +70,11 @@ class Variable:
     ``part`` names the :class:`Part` whose cells compute it (``""``: the main part); its dims
     hold every grid dim of that part, in any order, and inner dims of the experiment. ``dtype``
     is the stored type (kernels return floats; a flag is an integer type). ``flag_meanings``
-    makes it a CF flag: value ``k`` means ``flag_meanings[k]`` (one word each). ``yardstick`` names
-    another float variable whose largest value in a file is this one's scale too (``sfxlin verify``
-    judges a recomputation relative to the larger of the two): for a quantity that is zero in exact
-    arithmetic, whose stored values are rounding (the risk of least squares on noiseless labels, 1e-30)
-    and so no scale of their own."""
+    makes it a CF flag: value ``k`` means ``flag_meanings[k]`` (one word each). ``yardstick``, for a
+    quantity that is zero in exact arithmetic, whose stored values are rounding (the risk of least squares
+    on noiseless labels, 1e-30) and so no scale of their own, gives it one too (``sfxlin verify`` judges a
+    recomputation relative to the larger): another float variable, by name, whose largest value in the
+    file is the scale, or a positive number, the size of the quantities it is the error of."""
 
     name: str
     dims: tuple[str, ...]
@@ -85,11 +85,15 @@ class Variable:
     part: str = ""
     dtype: str = "float64"
     flag_meanings: tuple[str, ...] = ()
-    yardstick: str | None = None
+    yardstick: str | float | None = None
 
     def __post_init__(self):
         if self.yardstick == self.name:
             raise ValueError(f"{self.name}: a variable is not its own yardstick")
+        if not isinstance(self.yardstick, (str, type(None))) and not (
+                isinstance(self.yardstick, (int, float)) and math.isfinite(self.yardstick) and self.yardstick > 0):
+            raise ValueError(f"{self.name}: a yardstick is a variable's name or a positive number, got "
+                             f"{self.yardstick!r}")
         if self.flag_meanings and np.dtype(self.dtype).kind not in "iu":
             raise ValueError(f"{self.name}: a flag (flag_meanings) is stored as an integer type, got dtype "
                              f"{self.dtype!r}")
@@ -199,7 +203,7 @@ class Experiment:
         for var in self.variables:
             if var.part not in names:
                 raise ValueError(f"{self.name}.{var.name}: no part named {var.part!r} (parts: {names})")
-            if var.yardstick is not None and var.yardstick not in floats:
+            if isinstance(var.yardstick, str) and var.yardstick not in floats:
                 raise ValueError(f"{self.name}.{var.name}: its yardstick {var.yardstick!r} is not a float variable of "
                                  "the experiment")
 

@@ -13,7 +13,7 @@ yardstick of the regeneration notes, docs/performance.md), so that a value that 
 (an off-block mass of 1e-17 where other cells hold O(1)) is not judged by its own size. A variable that is
 rounding in every cell (the risk of least squares on noiseless labels, 1e-30 throughout) has no scale of
 its own: it declares a ``yardstick`` (:class:`~sfxlin.engine.sweep.Variable`), another variable whose
-largest value is its scale too. The amplification is measured against the cell's own largest value, never larger than the
+largest value is its scale too, or the size of the quantities it is the error of. The amplification is measured against the cell's own largest value, never larger than the
 file's: a recomputation within its cell's stated bound always passes. NaN must meet NaN (never excused
 by an amplification); integers and flags must be equal. The amplification variables themselves are the
 yardstick, not recomputed (that is a second run of the cell): ``run_cell(..., amplification=False)``.
@@ -243,8 +243,9 @@ def iter_verify(path, cells=1, where=None, on_open=None, most_amplified=0):
         on_open(dict(ds.attrs))
     scales = {name: _scale(ds[name].values) for name in ds.data_vars}
     for var in experiment.variables:   # a rounding-level variable judged on its yardstick's scale too
-        if var.yardstick is not None and scales.get(var.name) is not None and scales.get(var.yardstick) is not None:
-            scales[var.name] = max(scales[var.name], scales[var.yardstick])
+        yardstick = scales.get(var.yardstick) if isinstance(var.yardstick, str) else var.yardstick
+        if yardstick is not None and scales.get(var.name) is not None:
+            scales[var.name] = max(scales[var.name], float(yardstick))
     for part, cell in choose_cells(experiment, config, ds, cells, where, most_amplified):
         start = time.perf_counter()
         out = run_cell(experiment, config, cell, part, amplification=False)
