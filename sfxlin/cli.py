@@ -651,14 +651,20 @@ def cmd_verify(args):
             if note:
                 print(f"{stem}: {note}", flush=True)
 
+        tally = {"bit-identical": 0, "within": 0, "amplified": 0, "beyond": 0}
         for check in iter_verify(path, cells=args.cells, on_open=say_file, most_amplified=args.most_amplified):
             where = cell_label(path.stem + (f"/{check.part}" if check.part else ""), check.cell)
             verdict, ok = _verify_verdict(check, rtol)
             if not ok:
                 status = FAILED
+            tally["bit-identical" if check.identical else "beyond" if not ok else
+                  "amplified" if any(v.error > rtol for v in check.variables) else "within"] += 1
             if check.absent:
                 verdict += f"; not in the file (added since): {', '.join(check.absent)}"
             print(f"{where}: {verdict}, recomputed in {check.seconds:.1f} s", flush=True)
+        print(f"{path.stem}: {sum(tally.values())} cells recomputed: {tally['bit-identical']} bit-identical, "
+              f"{tally['within']} within {rtol:g}, {tally['amplified']} within {rtol:g} x their amplification, "
+              f"{tally['beyond']} beyond", flush=True)
     return status
 
 

@@ -36,13 +36,15 @@ def _perturbed(src, dst, variable, rel):
 
 def test_a_fresh_file_is_bit_identical(quick_file, capsys):
     assert main(["verify", str(quick_file)]) == 0
-    digest, *lines = capsys.readouterr().out.splitlines()
+    digest, *lines, count = capsys.readouterr().out.splitlines()
     with load(quick_file) as ds:
         n = len(ds.variables)
     assert digest == (f"c1_kernels: the values of its {n} variables (coordinates included) are those written "
                       "(sha256 checked on read)")
     assert lines and all("bit-identical" in line for line in lines)
     assert {line.split("[")[0] for line in lines} == {"c1_kernels", "c1_kernels/stein", "c1_kernels/rf"}
+    assert count == (f"c1_kernels: {len(lines)} cells recomputed: {len(lines)} bit-identical, 0 within 1e-10, "
+                     "0 within 1e-10 x their amplification, 0 beyond")
 
 
 def _with_blas(src, dst, blas):
@@ -77,7 +79,8 @@ def test_a_value_moved_beyond_rtol_fails_naming_the_variable(quick_file, tmp_pat
     text = capsys.readouterr().out
     assert "DIFFERS beyond 1e-10: mse" in text
     assert main(["verify", str(moved), "--rtol", "1e-7"]) == 0     # 1e-8 of the scale: within 1e-7
-    assert "within 1e-07 (largest 1e-08, mse)" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "within 1e-07 (largest 1e-08, mse)" in text and text.splitlines()[-1].endswith("0 beyond")
 
 
 def test_an_output_added_since_the_file_was_made_is_named_not_compared(quick_file, tmp_path, capsys):
@@ -234,10 +237,14 @@ def test_a_recomputation_within_the_amplified_tolerance_passes_and_beyond_it_fai
     lines = _lines_by_cell(capsys.readouterr().out)
     assert lines["inside[r=0.5]"].startswith("bit-identical")
     assert lines["inside[r=-1.5]"].startswith("within 1e-10 x amplification 7.7e+02 (largest 1e-08, x)")
+    assert lines["inside"] == ("2 cells recomputed: 1 bit-identical, 0 within 1e-10, 1 within 1e-10 x their "
+                               "amplification, 0 beyond")   # the file's last line: the cells counted by verdict
     outside = _moved_in_cell(unstable_file, tmp_path / "outside.nc", "x", {"r": -1.5}, 1e-6)   # 1e-6 > 770e-10
     assert main(["verify", str(outside), "--cells", "all"]) == 1
-    assert _lines_by_cell(capsys.readouterr().out)["outside[r=-1.5]"].startswith(
+    lines = _lines_by_cell(capsys.readouterr().out)
+    assert lines["outside[r=-1.5]"].startswith(
         "DIFFERS beyond 1e-10 x amplification: x (difference 1e-06, amplification 7.7e+02: tolerance 7.7e-08)")
+    assert lines["outside"].endswith("1 bit-identical, 0 within 1e-10, 0 within 1e-10 x their amplification, 1 beyond")
     stable = _moved_in_cell(unstable_file, tmp_path / "stable.nc", "x", {"r": 0.5}, 1e-8)     # amplification 1 there
     assert main(["verify", str(stable), "--cells", "all"]) == 1
     assert _lines_by_cell(capsys.readouterr().out)["stable[r=0.5]"].startswith(
@@ -272,7 +279,7 @@ def test_most_amplified_adds_the_cells_whose_recorded_amplification_is_largest(u
 
 def test_cells_all_and_most_amplified_are_checked_on_the_command_line(unstable_file, capsys):
     assert main(["verify", str(unstable_file), "--most-amplified", "1"]) == 0
-    assert len(capsys.readouterr().out.splitlines()) == 3   # the whole file's line, then two cells
+    assert len(capsys.readouterr().out.splitlines()) == 4   # the whole file's line, two cells, their count
     with pytest.raises(SystemExit):
         main(["verify", str(unstable_file), "--cells", "some"])
     assert "expected a positive integer or 'all'" in capsys.readouterr().err
