@@ -607,25 +607,26 @@ def _plain(value):
 
 def _verify_verdict(check, rtol):
     """The verdict of a recomputed cell (:class:`sfxlin.engine.verify.CellCheck`) against ``rtol`` times each
-    output's recorded amplification, and whether it is within; a violation names each output beyond, with
-    its difference and amplification."""
+    output's recorded amplification, and its kind: ``"bit-identical"``, ``"within"`` (``rtol``),
+    ``"amplified"`` (within ``rtol`` times an amplification) or ``"beyond"``; a violation names each output
+    beyond, with its difference and amplification."""
     worst = check.worst
     if check.identical:
-        return f"bit-identical ({len(check.variables)} variables)", True
+        return f"bit-identical ({len(check.variables)} variables)", "bit-identical"
     if check.within(rtol):
         amplified = [v for v in check.variables if v.error > rtol]
         if not amplified:
-            return f"within {rtol:g} (largest {worst.error:.2g}, {worst.name})", True
+            return f"within {rtol:g} (largest {worst.error:.2g}, {worst.name})", "within"
         top = max(amplified, key=lambda v: v.error)
         more = f"; {len(amplified)} outputs beyond {rtol:g}, each within its amplification" if len(amplified) > 1 else ""
         return (f"within {rtol:g} x amplification {top.amplification:.2g} (largest {top.error:.2g}, {top.name}"
-                f"{more})"), True
+                f"{more})"), "amplified"
     bad = [v for v in check.variables if not v.within(rtol)]
     said = [f"{v.name} (difference {v.error:.2g}" + (f", amplification {v.amplification:.2g}: tolerance "
                                                       f"{v.tolerance(rtol):.2g})" if v.amplification is not None else ")")
             for v in bad]
     scaled = " x amplification" if any(v.amplification is not None for v in bad) else ""
-    return f"DIFFERS beyond {rtol:g}{scaled}: {', '.join(said)}", False
+    return f"DIFFERS beyond {rtol:g}{scaled}: {', '.join(said)}", "beyond"
 
 
 def cmd_verify(args):
@@ -654,11 +655,10 @@ def cmd_verify(args):
         tally = {"bit-identical": 0, "within": 0, "amplified": 0, "beyond": 0}
         for check in iter_verify(path, cells=args.cells, on_open=say_file, most_amplified=args.most_amplified):
             where = cell_label(path.stem + (f"/{check.part}" if check.part else ""), check.cell)
-            verdict, ok = _verify_verdict(check, rtol)
-            if not ok:
+            verdict, kind = _verify_verdict(check, rtol)
+            if kind == "beyond":
                 status = FAILED
-            tally["bit-identical" if check.identical else "beyond" if not ok else
-                  "amplified" if any(v.error > rtol for v in check.variables) else "within"] += 1
+            tally[kind] += 1
             if check.absent:
                 verdict += f"; not in the file (added since): {', '.join(check.absent)}"
             print(f"{where}: {verdict}, recomputed in {check.seconds:.1f} s", flush=True)
