@@ -395,12 +395,6 @@ class SoftmaxPrefixEngine:
     #: restores the partner-by-partner pass (the reference of tests/test_speed_invariance.py).
     share_pairs = True
 
-    #: In the weighted layout, size the core's token sub-blocks so that the tokens' rows stay in cache
-    #: beside the columns' (:func:`sfxlin.softmax_core.prefix_moments`' ``hold_tokens``): a long block
-    #: with few columns is otherwise read from memory once per column and product
-    #: (docs/performance.md, section 13). The features layout keeps its sub-blocks, and its bits.
-    hold_tokens = True
-
     def __init__(self, tasks, Ls, *, cache_bytes=1 << 19, pair_first=False, weights=None, _group=None):
         Ls = validate_Ls(Ls, tasks.L_max)
         weights = token_weights(weights, tasks.L_max)
@@ -520,7 +514,9 @@ class SoftmaxPrefixEngine:
             if shift is not None:
                 applied[:, :, j] = shift[:, :, j]
             if not self.features:      # a group's logits exponentiated as given while its carried shift is
-                kw.update(ones=self.Phi is self.X, merge_tokens=MERGE_TOKENS, hold_tokens=self.hold_tokens)
+                # the tokens' rows held in cache beside the columns' (docs/performance.md, section 13); the
+                # features layout keeps its sub-blocks, and its bits
+                kw.update(ones=self.Phi is self.X, merge_tokens=MERGE_TOKENS, hold_tokens=True)
                 if shift is not None:  # moderate (s - 0 is s: its bits do not depend on the other groups)
                     far = np.abs(shift[:, :, j]).max(axis=(1, 2)) > FREE_SHIFT
                     applied[:, :, j] = np.where(far[:, None, None], shift[:, :, j], 0.0)

@@ -704,3 +704,18 @@ def test_heldout_risks_equal_the_plain_risks_of_every_model():
             np.testing.assert_allclose(at_eval[i, j], icl.risk(m, U[m][j], v[m][j], held, L_eval), rtol=1e-12)
     np.testing.assert_allclose(inf, icl.risk("linear_inf", U_inf, v_inf, held), rtol=1e-12)
     np.testing.assert_allclose(inf_eval, icl.risk("softmax", U_inf, v_inf, held, L_eval), rtol=1e-12)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_the_weighted_layout_holds_the_tokens_in_cache_and_the_features_layout_keeps_its_sub_blocks(layout,
+                                                                                                     monkeypatch):
+    """d = 16, L to 4096, 2 queries: at the last block (2048 tokens, 2 columns of 2 sums, 16 + 16 token rows)
+    the weighted layout splits the tokens so that 8 x (2 x 2 + 32) bytes a token fit the engine's 2^19 (1820
+    tokens); the features layout keeps the block whole (its columns' rows alone fit), and its bits."""
+    monkeypatch.setattr(training, "FEATURE_ROWS", LAYOUTS[layout])
+    Ls = (8, 64, 2048, 4096)
+    eng = SoftmaxPrefixEngine(_tasks(d=16, n_pairs=2, L_max=4096, seed=6), Ls)
+    D = eng.D
+    eng.step(np.broadcast_to(0.1 * np.eye(D), (len(Ls), D, D)).copy(), np.zeros((len(Ls), D)))
+    longest = max(shape[-1] for tag, shape in eng._work if tag == "rows")
+    assert longest == ((1 << 19) // (8 * (2 * 2 + 32)) if layout == "weighted" else 2048)
