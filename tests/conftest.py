@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+
+# a suite started in the background by a non-interactive shell (`make test &`, `nohup`, a runner that
+# starts jobs so) inherits SIGINT ignored, and so would every process it starts: the tests that interrupt a
+# run with SIGINT (tests/test_cli_nothing_lost.py, tests/test_external_cluster.py) would find it ignored,
+# as a background job's is, and fail. A handler installed here is reset to the default in every child at
+# exec, so each child turns SIGINT into KeyboardInterrupt, as a user's run at a terminal does
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # the toy experiment lives beside the tests; make it importable whatever the import mode
 # (worker processes inherit sys.path through multiprocessing's spawn preparation data)
