@@ -151,6 +151,8 @@ def test_a_file_that_is_not_sfxlins_is_refused(tmp_path):
 #: that records their amplification is judged within 1e-10 x it on any kernel; the shipped file, made before
 #: files recorded it, is checked at a stable tau.
 STABLE = {"c2_threshold": lambda ds: {"tau": float(ds.tau.max())}}
+
+
 @pytest.mark.parametrize("name", CHEAP_SHIPPED)
 def test_a_shipped_file_comes_from_this_code(name):
     """The shipped paper file's cheapest cell, recomputed: within 1e-10 (times the amplification the file

@@ -14,9 +14,10 @@ yardstick of the regeneration notes, docs/performance.md), so that a value that 
 rounding in every cell (the risk of least squares on noiseless labels, 1e-30 throughout) has no scale of
 its own: it declares a ``yardstick`` (:class:`~sfxlin.engine.sweep.Variable`), another variable whose
 largest value is its scale too, or the size of the quantities it is the error of. The amplification is
-measured against the cell's own largest value, never larger than the file's: a recomputation within its cell's stated bound always passes. NaN must meet NaN (never excused
-by an amplification); integers and flags must be equal. The amplification variables themselves are the
-yardstick, not recomputed (that is a second run of the cell): ``run_cell(..., amplification=False)``.
+measured against the cell's own largest value, never larger than the file's: a recomputation within its
+cell's stated bound always passes. NaN must meet NaN (never excused by an amplification); integers and
+flags must be equal. The amplification variables themselves are the yardstick, not recomputed (that is a
+second run of the cell): ``run_cell(..., amplification=False)``.
 
 A file records the BLAS kernel that computed it (``library_versions["blas"]``, e.g. ``openblas
 0.3.31.188.0 SkylakeX``); where this process runs another (another CPU, or ``OPENBLAS_CORETYPE``),
