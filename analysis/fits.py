@@ -184,28 +184,50 @@ def ols_line(y: xr.DataArray, x, dim, *, units=None, cov_type: str | None = None
     if cov_type == "cluster" and not units:
         raise ValueError("cov_type='cluster' needs the independent units of the fit (units=, e.g. 'seed')")
     x = x if isinstance(x, xr.DataArray) else xr.DataArray(x)
-    y, x = xr.broadcast(y, x)
     core = [d for d in dims if d not in units] + list(units)
     G = int(np.prod([y.sizes[u] for u in units], dtype=np.int64))
-    if y.chunks is not None:
-        y, x = y.chunk({d: -1 for d in core}), x.chunk({d: -1 for d in core})
     test = None if test_slope is None else float(test_slope)
 
     def kernel(yv, xv):
         shape = yv.shape[:yv.ndim - len(core)] + (-1,)
         return _line_np(yv.reshape(shape), xv.reshape(shape), G=G, cov_type=cov_type, alpha=alpha, test=test)
 
+    fields = [k for k in LINE_FIELDS if k != "t_test_pvalue" or test is not None]
+    settings = dict(method="OLS", cov_type=cov_type, alpha=alpha, **({} if test is None else {"test_exponent": test}),
+                    **({"units": ",".join(units), "n_units": G} if units else {}))
+    if y.chunks is None and _within(x, y):
+        # x's dims and coordinates are y's own: the arrays go to the kernel as apply_ufunc would pass them (the
+        # other dims first, the observations last), without the labelled broadcast and merges (same bits)
+        other = [d for d in y.dims if d not in core]
+        out = dict(zip(LINE_FIELDS, kernel(y.transpose(*other, *core).values, _spread(x, other + core, y))))
+        coords = {c: v.variable for c, v in y.coords.items() if not set(v.dims) & set(core)}
+        return xr.Dataset({k: (other, out[k].astype(np.int64) if k == "n" else out[k],
+                               dict(zip(("long_name", "description"), LINE_FIELDS[k]))) for k in fields},
+                          coords={**coords, **settings})
+    y, x = xr.broadcast(y, x)
+    if y.chunks is not None:
+        y, x = y.chunk({d: -1 for d in core}), x.chunk({d: -1 for d in core})
     outs = xr.apply_ufunc(kernel, y, x, input_core_dims=[core, core], output_core_dims=[[]] * len(LINE_FIELDS),
                           dask="parallelized", output_dtypes=[np.float64] * len(LINE_FIELDS))
-    ds = xr.Dataset({k: v for k, v in zip(LINE_FIELDS, outs) if k != "t_test_pvalue" or test is not None})
+    ds = xr.Dataset({k: v for k, v in zip(LINE_FIELDS, outs) if k in fields})
     ds["n"] = ds["n"].astype(np.int64)
     for k in ds.data_vars:
         ds[k].attrs = dict(zip(("long_name", "description"), LINE_FIELDS[k]))
-    ds = ds.assign_coords(method="OLS", cov_type=cov_type, alpha=alpha, **({} if test is None else
-                                                                            {"test_exponent": test}))
-    if units:
-        ds = ds.assign_coords(units=",".join(units), n_units=G)
-    return ds
+    return ds.assign_coords(**settings)
+
+
+def _within(x: xr.DataArray, y: xr.DataArray) -> bool:
+    """Whether ``x`` adds nothing to ``y``'s labels: its dims among ``y``'s with their sizes, every coordinate of
+    it one of ``y``'s, identical (then broadcasting ``x`` against ``y`` only repeats its values)."""
+    return (set(x.dims) <= set(y.dims) and all(x.sizes[d] == y.sizes[d] for d in x.dims)
+            and all(c in y.coords and v.variable.identical(y.coords[c].variable) for c, v in x.coords.items()))
+
+
+def _spread(x: xr.DataArray, order: list, y: xr.DataArray) -> np.ndarray:
+    """The values of ``x`` (dims among ``order``) repeated over ``y``'s other dims, in the dim order ``order``."""
+    values = x.transpose(*[d for d in order if d in x.dims]).values
+    return np.broadcast_to(values.reshape([y.sizes[d] if d in x.dims else 1 for d in order]),
+                           [y.sizes[d] for d in order])
 
 
 # --------------------------------------------------------------------------------- log-log lines

@@ -276,6 +276,26 @@ def test_ols_line_is_vectorised_over_every_other_dim_and_lazy_for_dask():
     xr.testing.assert_allclose(lazy.compute(), fit, rtol=1e-14, atol=0)
 
 
+@pytest.mark.parametrize("cov_type, units", [("nonrobust", None), ("HC1", None), ("cluster", "seed")])
+def test_ols_line_on_numpy_is_the_labelled_broadcast_bit_for_bit(cov_type, units):
+    """Eager input whose x only repeats y's labels skips xarray's broadcast: the Dataset is identical (values
+    bit for bit, dims, coordinates, attrs) to the one the labelled path gives dask input of the same data:
+    index, scalar and non-index coordinates kept where they do not lie along the fitted dims, dropped where
+    they do; x with y's L coordinate, without it, or a number."""
+    rng = np.random.default_rng(21)
+    y = xr.DataArray(rng.standard_normal((2, 5, 3, 4)), dims=("d", "L", "resample", "seed"),
+                     coords={"d": [3, 8], "L": [8, 16, 32, 64, 128], "seed": np.arange(4), "setting": "iso",
+                             "lr": ("d", [0.1, 0.2]), "L_cap": ("L", [1, 1, 0, 0, 1])}, attrs={"units": "1"})
+    y[0, 2, 1, 3] = np.nan
+    obs = ("L", "seed") if units else "L"
+    for x in (np.log(y.L.astype(float)), xr.DataArray(np.log(y.L.values), dims="L"), 2.0 * y.seed + y.L,
+              xr.DataArray(0.5)):
+        eager = ols_line(y, x, obs, units=units, cov_type=cov_type, test_slope=-0.5)
+        lazy = ols_line(y.chunk({"d": 1}), x, obs, units=units, cov_type=cov_type, test_slope=-0.5).compute()
+        xr.testing.assert_identical(eager, lazy)
+        assert list(eager.coords) == list(lazy.coords) and list(eager.data_vars) == list(lazy.data_vars)
+
+
 def test_ols_line_drops_missing_points_and_counts_present_clusters():
     """A NaN point leaves its line (statsmodels on the rest); a cluster with no finite point does not
     count: G - 1 dof and CR1 factor of the clusters present; one cluster left: no SE."""
