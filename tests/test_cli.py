@@ -105,7 +105,7 @@ def test_a_sweep_whose_cost_cannot_be_estimated_keeps_the_declared_processes(tmp
 
 
 def test_info_prints_dims_coordinates_and_provenance(tmp_path, capsys):
-    assert main(["run", "c1", "--quiet", "--out", str(tmp_path)]) == 0
+    assert main(["run", "c1", "--quiet", "--no-figure", "--out", str(tmp_path)]) == 0
     assert main(["info", str(tmp_path / "c1_limit.nc")]) == 0
     out = capsys.readouterr().out
     assert "coord L: [16, 32, 64, 128, 256, 512, 1024]" in out
@@ -124,7 +124,7 @@ def test_datasets_readme_documents_the_current_schema():
 def test_quick_runs_never_replace_the_paper_results(tmp_path):
     # where the file goes is checked, not what it holds: a small quick run (2 cells)
     small = ["--set", "n_seeds=1", "--set", "d=2", "--set", "U_norm=0.1", "--set", "L=16,32,64"]
-    res = subprocess.run([sys.executable, "-m", "sfxlin.cli", "run", "c1", "--quiet", *small],
+    res = subprocess.run([sys.executable, "-m", "sfxlin.cli", "run", "c1", "--quiet", "--no-figure", *small],
                          capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "runs" / "quick" / "c1_limit.nc").exists()

@@ -103,7 +103,7 @@ def test_the_analysis_runs_and_decides_the_exit_status_with_or_without_quiet(tmp
     def broken(ds, resamples=None):
         raise ValueError("the verdicts cannot be computed")
     monkeypatch.setattr(c1_analysis, "verdicts", broken)
-    status = main(["run", "c1", *TINY, "--out", str(tmp_path), *(["--quiet"] if quiet else [])])
+    status = main(["run", "c1", *TINY, "--no-figure", "--out", str(tmp_path), *(["--quiet"] if quiet else [])])
     assert status == 2
     assert "sfxlin: error: the verdicts cannot be computed" in capsys.readouterr().err
 
@@ -121,7 +121,7 @@ def test_quiet_prints_nothing_but_still_draws_the_figure(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("results")
-    assert main(["run", "c1", *TINY, "--quiet", "--out", str(out)]) == 0
+    assert main(["run", "c1", *TINY, "--quiet", "--no-figure", "--out", str(out)]) == 0
     return out
 
 
@@ -149,7 +149,7 @@ def _judged(*verdicts):
 ])
 def test_run_strict_exits_1_when_a_verdict_fails(tmp_path, monkeypatch, capsys, verdicts, strict, status):
     monkeypatch.setattr(c1_analysis, "verdicts", lambda ds, resamples=None: _judged(*verdicts))
-    assert main(["run", "c1", *TINY, "--quiet", "--out", str(tmp_path), *(["--strict"] if strict else [])]) == status
+    assert main(["run", "c1", *TINY, "--quiet", "--no-figure", "--out", str(tmp_path), *(["--strict"] if strict else [])]) == status
     err = capsys.readouterr().err
     if status:
         assert err == (f"sfxlin: --strict: 1 verdict FAIL in {tmp_path / 'c1_limit.nc'} (C1-x1): exit status 1\n")
@@ -249,7 +249,7 @@ def test_report_files_are_written_atomically(results, tmp_path, capsys, monkeypa
 # 4. another configuration never silently replaces a results file
 # --------------------------------------------------------------------------------------------
 def test_a_run_of_another_configuration_does_not_replace_the_file(tmp_path, capsys, monkeypatch):
-    assert main(["run", "c1", *TINY, "--quiet", "--out", str(tmp_path)]) == 0
+    assert main(["run", "c1", *TINY, "--quiet", "--no-figure", "--out", str(tmp_path)]) == 0
     first = (tmp_path / "c1_limit.nc").read_bytes()
     cells = listing(tmp_path / ".c1_limit.cells")
     computed = []
@@ -272,8 +272,8 @@ def test_a_run_of_another_configuration_does_not_replace_the_file(tmp_path, caps
         assert '"n_prompts": 3' in ds.attrs["config"] and ds.attrs["experiment"] == "c1_limit"
 
     # the same configuration again (a rerun) may overwrite; --force replaces another one
-    assert main(["run", "c1", *TINY, "--quiet", "--out", str(tmp_path)]) == 0
-    assert main(["run", "c1", *other, "--quiet", "--force", "--out", str(tmp_path)]) == 0
+    assert main(["run", "c1", *TINY, "--quiet", "--no-figure", "--out", str(tmp_path)]) == 0
+    assert main(["run", "c1", *other, "--quiet", "--no-figure", "--force", "--out", str(tmp_path)]) == 0
     with xr.open_dataset(tmp_path / "c1_limit.nc") as ds:
         assert '"n_prompts": 3' in ds.attrs["config"]
 
@@ -306,7 +306,7 @@ SLOW_QUICK = ["--set", "n_prompts=16", "--set", "L=16,64,256,1024,4096", "--loca
 def test_ctrl_c_says_how_many_cells_are_kept_and_the_command_that_resumes(tmp_path):
     out = tmp_path / "out"
     cells = out / ".c1_limit.cells"
-    args = ["run", "c1", "--quiet", "--fresh", "--out", str(out), *SLOW_QUICK]
+    args = ["run", "c1", "--quiet", "--no-figure", "--fresh", "--out", str(out), *SLOW_QUICK]
     # the child must start with SIGINT's default disposition, as from a shell: an ignored SIGINT
     # (SIG_IGN, set at the C level by a library earlier in the test process) passes to the child,
     # whose Python then installs no KeyboardInterrupt handler. Re-installing Python's handler here

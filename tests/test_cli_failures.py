@@ -68,7 +68,7 @@ def temporaries(folder):
 def good_file(tmp_path_factory):
     """A genuine results file of the tiny configuration."""
     out = tmp_path_factory.mktemp("good")
-    assert main(["run", "c1", *TINY, "--out", str(out)]) == 0
+    assert main(["run", "c1", *TINY, "--no-figure", "--out", str(out)]) == 0
     return out / "c1_limit.nc"
 
 

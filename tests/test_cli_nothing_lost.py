@@ -50,7 +50,7 @@ def data_of(path):
 def tiny(tmp_path_factory):
     """A results file of the TINY configuration (and its kept cells) in a folder of its own."""
     out = tmp_path_factory.mktemp("tiny")
-    assert main(["run", "c1", *TINY, "--quiet", "--out", str(out)]) == 0
+    assert main(["run", "c1", *TINY, "--quiet", "--no-figure", "--out", str(out)]) == 0
     return out / "c1_limit.nc"
 
 
@@ -141,7 +141,7 @@ def test_a_token_file_changed_under_the_same_path_does_not_replace_the_results(t
     tokens = tmp_path / "emb.npy"
     Z = np.random.default_rng(5).standard_normal((40, 2))
     np.save(tokens, Z)
-    args = ["run", "c1", *TINY, "--set", f"tokens={tokens}", "--quiet", "--out", str(tmp_path / "out")]
+    args = ["run", "c1", *TINY, "--set", f"tokens={tokens}", "--quiet", "--no-figure", "--out", str(tmp_path / "out")]
     assert main(args) == 0
     path = tmp_path / "out" / "c1_limit.nc"
     first, old = path.read_bytes(), hashlib.sha256(tokens.read_bytes()).hexdigest()
@@ -168,7 +168,7 @@ def test_a_token_file_changed_under_the_same_path_does_not_replace_the_results(t
 def test_sigterm_keeps_the_cells_says_how_to_resume_and_exits_143(tmp_path):
     out = tmp_path / "out"
     cells = out / ".c1_limit.cells"
-    args = ["run", "c1", "--quiet", "--out", str(out), *SLOW_QUICK]
+    args = ["run", "c1", "--quiet", "--no-figure", "--out", str(out), *SLOW_QUICK]
     proc = subprocess.Popen(sfxlin_cli(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not list(cells.glob("cell_*.npz")):
@@ -316,7 +316,7 @@ def test_rerun_of_values_its_profile_no_longer_gives_reruns_the_values(tiny):
 def test_rerun_refuses_a_file_whose_token_file_changed(tmp_path, capsys):
     tokens = tmp_path / "emb.npy"
     np.save(tokens, np.random.default_rng(6).standard_normal((30, 2)))
-    assert main(["run", "c1", *TINY, "--set", f"tokens={tokens}", "--quiet", "--out", str(tmp_path)]) == 0
+    assert main(["run", "c1", *TINY, "--set", f"tokens={tokens}", "--quiet", "--no-figure", "--out", str(tmp_path)]) == 0
     _rewrite(tokens, np.zeros((30, 2)))
     assert main(["rerun", str(tmp_path / "c1_limit.nc"), "--out", str(tmp_path / "again")]) == 2
     error_line(capsys.readouterr().err, "tokens: sha256", "would not give the same results")
@@ -357,7 +357,7 @@ def test_cells_lists_and_prunes_the_kept_cells(tiny, tmp_path, capsys):
     assert capsys.readouterr().out.endswith(f"\n  removed 2 stale cells ({cli.human_bytes(stale_size)})\n")
     assert sorted(folder.glob("cell_*.npz")) == current
     # what is left is what a run of the configuration is served
-    assert main(["run", "c1", *TINY, "--out", str(out)]) == 0
+    assert main(["run", "c1", *TINY, "--no-figure", "--out", str(out)]) == 0
     assert "(2 kept from earlier runs" in capsys.readouterr().out
     assert main(["cells", str(out), "--prune", "--all"]) == 0
     assert "removed 2 cells" in capsys.readouterr().out and not folder.exists()
@@ -430,7 +430,7 @@ def test_merge_through_the_real_module(tmp_path, capsys):
     at = TINY.index("d=2")
     base = TINY[:at - 1] + TINY[at + 1:]  # TINY without its --set d=2
     for d in (2, 3):
-        assert main(["run", "c1", *base, "--set", f"d={d}", "--quiet", "--out", str(tmp_path / f"d{d}")]) == 0
+        assert main(["run", "c1", *base, "--set", f"d={d}", "--quiet", "--no-figure", "--out", str(tmp_path / f"d{d}")]) == 0
     out = tmp_path / "both.nc"
     assert main(["merge", str(tmp_path / "d2" / "c1_limit.nc"), str(tmp_path / "d3" / "c1_limit.nc"), "-o", str(out)]) == 0
     with xr.open_dataset(out) as ds:

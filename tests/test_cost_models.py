@@ -95,11 +95,16 @@ def test_the_model_scales_as_the_runs_do(name, part, scaled, tmp_path):
     experiment = get(name)
     config = experiment.configure("quick")
     run_cell(experiment, config, _first_cell(experiment, config, part), part)   # imports and caches warm first
-    # each run three times, in turn, and the fastest kept: a burst of the shared machine's load in a run
-    # (seen: a measured ratio of 9.6 for a model's 2.2, and 8.0 for 2.6 with the faster of two kept at a
-    # load of 8 on 2 cores) says nothing of the model
-    runs = [_record(name, sets, tmp_path / f"{i}{j}")[part] for j in range(3) for i, sets in enumerate(([], scaled))]
-    (model_base, _), (model_scaled, _) = runs[0], runs[1]
-    run_base, run_scaled = min(r for _m, r in runs[0::2]), min(r for _m, r in runs[1::2])
-    modelled, measured = model_scaled / model_base, run_scaled / run_base
+    # the two runs in turn, up to three rounds, the fastest of each kept: a burst of the shared machine's
+    # load in a run (seen: a measured ratio of 9.6 for a model's 2.2, and 8.0 for 2.6 with the faster of two
+    # kept at a load of 8 on 2 cores) says nothing of the model; a model off by more than 3x stays off in
+    # every round, so a round that agrees ends the test
+    runs = []
+    for j in range(3):
+        runs += [_record(name, sets, tmp_path / f"{i}{j}")[part] for i, sets in enumerate(([], scaled))]
+        (model_base, _), (model_scaled, _) = runs[0], runs[1]
+        run_base, run_scaled = min(r for _m, r in runs[0::2]), min(r for _m, r in runs[1::2])
+        modelled, measured = model_scaled / model_base, run_scaled / run_base
+        if 1 / 3 < modelled / measured < 3:
+            break
     assert modelled > 1.5 and 1 / 3 < modelled / measured < 3, (modelled, measured)

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 #: a relative token file (read by the workers in the client's folder) and cells of ~0.3 CPU s, so
 #: that a run can be interrupted midway
-C1 = ["run", "c1", "--set", "tokens=own/tokens.npy", "--set", "d=3", "--set", "U_norm=0.1,0.5", "--set", "n_seeds=2",
+C1 = ["run", "c1", "--no-figure", "--set", "tokens=own/tokens.npy", "--set", "d=3", "--set", "U_norm=0.1,0.5", "--set", "n_seeds=2",
       "--set", "n_prompts=32", "--set", "L=16,64,256,1024,4096"]
 N_CELLS = 5   # 2 U_norm x 2 seeds, and the one cell of the non-Gaussian bias part
 IGNORE = ("created", "history", "wall_seconds", "scheduler", "git_revision", "cell_timeline", "cell_seconds")

@@ -16,7 +16,7 @@ from sfxlin.testing import assert_same_results
 
 #: 9 cells (8 and the quadrature check) of ~0.4 CPU s each, one after the other: a kill after the
 #: third leaves six unfinished (~2 CPU s of cells), and the three runs stay cheap
-SLOW_QUICK = ["--set", "n_prompts=32", "--set", "L=16,64,256,1024,4096", "--local-scheduler", "synchronous"]
+SLOW_QUICK = ["--no-figure", "--set", "n_prompts=32", "--set", "L=16,64,256,1024,4096", "--local-scheduler", "synchronous"]
 
 
 def sfxlin(*args, **kwargs):
@@ -156,7 +156,7 @@ def test_an_extended_sweep_computes_only_its_new_cells(tmp_path):
     """d = 3 first, then d = 2, 3 listed the other way round: the d = 3 cells are reused, not
     recomputed, and the two files agree on them bit for bit."""
     small, large = tmp_path / "small", tmp_path / "large"
-    base = ["--set", "U_norm=0.5", "--set", "n_seeds=2", "--set", "L=16,64,256"]
+    base = ["--no-figure", "--set", "U_norm=0.5", "--set", "n_seeds=2", "--set", "L=16,64,256"]
     subprocess.run(sfxlin("run", "c1", "--quiet", "--out", str(small), "--set", "d=3", *base), check=True)
     large.mkdir()
     (small / ".c1_limit.cells").rename(large / ".c1_limit.cells")

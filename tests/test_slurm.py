@@ -162,7 +162,7 @@ def jobs(slurm, tmp_path_factory):
 def local_run(tmp_path_factory):
     """``sfxlin run c1`` on this machine's default scheduler: the bits to match."""
     out = tmp_path_factory.mktemp("local-out")
-    wall = _cli("run", "c1", "--out", str(out), "--quiet", cwd=out, timeout=120)
+    wall = _cli("run", "c1", "--out", str(out), "--quiet", "--no-figure", cwd=out, timeout=120)
     print(f"sfxlin run c1 here: {wall:.1f} s")
     with xr.open_dataset(out / "c1_limit.nc") as ds:
         return ds.load()
@@ -190,7 +190,7 @@ def test_absolute_out_gives_the_local_bits_and_keeps_every_cell(jobs, local_run)
     """The recipe of README.md: ``--out`` an absolute path on the filesystem the jobs share."""
     cluster, client_dir, jobs_dir = jobs
     out = client_dir.parent / "slurm-out"
-    wall = _cli("run", "c1", "--out", str(out), "--scheduler", cluster.scheduler_address, "--quiet",
+    wall = _cli("run", "c1", "--out", str(out), "--scheduler", cluster.scheduler_address, "--quiet", "--no-figure",
                 cwd=client_dir, timeout=120)
     print(f"sfxlin run c1 --out ABSOLUTE on 2 SLURM jobs: {wall:.1f} s")
     _check_run(out, local_run, jobs_dir)
@@ -200,7 +200,7 @@ def test_relative_out_is_the_clients_folder_not_the_jobs(jobs, local_run):
     """``--out`` relative to the client's working directory: the file and every cell land there,
     whatever folder the jobs run in."""
     cluster, client_dir, jobs_dir = jobs
-    wall = _cli("run", "c1", "--out", "relative-out", "--scheduler", cluster.scheduler_address, "--quiet",
+    wall = _cli("run", "c1", "--out", "relative-out", "--scheduler", cluster.scheduler_address, "--quiet", "--no-figure",
                 cwd=client_dir, timeout=120)
     print(f"sfxlin run c1 --out relative-out on 2 SLURM jobs: {wall:.1f} s")
     _check_run(client_dir / "relative-out", local_run, jobs_dir)
