@@ -199,21 +199,20 @@ def ols_line(y: xr.DataArray, x, dim, *, units=None, cov_type: str | None = None
         # x's dims and coordinates are y's own: the arrays go to the kernel as apply_ufunc would pass them (the
         # other dims first, the observations last), without the labelled broadcast and merges (same bits)
         other = [d for d in y.dims if d not in core]
-        out = dict(zip(LINE_FIELDS, kernel(y.transpose(*other, *core).values, _spread(x, other + core, y))))
+        arrays = kernel(y.transpose(*other, *core).values, _spread(x, other + core, y))
         coords = {c: v.variable for c, v in y.coords.items() if not set(v.dims) & set(core)}
-        return xr.Dataset({k: (other, out[k].astype(np.int64) if k == "n" else out[k],
-                               dict(zip(("long_name", "description"), LINE_FIELDS[k]))) for k in fields},
-                          coords={**coords, **settings})
-    y, x = xr.broadcast(y, x)
-    if y.chunks is not None:
-        y, x = y.chunk({d: -1 for d in core}), x.chunk({d: -1 for d in core})
-    outs = xr.apply_ufunc(kernel, y, x, input_core_dims=[core, core], output_core_dims=[[]] * len(LINE_FIELDS),
-                          dask="parallelized", output_dtypes=[np.float64] * len(LINE_FIELDS))
-    ds = xr.Dataset({k: v for k, v in zip(LINE_FIELDS, outs) if k in fields})
-    ds["n"] = ds["n"].astype(np.int64)
-    for k in ds.data_vars:
-        ds[k].attrs = dict(zip(("long_name", "description"), LINE_FIELDS[k]))
-    return ds.assign_coords(**settings)
+    else:
+        y, x = xr.broadcast(y, x)
+        if y.chunks is not None:
+            y, x = y.chunk({d: -1 for d in core}), x.chunk({d: -1 for d in core})
+        outs = xr.apply_ufunc(kernel, y, x, input_core_dims=[core, core], output_core_dims=[[]] * len(LINE_FIELDS),
+                              dask="parallelized", output_dtypes=[np.float64] * len(LINE_FIELDS))
+        other, arrays = outs[0].dims, [v.data for v in outs]
+        coords = {c: v.variable for c, v in outs[0].coords.items()}
+    out = dict(zip(LINE_FIELDS, arrays))
+    return xr.Dataset({k: (other, out[k].astype(np.int64) if k == "n" else out[k],
+                           dict(zip(("long_name", "description"), LINE_FIELDS[k]))) for k in fields},
+                      coords={**coords, **settings})
 
 
 def _within(x: xr.DataArray, y: xr.DataArray) -> bool:
